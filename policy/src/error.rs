@@ -1,0 +1,135 @@
+//! The policy crate's error type and the registry of stable error codes.
+//!
+//! Codes are part of the CLI contract: scripts match on them. Where the seed's
+//! E2xxx registry has a fitting code it is used; turnstile's own input errors
+//! use the `TS1xxx` range.
+
+use std::path::PathBuf;
+
+/// A stable, user-facing error code with its symbolic name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode {
+    pub code: &'static str,
+    pub name: &'static str,
+}
+
+macro_rules! codes {
+    ($($ident:ident = $code:literal, $name:literal;)*) => {
+        /// Every code turnstile emits.
+        pub mod codes {
+            use super::ErrorCode;
+            $(pub const $ident: ErrorCode = ErrorCode { code: $code, name: $name };)*
+            /// All codes, for documentation and uniqueness tests.
+            pub const ALL: &[ErrorCode] = &[$($ident),*];
+        }
+    };
+}
+
+codes! {
+    TIMEOUT = "E2002", "TOOL_TIMEOUT";
+    RUNTIME_UNAVAILABLE = "E2040", "RUNTIME_CLASS_UNAVAILABLE";
+    SANDBOX_CREATION_FAILED = "E2041", "SANDBOX_CREATION_FAILED";
+    SECURITY_POLICY_VIOLATION = "E2042", "SECURITY_POLICY_VIOLATION";
+    SESSION_START_FAILED = "E2050", "SESSION_START_FAILED";
+    SESSION_NOT_FOUND = "E2054", "SESSION_NOT_FOUND";
+    CPU_LIMIT_EXCEEDED = "E2070", "CPU_LIMIT_EXCEEDED";
+    MEMORY_LIMIT_EXCEEDED = "E2071", "MEMORY_LIMIT_EXCEEDED";
+    PACKAGE_NOT_FOUND = "TS1001", "PACKAGE_NOT_FOUND";
+    MANIFEST_INVALID = "TS1002", "MANIFEST_INVALID";
+    REQUEST_INVALID = "TS1003", "REQUEST_INVALID";
+    SESSION_ID_INVALID = "TS1004", "SESSION_ID_INVALID";
+    PACKAGE_ID_INVALID = "TS1005", "PACKAGE_ID_INVALID";
+    ARGUMENT_INVALID = "TS1006", "ARGUMENT_INVALID";
+    LEDGER_INTEGRITY = "TS1010", "LEDGER_INTEGRITY";
+    LEDGER_IO = "TS1011", "LEDGER_IO";
+    STATE_IO = "TS1012", "STATE_IO";
+    INPUT_UNREADABLE = "TS1013", "INPUT_UNREADABLE";
+}
+
+/// Errors of the pure policy layer. Every variant names the field, path or
+/// value involved.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("package `{package}` not found: no manifest at {}", path.display())]
+    PackageNotFound { package: String, path: PathBuf },
+
+    #[error("cannot read manifest {}", path.display())]
+    ManifestUnreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("invalid manifest {}: field `{field}`: {reason}", path.display())]
+    InvalidManifest {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+
+    #[error(
+        "manifest {}: field `{field}`: pattern `{pattern}` would grant write on reserved path `{reserved}` (ledgers and supervisor-owned files can never be written by a turn)",
+        path.display()
+    )]
+    ReservedWrite {
+        path: PathBuf,
+        field: String,
+        pattern: String,
+        reserved: String,
+    },
+
+    #[error("invalid turn request: field `{field}`: {reason}")]
+    InvalidRequest { field: String, reason: String },
+
+    #[error("invalid session id `{value}`: {reason}")]
+    InvalidSessionId { value: String, reason: String },
+
+    #[error("invalid package id `{value}`: {reason}")]
+    InvalidPackageId { value: String, reason: String },
+
+    #[error("the random source failed: {0}")]
+    Random(String),
+}
+
+impl PolicyError {
+    /// The stable code for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::PackageNotFound { .. } => codes::PACKAGE_NOT_FOUND,
+            Self::ManifestUnreadable { .. } | Self::InvalidManifest { .. } => {
+                codes::MANIFEST_INVALID
+            }
+            Self::ReservedWrite { .. } => codes::SECURITY_POLICY_VIOLATION,
+            Self::InvalidRequest { .. } => codes::REQUEST_INVALID,
+            Self::InvalidSessionId { .. } => codes::SESSION_ID_INVALID,
+            Self::InvalidPackageId { .. } => codes::PACKAGE_ID_INVALID,
+            Self::Random(_) => codes::SESSION_START_FAILED,
+        }
+    }
+
+    /// The field the error is about, when there is one (for `--json` output).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::InvalidManifest { field, .. }
+            | Self::ReservedWrite { field, .. }
+            | Self::InvalidRequest { field, .. } => Some(field),
+            Self::InvalidSessionId { .. } => Some("session_id"),
+            Self::InvalidPackageId { .. } => Some("package"),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::codes;
+    use std::collections::HashSet;
+
+    #[test]
+    fn codes_are_unique() {
+        let mut seen = HashSet::new();
+        for c in codes::ALL {
+            assert!(seen.insert(c.code), "duplicate code {}", c.code);
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! The agent package manifest, `installed/<pkg-id>/manifest.json`
+//! (FR-RT-001, FR-RT-002).
+//!
+//! Parsed straight into typed values: unknown fields, malformed patterns,
+//! malformed limits and write grants on reserved paths are errors that name
+//! the field. A [`Manifest`] that exists is valid.
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::PolicyError;
+use crate::pattern::Pattern;
+
+/// Largest manifest accepted.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// Paths no write pattern may ever reach (hierarchically). Segments are
+/// literals or `*`. Ledgers live under `planes/`; a package's manifest is its
+/// own grant of authority, so a turn writing one would escalate the next turn.
+pub const RESERVED_WRITE: &[&str] = &["planes", "installed/*/manifest.json"];
+
+/// A package id: the directory name under `installed/`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PackageId(String);
+
+impl PackageId {
+    pub fn parse(value: &str) -> Result<Self, PolicyError> {
+        let invalid = |reason: &str| PolicyError::InvalidPackageId {
+            value: value.escape_debug().to_string(),
+            reason: reason.to_owned(),
+        };
+        if value.is_empty() || value.len() > 64 {
+            return Err(invalid("must be 1 to 64 characters"));
+        }
+        let mut bytes = value.bytes();
+        let first_ok = bytes.next().is_some_and(|b| b.is_ascii_alphanumeric());
+        if !first_ok || !bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(invalid(
+                "must start with a letter or digit and contain only letters, digits, `.`, `_` and `-`",
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PackageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How far the package is trusted; selects the runtime class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrustLevel {
+    Trusted,
+    #[default]
+    Standard,
+    Untrusted,
+    Confidential,
+}
+
+impl TrustLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Trusted => "trusted",
+            Self::Standard => "standard",
+            Self::Untrusted => "untrusted",
+            Self::Confidential => "confidential",
+        }
+    }
+}
+
+/// Network policy for a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// Own network namespace with loopback only.
+    #[default]
+    Isolated,
+    /// Egress allowed, narrowed by Landlock port rules.
+    AllowEgress,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Isolated => "isolated",
+            Self::AllowEgress => "allow_egress",
+        }
+    }
+}
+
+/// A size in bytes, written `<n>Ki`, `<n>Mi` or `<n>Gi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ByteSize(pub u64);
+
+impl TryFrom<String> for ByteSize {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad = || format!("`{s}` is not a size like `256Mi` (digits, then Ki, Mi or Gi)");
+        let (digits, shift) = if let Some(d) = s.strip_suffix("Ki") {
+            (d, 10)
+        } else if let Some(d) = s.strip_suffix("Mi") {
+            (d, 20)
+        } else if let Some(d) = s.strip_suffix("Gi") {
+            (d, 30)
+        } else {
+            return Err(bad());
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        let bytes = n
+            .checked_mul(1 << shift)
+            .ok_or_else(|| format!("`{s}` is too large"))?;
+        if bytes == 0 {
+            return Err(format!("`{s}` must be greater than zero"));
+        }
+        Ok(Self(bytes))
+    }
+}
+
+/// CPU in thousandths of a core: `1` is one core, `500m` half a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct MilliCpu(pub u64);
+
+impl TryFrom<String> for MilliCpu {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad = || format!("`{s}` is not a CPU amount like `1` or `500m`");
+        let (digits, milli) = match s.strip_suffix('m') {
+            Some(d) => (d, true),
+            None => (s.as_str(), false),
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        let m = if milli { Some(n) } else { n.checked_mul(1000) };
+        match m {
+            Some(0) => Err(format!("`{s}` must be greater than zero")),
+            Some(m) if m <= 1_000_000 => Ok(Self(m)),
+            _ => Err(format!("`{s}` is more than 1000 cores")),
+        }
+    }
+}
+
+/// Resource limits, with the defaults a manifest may lower or raise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub memory: ByteSize,
+    pub cpu: MilliCpu,
+    pub pids: u32,
+    pub timeout_seconds: u64,
+    pub disk: ByteSize,
+    pub files: u64,
+    pub output_bytes: ByteSize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory: ByteSize(1 << 30),
+            cpu: MilliCpu(1000),
+            pids: 256,
+            timeout_seconds: 600,
+            disk: ByteSize(1 << 30),
+            files: 100_000,
+            output_bytes: ByteSize(1 << 20),
+        }
+    }
+}
+
+/// Longest timeout a manifest or a request may ask for: one week.
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
+/// One execute entry: an executable (path or pattern) and a fixed argument
+/// prefix, e.g. `scripts/trace.py --explain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecEntry {
+    pub program: Pattern,
+    pub args: Vec<String>,
+    raw: String,
+}
+
+impl ExecEntry {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let mut words = raw.split_ascii_whitespace();
+        let program = words
+            .next()
+            .ok_or_else(|| "is empty; expected `<executable> [fixed args...]`".to_owned())?;
+        let program = Pattern::parse(program).map_err(|e| format!("executable `{program}` {e}"))?;
+        Ok(Self {
+            program,
+            args: words.map(str::to_owned).collect(),
+            raw: raw.to_owned(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+}
+
+/// What a package may read, write and execute, and what it may never touch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub read: Vec<Pattern>,
+    pub write: Vec<Pattern>,
+    pub execute: Vec<ExecEntry>,
+    pub forbidden: Vec<Pattern>,
+}
+
+/// A loaded, validated manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub package_id: PackageId,
+    pub version: Option<String>,
+    pub trust_level: TrustLevel,
+    pub capabilities: Capabilities,
+    pub limits: Limits,
+    pub network: Network,
+    /// The file it was loaded from.
+    pub source: PathBuf,
+}
+
+// ---- the document as written on disk ------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ManifestDoc {
+    package_id: Option<String>,
+    version: Option<String>,
+    #[serde(default)]
+    trust_level: TrustLevel,
+    capabilities: CapabilitiesDoc,
+    #[serde(default)]
+    limits: LimitsDoc,
+    #[serde(default)]
+    network: Network,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapabilitiesDoc {
+    #[serde(default)]
+    read: Vec<String>,
+    #[serde(default)]
+    write: Vec<String>,
+    #[serde(default)]
+    execute: Vec<String>,
+    #[serde(default)]
+    forbidden: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LimitsDoc {
+    memory: Option<ByteSize>,
+    cpu: Option<MilliCpu>,
+    pids: Option<u32>,
+    timeout_seconds: Option<u64>,
+    disk: Option<ByteSize>,
+    files: Option<u64>,
+    output_bytes: Option<ByteSize>,
+}
+
+impl Manifest {
+    /// The manifest path of `package` under `root`.
+    pub fn path(root: &Path, package: &PackageId) -> PathBuf {
+        root.join("installed")
+            .join(package.as_str())
+            .join("manifest.json")
+    }
+
+    /// Loads `installed/<package>/manifest.json` under `root` (FR-RT-001).
+    pub fn load(root: &Path, package: &PackageId) -> Result<Self, PolicyError> {
+        let path = Self::path(root, package);
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(PolicyError::PackageNotFound {
+                    package: package.to_string(),
+                    path,
+                });
+            }
+            Err(source) => return Err(PolicyError::ManifestUnreadable { path, source }),
+        };
+        let mut bytes = Vec::new();
+        if let Err(source) = file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes) {
+            return Err(PolicyError::ManifestUnreadable { path, source });
+        }
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(PolicyError::InvalidManifest {
+                path,
+                field: "(file)".into(),
+                reason: format!("is larger than {MAX_MANIFEST_BYTES} bytes"),
+            });
+        }
+        Self::from_slice(&bytes, package, path)
+    }
+
+    /// Parses and validates manifest bytes for `package`; `source` is used in
+    /// error messages.
+    pub fn from_slice(
+        bytes: &[u8],
+        package: &PackageId,
+        source: PathBuf,
+    ) -> Result<Self, PolicyError> {
+        let invalid = |field: &str, reason: String| PolicyError::InvalidManifest {
+            path: source.clone(),
+            field: field.to_owned(),
+            reason,
+        };
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let doc: ManifestDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = match e.path().to_string() {
+                p if p == "." => "(document)".to_owned(),
+                p => p,
+            };
+            invalid(&field, e.into_inner().to_string())
+        })?;
+        de.end().map_err(|e| invalid("(document)", e.to_string()))?;
+
+        if let Some(id) = &doc.package_id {
+            if id != package.as_str() {
+                return Err(invalid(
+                    "package_id",
+                    format!("`{id}` does not match the package directory `{package}`"),
+                ));
+            }
+        }
+        if doc.version.as_deref() == Some("") {
+            return Err(invalid("version", "is empty".into()));
+        }
+
+        let patterns = |list: &[String], name: &str| -> Result<Vec<Pattern>, PolicyError> {
+            list.iter()
+                .enumerate()
+                .map(|(i, raw)| {
+                    Pattern::parse(raw).map_err(|reason| {
+                        invalid(
+                            &format!("capabilities.{name}[{i}]"),
+                            format!("`{raw}` {reason}"),
+                        )
+                    })
+                })
+                .collect()
+        };
+        let caps = &doc.capabilities;
+        let read = patterns(&caps.read, "read")?;
+        let write = patterns(&caps.write, "write")?;
+        let forbidden = patterns(&caps.forbidden, "forbidden")?;
+        let execute = caps
+            .execute
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| {
+                ExecEntry::parse(raw)
+                    .map_err(|reason| invalid(&format!("capabilities.execute[{i}]"), reason))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        for (i, pattern) in write.iter().enumerate() {
+            let field = format!("capabilities.write[{i}]");
+            if pattern.is_absolute() {
+                return Err(invalid(
+                    &field,
+                    format!(
+                        "`{pattern}` is absolute; write patterns must be relative to the workspace root (host paths outside it cannot be granted write)"
+                    ),
+                ));
+            }
+            if let Some(reserved) = RESERVED_WRITE.iter().find(|r| pattern.may_cover(r)) {
+                return Err(PolicyError::ReservedWrite {
+                    path: source.clone(),
+                    field,
+                    pattern: pattern.to_string(),
+                    reserved: (*reserved).to_owned(),
+                });
+            }
+        }
+
+        let limits = limits_from(doc.limits).map_err(|(field, reason)| invalid(&field, reason))?;
+
+        Ok(Self {
+            package_id: package.clone(),
+            version: doc.version,
+            trust_level: doc.trust_level,
+            capabilities: Capabilities {
+                read,
+                write,
+                execute,
+                forbidden,
+            },
+            limits,
+            network: doc.network,
+            source,
+        })
+    }
+}
+
+fn limits_from(doc: LimitsDoc) -> Result<Limits, (String, String)> {
+    let d = Limits::default();
+    let positive = |name: &str, v: u64| {
+        if v == 0 {
+            Err((
+                format!("limits.{name}"),
+                "must be greater than zero".to_owned(),
+            ))
+        } else {
+            Ok(v)
+        }
+    };
+    let timeout_seconds = match doc.timeout_seconds {
+        Some(t) if t > MAX_TIMEOUT_SECONDS => {
+            return Err((
+                "limits.timeout_seconds".into(),
+                format!("{t} is more than {MAX_TIMEOUT_SECONDS} (one week)"),
+            ));
+        }
+        Some(t) => positive("timeout_seconds", t)?,
+        None => d.timeout_seconds,
+    };
+    let pids = match doc.pids {
+        Some(0) => return Err(("limits.pids".into(), "must be greater than zero".into())),
+        Some(p) => p,
+        None => d.pids,
+    };
+    Ok(Limits {
+        memory: doc.memory.unwrap_or(d.memory),
+        cpu: doc.cpu.unwrap_or(d.cpu),
+        pids,
+        timeout_seconds,
+        disk: doc.disk.unwrap_or(d.disk),
+        files: match doc.files {
+            Some(f) => positive("files", f)?,
+            None => d.files,
+        },
+        output_bytes: doc.output_bytes.unwrap_or(d.output_bytes),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Manifest, PolicyError> {
+        Manifest::from_slice(
+            json.as_bytes(),
+            &PackageId::parse("hello-agent").unwrap(),
+            PathBuf::from("installed/hello-agent/manifest.json"),
+        )
+    }
+
+    #[test]
+    fn fr_rt_002_reads_all_four_capability_lists() {
+        let m = parse(
+            r#"{"package_id":"hello-agent","version":"1.0.0","trust_level":"trusted",
+                "capabilities":{"read":["installed/hello-agent/**","registries/*.csv"],
+                "write":["output/<session_id>/**"],
+                "execute":["/usr/bin/python3","installed/hello-agent/bin/run.sh --fast"],
+                "forbidden":["installed/hello-agent/secrets/**","/etc/shadow"]},
+                "limits":{"memory":"256Mi","cpu":"500m","pids":64,"timeout_seconds":60,
+                          "disk":"1Gi","files":1000,"output_bytes":"1Mi"},
+                "network":"allow_egress"}"#,
+        )
+        .unwrap();
+        let c = &m.capabilities;
+        assert_eq!(c.read.len(), 2);
+        assert_eq!(c.write[0].as_str(), "output/<session_id>/**");
+        assert_eq!(
+            c.execute[1].program.as_str(),
+            "installed/hello-agent/bin/run.sh"
+        );
+        assert_eq!(c.execute[1].args, vec!["--fast"]);
+        assert_eq!(c.forbidden[1].as_str(), "/etc/shadow");
+        assert_eq!(m.trust_level, TrustLevel::Trusted);
+        assert_eq!(m.network, Network::AllowEgress);
+        assert_eq!(m.limits.memory, ByteSize(256 << 20));
+        assert_eq!(m.limits.cpu, MilliCpu(500));
+        assert_eq!(m.limits.pids, 64);
+        assert_eq!(m.limits.files, 1000);
+    }
+
+    #[test]
+    fn fr_rt_002_only_capabilities_is_required() {
+        let m = parse(r#"{"capabilities":{}}"#).unwrap();
+        assert_eq!(m.capabilities, Capabilities::default());
+        assert_eq!(m.limits, Limits::default());
+        assert_eq!(m.trust_level, TrustLevel::Standard);
+        assert_eq!(m.network, Network::Isolated);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (r#"{}"#, "(document)", "capabilities"),
+            (r#"{"capabilities":{},"extra":1}"#, "extra", "unknown field"),
+            (
+                r#"{"capabilities":{"reed":[]}}"#,
+                "capabilities.reed",
+                "unknown field",
+            ),
+            (
+                r#"{"capabilities":{"read":["a/../b"]}}"#,
+                "capabilities.read[0]",
+                "`..`",
+            ),
+            (
+                r#"{"capabilities":{"write":["/tmp/**"]}}"#,
+                "capabilities.write[0]",
+                "absolute",
+            ),
+            (
+                r#"{"capabilities":{"execute":[""]}}"#,
+                "capabilities.execute[0]",
+                "empty",
+            ),
+            (
+                r#"{"capabilities":{},"limits":{"memory":"1GB"}}"#,
+                "limits.memory",
+                "256Mi",
+            ),
+            (
+                r#"{"capabilities":{},"limits":{"cpu":"1.5"}}"#,
+                "limits.cpu",
+                "500m",
+            ),
+            (
+                r#"{"capabilities":{},"limits":{"pids":0}}"#,
+                "limits.pids",
+                "greater than zero",
+            ),
+            (
+                r#"{"capabilities":{},"trust_level":"root"}"#,
+                "trust_level",
+                "unknown variant",
+            ),
+            (
+                r#"{"capabilities":{},"package_id":"other"}"#,
+                "package_id",
+                "does not match",
+            ),
+        ];
+        for (json, field, needle) in cases {
+            let err = parse(json).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{json}: {err}");
+            assert!(err.to_string().contains(needle), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn reserved_paths_cannot_be_granted_write() {
+        for p in [
+            "planes/ho1/sessions/<session_id>/ledger/exec.jsonl",
+            "**",
+            "*/ho1/**",
+            "installed/hello-agent/*",
+        ] {
+            let err = parse(&format!(r#"{{"capabilities":{{"write":["{p}"]}}}}"#)).unwrap_err();
+            assert!(
+                matches!(err, PolicyError::ReservedWrite { .. }),
+                "{p}: {err}"
+            );
+            assert_eq!(err.code().code, "E2042");
+            assert!(err.to_string().contains(p), "{err}");
+        }
+    }
+
+    #[test]
+    fn package_ids_are_plain_names() {
+        for bad in ["", "..", ".hidden", "a/b", "a b", "-x", &"x".repeat(65)] {
+            assert!(PackageId::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(PackageId::parse("hello-agent_2.0").is_ok());
+    }
+}
