@@ -89,6 +89,59 @@ fn check_token(field: &str, value: &str, max: usize) -> Result<(), PolicyError> 
     }
 }
 
+/// Checks declared input paths (relative or absolute).
+pub fn validate_inputs(inputs: &[String]) -> Result<(), PolicyError> {
+    if inputs.len() > MAX_DECLARED {
+        return Err(invalid(
+            "declared_inputs",
+            format!("has more than {MAX_DECLARED} entries"),
+        ));
+    }
+    for (i, input) in inputs.iter().enumerate() {
+        path::check_syntax(input, Absolute::Allowed).map_err(|r| {
+            invalid(
+                format!("declared_inputs[{i}]"),
+                format!("`{}` {r}", input.escape_debug()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Checks declared outputs: relative paths, valid roles, no duplicates.
+pub fn validate_outputs(outputs: &[DeclaredOutput]) -> Result<(), PolicyError> {
+    if outputs.len() > MAX_DECLARED {
+        return Err(invalid(
+            "declared_outputs",
+            format!("has more than {MAX_DECLARED} entries"),
+        ));
+    }
+    for (i, out) in outputs.iter().enumerate() {
+        path::check_syntax(&out.path, Absolute::Refused).map_err(|r| {
+            invalid(
+                format!("declared_outputs[{i}].path"),
+                format!("`{}` {r}", out.path.escape_debug()),
+            )
+        })?;
+        if out.role.is_empty() {
+            return Err(invalid(format!("declared_outputs[{i}].role"), "is empty"));
+        }
+        check_token(&format!("declared_outputs[{i}].role"), &out.role, 64)?;
+        if outputs[..i].iter().any(|o| o.path == out.path) {
+            return Err(invalid(
+                format!("declared_outputs[{i}].path"),
+                format!("`{}` is declared twice", out.path),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a work order id.
+pub fn validate_work_order(id: &str) -> Result<(), PolicyError> {
+    check_token("work_order_id", id, 128)
+}
+
 impl TurnRequest {
     /// Parses the JSON form.
     pub fn from_json(bytes: &[u8]) -> Result<Self, PolicyError> {
@@ -150,54 +203,16 @@ impl TurnRequest {
             ));
         }
 
-        if doc.declared_inputs.len() > MAX_DECLARED {
-            return Err(invalid(
-                "declared_inputs",
-                format!("has more than {MAX_DECLARED} entries"),
-            ));
-        }
-        for (i, input) in doc.declared_inputs.iter().enumerate() {
-            path::check_syntax(input, Absolute::Allowed).map_err(|r| {
-                invalid(
-                    format!("declared_inputs[{i}]"),
-                    format!("`{}` {r}", input.escape_debug()),
-                )
-            })?;
-        }
-
+        validate_inputs(&doc.declared_inputs)?;
         let outputs = doc.declared_outputs.ok_or_else(|| {
             invalid(
                 "declared_outputs",
                 "is required (FR-RT-013): list every file the turn writes, or give an empty list ([] / --no-outputs) for a turn that writes nothing",
             )
         })?;
-        if outputs.len() > MAX_DECLARED {
-            return Err(invalid(
-                "declared_outputs",
-                format!("has more than {MAX_DECLARED} entries"),
-            ));
-        }
-        for (i, out) in outputs.iter().enumerate() {
-            path::check_syntax(&out.path, Absolute::Refused).map_err(|r| {
-                invalid(
-                    format!("declared_outputs[{i}].path"),
-                    format!("`{}` {r}", out.path.escape_debug()),
-                )
-            })?;
-            if out.role.is_empty() {
-                return Err(invalid(format!("declared_outputs[{i}].role"), "is empty"));
-            }
-            check_token(&format!("declared_outputs[{i}].role"), &out.role, 64)?;
-            if outputs[..i].iter().any(|o| o.path == out.path) {
-                return Err(invalid(
-                    format!("declared_outputs[{i}].path"),
-                    format!("`{}` is declared twice", out.path),
-                ));
-            }
-        }
-
+        validate_outputs(&outputs)?;
         if let Some(w) = &doc.work_order_id {
-            check_token("work_order_id", w, 128)?;
+            validate_work_order(w)?;
         }
         if let Some(k) = &doc.idempotency_key {
             check_token("idempotency_key", k, 256)?;

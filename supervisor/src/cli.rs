@@ -1,0 +1,515 @@
+//! The `supervise` command line (DESIGN "Command-line contract").
+//!
+//! Every subcommand returns an [`Outcome`]: what to print and the exit
+//! status. Errors go through one path that prints the code, the message and
+//! its chain once, and — with `--json` — one JSON object on stdout.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Value, json};
+use turnstile_policy::check::CompiledCapabilities;
+use turnstile_policy::path as ppath;
+use turnstile_policy::prompt::{HashedInput, PromptHeader};
+use turnstile_policy::request::{self, DeclaredOutput, RequestDoc, TurnRequest};
+use turnstile_policy::session::{Clock, SessionIdGenerator};
+use turnstile_policy::{Manifest, PackageId, SessionId, Violations};
+
+use crate::error::{Result, SupervisorError, exit};
+use crate::ids::{OsRandom, SystemClock};
+use crate::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
+use crate::ledger::{LedgerKind, VerifyReport};
+use crate::session::Session;
+
+const EXIT_CODES: &str = "\
+Exit status:
+   0  success (check: the turn is allowed; ledger verify: intact)
+   1  operational failure on the host (I/O)
+   2  bad invocation, bad manifest or request, unknown session
+   3  ledger integrity failure (the entry is named)
+  11  capability violation found by the pre-execution check";
+
+/// turnstile's sandbox supervisor for AI-agent turns.
+#[derive(Debug, Parser)]
+#[command(name = "supervise", version, after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start and manage sessions.
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// Inspect a session's ledgers.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Run the pre-execution check only: would this turn be allowed?
+    ///
+    /// Example: supervise check --root /ws --package hello-agent
+    ///   --output 'output/<session_id>/report.md:report' -- /usr/bin/python3 installed/hello-agent/main.py
+    Check(CheckArgs),
+    /// Print the prompt header of a turn (FR-RT-005).
+    ///
+    /// Example: supervise prompt-header --root /ws --session SES-... --turn 1 --input registries/users.csv
+    PromptHeader(PromptHeaderArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Start a session: creates both ledgers, tmp/<sid>/ and output/<sid>/,
+    /// and prints the session id.
+    ///
+    /// Example: supervise session new --root /ws --state-dir /var/lib/turnstile
+    New(SessionNewArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Verify every hash, link and the acknowledged head of both ledgers.
+    ///
+    /// Example: supervise ledger verify --root /ws --session SES-...
+    Verify(LedgerVerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Workspace root (holds installed/, planes/, tmp/, output/).
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// Supervisor state directory (anchors, locks); never inside the root.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SessionNewArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Ledger tier.
+    #[arg(long, default_value = TURN_TIER)]
+    pub tier: String,
+}
+
+#[derive(Debug, Args)]
+pub struct LedgerVerifyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Tier of the ledgers (default: as recorded when the session started).
+    #[arg(long)]
+    pub tier: Option<String>,
+}
+
+/// The turn request as flags (or `--request FILE`).
+#[derive(Debug, Args)]
+pub struct RequestArgs {
+    /// A declared output, `PATH:ROLE` (repeatable). PATH is relative to the
+    /// root and may use <session_id>.
+    #[arg(long = "output", value_name = "PATH:ROLE")]
+    pub outputs: Vec<String>,
+    /// Declare that the turn writes nothing.
+    #[arg(long)]
+    pub no_outputs: bool,
+    /// A declared input path (repeatable).
+    #[arg(long = "input", value_name = "PATH")]
+    pub inputs: Vec<String>,
+    #[arg(long, value_name = "ID")]
+    pub work_order: Option<String>,
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// The whole request as JSON (instead of the flags above and CMD).
+    #[arg(long, value_name = "FILE")]
+    pub request: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "PKG")]
+    pub package: String,
+    /// Session whose id expands <session_id> (default: a fresh id; nothing
+    /// is created).
+    #[arg(long, value_name = "SID")]
+    pub session: Option<String>,
+    #[command(flatten)]
+    pub request: RequestArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PromptHeaderArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Turn number (1-based).
+    #[arg(long, value_name = "N")]
+    pub turn: u32,
+    #[arg(long = "input", value_name = "PATH")]
+    pub inputs: Vec<String>,
+    #[arg(long = "output", value_name = "PATH:ROLE")]
+    pub outputs: Vec<String>,
+    #[arg(long, value_name = "ID")]
+    pub work_order: Option<String>,
+}
+
+/// What a subcommand produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: u8,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Outcome {
+    fn ok(stdout: String) -> Self {
+        Self {
+            status: exit::OK,
+            stdout,
+            stderr: String::new(),
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Outcome {
+    let json = match &cli.command {
+        Command::Session(SessionCommand::New(a)) => a.common.json,
+        Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
+        Command::Check(a) => a.common.json,
+        Command::PromptHeader(a) => a.common.json,
+    };
+    let result = match cli.command {
+        Command::Session(SessionCommand::New(a)) => session_new(&a),
+        Command::Ledger(LedgerCommand::Verify(a)) => ledger_verify(&a),
+        Command::Check(a) => check(&a),
+        Command::PromptHeader(a) => prompt_header(&a),
+    };
+    result.unwrap_or_else(|e| error_outcome(&e, json))
+}
+
+/// The error as a JSON object: code, name, message (with causes), field, and
+/// for integrity errors the ledger, line and seq.
+pub fn error_value(e: &SupervisorError) -> Value {
+    let code = e.code();
+    let mut err = json!({"code": code.code, "name": code.name, "message": error_chain(e)});
+    if let Some(m) = err.as_object_mut() {
+        if let Some(f) = e.field() {
+            m.insert("field".into(), json!(f));
+        }
+        if let SupervisorError::Integrity(i) = e {
+            m.insert("ledger".into(), json!(i.ledger));
+            m.insert("line".into(), json!(i.line));
+            m.insert("seq".into(), json!(i.seq));
+        }
+    }
+    err
+}
+
+fn error_chain(e: &SupervisorError) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    message
+}
+
+/// Renders an error: code and message with its causes on stderr; with
+/// `--json` also one object on stdout.
+pub fn error_outcome(e: &SupervisorError, json: bool) -> Outcome {
+    let code = e.code();
+    let stdout = if json {
+        format!(
+            "{}\n",
+            json!({"error": error_value(e), "exit_code": e.exit_status()})
+        )
+    } else {
+        String::new()
+    };
+    Outcome {
+        status: e.exit_status(),
+        stdout,
+        stderr: format!(
+            "supervise: error[{} {}]: {}\n",
+            code.code,
+            code.name,
+            error_chain(e)
+        ),
+    }
+}
+
+fn open_workspace(common: &Common) -> Result<(Workspace, StateDir)> {
+    let ws = Workspace::open(&common.root)?;
+    let state = StateDir::open(&common.state_dir, &ws, false)?;
+    Ok((ws, state))
+}
+
+fn session_new(a: &SessionNewArgs) -> Result<Outcome> {
+    // Validate everything before anything is created.
+    crate::layout::check_tier(&a.tier)?;
+    let ws = Workspace::open(&a.common.root)?;
+    let state = StateDir::open(&a.common.state_dir, &ws, true)?;
+    let ids = SessionIdGenerator::new(SystemClock, OsRandom);
+    let session = Session::create(&ws, &state, &a.tier, &ids)?;
+    let stdout = if a.common.json {
+        json!({
+            "session_id": session.id.as_str(),
+            "tier": session.tier,
+            "ledgers": {
+                "exec": session.ledger(LedgerKind::Exec).path,
+                "evidence": session.ledger(LedgerKind::Evidence).path,
+            },
+            "scratch_dir": ws.scratch_dir(&session.id),
+            "output_dir": ws.output_dir(&session.id),
+        })
+        .to_string()
+    } else {
+        session.id.to_string()
+    };
+    Ok(Outcome::ok(stdout + "\n"))
+}
+
+fn report_value(r: &VerifyReport) -> Value {
+    json!({
+        "ledger": r.kind.as_str(),
+        "path": r.path,
+        "intact": true,
+        "entries": r.entries,
+        "legacy_entries": r.legacy_entries,
+        "bytes": r.bytes,
+        "head_hash": r.head_hash,
+        "warnings": r.warnings,
+    })
+}
+
+fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, a.tier.as_deref())?;
+    let mut ledgers = Vec::new();
+    let mut text = String::new();
+    let mut stderr = String::new();
+    let mut intact = true;
+    // Both ledgers are always reported, even when the first fails.
+    for kind in LedgerKind::ALL {
+        match session.ledger(kind).verify() {
+            Ok(r) => {
+                text += &format!(
+                    "{:<15} intact    {} entries, head {}\n",
+                    kind.file_name(),
+                    r.entries,
+                    r.head_hash.get(..16).unwrap_or_default()
+                );
+                for w in &r.warnings {
+                    stderr += &format!("supervise: warning: {w}\n");
+                }
+                ledgers.push(report_value(&r));
+            }
+            Err(e @ SupervisorError::Integrity(_)) => {
+                text += &format!("{:<15} TAMPERED  {e}\n", kind.file_name());
+                stderr += &error_outcome(&e, false).stderr;
+                ledgers.push(
+                    json!({"ledger": kind.as_str(), "intact": false, "error": error_value(&e)}),
+                );
+                intact = false;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let stdout = if a.common.json {
+        format!(
+            "{}\n",
+            json!({"session_id": id.as_str(), "intact": intact, "ledgers": ledgers})
+        )
+    } else {
+        text
+    };
+    Ok(Outcome {
+        status: if intact { exit::OK } else { exit::INTEGRITY },
+        stdout,
+        stderr,
+    })
+}
+
+fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
+    let (path, role) = raw.rsplit_once(':').ok_or_else(|| {
+        SupervisorError::invalid(
+            "--output",
+            format!("`{raw}` is not PATH:ROLE (e.g. output/<session_id>/report.md:report)"),
+        )
+    })?;
+    Ok(DeclaredOutput {
+        path: path.to_owned(),
+        role: role.to_owned(),
+    })
+}
+
+/// Builds the turn request from `--request FILE` or from the flags.
+pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
+    if let Some(file) = &r.request {
+        let mixed = !r.outputs.is_empty()
+            || r.no_outputs
+            || !r.inputs.is_empty()
+            || r.work_order.is_some()
+            || r.idempotency_key.is_some()
+            || r.timeout.is_some()
+            || !r.command.is_empty();
+        if mixed {
+            return Err(SupervisorError::invalid(
+                "--request",
+                "the request file carries the whole request; do not combine it with --output, --no-outputs, --input, --work-order, --idempotency-key, --timeout or a command",
+            ));
+        }
+        let bytes =
+            crate::fsx::read_small(file, request::MAX_REQUEST_BYTES as u64).map_err(|e| {
+                SupervisorError::invalid("--request", format!("{}: {e}", file.display()))
+            })?;
+        return Ok(TurnRequest::from_json(&bytes)?);
+    }
+    if r.no_outputs && !r.outputs.is_empty() {
+        return Err(SupervisorError::invalid(
+            "--no-outputs",
+            "contradicts --output; give one or the other",
+        ));
+    }
+    let declared_outputs = if r.no_outputs {
+        Some(Vec::new())
+    } else if r.outputs.is_empty() {
+        None
+    } else {
+        Some(
+            r.outputs
+                .iter()
+                .map(|o| parse_output_flag(o))
+                .collect::<Result<Vec<_>>>()?,
+        )
+    };
+    Ok(TurnRequest::from_doc(RequestDoc {
+        command: (!r.command.is_empty()).then(|| r.command.clone()),
+        declared_inputs: r.inputs.clone(),
+        declared_outputs,
+        work_order_id: r.work_order.clone(),
+        idempotency_key: r.idempotency_key.clone(),
+        timeout_seconds: r.timeout,
+    })?)
+}
+
+fn check(a: &CheckArgs) -> Result<Outcome> {
+    let package = PackageId::parse(&a.package)?;
+    let session = match &a.session {
+        Some(s) => SessionId::parse(s)?,
+        None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
+    };
+    let request = request_from_args(&a.request)?;
+    let ws = Workspace::open(&a.common.root)?;
+    let manifest = Manifest::load(ws.root(), &package)?;
+    let bound = request.bind(&session)?;
+    let caps = CompiledCapabilities::compile(ws.root_str(), &manifest, &bound)?;
+    let decision = caps.check(&bound);
+    let (status, entry, violations) = match &decision {
+        Ok(allowed) => (exit::OK, Some(allowed.execute_entry.clone()), Vec::new()),
+        Err(Violations(v)) => (exit::VIOLATION, None, v.clone()),
+    };
+    let stdout = if a.common.json {
+        format!(
+            "{}\n",
+            json!({
+                "allowed": decision.is_ok(),
+                "package": package.as_str(),
+                "session_id": session.as_str(),
+                "execute_entry": entry,
+                "violations": violations.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
+                "exit_code": status,
+            })
+        )
+    } else {
+        match &entry {
+            Some(e) => format!(
+                "allowed: `{}` (execute entry `{e}`)\n",
+                bound.command.join(" ")
+            ),
+            None => {
+                let mut s = format!("refused: {} capability violation(s)\n", violations.len());
+                for v in &violations {
+                    s += &format!("  - {v}\n");
+                }
+                s
+            }
+        }
+    };
+    Ok(Outcome {
+        status,
+        stdout,
+        stderr: String::new(),
+    })
+}
+
+fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    if a.turn == 0 {
+        return Err(SupervisorError::invalid(
+            "--turn",
+            "turn numbers start at 1",
+        ));
+    }
+    request::validate_inputs(&a.inputs)?;
+    let outputs = a
+        .outputs
+        .iter()
+        .map(|o| parse_output_flag(o))
+        .collect::<Result<Vec<_>>>()?;
+    request::validate_outputs(&outputs)?;
+    if let Some(w) = &a.work_order {
+        request::validate_work_order(w)?;
+    }
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    // Reads of a session verify its ledgers first (FR-RT-008).
+    session.verify()?;
+    let declared_inputs = a
+        .inputs
+        .iter()
+        .map(|raw| {
+            let path = ppath::expand(raw, &id);
+            crate::fsx::hash_beneath(ws.root(), &path)
+                .map(|(sha256, _)| HashedInput {
+                    path: path.clone(),
+                    sha256,
+                })
+                .map_err(|source| SupervisorError::InputUnreadable { path, source })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let header = PromptHeader {
+        session_id: id.clone(),
+        turn_number: a.turn,
+        declared_inputs,
+        declared_outputs: outputs
+            .into_iter()
+            .map(|o| DeclaredOutput {
+                path: ppath::expand(&o.path, &id),
+                role: o.role,
+            })
+            .collect(),
+        context_as_of: SystemClock.now(),
+        work_order_id: a.work_order.clone(),
+    };
+    let stdout = if a.common.json {
+        format!("{}\n", header.to_value())
+    } else {
+        header.render_text()
+    };
+    Ok(Outcome::ok(stdout))
+}

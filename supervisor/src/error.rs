@@ -1,0 +1,116 @@
+//! The supervisor's error type, its stable codes and CLI exit statuses.
+
+use std::path::PathBuf;
+
+use turnstile_policy::error::{ErrorCode, codes};
+use turnstile_policy::{PolicyError, Violations};
+
+use crate::ledger::IntegrityError;
+
+/// Exit statuses of `supervise` (DESIGN "Command-line contract").
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// An unexpected operational failure (I/O on the host side).
+    pub const FAILURE: u8 = 1;
+    pub const BAD_INPUT: u8 = 2;
+    pub const INTEGRITY: u8 = 3;
+    pub const COMMAND_FAILED: u8 = 10;
+    pub const VIOLATION: u8 = 11;
+    pub const WRITE_MISMATCH: u8 = 12;
+    pub const RESOURCE_LIMIT: u8 = 13;
+    pub const TIMEOUT: u8 = 14;
+    pub const SANDBOX: u8 = 20;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+
+    #[error(transparent)]
+    Violation(#[from] Violations),
+
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
+
+    #[error("session `{session}` not found: {}", path.display())]
+    SessionNotFound { session: String, path: PathBuf },
+
+    #[error("invalid argument `{field}`: {reason}")]
+    InvalidArgument { field: String, reason: String },
+
+    #[error("declared input `{path}` cannot be read")]
+    InputUnreadable {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("ledger I/O: {op} {}", path.display())]
+    LedgerIo {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("state I/O: {op} {}", path.display())]
+    StateIo {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot start session")]
+    SessionStart(#[source] Box<SupervisorError>),
+}
+
+pub type Result<T, E = SupervisorError> = std::result::Result<T, E>;
+
+impl SupervisorError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Policy(e) => e.code(),
+            Self::Violation(_) => codes::SECURITY_POLICY_VIOLATION,
+            Self::Integrity(_) => codes::LEDGER_INTEGRITY,
+            Self::SessionNotFound { .. } => codes::SESSION_NOT_FOUND,
+            Self::InvalidArgument { .. } => codes::ARGUMENT_INVALID,
+            Self::InputUnreadable { .. } => codes::INPUT_UNREADABLE,
+            Self::LedgerIo { .. } => codes::LEDGER_IO,
+            Self::StateIo { .. } => codes::STATE_IO,
+            Self::SessionStart(_) => codes::SESSION_START_FAILED,
+        }
+    }
+
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            Self::Policy(PolicyError::Random(_)) => exit::FAILURE,
+            Self::Policy(_)
+            | Self::SessionNotFound { .. }
+            | Self::InvalidArgument { .. }
+            | Self::InputUnreadable { .. } => exit::BAD_INPUT,
+            Self::Violation(_) => exit::VIOLATION,
+            Self::Integrity(_) => exit::INTEGRITY,
+            Self::LedgerIo { .. } | Self::StateIo { .. } => exit::FAILURE,
+            Self::SessionStart(inner) => inner.exit_status(),
+        }
+    }
+
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Policy(e) => e.field(),
+            Self::InvalidArgument { field, .. } => Some(field),
+            Self::SessionNotFound { .. } => Some("session"),
+            Self::InputUnreadable { .. } => Some("declared_inputs"),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.to_owned(),
+            reason: reason.into(),
+        }
+    }
+}

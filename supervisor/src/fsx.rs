@@ -1,0 +1,198 @@
+//! Small, careful file-system helpers: durable atomic writes, private
+//! directories, append-only opens, and reads that never leave the workspace.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::sys::stat::Mode;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Result, SupervisorError};
+
+fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let path = path.to_path_buf();
+    move |source| SupervisorError::StateIo { op, path, source }
+}
+
+/// `mkdir -p` with mode 0700 for every directory it creates.
+pub fn create_private_dir_all(path: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(state_io("create directory", path))
+}
+
+/// Creates exactly `path` (its parent must exist); fails if it exists.
+pub fn create_dir_new(path: &Path, mode: u32) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .mode(mode)
+        .create(path)
+        .map_err(state_io("create directory", path))
+}
+
+/// `mkdir -p` with mode 0755 for workspace directories.
+pub fn create_dir_all(path: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
+        .map_err(state_io("create directory", path))
+}
+
+/// fsyncs a directory so entries created or renamed in it are durable.
+pub fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(state_io("fsync directory", path))
+}
+
+/// Writes `bytes` to `path` atomically and durably: a temporary file in the
+/// same directory, fsync, rename over `path`, fsync the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().ok_or_else(|| {
+        SupervisorError::invalid("path", format!("{} has no parent", path.display()))
+    })?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(state_io("write", path)(e));
+    }
+    sync_dir(dir)
+}
+
+/// Reads a whole small file (at most `limit` bytes) without following a
+/// symlink in its last component.
+pub fn read_small(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+        .open(path)?;
+    let mut out = Vec::new();
+    f.take(limit + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
+pub(crate) fn libc_flags(flags: OFlag) -> i32 {
+    flags.bits()
+}
+
+/// Opens `relative` under `root` for reading without ever leaving `root` and
+/// without following any symlink (openat2 RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS). Absolute paths are accepted
+/// only when they lie under `root`.
+pub fn open_beneath(root: &Path, path: &str) -> std::io::Result<OwnedFd> {
+    let root_str = root.to_string_lossy();
+    let relative = match path.strip_prefix('/') {
+        Some(_) => path
+            .strip_prefix(root_str.as_ref())
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "absolute path outside the workspace root",
+                )
+            })?,
+        None => path,
+    };
+    let dir = File::open(root)?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY)
+        .mode(Mode::empty())
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+    Ok(openat2(dir.as_fd(), relative, how)?)
+}
+
+/// sha256 (lowercase hex) and size of a regular file opened with
+/// [`open_beneath`].
+pub fn hash_beneath(root: &Path, path: &str) -> std::io::Result<(String, u64)> {
+    let mut file = File::from(open_beneath(root, path)?);
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_beneath_refuses_symlinks_and_escapes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("a.txt"), b"abc").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::os::unix::fs::symlink(root.join("d"), root.join("dlink")).unwrap();
+        std::fs::write(root.join("d/x"), b"x").unwrap();
+
+        let (h, n) = hash_beneath(root, "a.txt").unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(
+            h,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let abs = format!("{}/a.txt", root.display());
+        assert!(hash_beneath(root, &abs).is_ok());
+        assert!(hash_beneath(root, "link").is_err());
+        assert!(hash_beneath(root, "dlink/x").is_err());
+        assert!(hash_beneath(root, "../etc/passwd").is_err());
+        assert!(hash_beneath(root, "/etc/passwd").is_err());
+        assert!(hash_beneath(root, "d").is_err());
+    }
+
+    #[test]
+    fn write_atomic_replaces_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

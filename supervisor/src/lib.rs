@@ -1,0 +1,17 @@
+//! turnstile-supervisor: carries out what `turnstile-policy` decides.
+//!
+//! Owns sessions, the hash-chained ledgers and their head anchors, the turn
+//! pipeline and the `supervise` CLI. It is the only crate that touches the
+//! file system on behalf of a turn; it never decides policy itself.
+
+pub mod cli;
+pub mod error;
+pub mod evidence;
+pub mod fsx;
+pub mod ids;
+pub mod layout;
+pub mod ledger;
+pub mod session;
+pub mod turn;
+
+pub use error::{Result, SupervisorError};

@@ -1,0 +1,24 @@
+//! `supervise`: the command-line edge of turnstile.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use turnstile_supervisor::cli::{self, Cli};
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+
+    // clap exits 2 on a usage error and 0 for --help/--version.
+    let outcome = cli::run(Cli::parse());
+    // A closed stdout/stderr must not turn into a panic.
+    let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());
+    let _ = std::io::stderr().write_all(outcome.stderr.as_bytes());
+    ExitCode::from(outcome.status)
+}
