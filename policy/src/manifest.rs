@@ -326,10 +326,7 @@ impl Manifest {
         };
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let doc: ManifestDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let field = match e.path().to_string() {
-                p if p == "." => "(document)".to_owned(),
-                p => p,
-            };
+            let field = crate::path::json_error_field(&e);
             invalid(&field, e.into_inner().to_string())
         })?;
         de.end().map_err(|e| invalid("(document)", e.to_string()))?;

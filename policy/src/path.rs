@@ -74,6 +74,25 @@ pub fn check_syntax(raw: &str, absolute: Absolute) -> Result<(), String> {
     Ok(())
 }
 
+/// The field a JSON deserialization error is about, as a dotted path
+/// (`capabilities.read[2]`); a duplicated key names the key itself.
+pub fn json_error_field(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let base = match e.path().to_string() {
+        p if p == "." => String::new(),
+        p => p,
+    };
+    let message = e.inner().to_string();
+    let duplicate = message
+        .strip_prefix("duplicate field `")
+        .and_then(|rest| rest.split('`').next());
+    match (base.is_empty(), duplicate) {
+        (true, Some(key)) => key.to_owned(),
+        (false, Some(key)) => format!("{base}.{key}"),
+        (true, None) => "(document)".to_owned(),
+        (false, None) => base,
+    }
+}
+
 /// Replaces every `<session_id>` with the session id.
 pub fn expand(raw: &str, session: &SessionId) -> String {
     raw.replace(SESSION_PLACEHOLDER, session.as_str())
@@ -122,5 +141,32 @@ mod tests {
         assert!(check_syntax(&long, Absolute::Refused).is_err());
         let seg = "x".repeat(256);
         assert!(check_syntax(&seg, Absolute::Refused).is_err());
+    }
+}
+
+#[cfg(test)]
+mod json_field_tests {
+    #[test]
+    fn duplicate_keys_name_the_key() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Inner {
+            read: Vec<String>,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Outer {
+            capabilities: Inner,
+        }
+        let mut de =
+            serde_json::Deserializer::from_str(r#"{"capabilities":{"read":[],"read":[]}}"#);
+        let e = serde_path_to_error::deserialize::<_, Outer>(&mut de).unwrap_err();
+        assert_eq!(
+            super::json_error_field(&e),
+            "capabilities.read",
+            "{:?} / {}",
+            e.path().to_string(),
+            e.inner()
+        );
     }
 }

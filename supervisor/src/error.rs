@@ -39,7 +39,9 @@ pub enum SupervisorError {
     #[error("invalid argument `{field}`: {reason}")]
     InvalidArgument { field: String, reason: String },
 
-    #[error("declared input `{path}` cannot be read")]
+    #[error(
+        "field `declared_inputs`: `{path}` cannot be read (it must be a regular file under the root, reached without symlinks)"
+    )]
     InputUnreadable {
         path: String,
         #[source]

@@ -1,0 +1,208 @@
+//! Shared fixtures for turnstile's integration tests: a throwaway workspace
+//! and state directory, the real `supervise` binary, and a snapshot of every
+//! file so a test can prove a command changed nothing on disk.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The `supervise` binary built alongside the tests
+/// (`TURNSTILE_SUPERVISE` overrides).
+pub fn supervise_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TURNSTILE_SUPERVISE") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test-binary> -> target/<profile>/supervise
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("supervise"))
+        .expect("target dir");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests through `cargo xtask test` or `cargo test --workspace`, which build it",
+        bin.display()
+    );
+    bin
+}
+
+/// What one `supervise` invocation did.
+#[derive(Debug)]
+pub struct Run {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(out: Output) -> Self {
+        Self {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// stdout parsed as the one JSON object `--json` promises.
+    pub fn json(&self) -> Value {
+        let trimmed = self.stdout.trim_end();
+        assert!(
+            !trimmed.contains('\n'),
+            "more than one line on stdout: {}",
+            self.stdout
+        );
+        serde_json::from_str(trimmed)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// A workspace root and a state directory, both temporary and separate.
+#[derive(Debug)]
+pub struct Fixture {
+    _root: tempfile::TempDir,
+    _state: tempfile::TempDir,
+    pub root: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let root_dir = tempfile::Builder::new()
+            .prefix("ts-root-")
+            .tempdir()
+            .unwrap();
+        let state_dir = tempfile::Builder::new()
+            .prefix("ts-state-")
+            .tempdir()
+            .unwrap();
+        let root = std::fs::canonicalize(root_dir.path()).unwrap();
+        let state = std::fs::canonicalize(state_dir.path())
+            .unwrap()
+            .join("state");
+        Self {
+            _root: root_dir,
+            _state: state_dir,
+            root,
+            state,
+        }
+    }
+
+    /// Writes `installed/<pkg>/manifest.json`.
+    pub fn install(&self, pkg: &str, manifest: &str) {
+        let dir = self.root.join("installed").join(pkg);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("manifest.json"), manifest).unwrap();
+    }
+
+    /// Writes a file under the root.
+    pub fn write(&self, rel: &str, content: &[u8]) {
+        let p = self.root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    /// Runs `supervise <args…>`, inserting `--root` and `--state-dir` after
+    /// the subcommand words.
+    pub fn supervise(&self, words: &[&str], args: &[&str]) -> Run {
+        let mut cmd = Command::new(supervise_bin());
+        cmd.args(words)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(args)
+            .env_remove("TURNSTILE_LOG");
+        Run::from(cmd.output().expect("spawn supervise"))
+    }
+
+    /// Runs `supervise` with exactly these arguments.
+    pub fn raw(args: &[&str]) -> Run {
+        Run::from(
+            Command::new(supervise_bin())
+                .args(args)
+                .output()
+                .expect("spawn supervise"),
+        )
+    }
+
+    /// `supervise session new`, returning the id.
+    pub fn new_session(&self) -> String {
+        let r = self.supervise(&["session", "new"], &[]);
+        assert_eq!(r.status, 0, "session new failed: {}", r.stderr);
+        r.stdout.trim().to_owned()
+    }
+
+    pub fn ledger(&self, sid: &str, kind: &str) -> PathBuf {
+        self.root
+            .join("planes/ho1/sessions")
+            .join(sid)
+            .join("ledger")
+            .join(format!("{kind}.jsonl"))
+    }
+
+    /// Every path under the root and the state dir with a hash of its
+    /// content (or its kind), for "nothing changed on disk" assertions.
+    pub fn snapshot(&self) -> BTreeMap<PathBuf, String> {
+        let mut out = BTreeMap::new();
+        for base in [&self.root, &self.state] {
+            walk(base, &mut out);
+        }
+        out
+    }
+}
+
+fn walk(p: &Path, out: &mut BTreeMap<PathBuf, String>) {
+    let Ok(meta) = p.symlink_metadata() else {
+        return;
+    };
+    let tag = if meta.is_dir() {
+        let mut entries: Vec<_> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for e in entries {
+            walk(&e, out);
+        }
+        "dir".to_owned()
+    } else if meta.is_file() {
+        hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
+    } else {
+        format!("{:?}", meta.file_type())
+    };
+    out.insert(p.to_path_buf(), tag);
+}
+
+/// Reads a ledger as parsed JSON lines.
+pub fn read_entries(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The standard example manifest used across tests.
+pub const HELLO_MANIFEST: &str = r#"{
+  "package_id": "hello-agent",
+  "version": "1.0.0",
+  "trust_level": "standard",
+  "capabilities": {
+    "read": ["installed/hello-agent/**", "registries/*.csv"],
+    "write": ["reports/<session_id>/*.md"],
+    "execute": ["/usr/bin/python3 installed/hello-agent/main.py", "/bin/true"],
+    "forbidden": ["installed/hello-agent/secrets/**", "/etc/shadow"]
+  },
+  "limits": {"memory": "256Mi", "cpu": "1", "pids": 64, "timeout_seconds": 60},
+  "network": "isolated"
+}"#;

@@ -1,0 +1,872 @@
+//! The CLI contract: FR-RT-001 (package loading), FR-RT-005 (prompt header),
+//! FR-RT-013 (declared outputs), and the bad-input table — every malformed
+//! manifest, request, path, session id or argument gives exit 2, a stable
+//! code, a message naming the field, and changes nothing on disk.
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use turnstile_tests::{Fixture, HELLO_MANIFEST};
+
+#[test]
+fn fr_rt_001_loads_the_package_manifest() {
+    let fx = Fixture::new();
+    fx.install("hello-agent", HELLO_MANIFEST);
+    let r = fx.supervise(
+        &["check"],
+        &[
+            "--package",
+            "hello-agent",
+            "--json",
+            "--output",
+            "output/<session_id>/r.md:report",
+            "--",
+            "/usr/bin/python3",
+            "installed/hello-agent/main.py",
+        ],
+    );
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["allowed"], true);
+    assert_eq!(
+        v["execute_entry"],
+        "/usr/bin/python3 installed/hello-agent/main.py"
+    );
+}
+
+#[test]
+fn fr_rt_001_missing_package_is_package_not_found_naming_the_path() {
+    let fx = Fixture::new();
+    let r = fx.supervise(
+        &["check"],
+        &[
+            "--package",
+            "ghost",
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(r.status, 2);
+    let e = &r.json()["error"];
+    assert_eq!(e["code"], "TS1001");
+    assert_eq!(e["name"], "PACKAGE_NOT_FOUND");
+    let expected = fx.root.join("installed/ghost/manifest.json");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains(&expected.display().to_string()),
+        "{e}"
+    );
+}
+
+#[test]
+fn fr_rt_003_fr_rt_010_check_refuses_with_exit_11_and_details() {
+    let fx = Fixture::new();
+    fx.install("hello-agent", HELLO_MANIFEST);
+    let r = fx.supervise(
+        &["check"],
+        &[
+            "--package",
+            "hello-agent",
+            "--json",
+            "--no-outputs",
+            "--input",
+            "installed/hello-agent/secrets/k",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat /etc/shadow",
+        ],
+    );
+    assert_eq!(r.status, 11, "{}", r.stderr);
+    let v = r.json();
+    assert_eq!(v["allowed"], false);
+    let ops: Vec<&str> = v["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["attempted_operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, ["execute", "read"]);
+    assert_eq!(
+        v["violations"][1]["violated_capability"]["pattern"],
+        "installed/hello-agent/secrets/**"
+    );
+    // Text form lists each violation.
+    let r = fx.supervise(
+        &["check"],
+        &["--package", "hello-agent", "--no-outputs", "--", "/bin/sh"],
+    );
+    assert_eq!(r.status, 11);
+    assert!(r.stdout.contains("execute `/bin/sh`"), "{}", r.stdout);
+}
+
+#[test]
+fn fr_rt_013_outputs_outside_write_and_session_output_are_violations() {
+    let fx = Fixture::new();
+    fx.install("hello-agent", HELLO_MANIFEST);
+    let ok = fx.supervise(
+        &["check"],
+        &[
+            "--package",
+            "hello-agent",
+            "--output",
+            "reports/<session_id>/a.md:report",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(ok.status, 0, "{}", ok.stderr);
+    let bad = fx.supervise(
+        &["check"],
+        &[
+            "--package",
+            "hello-agent",
+            "--json",
+            "--output",
+            "reports/a.md:report",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(bad.status, 11);
+    assert_eq!(
+        bad.json()["violations"][0]["violated_capability"]["capability"],
+        "write"
+    );
+}
+
+#[test]
+fn fr_rt_005_prompt_header_hashes_declared_inputs() {
+    let fx = Fixture::new();
+    let sid = fx.new_session();
+    fx.write("registries/users.csv", b"id,name\n1,ada\n");
+    let r = fx.supervise(
+        &["prompt-header"],
+        &[
+            "--session",
+            &sid,
+            "--turn",
+            "2",
+            "--input",
+            "registries/users.csv",
+            "--output",
+            "output/<session_id>/report.md:report",
+            "--work-order",
+            "WO-42",
+            "--json",
+        ],
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let v = r.json();
+    assert_eq!(v["session_id"], sid.as_str());
+    assert_eq!(v["turn_number"], 2);
+    assert_eq!(v["work_order_id"], "WO-42");
+    assert_eq!(v["declared_inputs"][0]["path"], "registries/users.csv");
+    assert_eq!(
+        v["declared_inputs"][0]["sha256"],
+        hex::encode(Sha256::digest(b"id,name\n1,ada\n"))
+    );
+    assert_eq!(
+        v["declared_outputs"][0],
+        json!({"path": format!("output/{sid}/report.md"), "role": "report"})
+    );
+    assert!(v["context_as_of"].as_str().unwrap().ends_with('Z'));
+
+    let text = fx.supervise(&["prompt-header"], &["--session", &sid, "--turn", "1"]);
+    assert_eq!(text.status, 0);
+    assert!(
+        text.stdout.contains(&format!("session_id: {sid}"))
+            && !text.stdout.contains("work_order_id")
+    );
+}
+
+#[test]
+fn fr_rt_005_prompt_header_never_follows_symlinks_out_of_the_root() {
+    let fx = Fixture::new();
+    let sid = fx.new_session();
+    std::fs::create_dir_all(fx.root.join("registries")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", fx.root.join("registries/link.csv")).unwrap();
+    let r = fx.supervise(
+        &["prompt-header"],
+        &[
+            "--session",
+            &sid,
+            "--turn",
+            "1",
+            "--input",
+            "registries/link.csv",
+            "--json",
+        ],
+    );
+    assert_eq!(r.status, 2);
+    assert_eq!(r.json()["error"]["code"], "TS1013");
+}
+
+#[test]
+fn prompt_header_refuses_a_tampered_session() {
+    let fx = Fixture::new();
+    let sid = fx.new_session();
+    std::fs::write(fx.ledger(&sid, "exec"), b"").unwrap();
+    let r = fx.supervise(
+        &["prompt-header"],
+        &["--session", &sid, "--turn", "1", "--json"],
+    );
+    assert_eq!(r.status, 3);
+    assert_eq!(r.json()["error"]["code"], "TS1010");
+}
+
+/// One row of the bad-input table.
+struct Case {
+    name: &'static str,
+    words: &'static [&'static str],
+    args: Vec<String>,
+    code: &'static str,
+    /// The field the error must name (in `error.field` and the message).
+    field: &'static str,
+}
+
+fn case(
+    name: &'static str,
+    words: &'static [&'static str],
+    args: &[&str],
+    code: &'static str,
+    field: &'static str,
+) -> Case {
+    Case {
+        name,
+        words,
+        args: args.iter().map(|s| s.to_string()).collect(),
+        code,
+        field,
+    }
+}
+
+const CHECK: &[&str] = &["check"];
+
+fn manifest_case(
+    fx: &Fixture,
+    name: &'static str,
+    manifest: &str,
+    code: &'static str,
+    field: &'static str,
+) -> Case {
+    let pkg = format!("pkg-{}", name.replace(' ', "-"));
+    fx.install(&pkg, manifest);
+    Case {
+        name,
+        words: CHECK,
+        args: vec![
+            "--package".into(),
+            pkg,
+            "--no-outputs".into(),
+            "--".into(),
+            "/bin/true".into(),
+        ],
+        code,
+        field,
+    }
+}
+
+#[test]
+fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
+    let fx = Fixture::new();
+    fx.install("hello-agent", HELLO_MANIFEST);
+    let sid = fx.new_session();
+    let requests = tempfile::tempdir().unwrap();
+    let req = |name: &str, body: &str| -> String {
+        let p = requests.path().join(format!("{name}.json"));
+        std::fs::write(&p, body).unwrap();
+        p.display().to_string()
+    };
+    let m = |caps: &str| format!(r#"{{"capabilities":{caps}}}"#);
+    const MI: &str = "TS1002";
+    const RQ: &str = "TS1003";
+    const ARG: &str = "TS1006";
+
+    let mut cases = vec![
+        manifest_case(
+            &fx,
+            "unknown top field",
+            r#"{"capabilities":{},"extra":1}"#,
+            MI,
+            "extra",
+        ),
+        manifest_case(
+            &fx,
+            "unknown capability",
+            &m(r#"{"reed":[]}"#),
+            MI,
+            "capabilities.reed",
+        ),
+        manifest_case(
+            &fx,
+            "no capabilities",
+            r#"{"version":"1"}"#,
+            MI,
+            "(document)",
+        ),
+        manifest_case(
+            &fx,
+            "dotdot read",
+            &m(r#"{"read":["a/../../etc/**"]}"#),
+            MI,
+            "capabilities.read[0]",
+        ),
+        manifest_case(
+            &fx,
+            "bad glob",
+            &m(r#"{"read":["ok/**","a/[b"]}"#),
+            MI,
+            "capabilities.read[1]",
+        ),
+        manifest_case(
+            &fx,
+            "absolute write",
+            &m(r#"{"write":["/etc/**"]}"#),
+            MI,
+            "capabilities.write[0]",
+        ),
+        manifest_case(
+            &fx,
+            "ledger write",
+            &m(r#"{"write":["output/**","planes/ho1/sessions/<session_id>/ledger/exec.jsonl"]}"#),
+            "E2042",
+            "capabilities.write[1]",
+        ),
+        manifest_case(
+            &fx,
+            "manifest write",
+            &m(r#"{"write":["installed/*/manifest.json"]}"#),
+            "E2042",
+            "capabilities.write[0]",
+        ),
+        manifest_case(
+            &fx,
+            "empty execute",
+            &m(r#"{"execute":["  "]}"#),
+            MI,
+            "capabilities.execute[0]",
+        ),
+        manifest_case(
+            &fx,
+            "read not a list",
+            &m(r#"{"read":"x/**"}"#),
+            MI,
+            "capabilities.read",
+        ),
+        manifest_case(
+            &fx,
+            "bad memory",
+            r#"{"capabilities":{},"limits":{"memory":"256MB"}}"#,
+            MI,
+            "limits.memory",
+        ),
+        manifest_case(
+            &fx,
+            "bad cpu",
+            r#"{"capabilities":{},"limits":{"cpu":"-1"}}"#,
+            MI,
+            "limits.cpu",
+        ),
+        manifest_case(
+            &fx,
+            "zero pids",
+            r#"{"capabilities":{},"limits":{"pids":0}}"#,
+            MI,
+            "limits.pids",
+        ),
+        manifest_case(
+            &fx,
+            "huge timeout",
+            r#"{"capabilities":{},"limits":{"timeout_seconds":99999999}}"#,
+            MI,
+            "limits.timeout_seconds",
+        ),
+        manifest_case(
+            &fx,
+            "bad trust",
+            r#"{"capabilities":{},"trust_level":"root"}"#,
+            MI,
+            "trust_level",
+        ),
+        manifest_case(
+            &fx,
+            "bad network",
+            r#"{"capabilities":{},"network":"open"}"#,
+            MI,
+            "network",
+        ),
+        manifest_case(
+            &fx,
+            "wrong package id",
+            r#"{"capabilities":{},"package_id":"other"}"#,
+            MI,
+            "package_id",
+        ),
+        manifest_case(
+            &fx,
+            "torn json",
+            r#"{"capabilities":{"read":["#,
+            MI,
+            "capabilities.read",
+        ),
+        manifest_case(
+            &fx,
+            "duplicate field",
+            r#"{"capabilities":{"read":[],"read":[]}}"#,
+            MI,
+            "capabilities.read",
+        ),
+        case(
+            "bad package id",
+            CHECK,
+            &["--package", "../etc", "--no-outputs", "--", "/bin/true"],
+            "TS1005",
+            "package",
+        ),
+        case(
+            "missing outputs",
+            CHECK,
+            &["--package", "hello-agent", "--", "/bin/true"],
+            RQ,
+            "declared_outputs",
+        ),
+        case(
+            "absolute output",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "/etc/passwd:r",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[0].path",
+        ),
+        case(
+            "dotdot output",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "output/../../x:r",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[0].path",
+        ),
+        case(
+            "double slash output",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "output//x:r",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[0].path",
+        ),
+        case(
+            "trailing slash output",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "output/x/:r",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[0].path",
+        ),
+        case(
+            "unknown placeholder",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "output/<sid>/x:r",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[0].path",
+        ),
+        case(
+            "bad role",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "output/x:r o",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[0].role",
+        ),
+        case(
+            "output without role",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "output/x",
+                "--",
+                "/bin/true",
+            ],
+            ARG,
+            "--output",
+        ),
+        case(
+            "outputs and no-outputs",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--no-outputs",
+                "--output",
+                "o/x:r",
+                "--",
+                "/bin/true",
+            ],
+            ARG,
+            "--no-outputs",
+        ),
+        case(
+            "duplicate output",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--output",
+                "o/x:r",
+                "--output",
+                "o/x:s",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_outputs[1].path",
+        ),
+        case(
+            "dotdot input",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--no-outputs",
+                "--input",
+                "../x",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "declared_inputs[0]",
+        ),
+        case(
+            "bare command",
+            CHECK,
+            &["--package", "hello-agent", "--no-outputs", "--", "true"],
+            RQ,
+            "command[0]",
+        ),
+        case(
+            "no command",
+            CHECK,
+            &["--package", "hello-agent", "--no-outputs"],
+            RQ,
+            "command",
+        ),
+        case(
+            "zero timeout",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--no-outputs",
+                "--timeout",
+                "0",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "timeout_seconds",
+        ),
+        case(
+            "bad work order",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--no-outputs",
+                "--work-order",
+                "WO 42",
+                "--",
+                "/bin/true",
+            ],
+            RQ,
+            "work_order_id",
+        ),
+        case(
+            "request unknown field",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "unknown",
+                    r#"{"command":["/bin/true"],"declared_outputs":[],"sudo":true}"#,
+                ),
+            ],
+            RQ,
+            "sudo",
+        ),
+        case(
+            "request nul path",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "nul",
+                    r#"{"command":["/bin/true"],"declared_outputs":[{"path":"output/a\u0000b","role":"r"}]}"#,
+                ),
+            ],
+            RQ,
+            "declared_outputs[0].path",
+        ),
+        case(
+            "request output no role",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "norole",
+                    r#"{"command":["/bin/true"],"declared_outputs":[{"path":"output/x"}]}"#,
+                ),
+            ],
+            RQ,
+            "declared_outputs[0]",
+        ),
+        case(
+            "request float timeout",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "float",
+                    r#"{"command":["/bin/true"],"declared_outputs":[],"timeout_seconds":1.5}"#,
+                ),
+            ],
+            RQ,
+            "timeout_seconds",
+        ),
+        case(
+            "request plus flags",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "mixed",
+                    r#"{"command":["/bin/true"],"declared_outputs":[]}"#,
+                ),
+                "--",
+                "/bin/true",
+            ],
+            ARG,
+            "--request",
+        ),
+        case(
+            "request missing file",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                "/nonexistent/req.json",
+            ],
+            ARG,
+            "--request",
+        ),
+        case(
+            "check bad session",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--session",
+                "SES-1",
+                "--no-outputs",
+                "--",
+                "/bin/true",
+            ],
+            "TS1004",
+            "session_id",
+        ),
+        case(
+            "verify traversal session",
+            &["ledger", "verify"],
+            &["--session", "../../../etc/passwd"],
+            "TS1004",
+            "session_id",
+        ),
+        case(
+            "verify unknown session",
+            &["ledger", "verify"],
+            &["--session", "SES-20200101T000000000000Z-0000000000000000"],
+            "E2054",
+            "session",
+        ),
+        case(
+            "verify bad tier",
+            &["ledger", "verify"],
+            &["--session", &sid, "--tier", "ho1/../x"],
+            ARG,
+            "--tier",
+        ),
+        case(
+            "new bad tier",
+            &["session", "new"],
+            &["--tier", "../x"],
+            ARG,
+            "--tier",
+        ),
+        case(
+            "header turn zero",
+            &["prompt-header"],
+            &["--session", &sid, "--turn", "0"],
+            ARG,
+            "--turn",
+        ),
+        case(
+            "header dotdot input",
+            &["prompt-header"],
+            &["--session", &sid, "--turn", "1", "--input", "a/../../x"],
+            RQ,
+            "declared_inputs[0]",
+        ),
+        case(
+            "header missing input",
+            &["prompt-header"],
+            &["--session", &sid, "--turn", "1", "--input", "nope.csv"],
+            "TS1013",
+            "declared_inputs",
+        ),
+    ];
+    // Arguments outside the request: a missing root and a state dir inside it.
+    let missing_root = Case {
+        name: "missing root",
+        words: &["session", "new"],
+        args: vec![],
+        code: ARG,
+        field: "--root",
+    };
+    cases.push(missing_root);
+    assert!(cases.len() >= 25);
+
+    for c in &cases {
+        let before = fx.snapshot();
+        let mut args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        args.push("--json");
+        let r = if c.name == "missing root" {
+            Fixture::raw(&[
+                "session",
+                "new",
+                "--root",
+                "/nonexistent/ws",
+                "--state-dir",
+                fx.state.to_str().unwrap(),
+                "--json",
+            ])
+        } else {
+            // `--json` must come before `--` for commands with a trailing CMD.
+            if let Some(pos) = args.iter().position(|a| *a == "--") {
+                args.pop();
+                args.insert(pos, "--json");
+            }
+            fx.supervise(c.words, &args)
+        };
+        assert_eq!(
+            r.status, 2,
+            "case `{}`: status {} stdout {} stderr {}",
+            c.name, r.status, r.stdout, r.stderr
+        );
+        let v: Value = r.json();
+        let e = &v["error"];
+        assert_eq!(e["code"], c.code, "case `{}`: {e}", c.name);
+        assert_eq!(e["field"], c.field, "case `{}`: {e}", c.name);
+        let msg = e["message"].as_str().unwrap();
+        let field_leaf = c
+            .field
+            .rsplit('.')
+            .next()
+            .unwrap()
+            .trim_end_matches(|ch: char| ch == ']' || ch.is_ascii_digit())
+            .trim_end_matches('[');
+        assert!(
+            msg.contains(field_leaf) || c.field == "(document)" || c.field == "session_id",
+            "case `{}`: message does not name `{}`: {msg}",
+            c.name,
+            c.field
+        );
+        assert!(
+            r.stderr.contains(c.code),
+            "case `{}`: stderr lacks the code: {}",
+            c.name,
+            r.stderr
+        );
+        assert_eq!(fx.snapshot(), before, "case `{}` changed the disk", c.name);
+    }
+}
+
+#[test]
+fn bad_input_creates_no_state_dir_and_no_session() {
+    let fx = Fixture::new();
+    assert!(!fx.state.exists());
+    for args in [
+        &["--tier", "x"][..],
+        &["--tier", "ho1", "--state-dir", "relative/state"][..],
+    ] {
+        let r = fx.supervise(&["session", "new"], args);
+        assert_eq!(r.status, 2, "{}", r.stderr);
+    }
+    assert!(!fx.state.exists());
+    assert!(!fx.root.join("planes").exists() && !fx.root.join("tmp").exists());
+    // A state dir inside the root is refused before anything is created.
+    let inside = fx.root.join("state");
+    let r = Fixture::raw(&[
+        "session",
+        "new",
+        "--root",
+        fx.root.to_str().unwrap(),
+        "--state-dir",
+        inside.to_str().unwrap(),
+    ]);
+    assert_eq!(r.status, 2);
+    assert!(r.stderr.contains("--state-dir"), "{}", r.stderr);
+    assert!(!inside.exists());
+    assert_eq!(std::fs::read_dir(&fx.root).unwrap().count(), 0);
+}
