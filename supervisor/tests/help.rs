@@ -2,6 +2,9 @@
 //! exit codes; usage errors exit 2. (Also makes `cargo test` build
 //! `supervise` for the workspace's integration tests.)
 
+// Test helpers may panic on a broken environment; that is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 fn supervise(args: &[&str]) -> std::process::Output {

@@ -1,0 +1,312 @@
+//! `cargo xtask <task>`: the one entry point for automation.
+//!
+//! - `setup`: install the system packages the workspace needs (apt), if
+//!   missing;
+//! - `demo`:  build `supervise` and walk through a session on the example
+//!   package in `examples/workspace`;
+//! - `test`:  setup, then fmt check, clippy -D warnings, every test, and a
+//!   check that every in-scope requirement (FR-RT-0xx) has a test naming it.
+//!
+//! xtask depends on nothing that links a C library, so it builds on a fresh
+//! machine before `libseccomp-dev` and friends are installed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Debian packages the workspace needs to build and test.
+const APT_PACKAGES: &[&str] = &["libseccomp-dev", "pkg-config"];
+
+/// Requirements that must each have at least one test whose name contains
+/// `fr_rt_0xx`. Grows as issues land.
+const REQUIRED_FRS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 13, 17, 18];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("setup") => setup(),
+        Some("demo") => demo(),
+        Some("test") => test(),
+        Some("fr-coverage") => fr_coverage(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <setup|demo|test|fr-coverage>\n\
+                 \n  setup        install missing system packages ({})\
+                 \n  demo         run the example session end to end\
+                 \n  test         fmt, clippy, all tests, requirement coverage (what CI runs)\
+                 \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
+                APT_PACKAGES.join(", ")
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: $ {}", show(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("spawning {}", show(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed with {status}", show(cmd));
+    }
+    Ok(())
+}
+
+fn show(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn is_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn setup() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !is_installed(p))
+        .collect();
+    if missing.is_empty() {
+        eprintln!(
+            "xtask: system packages present: {}",
+            APT_PACKAGES.join(", ")
+        );
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing packages {}; run as root or: sudo apt-get install -y {}",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    }
+    let lock = "DPkg::Lock::Timeout=600";
+    run(Command::new("apt-get").args(["-o", lock, "update", "-q"]))?;
+    run(Command::new("apt-get")
+        .args(["-o", lock, "install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn test() -> Result<()> {
+    setup()?;
+    fr_coverage()?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // --workspace builds `supervise` before any integration test runs.
+    run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
+    eprintln!("xtask: all checks passed");
+    Ok(())
+}
+
+/// Every in-scope requirement has a test whose name contains `fr_rt_0xx`.
+fn fr_coverage() -> Result<()> {
+    let root = workspace_root();
+    let mut sources = String::new();
+    for dir in ["policy", "supervisor", "tests"] {
+        collect_rs(&root.join(dir), &mut sources)?;
+    }
+    let test_names: Vec<&str> = sources
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("fn "))
+        .filter_map(|l| l.split('(').next())
+        .collect();
+    let missing: Vec<String> = REQUIRED_FRS
+        .iter()
+        .map(|n| format!("fr_rt_{n:03}"))
+        .filter(|fr| !test_names.iter().any(|t| t.contains(fr.as_str())))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "requirements without a test naming them: {}",
+            missing.join(", ")
+        );
+    }
+    eprintln!(
+        "xtask: every in-scope requirement has a named test ({} FRs)",
+        REQUIRED_FRS.len()
+    );
+    Ok(())
+}
+
+fn collect_rs(dir: &Path, out: &mut String) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_rs(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path)?);
+            out.push('\n');
+        }
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `supervise`, echoing the command line and its output, and checks the
+/// exit status.
+fn supervise(bin: &Path, args: &[&str], expect: i32) -> Result<String> {
+    println!("\n$ supervise {}", args.join(" "));
+    let out = Command::new(bin).args(args).output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let code = out.status.code().unwrap_or(-1);
+    println!("(exit {code})");
+    if code != expect {
+        bail!("expected exit {expect}, got {code}");
+    }
+    Ok(stdout)
+}
+
+fn demo() -> Result<()> {
+    setup()?;
+    run(cargo().args(["build", "--quiet", "-p", "turnstile-supervisor"]))?;
+    let root = workspace_root();
+    let bin = root.join("target/debug/supervise");
+    let demo = root.join("target/demo");
+    if demo.exists() {
+        std::fs::remove_dir_all(&demo)?;
+    }
+    let ws = demo.join("workspace");
+    let state = demo.join("state");
+    copy_tree(&root.join("examples/workspace"), &ws)?;
+    let (ws_s, state_s) = (ws.display().to_string(), state.display().to_string());
+    let base = ["--root", ws_s.as_str(), "--state-dir", state_s.as_str()];
+    let with = |words: &[&'static str], rest: &[&str]| -> Vec<String> {
+        words
+            .iter()
+            .chain(base.iter())
+            .chain(rest.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let call = |argv: Vec<String>, expect: i32| -> Result<String> {
+        let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+        supervise(&bin, &refs, expect)
+    };
+
+    println!("turnstile demo — workspace {}", ws.display());
+    let sid = call(with(&["session", "new"], &[]), 0)?.trim().to_owned();
+
+    println!(
+        "\n# 1. An allowed turn: the manifest grants python3 on main.py, the read and the output."
+    );
+    call(
+        with(
+            &["check"],
+            &[
+                "--package",
+                "hello-agent",
+                "--session",
+                &sid,
+                "--input",
+                "registries/users.csv",
+                "--output",
+                "output/<session_id>/report.md:report",
+                "--",
+                "/usr/bin/python3",
+                "installed/hello-agent/main.py",
+                "output/<session_id>/report.md",
+            ],
+        ),
+        0,
+    )?;
+    println!("\n# 2. A refused turn: a shell is not an execute entry and secrets/ is forbidden.");
+    call(
+        with(
+            &["check"],
+            &[
+                "--package",
+                "hello-agent",
+                "--session",
+                &sid,
+                "--no-outputs",
+                "--input",
+                "installed/hello-agent/secrets/api-key.txt",
+                "--",
+                "/bin/sh",
+                "-c",
+                "cat /etc/shadow",
+            ],
+        ),
+        11,
+    )?;
+    println!("\n# 3. The prompt header of turn 1, with the input's hash.");
+    call(
+        with(
+            &["prompt-header"],
+            &[
+                "--session",
+                &sid,
+                "--turn",
+                "1",
+                "--input",
+                "registries/users.csv",
+                "--output",
+                "output/<session_id>/report.md:report",
+            ],
+        ),
+        0,
+    )?;
+    println!("\n# 4. Both ledgers verify: every hash, link and the acknowledged head.");
+    call(with(&["ledger", "verify"], &["--session", &sid]), 0)?;
+    println!(
+        "\nDemo complete. Inspect {} and {}.",
+        ws.display(),
+        state.display()
+    );
+    Ok(())
+}
