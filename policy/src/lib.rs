@@ -19,8 +19,10 @@ pub mod error;
 pub mod manifest;
 pub mod path;
 pub mod pattern;
+pub mod plan;
 pub mod prompt;
 pub mod request;
+pub mod seccomp;
 pub mod session;
 pub mod timefmt;
 

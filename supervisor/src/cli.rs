@@ -21,13 +21,21 @@ use crate::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
 use crate::ledger::{LedgerKind, VerifyReport};
 use crate::session::Session;
 
+/// argv[1] of the sandbox's own init (not a user command).
+pub const SANDBOX_INIT: &str = "__sandbox-init";
+
 const EXIT_CODES: &str = "\
 Exit status:
-   0  success (check: the turn is allowed; ledger verify: intact)
+   0  success (run: exit 0 and committed; check: allowed; ledger verify: intact)
    1  operational failure on the host (I/O)
    2  bad invocation, bad manifest or request, unknown session
    3  ledger integrity failure (the entry is named)
-  11  capability violation found by the pre-execution check";
+  10  run: the command exited non-zero (nothing committed)
+  11  capability violation found by the pre-execution check (nothing ran)
+  12  run: realized writes differ from the declaration (blocked, nothing committed)
+  13  run: memory, pids, disk or files limit hit
+  14  run: timeout
+  20  run: the sandbox could not be built (E2041) or the runtime is unavailable (E2040)";
 
 /// turnstile's sandbox supervisor for AI-agent turns.
 #[derive(Debug, Parser)]
@@ -39,6 +47,20 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run one turn in a fresh sandbox: check, run, capture, commit or block,
+    /// and record it in both ledgers. Starts a new session without --session.
+    ///
+    /// Example: supervise run --root /ws --package hello-agent
+    ///   --input registries/users.csv --output 'output/<session_id>/report.md:report'
+    ///   -- /usr/bin/python3 installed/hello-agent/main.py 'output/<session_id>/report.md'
+    Run(RunArgs),
+    /// Print the Plan a turn would get — mounts, Landlock rules, seccomp,
+    /// limits, environment — without running it.
+    ///
+    /// Example: supervise plan --root /ws --package hello-agent -- /usr/bin/python3 installed/hello-agent/main.py
+    Plan(PlanArgs),
+    /// What this host can enforce: READY, DEGRADED or FAILED, with reasons.
+    Doctor(DoctorArgs),
     /// Start and manage sessions.
     #[command(subcommand)]
     Session(SessionCommand),
@@ -148,6 +170,41 @@ pub struct CheckArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "PKG")]
+    pub package: String,
+    /// Run in this session (default: start a new one).
+    #[arg(long, value_name = "SID")]
+    pub session: Option<String>,
+    /// Execution backend.
+    #[arg(long, default_value = "native", value_name = "NAME")]
+    pub backend: String,
+    #[command(flatten)]
+    pub request: RequestArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "PKG")]
+    pub package: String,
+    #[arg(long, value_name = "SID")]
+    pub session: Option<String>,
+    #[command(flatten)]
+    pub request: RequestArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct PromptHeaderArgs {
     #[command(flatten)]
     pub common: Common,
@@ -185,12 +242,18 @@ impl Outcome {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Outcome {
     let json = match &cli.command {
+        Command::Run(a) => a.common.json,
+        Command::Plan(a) => a.common.json,
+        Command::Doctor(a) => a.json,
         Command::Session(SessionCommand::New(a)) => a.common.json,
         Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
         Command::Check(a) => a.common.json,
         Command::PromptHeader(a) => a.common.json,
     };
     let result = match cli.command {
+        Command::Run(a) => run_cmd(&a),
+        Command::Plan(a) => plan_cmd(&a),
+        Command::Doctor(a) => Ok(doctor_cmd(&a)),
         Command::Session(SessionCommand::New(a)) => session_new(&a),
         Command::Ledger(LedgerCommand::Verify(a)) => ledger_verify(&a),
         Command::Check(a) => check(&a),
@@ -512,4 +575,111 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
         header.render_text()
     };
     Ok(Outcome::ok(stdout))
+}
+
+fn run_cmd(a: &RunArgs) -> Result<Outcome> {
+    if a.backend != "native" {
+        return Err(SupervisorError::invalid(
+            "--backend",
+            format!(
+                "`{}` is not available yet; the native backend is (OCI runtimes come with the shim)",
+                a.backend
+            ),
+        ));
+    }
+    let request = request_from_args(&a.request)?;
+    let opts = crate::turn::RunOptions {
+        root: a.common.root.clone(),
+        state_dir: a.common.state_dir.clone(),
+        package: a.package.clone(),
+        session: a.session.clone(),
+        request,
+        json: a.common.json,
+        cgroup_root: std::env::var_os("TURNSTILE_CGROUP_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+    };
+    let r = crate::turn::run_turn(&opts)?;
+    Ok(Outcome {
+        status: r.exit_status,
+        stdout: if a.common.json {
+            format!("{}\n", r.value)
+        } else {
+            String::new()
+        },
+        stderr: format!("supervise: {}\n", r.summary),
+    })
+}
+
+/// A request for `plan`: the flags, or (without a command) the first execute
+/// entry as the command, so the manifest alone can be inspected.
+fn plan_request(a: &PlanArgs) -> Result<TurnRequest> {
+    let r = &a.request;
+    if r.request.is_some() || !r.command.is_empty() {
+        let mut req = request_from_args(r);
+        if let Err(SupervisorError::Policy(turnstile_policy::PolicyError::InvalidRequest {
+            field,
+            ..
+        })) = &req
+        {
+            if field == "declared_outputs" {
+                // Outputs do not change the plan; allow leaving them out.
+                req = Ok(TurnRequest::from_doc(RequestDoc {
+                    command: Some(r.command.clone()),
+                    declared_inputs: r.inputs.clone(),
+                    declared_outputs: Some(Vec::new()),
+                    work_order_id: None,
+                    idempotency_key: None,
+                    timeout_seconds: r.timeout,
+                })?);
+            }
+        }
+        return req;
+    }
+    let ws = Workspace::open(&a.common.root)?;
+    let manifest = Manifest::load(ws.root(), &PackageId::parse(&a.package)?)?;
+    let entry = manifest.capabilities.execute.first().ok_or_else(|| {
+        SupervisorError::invalid(
+            "--package",
+            "the manifest has no execute entries: no turn can run",
+        )
+    })?;
+    let mut command = vec![entry.program.to_string()];
+    command.extend(entry.args.iter().cloned());
+    Ok(TurnRequest::from_doc(RequestDoc {
+        command: Some(command),
+        declared_outputs: Some(Vec::new()),
+        ..RequestDoc::default()
+    })?)
+}
+
+fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
+    let request = plan_request(a)?;
+    let plan = crate::turn::plan_only(
+        &a.common.root,
+        &a.common.state_dir,
+        &a.package,
+        a.session.as_deref(),
+        &request,
+    )?;
+    let stdout = if a.common.json {
+        format!("{}\n", serde_json::to_value(&plan).unwrap_or(Value::Null))
+    } else {
+        plan.render_text()
+    };
+    Ok(Outcome::ok(stdout))
+}
+
+fn doctor_cmd(a: &DoctorArgs) -> Outcome {
+    let (text, value) = crate::doctor::report();
+    let status = if value["status"] == "FAILED" {
+        exit::SANDBOX
+    } else {
+        exit::OK
+    };
+    Outcome {
+        status,
+        stdout: if a.json { format!("{value}\n") } else { text },
+        stderr: String::new(),
+    }
 }

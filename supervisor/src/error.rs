@@ -64,6 +64,14 @@ pub enum SupervisorError {
         source: std::io::Error,
     },
 
+    #[error("sandbox setup failed at `{step}`: {detail}")]
+    Sandbox {
+        step: &'static str,
+        detail: String,
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
 }
@@ -82,6 +90,7 @@ impl SupervisorError {
             Self::LedgerIo { .. } => codes::LEDGER_IO,
             Self::StateIo { .. } => codes::STATE_IO,
             Self::SessionStart(_) => codes::SESSION_START_FAILED,
+            Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
         }
     }
 
@@ -96,6 +105,7 @@ impl SupervisorError {
             Self::Integrity(_) => exit::INTEGRITY,
             Self::LedgerIo { .. } | Self::StateIo { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
+            Self::Sandbox { .. } => exit::SANDBOX,
         }
     }
 

@@ -4,13 +4,18 @@
 //! pipeline and the `supervise` CLI. It is the only crate that touches the
 //! file system on behalf of a turn; it never decides policy itself.
 
+pub mod capture;
 pub mod cli;
+pub mod commit;
+pub mod doctor;
 pub mod error;
 pub mod evidence;
 pub mod fsx;
 pub mod ids;
 pub mod layout;
 pub mod ledger;
+pub mod realfs;
+pub mod sandbox;
 pub mod session;
 pub mod turn;
 

@@ -7,6 +7,12 @@ use clap::Parser as _;
 use turnstile_supervisor::cli::{self, Cli};
 
 fn main() -> ExitCode {
+    // The sandbox's own init is a hidden mode of this binary; it runs before
+    // anything else (no logging, no clap) and never returns.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.len() == 3 && args[1] == cli::SANDBOX_INIT {
+        turnstile_supervisor::sandbox::init::main(std::path::Path::new(&args[2]));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()

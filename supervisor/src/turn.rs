@@ -1,13 +1,33 @@
-//! The turn pipeline. So far: the pre-execution stage — a turn the check
-//! refuses is recorded in both ledgers (FR-RT-010, FR-RT-011) and never runs.
+//! The turn pipeline (DESIGN "The turn pipeline"):
+//!
+//! validate → compile → pre-execution check → intent entry → sandbox →
+//! capture → verify → commit or block → exec + evidence entries.
+//!
+//! Bad input fails before anything is created. From the intent entry on,
+//! every path — setup failure, command failure, limit, timeout, block,
+//! commit — ends in one exec and one evidence entry (FR-RT-007, FR-RT-018).
 
-use turnstile_policy::Violations;
-use turnstile_policy::request::BoundRequest;
-use turnstile_policy::session::Clock;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use crate::error::Result;
-use crate::evidence::RejectedTurn;
+use serde_json::{Map, Value, json};
+use time::OffsetDateTime;
+use turnstile_policy::check::CompiledCapabilities;
+use turnstile_policy::plan::{self, Plan, PlanContext};
+use turnstile_policy::request::{BoundRequest, TurnRequest};
+use turnstile_policy::session::{Clock, SessionIdGenerator};
+use turnstile_policy::timefmt::rfc3339_micros;
+use turnstile_policy::{Manifest, PackageId, SessionId, Violations, canonical};
+
+use crate::capture::{self, Scope, Verdict};
+use crate::commit::{self, Committed};
+use crate::error::{Result, SupervisorError, exit};
+use crate::evidence::{RejectedTurn, SCHEMA_VERSION};
+use crate::ids::{OsRandom, SystemClock};
+use crate::layout::{StateDir, TURN_TIER, Workspace};
 use crate::ledger::LedgerKind;
+use crate::realfs::HostFs;
+use crate::sandbox::{self, Ending, Execution, TurnDir};
 use crate::session::{Session, SessionLock};
 
 /// Records a turn refused before execution in both ledgers and returns its
@@ -33,4 +53,579 @@ pub fn record_rejected_turn(
         .ledger(LedgerKind::Evidence)
         .append(lock, turn.evidence_entry())?;
     Ok(turn_number)
+}
+
+/// Everything `supervise run` was asked.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+    pub package: String,
+    pub session: Option<String>,
+    pub request: TurnRequest,
+    pub json: bool,
+    pub cgroup_root: PathBuf,
+}
+
+/// The outcome of one turn, as `--json` prints it.
+#[derive(Debug, Clone)]
+pub struct TurnResult {
+    pub exit_status: u8,
+    pub value: Value,
+    pub summary: String,
+}
+
+/// Resolves everything a turn needs; errors here are bad input (exit 2) and
+/// leave the disk untouched.
+struct Prepared {
+    workspace: Workspace,
+    state: StateDir,
+    manifest: Manifest,
+    session: Option<SessionId>,
+}
+
+fn prepare(opts: &RunOptions) -> Result<Prepared> {
+    let package = PackageId::parse(&opts.package)?;
+    let session = opts.session.as_deref().map(SessionId::parse).transpose()?;
+    let workspace = Workspace::open(&opts.root)?;
+    let state = StateDir::open(&opts.state_dir, &workspace, false)?;
+    let manifest = Manifest::load(workspace.root(), &package)?;
+    // Binding with a probe id catches expansion errors before a new session
+    // is created for this turn.
+    let probe = session
+        .clone()
+        .unwrap_or_else(|| SessionId::from_parts(OffsetDateTime::UNIX_EPOCH, 0));
+    opts.request.bind(&probe)?;
+    Ok(Prepared {
+        workspace,
+        state,
+        manifest,
+        session,
+    })
+}
+
+/// Runs one turn.
+pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
+    let p = prepare(opts)?;
+    let session = match &p.session {
+        Some(id) => Session::open(&p.workspace, &p.state, id, None)?,
+        None => {
+            let state = StateDir::open(p.state.path(), &p.workspace, true)?;
+            Session::create(
+                &p.workspace,
+                &state,
+                TURN_TIER,
+                &SessionIdGenerator::new(SystemClock, OsRandom),
+            )?
+        }
+    };
+    // Turns of one session are serialized; sessions run concurrently.
+    let lock = session.lock()?;
+    let request = opts.request.bind(&session.id)?;
+    let caps = CompiledCapabilities::compile(p.workspace.root_str(), &p.manifest, &request)?;
+    let allowed = match caps.check(&request) {
+        Ok(a) => a,
+        Err(violations) => {
+            let turn_number =
+                record_rejected_turn(&session, &lock, &request, &violations, &SystemClock)?;
+            let value = json!({
+                "session_id": session.id.as_str(),
+                "turn_number": turn_number,
+                "status": "violation",
+                "exit_code": null,
+                "error": {"code": "E2042", "name": "SECURITY_POLICY_VIOLATION", "message": violations.to_string()},
+                "realized_writes": [],
+                "committed": [],
+                "violations": violations.0.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
+                "ledgers": ledgers(&session),
+            });
+            return Ok(TurnResult {
+                exit_status: exit::VIOLATION,
+                summary: format!("turn {turn_number}: refused before execution: {violations}"),
+                value,
+            });
+        }
+    };
+    let turn_number = session.next_turn_number(&lock)?;
+    Turn {
+        opts,
+        session: &session,
+        lock: &lock,
+        request: &request,
+        manifest: &p.manifest,
+        workspace: &p.workspace,
+        turn_number,
+        execute_entry: allowed.execute_entry.clone(),
+        started: Instant::now(),
+        started_at: SystemClock.now(),
+    }
+    .run(&allowed)
+}
+
+fn ledgers(session: &Session) -> Value {
+    json!({
+        "exec": session.ledger(LedgerKind::Exec).path,
+        "evidence": session.ledger(LedgerKind::Evidence).path,
+    })
+}
+
+struct Turn<'a> {
+    opts: &'a RunOptions,
+    session: &'a Session,
+    lock: &'a SessionLock,
+    request: &'a BoundRequest,
+    manifest: &'a Manifest,
+    workspace: &'a Workspace,
+    turn_number: u64,
+    execute_entry: String,
+    started: Instant,
+    started_at: OffsetDateTime,
+}
+
+/// How a turn ended, before rendering.
+struct Outcome {
+    status: &'static str,
+    exit_status: u8,
+    error: Option<(&'static str, &'static str, String)>,
+    execution: Option<Execution>,
+    writes: Vec<capture::RealizedWrite>,
+    verdict: Verdict,
+    committed: Vec<Committed>,
+    plan: Option<Plan>,
+}
+
+impl Turn<'_> {
+    fn object(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    fn run(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
+        let sid = self.session.id.as_str().to_owned();
+        let query_hash = canonical::hash_value(&self.request.to_value()).unwrap_or_default();
+        let ctx = PlanContext {
+            root: self.workspace.root_str(),
+            turn_number: self.turn_number,
+            host_env: ["LANG", "LC_ALL", "TZ", "TERM"]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+                .collect(),
+        };
+        let plan = plan::compile(&ctx, self.manifest, self.request, allowed, &HostFs);
+        let plan_hash = plan
+            .as_ref()
+            .ok()
+            .and_then(|p| serde_json::to_value(p).ok())
+            .and_then(|v| canonical::hash_value(&v).ok());
+
+        // Intent, before anything runs: a crash from here on is visible.
+        self.session.ledger(LedgerKind::Exec).append(
+            self.lock,
+            Self::object(json!({
+                "event": "turn.started",
+                "schema_version": SCHEMA_VERSION,
+                "session_id": sid,
+                "turn_number": self.turn_number,
+                "query_hash": query_hash,
+                "plan_hash": plan_hash,
+                "backend": "native",
+                "ts": rfc3339_micros(self.started_at),
+            })),
+        )?;
+
+        let outcome = match plan {
+            Ok(plan) => self.execute(plan),
+            Err(e) => Outcome::failed(
+                "sandbox_error",
+                exit::SANDBOX,
+                (
+                    "E2041",
+                    "SANDBOX_CREATION_FAILED",
+                    format!("cannot build the plan: {e}"),
+                ),
+                None,
+            ),
+        };
+        self.finish(&query_hash, outcome)
+    }
+
+    fn execute(&self, plan: Plan) -> Outcome {
+        let turn_path = self
+            .opts
+            .state_dir
+            .join("sessions")
+            .join(self.session.id.as_str())
+            .join(format!("turn-{}", self.turn_number));
+        let turn_dir = match TurnDir::create(turn_path, &plan) {
+            Ok(d) => d,
+            Err(e) => return Outcome::from_error(&e, Some(plan)),
+        };
+        let execution =
+            match sandbox::execute(&plan, &turn_dir, &self.opts.cgroup_root, self.opts.json) {
+                Ok(x) => x,
+                Err(e) => return Outcome::from_error(&e, Some(plan)),
+            };
+        let scopes: Vec<Scope> = plan
+            .writable_scopes
+            .iter()
+            .zip(&execution.uppers)
+            .map(|(rel, upper)| Scope {
+                relative: rel.clone(),
+                lower: self.workspace.root().join(rel),
+                upper: upper.clone(),
+            })
+            .collect();
+        let writes = match capture::enumerate(&scopes, plan.limits.files + 1024) {
+            Ok(w) => w,
+            Err(e) => {
+                let mut o = Outcome::from_error(&e, Some(plan));
+                o.execution = Some(execution);
+                return o;
+            }
+        };
+        let verdict = capture::verify(
+            &writes,
+            &self.request.declared_outputs,
+            &format!("tmp/{}", self.session.id),
+        );
+        let u = &execution.usage;
+        let (status, exit_status, error): (
+            &'static str,
+            u8,
+            Option<(&'static str, &'static str, String)>,
+        ) = match &execution.ending {
+            Ending::SetupFailed { stage, detail } => (
+                "sandbox_error",
+                exit::SANDBOX,
+                Some((
+                    "E2041",
+                    "SANDBOX_CREATION_FAILED",
+                    format!("{stage}: {detail}"),
+                )),
+            ),
+            _ if execution.timed_out => (
+                "timeout",
+                exit::TIMEOUT,
+                Some((
+                    "E2002",
+                    "TOOL_TIMEOUT",
+                    format!("the turn exceeded {} s", plan.limits.timeout_seconds),
+                )),
+            ),
+            _ if u.oom_kills > 0 => (
+                "memory_limit",
+                exit::RESOURCE_LIMIT,
+                Some((
+                    "E2071",
+                    "MEMORY_LIMIT_EXCEEDED",
+                    format!(
+                        "the memory limit ({} bytes) was hit",
+                        plan.limits.memory_bytes
+                    ),
+                )),
+            ),
+            Ending::Exited(0) if verdict.matches() => ("committed", exit::OK, None),
+            Ending::Exited(0) => (
+                "blocked",
+                exit::WRITE_MISMATCH,
+                Some((
+                    "E2042",
+                    "SECURITY_POLICY_VIOLATION",
+                    "realized writes differ from the declared outputs; nothing was committed"
+                        .into(),
+                )),
+            ),
+            _ if u.pids_limit_hits > 0 => (
+                "pids_limit",
+                exit::RESOURCE_LIMIT,
+                Some((
+                    "E2041",
+                    "PIDS_LIMIT_EXCEEDED",
+                    format!("the process limit ({}) was hit", plan.limits.pids),
+                )),
+            ),
+            _ if execution.disk_full => (
+                "disk_limit",
+                exit::RESOURCE_LIMIT,
+                Some((
+                    "E2041",
+                    "DISK_LIMIT_EXCEEDED",
+                    format!(
+                        "the disk ({} bytes) or files ({}) limit was hit",
+                        plan.limits.disk_bytes, plan.limits.files
+                    ),
+                )),
+            ),
+            _ => ("command_failed", exit::COMMAND_FAILED, None),
+        };
+        let mut outcome = Outcome {
+            status,
+            exit_status,
+            error,
+            execution: None,
+            writes,
+            verdict,
+            committed: Vec::new(),
+            plan: None,
+        };
+        if status == "committed" {
+            let owner = (plan.uid, plan.gid);
+            match commit::commit(
+                self.workspace.root(),
+                &scopes,
+                &outcome.verdict.matched,
+                &outcome.verdict.scratch,
+                owner,
+            ) {
+                Ok(c) => outcome.committed = c,
+                Err(e) => {
+                    outcome.status = "commit_failed";
+                    outcome.exit_status = exit::SANDBOX;
+                    outcome.error = Some(("E2041", "COMMIT_FAILED", e.to_string()));
+                }
+            }
+        }
+        outcome.execution = Some(execution);
+        outcome.plan = Some(plan);
+        drop(turn_dir);
+        outcome
+    }
+
+    fn finish(&self, query_hash: &str, o: Outcome) -> Result<TurnResult> {
+        let sid = self.session.id.as_str();
+        let now = rfc3339_micros(SystemClock.now());
+        let x = o.execution.as_ref();
+        let command_exit = x.and_then(|x| match x.ending {
+            Ending::Exited(c) => Some(c),
+            _ => None,
+        });
+        let mut violations: Vec<Value> = Vec::new();
+        for w in &o.verdict.undeclared {
+            violations.push(json!({
+                "attempted_operation": "write",
+                "target": w.path,
+                "violated_capability": {"kind": "undeclared_write", "realized_kind": w.kind.as_str()},
+                "details": format!("`{}` ({}) was written but not declared; only declared regular files commit", w.path, w.kind.as_str()),
+                "session_id": sid, "turn_number": self.turn_number, "timestamp": now,
+            }));
+        }
+        for m in &o.verdict.missing {
+            violations.push(json!({
+                "attempted_operation": "write",
+                "target": m,
+                "violated_capability": {"kind": "missing_declared_output"},
+                "details": format!("declared output `{m}` was not produced as a regular file"),
+                "session_id": sid, "turn_number": self.turn_number, "timestamp": now,
+            }));
+        }
+        let realized: Vec<Value> = o.writes.iter().map(|w| w.to_value()).collect();
+        let committed: Vec<Value> = o
+            .committed
+            .iter()
+            .map(|c| json!({"path": c.path, "size": c.size, "sha256": c.sha256}))
+            .collect();
+        let enforcement = self.enforcement(&o);
+        let resources = x.map(|x| {
+            json!({
+                "peak_memory_bytes": x.usage.peak_memory_bytes,
+                "cpu_usage_us": x.usage.cpu_usage_us,
+                "oom_kills": x.usage.oom_kills,
+                "pids_limit_hits": x.usage.pids_limit_hits,
+                "disk_full": x.disk_full,
+            })
+        });
+        let output = x.map(|x| {
+            json!({
+                "stdout": {"bytes": x.stdout.bytes, "forwarded": x.stdout.forwarded, "sha256": x.stdout.sha256},
+                "stderr": {"bytes": x.stderr.bytes, "forwarded": x.stderr.forwarded, "sha256": x.stderr.sha256},
+                "truncated": x.output_truncated,
+            })
+        });
+        let wall_us = self.started.elapsed().as_micros() as u64;
+        let error = o
+            .error
+            .as_ref()
+            .map(|(code, name, message)| json!({"code": code, "name": name, "message": message}));
+        let result = json!({"status": o.status, "exit_code": command_exit, "realized_writes": realized, "committed": committed, "violations": violations});
+        let result_hash = canonical::hash_value(&result).unwrap_or_default();
+
+        self.session.ledger(LedgerKind::Exec).append(
+            self.lock,
+            Self::object(json!({
+                "event": "turn.finished",
+                "schema_version": SCHEMA_VERSION,
+                "session_id": sid,
+                "turn_number": self.turn_number,
+                "query_hash": query_hash,
+                "result_hash": result_hash,
+                "status": o.status,
+                "exit_code": command_exit,
+                "error": error,
+                "backend": "native",
+                "timings": {"wall_us": wall_us, "sandbox_us": x.map(|x| x.wall.as_micros() as u64)},
+                "ts": now,
+            })),
+        )?;
+        let r = self.request;
+        let mut evidence = Self::object(json!({
+            "event": "turn.finished",
+            "schema_version": SCHEMA_VERSION,
+            "session_id": sid,
+            "turn_number": self.turn_number,
+            "package_id": self.manifest.package_id.as_str(),
+            "status": o.status,
+            "command": r.command,
+            "execute_entry": self.execute_entry,
+            "declared_reads": r.declared_inputs,
+            "declared_writes": r.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
+            "realized_writes": realized,
+            "scratch_writes": o.verdict.scratch.iter().map(|w| w.to_value()).collect::<Vec<_>>(),
+            "committed": committed,
+            "external_calls": [],
+            "violations": violations,
+            "enforcement": enforcement,
+            "resources": resources,
+            "output": output,
+            "error": error,
+            "ts": now,
+        }));
+        if let Some(w) = &r.work_order_id {
+            evidence.insert("work_order_id".into(), json!(w));
+        }
+        if let Some(k) = &r.idempotency_key {
+            evidence.insert("idempotency_key".into(), json!(k));
+        }
+        self.session
+            .ledger(LedgerKind::Evidence)
+            .append(self.lock, evidence)?;
+
+        let value = json!({
+            "session_id": sid,
+            "turn_number": self.turn_number,
+            "status": o.status,
+            "exit_code": command_exit,
+            "error": error,
+            "realized_writes": realized,
+            "committed": committed,
+            "violations": violations,
+            "enforcement": enforcement,
+            "resources": resources,
+            "ledgers": ledgers(self.session),
+            "durations": {"wall_ms": wall_us as f64 / 1000.0},
+        });
+        let mut summary = format!("turn {} of {sid}: {}", self.turn_number, o.status);
+        if let Some((code, _, message)) = &o.error {
+            summary += &format!(" [{code}] {message}");
+        }
+        for v in &violations {
+            summary += &format!("\n  - {}", v["details"].as_str().unwrap_or_default());
+        }
+        Ok(TurnResult {
+            exit_status: o.exit_status,
+            value,
+            summary,
+        })
+    }
+
+    fn enforcement(&self, o: &Outcome) -> Value {
+        let mut degraded: Vec<String> = Vec::new();
+        let landlock = o.execution.as_ref().and_then(|x| x.landlock.clone());
+        if let Some(l) = &landlock {
+            if l["status"] != "fully_enforced" {
+                degraded.push(format!(
+                    "landlock {}",
+                    l["status"].as_str().unwrap_or("unknown")
+                ));
+            }
+        }
+        if let Some(x) = &o.execution {
+            if !x.seccomp_unknown.is_empty() {
+                degraded.push(format!(
+                    "seccomp: syscalls unknown to libseccomp fall to ENOSYS: {}",
+                    x.seccomp_unknown.join(", ")
+                ));
+            }
+        }
+        json!({
+            "backend": "native",
+            "namespaces": sandbox::NAMESPACES.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            "landlock_abi": landlock.as_ref().and_then(|l| l.get("kernel_abi").cloned()),
+            "landlock_status": landlock.as_ref().and_then(|l| l.get("status").cloned()),
+            "landlock": landlock,
+            "seccomp": o.plan.as_ref().map(|p| json!({
+                "mode": "filter", "default": "ENOSYS", "allowed": p.seccomp.allow.len(),
+                "denied_eperm": p.seccomp.deny.len(), "bad_arch": "kill_process"})),
+            "cgroup": o.execution.as_ref().map(|x| x.cgroup_version.as_str()),
+            "capabilities": "none",
+            "no_new_privs": true,
+            "uid": o.plan.as_ref().map(|p| p.uid),
+            "network": o.plan.as_ref().map(|p| p.network.clone()),
+            "degraded": degraded,
+        })
+    }
+}
+
+impl Outcome {
+    fn failed(
+        status: &'static str,
+        exit_status: u8,
+        error: (&'static str, &'static str, String),
+        plan: Option<Plan>,
+    ) -> Self {
+        Self {
+            status,
+            exit_status,
+            error: Some(error),
+            execution: None,
+            writes: Vec::new(),
+            verdict: Verdict::default(),
+            committed: Vec::new(),
+            plan,
+        }
+    }
+
+    fn from_error(e: &SupervisorError, plan: Option<Plan>) -> Self {
+        let code = e.code();
+        Self::failed(
+            "sandbox_error",
+            exit::SANDBOX,
+            (code.code, code.name, e.to_string()),
+            plan,
+        )
+    }
+}
+
+/// `supervise plan`: the Plan a turn would get, without running anything.
+pub fn plan_only(
+    root: &Path,
+    state_dir: &Path,
+    package: &str,
+    session: Option<&str>,
+    request: &TurnRequest,
+) -> Result<Plan> {
+    let package = PackageId::parse(package)?;
+    let workspace = Workspace::open(root)?;
+    let _ = StateDir::open(state_dir, &workspace, false)?;
+    let manifest = Manifest::load(workspace.root(), &package)?;
+    let session = match session {
+        Some(s) => SessionId::parse(s)?,
+        None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
+    };
+    let bound = request.bind(&session)?;
+    let caps = CompiledCapabilities::compile(workspace.root_str(), &manifest, &bound)?;
+    let allowed = caps.check(&bound)?;
+    let ctx = PlanContext {
+        root: workspace.root_str(),
+        turn_number: 0,
+        host_env: Vec::new(),
+    };
+    plan::compile(&ctx, &manifest, &bound, &allowed, &HostFs).map_err(|e| {
+        SupervisorError::Sandbox {
+            step: "compile plan",
+            detail: e.to_string(),
+            source: None,
+        }
+    })
 }

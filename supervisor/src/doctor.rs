@@ -1,0 +1,133 @@
+//! `supervise doctor`: what this host can enforce, and what to do about
+//! what it cannot. READY / DEGRADED / FAILED with reasons.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::sandbox::cgroup;
+
+/// The kernel's Landlock ABI version (0 when unavailable).
+pub fn landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag,
+    // landlock_create_ruleset(2) only returns the ABI version (or an error);
+    // it reads no memory and creates no descriptor.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(rc).unwrap_or(0)
+}
+
+fn which(name: &str) -> Option<String> {
+    [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join(name))
+    .find(|p| p.is_file())
+    .map(|p| p.display().to_string())
+}
+
+/// The health report.
+pub fn report() -> (String, Value) {
+    let mut failed = Vec::new();
+    let mut degraded = Vec::new();
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        failed.push("not running as root: the native backend needs root for namespaces, mounts and cgroups (run with sudo)".to_owned());
+    }
+    let abi = landlock_abi();
+    if abi == 0 {
+        failed.push("Landlock is unavailable: boot with lsm=...,landlock or use a kernel with CONFIG_SECURITY_LANDLOCK".into());
+    } else if abi < turnstile_policy::plan::LANDLOCK_ABI {
+        degraded.push(format!(
+            "Landlock ABI {abi} < {}: some rights (truncate, ioctl on devices, TCP, scoping) cannot be enforced and are recorded as degradations per turn",
+            turnstile_policy::plan::LANDLOCK_ABI
+        ));
+    }
+    let seccomp = Path::new("/proc/sys/kernel/seccomp/actions_avail").exists();
+    if !seccomp {
+        failed.push("seccomp filters are unavailable (CONFIG_SECCOMP_FILTER)".into());
+    }
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let overlay = filesystems
+        .lines()
+        .any(|l| l.trim_end().ends_with("overlay"));
+    if !overlay {
+        failed.push("overlayfs is unavailable: modprobe overlay".into());
+    }
+    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let cg = cgroup::detect(Path::new("/sys/fs/cgroup"));
+    if cg.is_none() {
+        failed.push(
+            "no usable cgroup hierarchy (memory and pids controllers) under /sys/fs/cgroup".into(),
+        );
+    }
+    let runtimes: Vec<Value> = ["runc", "crun", "runsc", "kata-runtime", "bwrap"]
+        .iter()
+        .map(|r| json!({"name": r, "path": which(r)}))
+        .collect();
+    let status = if !failed.is_empty() {
+        "FAILED"
+    } else if !degraded.is_empty() {
+        "DEGRADED"
+    } else {
+        "READY"
+    };
+    let value = json!({
+        "status": status,
+        "reasons": failed.iter().chain(&degraded).collect::<Vec<_>>(),
+        "root": root,
+        "landlock_abi": abi,
+        "landlock_abi_required": turnstile_policy::plan::LANDLOCK_ABI,
+        "seccomp": seccomp,
+        "overlayfs": overlay,
+        "user_namespaces": userns,
+        "cgroup": cg.map(cgroup::Version::as_str),
+        "runtimes": runtimes,
+    });
+    let mut text = format!("turnstile doctor: {status}\n");
+    text += &format!("  root:            {}\n", if root { "yes" } else { "no" });
+    text += &format!(
+        "  landlock:        ABI {abi} (turnstile is written for ABI {})\n",
+        turnstile_policy::plan::LANDLOCK_ABI
+    );
+    text += &format!(
+        "  seccomp:         {}\n",
+        if seccomp { "yes" } else { "no" }
+    );
+    text += &format!(
+        "  overlayfs:       {}\n",
+        if overlay { "yes" } else { "no" }
+    );
+    text += &format!("  user namespaces: {userns}\n");
+    text += &format!(
+        "  cgroups:         {}\n",
+        cg.map_or("none", cgroup::Version::as_str)
+    );
+    for r in &runtimes {
+        text += &format!(
+            "  {:<15}  {}\n",
+            r["name"].as_str().unwrap_or_default(),
+            r["path"].as_str().unwrap_or("not installed")
+        );
+    }
+    for reason in failed.iter().chain(&degraded) {
+        text += &format!("  - {reason}\n");
+    }
+    (text, value)
+}

@@ -1,0 +1,341 @@
+//! The turn's cgroup: memory, pids and CPU limits, joining, accounting and
+//! killing — on cgroup v1 (this machine's hybrid layout, one hierarchy per
+//! controller) and v2 (unified).
+//!
+//! The cgroupfs root is injectable so the logic is tested on a fake tree;
+//! only `/sys/fs/cgroup` is real. We write the few files we need directly
+//! rather than through cgroups-rs: the hybrid layout here needs named
+//! controllers, and the crate pulls a D-Bus stack we do not use.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use turnstile_policy::plan::PlanLimits;
+
+use crate::error::{Result, SupervisorError};
+
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Which cgroup layout the host has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+impl Version {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V2 => "v2",
+        }
+    }
+}
+
+/// Detects the layout under `root` (normally `/sys/fs/cgroup`).
+pub fn detect(root: &Path) -> Option<Version> {
+    if root.join("cgroup.controllers").exists() {
+        Some(Version::V2)
+    } else if root.join("memory/memory.limit_in_bytes").exists() && root.join("pids").is_dir() {
+        Some(Version::V1)
+    } else {
+        None
+    }
+}
+
+/// Accounting read back after the turn.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub peak_memory_bytes: Option<u64>,
+    pub cpu_usage_us: Option<u64>,
+    pub oom_kills: u64,
+    pub pids_limit_hits: u64,
+}
+
+/// One turn's cgroup (one directory per v1 controller, or one v2 directory).
+#[derive(Debug)]
+pub struct TurnCgroup {
+    pub version: Version,
+    /// Every directory the turn's processes join.
+    dirs: Vec<PathBuf>,
+    memory: PathBuf,
+    pids: PathBuf,
+    cpu: PathBuf,
+    cpuacct: PathBuf,
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let path = path.to_path_buf();
+    move |source| SupervisorError::Sandbox {
+        step: op,
+        detail: path.display().to_string(),
+        source: Some(source),
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<()> {
+    std::fs::write(path, value).map_err(io("write cgroup file", path))
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `key value` lines (memory.oom_control, pids.events, cpu.stat).
+fn read_key(path: &Path, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+impl TurnCgroup {
+    /// Creates the cgroup `turnstile/<name>` and applies the limits.
+    pub fn create(root: &Path, name: &str, limits: &PlanLimits) -> Result<Self> {
+        let version = detect(root).ok_or_else(|| SupervisorError::Sandbox {
+            step: "detect cgroups",
+            detail: format!(
+                "no cgroup v1 memory+pids or v2 hierarchy under {}",
+                root.display()
+            ),
+            source: None,
+        })?;
+        let cg = match version {
+            Version::V2 => {
+                let base = root.join("turnstile");
+                if !base.exists() {
+                    std::fs::create_dir(&base).map_err(io("create cgroup", &base))?;
+                    // Delegate the controllers we use to the turn cgroups.
+                    let _ =
+                        std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                    write(&base.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                }
+                let dir = base.join(name);
+                std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
+                Self {
+                    version,
+                    dirs: vec![dir.clone()],
+                    memory: dir.clone(),
+                    pids: dir.clone(),
+                    cpu: dir.clone(),
+                    cpuacct: dir,
+                }
+            }
+            Version::V1 => {
+                let mut dirs = Vec::new();
+                let mut dir_for = |controller: &str| -> Result<PathBuf> {
+                    let base = root.join(controller).join("turnstile");
+                    std::fs::create_dir_all(&base).map_err(io("create cgroup", &base))?;
+                    let dir = base.join(name);
+                    std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
+                    dirs.push(dir.clone());
+                    Ok(dir)
+                };
+                let memory = dir_for("memory")?;
+                let pids = dir_for("pids")?;
+                let cpu = dir_for("cpu")?;
+                let cpuacct = if root.join("cpuacct").is_dir()
+                    && !root.join("cpuacct").join("cpu.cfs_quota_us").exists()
+                {
+                    dir_for("cpuacct")?
+                } else {
+                    cpu.clone()
+                };
+                Self {
+                    version,
+                    dirs,
+                    memory,
+                    pids,
+                    cpu,
+                    cpuacct,
+                }
+            }
+        };
+        cg.apply(limits)?;
+        Ok(cg)
+    }
+
+    fn apply(&self, limits: &PlanLimits) -> Result<()> {
+        let quota = limits.cpu_millis * CPU_PERIOD_US / 1000;
+        match self.version {
+            Version::V2 => {
+                write(
+                    &self.memory.join("memory.max"),
+                    &limits.memory_bytes.to_string(),
+                )?;
+                let swap = self.memory.join("memory.swap.max");
+                if swap.exists() {
+                    write(&swap, "0")?;
+                }
+                write(&self.pids.join("pids.max"), &limits.pids.to_string())?;
+                write(
+                    &self.cpu.join("cpu.max"),
+                    &format!("{quota} {CPU_PERIOD_US}"),
+                )?;
+            }
+            Version::V1 => {
+                write(
+                    &self.memory.join("memory.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                )?;
+                let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, &limits.memory_bytes.to_string())?;
+                }
+                write(&self.pids.join("pids.max"), &limits.pids.to_string())?;
+                write(
+                    &self.cpu.join("cpu.cfs_period_us"),
+                    &CPU_PERIOD_US.to_string(),
+                )?;
+                write(&self.cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `cgroup.procs` of every directory, opened for writing; the child
+    /// writes `0` to each (= "this process") before exec, which needs no
+    /// allocation after fork.
+    pub fn procs_files(&self) -> Result<Vec<File>> {
+        self.dirs
+            .iter()
+            .map(|d| {
+                let p = d.join("cgroup.procs");
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(nix::libc::O_CLOEXEC)
+                    .open(&p)
+                    .map_err(io("open cgroup.procs", &p))
+            })
+            .collect()
+    }
+
+    /// Pids currently in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.pids.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Sends `signal` to every process in the cgroup.
+    pub fn signal_all(&self, signal: nix::sys::signal::Signal) {
+        for pid in self.pids() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        }
+    }
+
+    /// Kills every process and waits (bounded) until the cgroup is empty.
+    /// Returns whether it is empty.
+    pub fn kill_all(&self) -> bool {
+        if self.version == Version::V2 {
+            let _ = std::fs::write(self.pids.join("cgroup.kill"), "1");
+        }
+        for _ in 0..2000 {
+            if self.pids().is_empty() {
+                return true;
+            }
+            self.signal_all(nix::sys::signal::Signal::SIGKILL);
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        self.pids().is_empty()
+    }
+
+    pub fn usage(&self) -> Usage {
+        match self.version {
+            Version::V2 => Usage {
+                peak_memory_bytes: read_u64(&self.memory.join("memory.peak")),
+                cpu_usage_us: read_key(&self.cpu.join("cpu.stat"), "usage_usec"),
+                oom_kills: read_key(&self.memory.join("memory.events"), "oom_kill").unwrap_or(0),
+                pids_limit_hits: read_key(&self.pids.join("pids.events"), "max").unwrap_or(0),
+            },
+            Version::V1 => Usage {
+                peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
+                cpu_usage_us: read_u64(&self.cpuacct.join("cpuacct.usage")).map(|ns| ns / 1000),
+                oom_kills: read_key(&self.memory.join("memory.oom_control"), "oom_kill")
+                    .unwrap_or(0),
+                pids_limit_hits: read_key(&self.pids.join("pids.events"), "max").unwrap_or(0),
+            },
+        }
+    }
+
+    /// Removes the cgroup directories (they must be empty).
+    pub fn remove(&self) {
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> PlanLimits {
+        PlanLimits {
+            memory_bytes: 256 << 20,
+            cpu_millis: 500,
+            pids: 64,
+            timeout_seconds: 10,
+            disk_bytes: 1 << 30,
+            files: 1000,
+            output_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn v1_limits_land_in_each_controller() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for c in ["memory", "pids", "cpu", "cpuacct"] {
+            std::fs::create_dir_all(r.join(c)).unwrap();
+        }
+        std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
+        assert_eq!(detect(r), Some(Version::V1));
+        let cg = TurnCgroup::create(r, "t1", &limits()).unwrap();
+        let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap();
+        assert_eq!(
+            read("memory/turnstile/t1/memory.limit_in_bytes"),
+            (256u64 << 20).to_string()
+        );
+        assert_eq!(read("pids/turnstile/t1/pids.max"), "64");
+        assert_eq!(read("cpu/turnstile/t1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("cpu/turnstile/t1/cpu.cfs_period_us"), "100000");
+        assert!(r.join("cpuacct/turnstile/t1").is_dir());
+        std::fs::write(
+            r.join("memory/turnstile/t1/memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        )
+        .unwrap();
+        std::fs::write(
+            r.join("memory/turnstile/t1/memory.max_usage_in_bytes"),
+            "12345\n",
+        )
+        .unwrap();
+        let u = cg.usage();
+        assert_eq!(u.oom_kills, 2);
+        assert_eq!(u.peak_memory_bytes, Some(12345));
+    }
+
+    #[test]
+    fn v2_limits_use_unified_files() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::write(r.join("cgroup.controllers"), "memory pids cpu").unwrap();
+        let cg = TurnCgroup::create(r, "t1", &limits()).unwrap();
+        assert_eq!(cg.version, Version::V2);
+        let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap();
+        assert_eq!(read("turnstile/t1/memory.max"), (256u64 << 20).to_string());
+        assert_eq!(read("turnstile/t1/cpu.max"), "50000 100000");
+        assert_eq!(read("turnstile/t1/pids.max"), "64");
+    }
+
+    #[test]
+    fn no_cgroups_is_an_error_not_a_skip() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(TurnCgroup::create(root.path(), "t1", &limits()).is_err());
+    }
+}

@@ -1,0 +1,500 @@
+//! The sandbox's own init: `supervise __sandbox-init TURN_DIR`, started by
+//! the supervisor with the turn's namespaces already unshared and already
+//! in the turn's cgroup.
+//!
+//! It is a fresh, single-threaded process, so ordinary Rust is fine here;
+//! the only post-fork code with async-signal-safety constraints is the
+//! supervisor's `pre_exec` hook.
+//!
+//! Three stages:
+//! - **S1** (this process; host PID namespace, new mount/IPC/UTS/net/cgroup
+//!   namespaces) builds the new root from the Plan's mount list, then forks
+//! - **S2**, PID 1 of the turn's PID namespace: mounts `/proc`, pivots into
+//!   the new root, and forks
+//! - **S3**, which drops every privilege in a fixed order (see
+//!   [`restrict_and_exec`]) and execs the command.
+//!
+//! When the command (S3) exits, S2 records its status and exits; the kernel
+//! then kills every other process of the PID namespace — nothing a turn
+//! starts outlives it. Every failure is written to the report file (opened
+//! close-on-exec before the pivot, so the command never sees it) and ends
+//! the stage with a non-zero status: the supervisor fails the turn closed.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, chdir, fork, pivot_root};
+use serde_json::{Value, json};
+use turnstile_policy::plan::{Mount, Plan};
+
+use super::landlock;
+
+/// Exit status of a stage that failed before the command ran.
+pub const SETUP_FAILED: i32 = 125;
+
+/// Files the supervisor leaves in the turn directory for init.
+pub const PLAN_FILE: &str = "plan.json";
+pub const BPF_FILE: &str = "seccomp.bpf";
+pub const REPORT_FILE: &str = "report.jsonl";
+pub const ROOT_DIR: &str = "root";
+pub const SCRATCH_DIR: &str = "scratch";
+
+/// The report channel: one JSON object per line, one `write` each.
+struct Report(File);
+
+impl Report {
+    fn event(&mut self, v: Value) {
+        let mut line = v.to_string();
+        line.push('\n');
+        let _ = self.0.write_all(line.as_bytes());
+    }
+
+    fn fail(&mut self, stage: &str, detail: impl std::fmt::Display) -> ! {
+        self.event(json!({"event": "error", "stage": stage, "detail": detail.to_string()}));
+        std::process::exit(SETUP_FAILED)
+    }
+}
+
+trait OrFail<T> {
+    fn or_fail(self, report: &mut Report, stage: &str) -> T;
+}
+
+impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, report: &mut Report, stage: &str) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => report.fail(stage, e),
+        }
+    }
+}
+
+/// Marks every inherited descriptor above stderr close-on-exec, so nothing
+/// the supervisor's own parent leaked reaches the command.
+fn cloexec_inherited_fds() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: `fd` came from /proc/self/fd of this single-threaded
+        // process; F_SETFD on a stale number fails with EBADF, harmlessly.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let _ = nix::fcntl::fcntl(
+            borrowed,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
+    }
+}
+
+/// Entry point of `supervise __sandbox-init TURN_DIR`. Never returns.
+pub fn main(turn_dir: &Path) -> ! {
+    cloexec_inherited_fds();
+    let report_file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_CLOEXEC | nix::libc::O_NOFOLLOW)
+        .open(turn_dir.join(REPORT_FILE));
+    let Ok(report_file) = report_file else {
+        std::process::exit(SETUP_FAILED)
+    };
+    let mut report = Report(report_file);
+    // On timeout the supervisor sends SIGTERM to every process of the turn;
+    // the init stages must survive it so the command gets its grace period
+    // (S3 restores the default before exec).
+    set_sigterm(nix::sys::signal::SigHandler::SigIgn).or_fail(&mut report, "ignore SIGTERM");
+
+    let plan: Plan = std::fs::read(turn_dir.join(PLAN_FILE))
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        .or_fail(&mut report, "read plan");
+    let bpf = std::fs::read(turn_dir.join(BPF_FILE)).or_fail(&mut report, "read seccomp filter");
+    let new_root = turn_dir.join(ROOT_DIR);
+
+    build_root(&plan, turn_dir, &new_root, &mut report);
+
+    // SAFETY: this process is single-threaded (a fresh exec of `supervise`
+    // that has started no threads), so the child may run arbitrary code.
+    match unsafe { fork() }.or_fail(&mut report, "fork pid 1") {
+        ForkResult::Parent { child } => {
+            // S1 only relays: the command's status travels in the report.
+            let code = match waitpid(child, None) {
+                Ok(WaitStatus::Exited(_, c)) => c,
+                _ => SETUP_FAILED,
+            };
+            std::process::exit(code)
+        }
+        ForkResult::Child => pid1(&plan, &new_root, &bpf, report),
+    }
+}
+
+fn cstr(s: &str, report: &mut Report) -> CString {
+    CString::new(s).or_fail(report, "path with NUL")
+}
+
+fn under(new_root: &Path, path: &str) -> PathBuf {
+    new_root.join(path.trim_start_matches('/'))
+}
+
+fn ensure_dir(p: &Path, report: &mut Report) {
+    std::fs::create_dir_all(p).or_fail(report, "create mount point");
+}
+
+fn ensure_file(p: &Path, report: &mut Report) {
+    if let Some(parent) = p.parent() {
+        ensure_dir(parent, report);
+    }
+    if !p.exists() {
+        File::create(p).or_fail(report, "create mount point");
+    }
+}
+
+fn bind_read_only(source: &Path, target: &Path, report: &mut Report) {
+    let flags = MsFlags::MS_BIND;
+    mount(Some(source), target, None::<&str>, flags, None::<&str>)
+        .map_err(|e| format!("bind {} -> {}: {e}", source.display(), target.display()))
+        .or_fail(report, "bind mount");
+    let ro = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV;
+    mount(None::<&str>, target, None::<&str>, ro, None::<&str>)
+        .map_err(|e| format!("remount read-only {}: {e}", target.display()))
+        .or_fail(report, "bind mount");
+}
+
+/// S1: the new root, from the Plan's mount list, in order.
+fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report) {
+    // Nothing we mount may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .or_fail(report, "make / rprivate");
+    mount(
+        Some("tmpfs"),
+        new_root,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755,size=1m,nr_inodes=4096"),
+    )
+    .or_fail(report, "mount root tmpfs");
+    // The file masks are bound from, unreadable by the turn's uid.
+    let empty = new_root.join(".masked");
+    File::create(&empty).or_fail(report, "create mask file");
+    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+        .or_fail(report, "create mask file");
+
+    for m in &plan.mounts {
+        match m {
+            Mount::BindReadOnly { path } => {
+                let target = under(new_root, path);
+                if Path::new(path).is_dir() {
+                    ensure_dir(&target, report);
+                } else {
+                    ensure_file(&target, report);
+                }
+                bind_read_only(Path::new(path), &target, report);
+            }
+            Mount::Symlink { path, target } => {
+                let link = under(new_root, path);
+                if let Some(parent) = link.parent() {
+                    ensure_dir(parent, report);
+                }
+                std::os::unix::fs::symlink(target, &link).or_fail(report, "create symlink");
+            }
+            Mount::Dev { shm_bytes } => {
+                let dev = new_root.join("dev");
+                ensure_dir(&dev, report);
+                mount(
+                    Some("tmpfs"),
+                    &dev,
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                    Some("mode=0755,size=64k,nr_inodes=64"),
+                )
+                .or_fail(report, "mount /dev");
+                for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+                    let target = dev.join(name);
+                    ensure_file(&target, report);
+                    let source = Path::new("/dev").join(name);
+                    mount(
+                        Some(&source),
+                        &target,
+                        None::<&str>,
+                        MsFlags::MS_BIND,
+                        None::<&str>,
+                    )
+                    .map_err(|e| format!("/dev/{name}: {e}"))
+                    .or_fail(report, "bind device");
+                }
+                for (link, to) in [
+                    ("fd", "/proc/self/fd"),
+                    ("stdin", "/proc/self/fd/0"),
+                    ("stdout", "/proc/self/fd/1"),
+                    ("stderr", "/proc/self/fd/2"),
+                ] {
+                    std::os::unix::fs::symlink(to, dev.join(link))
+                        .or_fail(report, "create /dev symlink");
+                }
+                let shm = dev.join("shm");
+                ensure_dir(&shm, report);
+                mount(
+                    Some("tmpfs"),
+                    &shm,
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                    Some(format!("mode=1777,size={shm_bytes}").as_str()),
+                )
+                .or_fail(report, "mount /dev/shm");
+                // /dev itself read-only: nobody creates nodes there.
+                mount(
+                    None::<&str>,
+                    &dev,
+                    None::<&str>,
+                    MsFlags::MS_REMOUNT
+                        | MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NOEXEC,
+                    None::<&str>,
+                )
+                .or_fail(report, "remount /dev read-only");
+            }
+            Mount::Proc => ensure_dir(&new_root.join("proc"), report),
+            Mount::Overlay { path, index } => {
+                let target = under(new_root, path);
+                let upper = turn_dir
+                    .join(SCRATCH_DIR)
+                    .join("upper")
+                    .join(index.to_string());
+                let work = turn_dir
+                    .join(SCRATCH_DIR)
+                    .join("work")
+                    .join(index.to_string());
+                let options = format!(
+                    "lowerdir={path},upperdir={},workdir={}",
+                    upper.display(),
+                    work.display()
+                );
+                mount(
+                    Some("overlay"),
+                    &target,
+                    Some("overlay"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    Some(options.as_str()),
+                )
+                .map_err(|e| format!("overlay on {path}: {e}"))
+                .or_fail(report, "mount overlay");
+            }
+            Mount::MaskDir { path, .. } => {
+                let target = under(new_root, path);
+                mount(
+                    Some("tmpfs"),
+                    &target,
+                    Some("tmpfs"),
+                    MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                    Some("mode=0000,size=4k,nr_inodes=1"),
+                )
+                .map_err(|e| format!("mask {path}: {e}"))
+                .or_fail(report, "mask directory");
+            }
+            Mount::MaskFile { path, .. } => {
+                bind_read_only(&empty, &under(new_root, path), report);
+            }
+        }
+    }
+    ensure_dir(&new_root.join(".oldroot"), report);
+}
+
+/// S2: PID 1 of the turn.
+fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
+    mount(
+        Some("proc"),
+        &new_root.join("proc"),
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .or_fail(&mut report, "mount /proc");
+    chdir(new_root).or_fail(&mut report, "chdir new root");
+    pivot_root(".", ".oldroot").or_fail(&mut report, "pivot_root");
+    chdir("/").or_fail(&mut report, "chdir /");
+    umount2("/.oldroot", MntFlags::MNT_DETACH).or_fail(&mut report, "detach old root");
+    std::fs::remove_dir("/.oldroot").or_fail(&mut report, "remove old root mount point");
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .or_fail(&mut report, "remount / read-only");
+    let _ = nix::unistd::sethostname("turnstile");
+
+    // SAFETY: S2 is single-threaded (forked from single-threaded S1).
+    match unsafe { fork() }.or_fail(&mut report, "fork command") {
+        ForkResult::Child => restrict_and_exec(plan, bpf, report),
+        ForkResult::Parent { child } => reap(child, report),
+    }
+}
+
+/// S2's loop: reap every child; when the command exits, report its status
+/// and exit, which makes the kernel kill the rest of the namespace.
+fn reap(command: Pid, mut report: Report) -> ! {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                report.event(json!({"event": "exit", "code": code}));
+                std::process::exit(0)
+            }
+            Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
+                report.event(json!({"event": "signal", "signal": signal as i32, "name": signal.as_str(), "core": core}));
+                std::process::exit(0)
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => report.fail("reap", e),
+        }
+    }
+}
+
+/// S3. The fixed restriction order (STYLE rule 5), each step relying on the
+/// one before:
+/// 1. namespaces, mounts and pivot_root — done by S1/S2; the cgroup was
+///    joined before exec;
+/// 2. capabilities: clear the bounding set first (needs CAP_SETPCAP, which
+///    we still have), then ambient and inheritable, so no exec can regain
+///    them;
+/// 3. no_new_privs, so no setuid binary or file capability raises them;
+/// 4. the unprivileged uid/gid (and no supplementary groups): moving off
+///    uid 0 empties the permitted and effective sets, which we then verify;
+/// 5. Landlock, built from sandbox paths (after the pivot);
+/// 6. seccomp last, right before execve, so everything above may use the
+///    syscalls it forbids.
+fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
+    let _ = nix::unistd::setsid();
+    set_sigterm(nix::sys::signal::SigHandler::SigDfl).or_fail(&mut report, "restore SIGTERM");
+    nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    )
+    .or_fail(&mut report, "clear signal mask");
+
+    // 2. capabilities
+    for set in [
+        caps::CapSet::Bounding,
+        caps::CapSet::Ambient,
+        caps::CapSet::Inheritable,
+    ] {
+        caps::clear(None, set).or_fail(&mut report, "drop capabilities");
+    }
+    // 3. no_new_privs
+    nix::sys::prctl::set_no_new_privs().or_fail(&mut report, "set no_new_privs");
+    // 4. identity
+    nix::unistd::setgroups(&[]).or_fail(&mut report, "setgroups");
+    let (uid, gid) = (Uid::from_raw(plan.uid), Gid::from_raw(plan.gid));
+    nix::unistd::setresgid(gid, gid, gid).or_fail(&mut report, "setresgid");
+    nix::unistd::setresuid(uid, uid, uid).or_fail(&mut report, "setresuid");
+    for set in [
+        caps::CapSet::Permitted,
+        caps::CapSet::Effective,
+        caps::CapSet::Inheritable,
+        caps::CapSet::Ambient,
+    ] {
+        let held = caps::read(None, set).or_fail(&mut report, "read capabilities");
+        if !held.is_empty() {
+            report.fail("drop capabilities", format!("{set:?} still holds {held:?}"));
+        }
+    }
+    // 5. Landlock
+    let outcome = landlock::apply(&plan.landlock, plan.network == "isolated")
+        .or_fail(&mut report, "landlock");
+    report.event(json!({"event": "landlock", "outcome": outcome.to_value()}));
+    if outcome.status == "not_enforced" {
+        report.fail("landlock", "the kernel enforced none of the Landlock rules");
+    }
+
+    chdir(plan.cwd.as_str()).or_fail(&mut report, "chdir to workspace root");
+    let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a, &mut report)).collect();
+    let env: Vec<CString> = plan
+        .env
+        .iter()
+        .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
+        .collect();
+    report.event(json!({"event": "exec", "pid": std::process::id()}));
+
+    // 6. seccomp
+    load_seccomp(bpf).or_fail(&mut report, "load seccomp filter");
+    let err = nix::unistd::execve(&argv[0], &argv, &env).err();
+    // seccomp is in force: only write/exit are certain to work now.
+    report.event(json!({"event": "exec_failed", "errno": err.map(|e| e as i32), "error": err.map(|e| e.desc())}));
+    std::process::exit(if err == Some(nix::errno::Errno::ENOENT) {
+        127
+    } else {
+        126
+    })
+}
+
+fn set_sigterm(handler: nix::sys::signal::SigHandler) -> nix::Result<()> {
+    let action = nix::sys::signal::SigAction::new(
+        handler,
+        nix::sys::signal::SaFlags::empty(),
+        nix::sys::signal::SigSet::empty(),
+    );
+    // SAFETY: SIG_IGN and SIG_DFL are not functions; installing them cannot
+    // run code in signal context.
+    unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGTERM, &action) }.map(|_| ())
+}
+
+/// Loads a BPF program compiled by libseccomp in the supervisor.
+fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
+    const INSN: usize = std::mem::size_of::<nix::libc::sock_filter>();
+    if bpf.is_empty() || bpf.len() % INSN != 0 || bpf.len() / INSN > usize::from(u16::MAX) {
+        return Err(format!("malformed BPF program ({} bytes)", bpf.len()));
+    }
+    let insns: Vec<nix::libc::sock_filter> = bpf
+        .chunks_exact(INSN)
+        .map(|c| nix::libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let prog = nix::libc::sock_fprog {
+        len: insns.len() as u16,
+        filter: insns.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `insns`, a valid array of `len` sock_filter
+    // structs that outlives the call; the kernel copies the program.
+    // no_new_privs is already set, as seccomp(2) requires of an unprivileged
+    // caller.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_seccomp,
+            nix::libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const nix::libc::sock_fprog,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    Ok(())
+}

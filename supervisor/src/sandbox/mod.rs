@@ -1,0 +1,421 @@
+//! The native backend, supervisor side (S0): prepares a turn's directory,
+//! cgroup and seccomp program, starts `supervise __sandbox-init` inside the
+//! turn's namespaces, streams the command's output, enforces the timeout and
+//! tears everything down so that nothing of the turn is left running.
+
+pub mod cgroup;
+pub mod init;
+pub mod landlock;
+pub mod seccomp;
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sched::CloneFlags;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use turnstile_policy::plan::Plan;
+
+use crate::error::{Result, SupervisorError};
+
+/// Grace period between SIGTERM and SIGKILL on timeout.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// Namespaces a turn gets (user namespaces only when rootless, later).
+pub const NAMESPACES: [(&str, CloneFlags); 6] = [
+    ("mount", CloneFlags::CLONE_NEWNS),
+    ("pid", CloneFlags::CLONE_NEWPID),
+    ("ipc", CloneFlags::CLONE_NEWIPC),
+    ("uts", CloneFlags::CLONE_NEWUTS),
+    ("net", CloneFlags::CLONE_NEWNET),
+    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+];
+
+fn sandbox_err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
+    SupervisorError::Sandbox {
+        step,
+        detail: detail.into(),
+        source: None,
+    }
+}
+
+fn sandbox_io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let detail = path.display().to_string();
+    move |source| SupervisorError::Sandbox {
+        step,
+        detail,
+        source: Some(source),
+    }
+}
+
+/// How the command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    Exited(i32),
+    Signaled {
+        signal: i32,
+        name: String,
+    },
+    /// Setup failed before the command ran (fail closed).
+    SetupFailed {
+        stage: String,
+        detail: String,
+    },
+    /// The sandbox was built but execve failed.
+    ExecFailed {
+        errno: Option<i32>,
+        error: String,
+    },
+}
+
+/// One output stream of the command, as recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamRecord {
+    pub bytes: u64,
+    pub forwarded: u64,
+    pub sha256: String,
+}
+
+/// What running the command produced.
+#[derive(Debug)]
+pub struct Execution {
+    pub ending: Ending,
+    pub timed_out: bool,
+    pub usage: cgroup::Usage,
+    pub cgroup_version: cgroup::Version,
+    pub landlock: Option<Value>,
+    pub report: Vec<Value>,
+    pub stdout: StreamRecord,
+    pub stderr: StreamRecord,
+    pub output_truncated: bool,
+    pub disk_full: bool,
+    pub seccomp_unknown: Vec<String>,
+    pub wall: Duration,
+    /// Upper dirs, in scope order.
+    pub uppers: Vec<PathBuf>,
+}
+
+/// A turn's private directory in the state dir; its scratch tmpfs holds the
+/// overlay upper and work dirs.
+#[derive(Debug)]
+pub struct TurnDir {
+    pub path: PathBuf,
+    scratch_mounted: bool,
+}
+
+impl TurnDir {
+    /// Creates the directory, mounts the scratch tmpfs (size = disk limit,
+    /// inodes = files limit: the kernel enforces both with ENOSPC) and the
+    /// per-scope upper/work dirs.
+    pub fn create(path: PathBuf, plan: &Plan) -> Result<Self> {
+        for s in [&path.display().to_string(), &plan.root] {
+            if s.contains([',', ':', '\\']) {
+                return Err(sandbox_err(
+                    "prepare turn",
+                    format!("{s}: paths with `,`, `:` or `\\` cannot be overlay layers"),
+                ));
+            }
+        }
+        std::fs::create_dir(&path).map_err(sandbox_io("create turn dir", &path))?;
+        let mut dir = Self {
+            path,
+            scratch_mounted: false,
+        };
+        for sub in [init::ROOT_DIR, init::SCRATCH_DIR] {
+            let p = dir.path.join(sub);
+            std::fs::create_dir(&p).map_err(sandbox_io("create turn dir", &p))?;
+        }
+        let scratch = dir.path.join(init::SCRATCH_DIR);
+        let options = format!(
+            "mode=0700,size={},nr_inodes={}",
+            plan.limits.disk_bytes,
+            plan.limits.files + 16 + 2 * plan.writable_scopes.len() as u64
+        );
+        mount(
+            Some("tmpfs"),
+            &scratch,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| sandbox_err("mount scratch tmpfs", format!("{}: {e}", scratch.display())))?;
+        dir.scratch_mounted = true;
+        for i in 0..plan.writable_scopes.len() {
+            for kind in ["upper", "work"] {
+                let p = scratch.join(kind).join(i.to_string());
+                std::fs::create_dir_all(&p).map_err(sandbox_io("create overlay dir", &p))?;
+            }
+            // The merged root of an overlay takes the upper dir's owner and
+            // mode: the turn's uid must be able to create files in its
+            // writable scopes.
+            let upper = scratch.join("upper").join(i.to_string());
+            std::os::unix::fs::chown(&upper, Some(plan.uid), Some(plan.gid))
+                .map_err(sandbox_io("chown overlay upper", &upper))?;
+        }
+        Ok(dir)
+    }
+
+    pub fn upper(&self, index: usize) -> PathBuf {
+        self.path
+            .join(init::SCRATCH_DIR)
+            .join("upper")
+            .join(index.to_string())
+    }
+
+    /// Whether the scratch tmpfs is (nearly) full: the turn hit `disk` or
+    /// `files`.
+    pub fn scratch_full(&self) -> bool {
+        match nix::sys::statvfs::statvfs(&self.path.join(init::SCRATCH_DIR)) {
+            Ok(s) => s.blocks_available() == 0 || s.files_available() == 0,
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for TurnDir {
+    fn drop(&mut self) {
+        if self.scratch_mounted {
+            let _ = umount2(&self.path.join(init::SCRATCH_DIR), MntFlags::MNT_DETACH);
+        }
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Copies a child's stream to `sink`, forwarding at most the shared budget
+/// and hashing what was forwarded; the rest is read and dropped so the
+/// command never blocks on a full pipe.
+fn pump(
+    mut src: impl Read,
+    mut sink: impl Write,
+    budget: Arc<AtomicU64>,
+    truncated: Arc<AtomicBool>,
+) -> StreamRecord {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut bytes, mut forwarded) = (0u64, 0u64);
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        bytes += n as u64;
+        let allowed = budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                Some(left.saturating_sub(n as u64))
+            })
+            .unwrap_or(0)
+            .min(n as u64) as usize;
+        if allowed < n {
+            truncated.store(true, Ordering::SeqCst);
+        }
+        if allowed > 0 {
+            hasher.update(&buf[..allowed]);
+            forwarded += allowed as u64;
+            let _ = sink.write_all(&buf[..allowed]);
+            let _ = sink.flush();
+        }
+    }
+    StreamRecord {
+        bytes,
+        forwarded,
+        sha256: hex::encode(hasher.finalize()),
+    }
+}
+
+/// Runs the plan's command in a fresh sandbox and waits for it and every
+/// process it started to be gone.
+pub fn execute(
+    plan: &Plan,
+    turn: &TurnDir,
+    cgroup_root: &Path,
+    json_mode: bool,
+) -> Result<Execution> {
+    let started = Instant::now();
+    let bpf_path = turn.path.join(init::BPF_FILE);
+    let filter = seccomp::compile_to(&plan.seccomp, &bpf_path)?;
+    let plan_bytes =
+        serde_json::to_vec(plan).map_err(|e| sandbox_err("write plan", e.to_string()))?;
+    let plan_path = turn.path.join(init::PLAN_FILE);
+    std::fs::write(&plan_path, plan_bytes).map_err(sandbox_io("write plan", &plan_path))?;
+
+    let cg_name = format!("{}-t{}", plan.session_id, plan.turn_number);
+    let cg = Arc::new(cgroup::TurnCgroup::create(
+        cgroup_root,
+        &cg_name,
+        &plan.limits,
+    )?);
+    let result = run_in_cgroup(plan, turn, &cg, json_mode, filter.unknown_syscalls, started);
+    // Whatever happened: nothing of the turn keeps running.
+    let empty = cg.kill_all();
+    let usage = cg.usage();
+    cg.remove();
+    let mut execution = result?;
+    if !empty {
+        return Err(sandbox_err(
+            "teardown",
+            "processes of the turn survived SIGKILL",
+        ));
+    }
+    execution.usage = usage;
+    execution.disk_full = turn.scratch_full();
+    Ok(execution)
+}
+
+fn run_in_cgroup(
+    plan: &Plan,
+    turn: &TurnDir,
+    cg: &Arc<cgroup::TurnCgroup>,
+    json_mode: bool,
+    seccomp_unknown: Vec<String>,
+    started: Instant,
+) -> Result<Execution> {
+    let exe =
+        std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
+    let procs = cg.procs_files()?;
+    let flags = NAMESPACES
+        .iter()
+        .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
+    let mut cmd = Command::new(&exe);
+    cmd.arg(crate::cli::SANDBOX_INIT)
+        .arg(&turn.path)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the hook runs after fork in the child, where only
+    // async-signal-safe work is allowed. It makes two kinds of raw syscalls
+    // through nix (write(2) of a static buffer to descriptors opened before
+    // the fork, and unshare(2)), allocates nothing, and converts errors with
+    // io::Error::from(Errno), which stores the raw code without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Join the turn's cgroup(s): "0" means the writing process.
+            for f in &procs {
+                nix::unistd::write(f, b"0").map_err(std::io::Error::from)?;
+            }
+            // Unshared after joining, so the cgroup namespace is rooted at
+            // the turn's cgroup.
+            nix::sched::unshare(flags).map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| sandbox_err("start sandbox init", format!("{}: {e}", exe.display())))?;
+
+    let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
+    let truncated = Arc::new(AtomicBool::new(false));
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        return Err(sandbox_err("start sandbox init", "no output pipes"));
+    };
+    let out_thread = {
+        let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
+        std::thread::spawn(move || {
+            if json_mode {
+                pump(out, std::io::stderr(), budget, truncated)
+            } else {
+                pump(out, std::io::stdout(), budget, truncated)
+            }
+        })
+    };
+    let err_thread = {
+        let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
+        std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
+    };
+
+    // The timer: SIGTERM to every process of the turn at the deadline, then
+    // SIGKILL after the grace period. Cancelled when the init exits.
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let (cancel, cancelled) = mpsc::channel::<()>();
+    let timer = {
+        let (cg, timed_out) = (Arc::clone(cg), Arc::clone(&timed_out));
+        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
+        std::thread::spawn(move || {
+            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+                timed_out.store(true, Ordering::SeqCst);
+                cg.signal_all(Signal::SIGTERM);
+                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
+                    cg.kill_all();
+                }
+            }
+        })
+    };
+    let status = child.wait();
+    let _ = cancel.send(());
+    let _ = timer.join();
+    // The pipes close once every process holding them is gone.
+    cg.kill_all();
+    let stdout = out_thread.join().unwrap_or_default();
+    let stderr = err_thread.join().unwrap_or_default();
+    status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
+
+    let report_path = turn.path.join(init::REPORT_FILE);
+    let report: Vec<Value> = std::fs::read_to_string(&report_path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let ending = ending_from(&report);
+    let landlock = report
+        .iter()
+        .find(|e| e["event"] == "landlock")
+        .map(|e| e["outcome"].clone());
+    Ok(Execution {
+        ending,
+        timed_out: timed_out.load(Ordering::SeqCst),
+        usage: cgroup::Usage::default(),
+        cgroup_version: cg.version,
+        landlock,
+        report,
+        stdout,
+        stderr,
+        output_truncated: truncated.load(Ordering::SeqCst),
+        disk_full: false,
+        seccomp_unknown,
+        wall: started.elapsed(),
+        uppers: (0..plan.writable_scopes.len())
+            .map(|i| turn.upper(i))
+            .collect(),
+    })
+}
+
+fn ending_from(report: &[Value]) -> Ending {
+    let find = |name: &str| report.iter().find(|e| e["event"] == name);
+    // A setup error or a failed exec explains the exit status that follows
+    // it, so they take precedence.
+    if let Some(e) = find("error") {
+        return Ending::SetupFailed {
+            stage: e["stage"].as_str().unwrap_or_default().to_owned(),
+            detail: e["detail"].as_str().unwrap_or_default().to_owned(),
+        };
+    }
+    if let Some(e) = find("exec_failed") {
+        return Ending::ExecFailed {
+            errno: e["errno"].as_i64().map(|v| v as i32),
+            error: e["error"].as_str().unwrap_or_default().to_owned(),
+        };
+    }
+    if let Some(e) = find("signal") {
+        return Ending::Signaled {
+            signal: e["signal"].as_i64().unwrap_or(0) as i32,
+            name: e["name"].as_str().unwrap_or_default().to_owned(),
+        };
+    }
+    if let Some(e) = find("exit") {
+        return Ending::Exited(e["code"].as_i64().unwrap_or(-1) as i32);
+    }
+    Ending::SetupFailed {
+        stage: "init".into(),
+        detail: "the sandbox init ended without reporting (killed before the command ran?)".into(),
+    }
+}

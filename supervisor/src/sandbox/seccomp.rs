@@ -1,0 +1,108 @@
+//! Compiles the policy's [`SeccompProfile`] into a BPF filter with
+//! libseccomp — once, in the supervisor, before any fork — and loads it as
+//! the very last step before `execve`.
+//!
+//! Native architecture only: no `add_arch`. Adding x86 or x32 would let the
+//! i386 `int $0x80` path through with its own syscall numbers (MACHINE-NOTES);
+//! with a native-only filter those and x32 numbers hit the bad-arch action,
+//! which kills the process.
+
+use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+use turnstile_policy::seccomp::{SeccompProfile, allow_conditions};
+
+use crate::error::{Result, SupervisorError};
+
+fn err(detail: String) -> SupervisorError {
+    SupervisorError::Sandbox {
+        step: "compile seccomp filter",
+        detail,
+        source: None,
+    }
+}
+
+/// A compiled filter and the names this libseccomp/arch did not know (those
+/// fall to the default action, which is recorded, not hidden).
+#[derive(Debug)]
+pub struct CompiledFilter {
+    pub unknown_syscalls: Vec<String>,
+}
+
+/// Builds the filter context for `profile`.
+pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>)> {
+    let mut f = ScmpFilterContext::new(ScmpAction::Errno(profile.default_errno))
+        .map_err(|e| err(e.to_string()))?;
+    f.set_act_badarch(ScmpAction::KillProcess)
+        .map_err(|e| err(e.to_string()))?;
+    // no_new_privs is set explicitly earlier, in the fixed order.
+    f.set_ctl_nnp(false).map_err(|e| err(e.to_string()))?;
+    let mut unknown = Vec::new();
+    let mut resolve = |name: &str| match ScmpSyscall::from_name(name) {
+        Ok(s) => Some(s),
+        Err(_) => {
+            unknown.push(name.to_owned());
+            None
+        }
+    };
+    for rule in &profile.arg_rules {
+        let Some(sys) = resolve(&rule.syscall) else {
+            continue;
+        };
+        let cmp = ScmpArgCompare::new(
+            rule.arg,
+            ScmpCompareOp::MaskedEqual(u64::from(rule.mask)),
+            u64::from(rule.value),
+        );
+        f.add_rule_conditional(ScmpAction::Errno(rule.errno), sys, &[cmp])
+            .map_err(|e| err(format!("{} ({}): {e}", rule.syscall, rule.why)))?;
+    }
+    for name in &profile.deny {
+        if let Some(sys) = resolve(name) {
+            f.add_rule(ScmpAction::Errno(turnstile_policy::seccomp::EPERM), sys)
+                .map_err(|e| err(format!("{name}: {e}")))?;
+        }
+    }
+    // libseccomp refuses a rule equal to the default action; with the
+    // default already ENOSYS the explicit list is documentation.
+    let explicit_enosys = profile.default_errno != turnstile_policy::seccomp::ENOSYS;
+    for name in profile.enosys.iter().filter(|_| explicit_enosys) {
+        if let Some(sys) = resolve(name) {
+            f.add_rule(ScmpAction::Errno(turnstile_policy::seccomp::ENOSYS), sys)
+                .map_err(|e| err(format!("{name}: {e}")))?;
+        }
+    }
+    for name in &profile.allow {
+        let Some(sys) = resolve(name) else { continue };
+        let conditional: Vec<_> = profile
+            .arg_rules
+            .iter()
+            .filter(|r| r.syscall == *name)
+            .collect();
+        if conditional.is_empty() {
+            f.add_rule(ScmpAction::Allow, sys)
+                .map_err(|e| err(format!("{name}: {e}")))?;
+        } else {
+            // Allow rules disjoint from the errno rules (see
+            // `allow_conditions`): overlapping rules would leave the outcome
+            // to libseccomp's tree order.
+            for c in allow_conditions(&conditional).map_err(err)? {
+                let cmp = ScmpArgCompare::new(
+                    c.arg,
+                    ScmpCompareOp::MaskedEqual(u64::from(c.mask)),
+                    u64::from(c.value),
+                );
+                f.add_rule_conditional(ScmpAction::Allow, sys, &[cmp])
+                    .map_err(|e| err(format!("{name}: {e}")))?;
+            }
+        }
+    }
+    Ok((f, unknown))
+}
+
+/// Compiles the profile to BPF into `out` (done once, in the supervisor,
+/// before any fork; the sandbox only loads the bytes).
+pub fn compile_to(profile: &SeccompProfile, out: &std::path::Path) -> Result<CompiledFilter> {
+    let (f, unknown_syscalls) = build(profile)?;
+    let file = std::fs::File::create(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
+    f.export_bpf(&file).map_err(|e| err(e.to_string()))?;
+    Ok(CompiledFilter { unknown_syscalls })
+}
