@@ -44,6 +44,9 @@ codes! {
     LEDGER_IO = "TS1011", "LEDGER_IO";
     STATE_IO = "TS1012", "STATE_IO";
     INPUT_UNREADABLE = "TS1013", "INPUT_UNREADABLE";
+    PIDS_LIMIT_EXCEEDED = "TS1020", "PIDS_LIMIT_EXCEEDED";
+    DISK_LIMIT_EXCEEDED = "TS1021", "DISK_LIMIT_EXCEEDED";
+    COMMIT_FAILED = "TS1022", "COMMIT_FAILED";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

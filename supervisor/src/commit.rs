@@ -44,7 +44,7 @@ fn beneath(flags: OFlag, mode: Mode) -> OpenHow {
 
 /// Opens (creating as needed, mode 0755) the directory `rel` under `root`,
 /// one component at a time, never through a symlink.
-fn open_dir_creating(root: &Path, rel: &str) -> Result<OwnedFd> {
+pub(crate) fn open_dir_creating(root: &Path, rel: &str) -> Result<OwnedFd> {
     let mut fd: OwnedFd = File::open(root)
         .map_err(|e| commit_err(format!("{}: {e}", root.display())))?
         .into();

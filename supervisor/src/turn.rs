@@ -258,6 +258,14 @@ impl Turn<'_> {
             .join("sessions")
             .join(self.session.id.as_str())
             .join(format!("turn-{}", self.turn_number));
+        // Writable scopes must exist as mount points: create the missing
+        // ones (empty directories, never through a symlink), as session
+        // start does for tmp/<sid>/ and output/<sid>/.
+        for scope in &plan.writable_scopes {
+            if let Err(e) = commit::open_dir_creating(self.workspace.root(), scope) {
+                return Outcome::from_error(&e, Some(plan));
+            }
+        }
         let turn_dir = match TurnDir::create(turn_path, &plan) {
             Ok(d) => d,
             Err(e) => return Outcome::from_error(&e, Some(plan)),
@@ -341,7 +349,7 @@ impl Turn<'_> {
                 "pids_limit",
                 exit::RESOURCE_LIMIT,
                 Some((
-                    "E2041",
+                    "TS1020",
                     "PIDS_LIMIT_EXCEEDED",
                     format!("the process limit ({}) was hit", plan.limits.pids),
                 )),
@@ -350,7 +358,7 @@ impl Turn<'_> {
                 "disk_limit",
                 exit::RESOURCE_LIMIT,
                 Some((
-                    "E2041",
+                    "TS1021",
                     "DISK_LIMIT_EXCEEDED",
                     format!(
                         "the disk ({} bytes) or files ({}) limit was hit",
@@ -360,6 +368,13 @@ impl Turn<'_> {
             ),
             _ => ("command_failed", exit::COMMAND_FAILED, None),
         };
+        let mut verdict = verdict;
+        if !matches!(status, "committed" | "blocked") {
+            // The declaration only decides a turn whose command exited 0;
+            // otherwise the realized writes are recorded, not judged.
+            verdict.undeclared.clear();
+            verdict.missing.clear();
+        }
         let mut outcome = Outcome {
             status,
             exit_status,
@@ -383,7 +398,7 @@ impl Turn<'_> {
                 Err(e) => {
                     outcome.status = "commit_failed";
                     outcome.exit_status = exit::SANDBOX;
-                    outcome.error = Some(("E2041", "COMMIT_FAILED", e.to_string()));
+                    outcome.error = Some(("TS1022", "COMMIT_FAILED", e.to_string()));
                 }
             }
         }

@@ -206,3 +206,45 @@ pub const HELLO_MANIFEST: &str = r#"{
   "limits": {"memory": "256Mi", "cpu": "1", "pids": 64, "timeout_seconds": 60},
   "network": "isolated"
 }"#;
+
+/// Kernel-dependent tests call this first. Without root they are skipped
+/// with a reason — unless `TURNSTILE_REQUIRE_KERNEL=1` (CI), where a missing
+/// capability fails the run instead of hiding.
+pub fn require_root(test: &str) -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false);
+    if root {
+        return true;
+    }
+    let reason = "needs root (namespaces, mounts, cgroups)";
+    if std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1") {
+        panic!("{test}: {reason}, and TURNSTILE_REQUIRE_KERNEL=1 forbids skipping");
+    }
+    eprintln!("turnstile-test: SKIPPED {test}: {reason}");
+    false
+}
+
+impl Fixture {
+    /// `supervise run` for `pkg` with `args` (request flags, then `--`).
+    pub fn run(&self, pkg: &str, args: &[&str]) -> Run {
+        let mut all = vec!["--package", pkg];
+        all.extend_from_slice(args);
+        self.supervise(&["run"], &all)
+    }
+
+    /// Both ledgers of `sid` verify (exit 0).
+    pub fn assert_ledgers_intact(&self, sid: &str) {
+        let r = self.supervise(&["ledger", "verify"], &["--session", sid]);
+        assert_eq!(
+            r.status, 0,
+            "ledgers of {sid} do not verify:\n{}{}",
+            r.stdout, r.stderr
+        );
+    }
+}

@@ -37,10 +37,12 @@ fn pinned_abi() -> ABI {
 /// connect with no port allowed.
 pub fn apply(rules: &LandlockRules, isolated_network: bool) -> Result<LandlockOutcome, String> {
     let abi = pinned_abi();
-    let read = AccessFs::from_read(abi);
+    // The crate's `from_read` includes Execute; read rules must not grant
+    // it (measured: with it, every binary under /usr ran).
+    let read = AccessFs::from_read(abi) & !AccessFs::Execute;
     let all = AccessFs::from_all(abi);
     let read_write = all & !AccessFs::Execute;
-    let execute = read | AccessFs::Execute;
+    let execute = AccessFs::from_read(abi);
     let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
 
     let mut ruleset = Ruleset::default()

@@ -1,0 +1,483 @@
+//! `supervise run` against the real kernel (root): each test is a real turn.
+//! FR-RT-003, 011, 012, 014, 015, 016 and the turn transaction: commit with
+//! the right hash, block undeclared or missing writes with nothing on the
+//! host, enforcement inside the sandbox (EACCES / EROFS / EPERM), limits,
+//! no survivors, and ledgers that verify after every case.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use turnstile_tests::{Fixture, read_entries, require_root};
+
+const MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": ["installed/t/**", "data/**"],
+    "write": ["output/<session_id>/**", "reports/<session_id>/*.md"],
+    "execute": ["/usr/bin/python3", "/bin/sh", "/bin/sleep"],
+    "forbidden": ["data/secret/**", "installed/t/private.txt"]
+  },
+  "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 20}
+}"#;
+
+fn fixture() -> Fixture {
+    let fx = Fixture::new();
+    fx.install("t", MANIFEST);
+    fx.write("data/users.csv", b"id,name\n1,ada\n");
+    fx.write("data/secret/key.pem", b"TOPSECRET");
+    fx.write("installed/t/private.txt", b"PRIVATE");
+    fx.write("installed/t/ok.txt", b"fine");
+    fx
+}
+
+/// Runs python code as a turn with `--json`; returns (status, json, stderr).
+fn py(fx: &Fixture, session: Option<&str>, outputs: &[&str], code: &str) -> (i32, Value, String) {
+    let mut args: Vec<String> = vec!["--json".into()];
+    if let Some(s) = session {
+        args.extend(["--session".into(), s.into()]);
+    }
+    if outputs.is_empty() {
+        args.push("--no-outputs".into());
+    }
+    for o in outputs {
+        args.extend(["--output".into(), (*o).into()]);
+    }
+    args.extend([
+        "--".into(),
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        code.into(),
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = fx.run("t", &refs);
+    let v = r.json();
+    (r.status, v, r.stderr)
+}
+
+fn sid(v: &Value) -> String {
+    v["session_id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn fr_rt_015_declared_output_commits_with_the_right_hash() {
+    if !require_root("fr_rt_015_declared_output_commits_with_the_right_hash") {
+        return;
+    }
+    let fx = fixture();
+    let code = "import os; open(f'output/{os.environ[\"TURNSTILE_SESSION_ID\"]}/r.md','w').write('hello\\n')";
+    let (status, v, stderr) = py(&fx, None, &["output/<session_id>/r.md:report"], code);
+    assert_eq!(status, 0, "{v}\n{stderr}");
+    assert_eq!(v["status"], "committed");
+    let s = sid(&v);
+    let path = fx.root.join("output").join(&s).join("r.md");
+    assert_eq!(std::fs::read(&path).unwrap(), b"hello\n");
+    let want = hex::encode(Sha256::digest(b"hello\n"));
+    assert_eq!(v["committed"][0]["sha256"], want.as_str());
+    assert_eq!(v["realized_writes"][0]["sha256"], want.as_str());
+    assert_eq!(v["realized_writes"][0]["kind"], "file");
+    // FR-RT-015: the evidence records path, size and hash.
+    let ev = read_entries(&fx.ledger(&s, "evidence"));
+    let last = ev.last().unwrap();
+    assert_eq!(
+        last["realized_writes"][0]["path"],
+        format!("output/{s}/r.md")
+    );
+    assert_eq!(last["realized_writes"][0]["size"], 6);
+    assert_eq!(last["committed"][0]["sha256"], want.as_str());
+    assert_eq!(last["enforcement"]["landlock_status"], "fully_enforced");
+    assert!(last["enforcement"]["cgroup"].as_str().is_some());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o644, "modes are normalised");
+    fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn fr_rt_016_undeclared_write_blocks_and_nothing_reaches_the_host() {
+    if !require_root("fr_rt_016_undeclared_write_blocks_and_nothing_reaches_the_host") {
+        return;
+    }
+    let fx = fixture();
+    let code = "import os; s=os.environ['TURNSTILE_SESSION_ID']; open(f'output/{s}/r.md','w').write('a'); open(f'output/{s}/extra.txt','w').write('b')";
+    let (status, v, _) = py(&fx, None, &["output/<session_id>/r.md:report"], code);
+    assert_eq!(status, 12, "{v}");
+    assert_eq!(v["status"], "blocked");
+    let s = sid(&v);
+    assert_eq!(
+        std::fs::read_dir(fx.root.join("output").join(&s))
+            .unwrap()
+            .count(),
+        0,
+        "nothing committed"
+    );
+    // FR-RT-011: the violation names operation, capability, session, turn, time.
+    let viol = &v["violations"][0];
+    assert_eq!(viol["attempted_operation"], "write");
+    assert_eq!(viol["target"], format!("output/{s}/extra.txt"));
+    assert_eq!(viol["violated_capability"]["kind"], "undeclared_write");
+    assert_eq!(viol["session_id"], s.as_str());
+    assert_eq!(viol["turn_number"], 1);
+    assert!(viol["timestamp"].as_str().unwrap().ends_with('Z'));
+    let ev = read_entries(&fx.ledger(&s, "evidence"));
+    assert_eq!(
+        ev.last().unwrap()["violations"][0]["target"],
+        format!("output/{s}/extra.txt")
+    );
+    fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn fr_rt_016_missing_declared_output_blocks() {
+    if !require_root("fr_rt_016_missing_declared_output_blocks") {
+        return;
+    }
+    let fx = fixture();
+    let (status, v, _) = py(&fx, None, &["output/<session_id>/never.md:report"], "pass");
+    assert_eq!(status, 12, "{v}");
+    assert_eq!(
+        v["violations"][0]["violated_capability"]["kind"],
+        "missing_declared_output"
+    );
+    fx.assert_ledgers_intact(&sid(&v));
+}
+
+#[test]
+fn fr_rt_016_symlink_as_output_never_commits() {
+    if !require_root("fr_rt_016_symlink_as_output_never_commits") {
+        return;
+    }
+    let fx = fixture();
+    let code = "import os; s=os.environ['TURNSTILE_SESSION_ID']; os.symlink('/etc/passwd', f'output/{s}/r.md')";
+    let (status, v, _) = py(&fx, None, &["output/<session_id>/r.md:report"], code);
+    assert_eq!(status, 12, "{v}");
+    let s = sid(&v);
+    assert!(
+        fx.root
+            .join("output")
+            .join(&s)
+            .join("r.md")
+            .symlink_metadata()
+            .is_err()
+    );
+    fx.assert_ledgers_intact(&s);
+}
+
+/// Probes run inside one turn, each printing `label errno-name` or `label OK`.
+const PROBES: &str = r#"
+import errno, os, ctypes
+def attempt(label, fn):
+    try:
+        fn(); print(label, "OK")
+    except OSError as e:
+        print(label, errno.errorcode.get(e.errno, e.errno))
+s = os.environ["TURNSTILE_SESSION_ID"]
+attempt("read_allowed", lambda: open("data/users.csv").read())
+attempt("read_forbidden_in_allowed_tree", lambda: open("data/secret/key.pem").read())
+attempt("read_forbidden_file", lambda: open("installed/t/private.txt").read())
+attempt("read_sibling_of_forbidden", lambda: open("installed/t/ok.txt").read())
+attempt("read_ungranted", lambda: open("installed/t/../../etc/hostname").read())
+attempt("read_ledger", lambda: os.listdir("planes"))
+attempt("write_workspace", lambda: open("data/new.txt", "w"))
+attempt("write_root_tmp", lambda: open("/tmp/x", "w"))
+attempt("write_usr", lambda: open("/usr/x", "w"))
+attempt("write_scratch", lambda: open(os.environ["TMPDIR"] + "/scratch.txt", "w").write("s"))
+attempt("exec_ungranted", lambda: os.execv("/usr/bin/id", ["id"]))
+libc = ctypes.CDLL(None, use_errno=True)
+def sys(label, nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    print(label, "OK" if r >= 0 else errno.errorcode.get(ctypes.get_errno()))
+sys("unshare_user", 272, 0x10000000)
+sys("mount", 165, 0, 0, 0, 0, 0)
+sys("ptrace", 101, 16, 1, 0, 0)
+sys("ioctl_tiocsti_high_bits", 16, 0, (1 << 32) | 0x5412, 0)
+sys("clone3", 435, 0, 0)
+print("TMPDIR", os.environ.get("TMPDIR"), os.environ.get("TEMP"), os.environ.get("TMP"))
+print("PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"))
+print("uid", os.getuid(), os.getgid())
+print("fds", sorted(int(f) for f in os.listdir("/proc/self/fd")))
+"#;
+
+#[test]
+fn fr_rt_003_fr_rt_012_fr_rt_014_enforcement_inside_the_sandbox() {
+    if !require_root("fr_rt_003_fr_rt_012_fr_rt_014_enforcement_inside_the_sandbox") {
+        return;
+    }
+    let fx = fixture();
+    let r = fx.run(
+        "t",
+        &["--no-outputs", "--", "/usr/bin/python3", "-c", PROBES],
+    );
+    assert_eq!(r.status, 0, "{}\n{}", r.stdout, r.stderr);
+    let out: std::collections::HashMap<&str, String> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k, v.to_owned())))
+        .collect();
+    let expect = [
+        ("read_allowed", "OK"),
+        ("read_forbidden_in_allowed_tree", "EACCES"),
+        ("read_forbidden_file", "EACCES"),
+        ("read_sibling_of_forbidden", "OK"),
+        ("read_ledger", "EACCES"),
+        ("write_workspace", "EROFS"),
+        ("write_root_tmp", "EROFS"),
+        ("write_usr", "EROFS"),
+        ("write_scratch", "OK"),
+        ("exec_ungranted", "EACCES"),
+        ("unshare_user", "EPERM"),
+        ("mount", "EPERM"),
+        ("ptrace", "EPERM"),
+        ("ioctl_tiocsti_high_bits", "EPERM"),
+        ("clone3", "ENOSYS"),
+    ];
+    for (probe, want) in expect {
+        assert_eq!(
+            out.get(probe).map(String::as_str),
+            Some(want),
+            "probe {probe}:\n{}",
+            r.stdout
+        );
+    }
+    assert!(out["read_ungranted"] != "OK", "{}", r.stdout);
+    let sid = r
+        .stderr
+        .split_whitespace()
+        .find(|w| w.starts_with("SES-"))
+        .unwrap()
+        .trim_end_matches(':')
+        .to_owned();
+    let scratch = fx.root.join("tmp").join(&sid);
+    let scratch_s = scratch.display().to_string();
+    // FR-RT-014: TMPDIR, TEMP and TMP all point at tmp/<sid>/.
+    assert_eq!(
+        out["TMPDIR"],
+        format!("{scratch_s} {scratch_s} {scratch_s}")
+    );
+    assert_eq!(out["PYTHONDONTWRITEBYTECODE"], "1");
+    assert_eq!(out["uid"], "65534 65534");
+    // The command's own descriptors are 0, 1, 2 (3 is listdir's own).
+    assert_eq!(out["fds"], "[0, 1, 2, 3]");
+    // FR-RT-012: the committed turn's scratch delta lands in tmp/<sid>/.
+    assert_eq!(std::fs::read(scratch.join("scratch.txt")).unwrap(), b"s");
+    fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn fr_rt_012_scratch_carries_over_only_from_committed_turns() {
+    if !require_root("fr_rt_012_scratch_carries_over_only_from_committed_turns") {
+        return;
+    }
+    let fx = fixture();
+    let write = |name: &str, exit: i32| {
+        format!(
+            "import os; open(os.environ['TMPDIR']+'/{name}','w').write('x'); raise SystemExit({exit})"
+        )
+    };
+    let (status, v, _) = py(&fx, None, &[], &write("kept", 0));
+    assert_eq!(status, 0, "{v}");
+    let s = sid(&v);
+    let (status, v2, _) = py(&fx, Some(&s), &[], &write("dropped", 3));
+    assert_eq!(status, 10, "{v2}");
+    assert_eq!(v2["turn_number"], 2);
+    assert_eq!(v2["exit_code"], 3);
+    let scratch = fx.root.join("tmp").join(&s);
+    assert!(scratch.join("kept").exists());
+    assert!(
+        !scratch.join("dropped").exists(),
+        "a failed turn's scratch must not carry over"
+    );
+    // The next turn sees (and may change) the committed scratch.
+    let (status, v3, _) = py(
+        &fx,
+        Some(&s),
+        &[],
+        "import os; p=os.environ['TMPDIR']+'/kept'; assert open(p).read()=='x'; open(p,'w').write('y')",
+    );
+    assert_eq!(status, 0, "{v3}");
+    assert_eq!(std::fs::read(scratch.join("kept")).unwrap(), b"y");
+    fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn write_pattern_scopes_commit_declared_files() {
+    if !require_root("write_pattern_scopes_commit_declared_files") {
+        return;
+    }
+    let fx = fixture();
+    let code =
+        "import os; s=os.environ['TURNSTILE_SESSION_ID']; open(f'reports/{s}/a.md','w').write('A')";
+    let (status, v, stderr) = py(&fx, None, &["reports/<session_id>/a.md:summary"], code);
+    assert_eq!(status, 0, "{v}\n{stderr}");
+    let s = sid(&v);
+    assert_eq!(
+        std::fs::read(fx.root.join("reports").join(&s).join("a.md")).unwrap(),
+        b"A"
+    );
+}
+
+#[test]
+fn memory_limit_kills_with_exit_13() {
+    if !require_root("memory_limit_kills_with_exit_13") {
+        return;
+    }
+    let fx = fixture();
+    let (status, v, _) = py(&fx, None, &[], "x = bytearray(400 * 1024 * 1024)");
+    assert_eq!(status, 13, "{v}");
+    assert_eq!(v["status"], "memory_limit");
+    assert_eq!(v["error"]["code"], "E2071");
+    assert!(v["resources"]["peak_memory_bytes"].as_u64().unwrap() > 64 << 20);
+    fx.assert_ledgers_intact(&sid(&v));
+}
+
+#[test]
+fn pids_limit_refuses_forks_with_exit_13() {
+    if !require_root("pids_limit_refuses_forks_with_exit_13") {
+        return;
+    }
+    let fx = fixture();
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            "i=0; while [ $i -lt 100 ]; do /bin/sleep 5 & i=$((i+1)); done; wait",
+        ],
+    );
+    assert_eq!(r.status, 13, "{}", r.stdout);
+    let v = r.json();
+    assert_eq!(v["status"], "pids_limit");
+    assert_eq!(v["error"]["code"], "TS1020");
+    fx.assert_ledgers_intact(&sid(&v));
+}
+
+#[test]
+fn background_processes_are_gone_when_run_returns() {
+    if !require_root("background_processes_are_gone_when_run_returns") {
+        return;
+    }
+    let fx = fixture();
+    let marker = format!("{}", 4000 + std::process::id() % 1000);
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!("/bin/sleep {marker} & (/bin/sleep {marker} &) ; echo ok"),
+        ],
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let survivors = std::process::Command::new("pgrep")
+        .args(["-f", &format!("sleep {marker}")])
+        .output()
+        .unwrap();
+    assert!(
+        survivors.stdout.is_empty(),
+        "survivors: {}",
+        String::from_utf8_lossy(&survivors.stdout)
+    );
+    fx.assert_ledgers_intact(&sid(&r.json()));
+}
+
+#[test]
+fn timeout_exits_14() {
+    if !require_root("timeout_exits_14") {
+        return;
+    }
+    let fx = fixture();
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--timeout",
+            "1",
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "30",
+        ],
+    );
+    assert_eq!(r.status, 14, "{}", r.stdout);
+    assert_eq!(r.json()["error"]["code"], "E2002");
+    fx.assert_ledgers_intact(&sid(&r.json()));
+}
+
+#[test]
+fn fr_rt_007_failing_setup_still_writes_evidence() {
+    if !require_root("fr_rt_007_failing_setup_still_writes_evidence") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let mut cmd = std::process::Command::new(turnstile_tests::supervise_bin());
+    cmd.args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "t",
+            "--session",
+            &sid,
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "0",
+        ])
+        .env("TURNSTILE_CGROUP_ROOT", "/nonexistent-cgroupfs");
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(20),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "E2041");
+    let exec = read_entries(&fx.ledger(&sid, "exec"));
+    let events: Vec<&str> = exec.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["session.started", "turn.started", "turn.finished"]);
+    assert_eq!(exec[2]["status"], "sandbox_error");
+    let ev = read_entries(&fx.ledger(&sid, "evidence"));
+    assert_eq!(ev.last().unwrap()["status"], "sandbox_error");
+    assert_eq!(ev.last().unwrap()["turn_number"], 1);
+    fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn fr_rt_011_pre_execution_violation_is_recorded_and_nothing_runs() {
+    if !require_root("fr_rt_011_pre_execution_violation_is_recorded_and_nothing_runs") {
+        return;
+    }
+    let fx = fixture();
+    let r = fx.run("t", &["--json", "--no-outputs", "--", "/usr/bin/id"]);
+    assert_eq!(r.status, 11, "{}", r.stdout);
+    let v = r.json();
+    assert_eq!(v["status"], "violation");
+    let s = sid(&v);
+    let ev = read_entries(&fx.ledger(&s, "evidence"));
+    assert_eq!(
+        ev.last().unwrap()["violations"][0]["attempted_operation"],
+        "execute"
+    );
+    fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn turns_of_one_session_are_numbered_sequentially() {
+    if !require_root("turns_of_one_session_are_numbered_sequentially") {
+        return;
+    }
+    let fx = fixture();
+    let s = fx.new_session();
+    for n in 1..=3 {
+        let (status, v, _) = py(&fx, Some(&s), &[], "pass");
+        assert_eq!(status, 0);
+        assert_eq!(v["turn_number"], n);
+    }
+    fx.assert_ledgers_intact(&s);
+}
