@@ -225,7 +225,7 @@ fn demo() -> Result<()> {
     copy_tree(&root.join("examples/workspace"), &ws)?;
     let (ws_s, state_s) = (ws.display().to_string(), state.display().to_string());
     let base = ["--root", ws_s.as_str(), "--state-dir", state_s.as_str()];
-    let with = |words: &[&'static str], rest: &[&str]| -> Vec<String> {
+    let with = |words: &[&str], rest: &[&str]| -> Vec<String> {
         words
             .iter()
             .chain(base.iter())
@@ -238,70 +238,89 @@ fn demo() -> Result<()> {
         supervise(&bin, &refs, expect)
     };
 
-    println!("turnstile demo — workspace {}", ws.display());
+    println!("turnstile demo: workspace {}", ws.display());
+    call(vec!["doctor".into()], 0)?;
     let sid = call(with(&["session", "new"], &[]), 0)?.trim().to_owned();
+    let turn = |title: &str, rest: &[&str], expect: i32| -> Result<String> {
+        println!("\n# {title}");
+        let mut args = vec!["--package", "hello-agent", "--session", sid.as_str()];
+        args.extend_from_slice(rest);
+        call(with(&["run"], &args), expect)
+    };
 
-    println!(
-        "\n# 1. An allowed turn: the manifest grants python3 on main.py, the read and the output."
-    );
-    call(
-        with(
-            &["check"],
-            &[
-                "--package",
-                "hello-agent",
-                "--session",
-                &sid,
-                "--input",
-                "registries/users.csv",
-                "--output",
-                "output/<session_id>/report.md:report",
-                "--",
-                "/usr/bin/python3",
-                "installed/hello-agent/main.py",
-                "output/<session_id>/report.md",
-            ],
-        ),
+    turn(
+        "Turn 1 commits: python3 reads the registry and writes the declared report.",
+        &[
+            "--input",
+            "registries/users.csv",
+            "--output",
+            "output/<session_id>/report.md:report",
+            "--",
+            "/usr/bin/python3",
+            "installed/hello-agent/main.py",
+            "output/<session_id>/report.md",
+        ],
         0,
     )?;
-    println!("\n# 2. A refused turn: a shell is not an execute entry and secrets/ is forbidden.");
-    call(
-        with(
-            &["check"],
-            &[
-                "--package",
-                "hello-agent",
-                "--session",
-                &sid,
-                "--no-outputs",
-                "--input",
-                "installed/hello-agent/secrets/api-key.txt",
-                "--",
-                "/bin/sh",
-                "-c",
-                "cat /etc/shadow",
-            ],
-        ),
+    let report = ws.join("output").join(&sid).join("report.md");
+    println!(
+        "committed {}: {}",
+        report.display(),
+        std::fs::read_to_string(&report)?.trim()
+    );
+
+    turn(
+        "Turn 2 is blocked: it declares summary.md but writes report2.md; nothing is committed.",
+        &[
+            "--output",
+            "output/<session_id>/summary.md:summary",
+            "--",
+            "/usr/bin/python3",
+            "installed/hello-agent/main.py",
+            "output/<session_id>/report2.md",
+        ],
+        12,
+    )?;
+    println!(
+        "on the host, report2.md exists: {}",
+        ws.join("output").join(&sid).join("report2.md").exists()
+    );
+
+    turn(
+        "Turn 3 never runs: a shell is no execute entry and secrets/ is forbidden.",
+        &[
+            "--no-outputs",
+            "--input",
+            "installed/hello-agent/secrets/api-key.txt",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat installed/hello-agent/secrets/api-key.txt",
+        ],
         11,
     )?;
-    println!("\n# 3. The prompt header of turn 1, with the input's hash.");
-    call(
-        with(
-            &["prompt-header"],
-            &[
-                "--session",
-                &sid,
-                "--turn",
-                "1",
-                "--input",
-                "registries/users.csv",
-                "--output",
-                "output/<session_id>/report.md:report",
-            ],
-        ),
-        0,
+
+    println!("\n# Evidence summary (planes/ho1/sessions/{sid}/ledger/evidence.jsonl)");
+    let evidence = std::fs::read_to_string(
+        ws.join("planes/ho1/sessions")
+            .join(&sid)
+            .join("ledger/evidence.jsonl"),
     )?;
-    println!("\n# 4. Both ledgers verify: every hash, link and the acknowledged head.");
+    for line in evidence.lines() {
+        let e: serde_json::Value = serde_json::from_str(line)?;
+        let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+        println!(
+            "  seq {:<3} {:<16} turn {:<5} status {:<10} committed {:<2} violations {}",
+            e["seq"],
+            text(&e["event"]),
+            text(&e["turn_number"]),
+            text(&e["status"]),
+            e["committed"].as_array().map_or(0, Vec::len),
+            e["violations"].as_array().map_or(0, Vec::len),
+        );
+    }
+
+    println!("\n# Both ledgers verify: every hash, link and the acknowledged head.");
     call(with(&["ledger", "verify"], &["--session", &sid]), 0)?;
     println!(
         "\nDemo complete. Inspect {} and {}.",
