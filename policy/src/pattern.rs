@@ -166,13 +166,22 @@ impl PatternSet {
         let mut abs = GlobSetBuilder::new();
         let (mut relative_index, mut absolute_index) = (Vec::new(), Vec::new());
         for (i, p) in patterns.iter().enumerate() {
-            let g = glob(&p.expand(session)).map_err(|e| format!("pattern `{p}`: {e}"))?;
-            if p.is_absolute() {
-                abs.add(g);
-                absolute_index.push(i);
-            } else {
-                rel.add(g);
-                relative_index.push(i);
+            let expanded = p.expand(session);
+            // `dir/**` covers `dir` itself too (globset alone would not
+            // match it): a forbidden `secrets/**` hides the directory.
+            let mut globs = vec![expanded.clone()];
+            if let Some(dir) = expanded.strip_suffix("/**").filter(|d| !d.is_empty()) {
+                globs.push(dir.to_owned());
+            }
+            for raw in globs {
+                let g = glob(&raw).map_err(|e| format!("pattern `{p}`: {e}"))?;
+                if p.is_absolute() {
+                    abs.add(g);
+                    absolute_index.push(i);
+                } else {
+                    rel.add(g);
+                    relative_index.push(i);
+                }
             }
         }
         Ok(Self {
@@ -275,6 +284,14 @@ mod tests {
         assert!(matches(&s, "data/x").is_some());
         assert!(matches(&s, "/etc/passwd").is_some());
         assert!(matches(&s, "/etc/shadow").is_none());
+    }
+
+    #[test]
+    fn double_star_suffix_covers_the_directory_itself() {
+        let s = set(&["installed/pkg/secrets/**"]);
+        assert!(matches(&s, "installed/pkg/secrets").is_some());
+        assert!(matches(&s, "installed/pkg/secrets/k").is_some());
+        assert!(matches(&s, "installed/pkg/secretsX").is_none());
     }
 
     #[test]

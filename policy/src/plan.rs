@@ -333,6 +333,15 @@ pub fn compile(
         }) {
             continue;
         }
+        // `dir/**` forbids the directory itself: mask it whole.
+        let expanded = p.expand(session);
+        let prefix = p.static_prefix(session);
+        if expanded.strip_suffix("/**") == Some(prefix.as_str())
+            && fs.kind(&start) == Some(FileKind::Dir)
+        {
+            masked.push(start);
+            continue;
+        }
         for hit in enumerate(fs, root, &start, &forbidden)? {
             masked.push(hit);
         }
@@ -605,5 +614,212 @@ impl Plan {
             s += &format!("  {k}={v}\n");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::PackageId;
+    use crate::request::TurnRequest;
+    use crate::session::SessionId;
+    use std::collections::BTreeMap;
+
+    /// A fake tree: path -> kind; symlinks map to targets.
+    #[derive(Default)]
+    struct FakeFs {
+        kinds: BTreeMap<String, FileKind>,
+        links: BTreeMap<String, String>,
+        heads: BTreeMap<String, Vec<u8>>,
+    }
+
+    impl FakeFs {
+        fn with(paths: &[(&str, FileKind)]) -> Self {
+            let mut fs = Self::default();
+            for (p, k) in paths {
+                fs.kinds.insert((*p).to_owned(), *k);
+            }
+            fs
+        }
+    }
+
+    impl FsView for FakeFs {
+        fn kind(&self, path: &str) -> Option<FileKind> {
+            self.kinds.get(path).copied()
+        }
+        fn list(&self, path: &str) -> Vec<String> {
+            let prefix = format!("{path}/");
+            self.kinds
+                .keys()
+                .filter_map(|k| k.strip_prefix(&prefix))
+                .filter(|rest| !rest.contains('/'))
+                .map(str::to_owned)
+                .collect()
+        }
+        fn canonical(&self, path: &str) -> Option<String> {
+            match self.links.get(path) {
+                Some(t) => Some(t.clone()),
+                None => self.kinds.contains_key(path).then(|| path.to_owned()),
+            }
+        }
+        fn read_link(&self, path: &str) -> Option<String> {
+            self.links.get(path).cloned()
+        }
+        fn head(&self, path: &str, _len: usize) -> Vec<u8> {
+            self.heads.get(path).cloned().unwrap_or_default()
+        }
+    }
+
+    const SID: &str = "SES-20261121T093700123456Z-00000000deadbeef";
+
+    fn compile_for(manifest: &str, command: &[&str], fs: &FakeFs) -> Result<Plan, PlanError> {
+        let m = Manifest::from_slice(
+            manifest.as_bytes(),
+            &PackageId::parse("p").unwrap(),
+            "m.json".into(),
+        )
+        .unwrap();
+        let req = TurnRequest::from_json(
+            serde_json::json!({"command": command, "declared_outputs": []})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap()
+        .bind(&SessionId::parse(SID).unwrap())
+        .unwrap();
+        let allowed = crate::check::check_turn("/ws", &m, &req).unwrap().unwrap();
+        let ctx = PlanContext {
+            root: "/ws",
+            turn_number: 1,
+            host_env: vec![
+                ("TERM".into(), "xterm".into()),
+                ("SECRET".into(), "x".into()),
+            ],
+        };
+        compile(&ctx, &m, &req, &allowed, fs)
+    }
+
+    fn tree() -> FakeFs {
+        use FileKind::*;
+        let mut fs = FakeFs::with(&[
+            ("/usr", Dir),
+            ("/usr/bin", Dir),
+            ("/usr/bin/python3.11", File),
+            ("/bin", Symlink),
+            ("/lib64/ld-linux-x86-64.so.2", File),
+            ("/etc/passwd", File),
+            ("/ws", Dir),
+            ("/ws/installed", Dir),
+            ("/ws/installed/p", Dir),
+            ("/ws/installed/p/run.sh", File),
+            ("/ws/installed/p/lib", Dir),
+            ("/ws/installed/p/secrets", Dir),
+            ("/ws/installed/p/secrets/key", File),
+            ("/ws/data", Dir),
+            ("/ws/data/a.csv", File),
+            ("/ws/data/b.txt", File),
+            ("/ws/planes", Dir),
+        ]);
+        fs.links.insert("/bin".into(), "usr/bin".into());
+        fs.links
+            .insert("/usr/bin/python3".into(), "/usr/bin/python3.11".into());
+        fs.kinds.insert("/usr/bin/python3".into(), Symlink);
+        fs.heads.insert(
+            "/ws/installed/p/run.sh".into(),
+            b"#!/usr/bin/python3 -u\nprint(1)\n".to_vec(),
+        );
+        fs
+    }
+
+    const MANIFEST: &str = r#"{"capabilities":{
+        "read":["installed/p/**","data/*.csv"],
+        "write":["output/<session_id>/**","reports/<session_id>/*.md"],
+        "execute":["installed/p/run.sh"],
+        "forbidden":["installed/p/secrets/**"]}}"#;
+
+    #[test]
+    fn forbidden_paths_are_masked_and_siblings_granted_instead_of_the_parent() {
+        let plan = compile_for(MANIFEST, &["installed/p/run.sh"], &tree()).unwrap();
+        assert!(plan.mounts.contains(&Mount::MaskDir {
+            path: "/ws/installed/p/secrets".into(),
+            reason: "forbidden".into()
+        }));
+        let read = &plan.landlock.read;
+        assert!(
+            !read.contains(&"/ws/installed/p".to_owned()),
+            "parent of a forbidden path granted: {read:?}"
+        );
+        assert!(read.contains(&"/ws/installed/p/run.sh".to_owned()));
+        assert!(read.contains(&"/ws/installed/p/lib".to_owned()));
+        assert!(!read.iter().any(|p| p.contains("secrets")));
+        // Globs are enumerated exactly: a.csv, not b.txt.
+        assert!(read.contains(&"/ws/data/a.csv".to_owned()));
+        assert!(!read.contains(&"/ws/data/b.txt".to_owned()));
+        // Ledgers are masked when no read pattern names them.
+        assert!(
+            plan.mounts
+                .iter()
+                .any(|m| matches!(m, Mount::MaskDir { path, .. } if path == "/ws/planes"))
+        );
+    }
+
+    #[test]
+    fn execute_covers_the_script_its_interpreter_and_the_loader_only() {
+        let plan = compile_for(MANIFEST, &["installed/p/run.sh"], &tree()).unwrap();
+        assert_eq!(
+            plan.landlock.execute,
+            vec![
+                "/lib64/ld-linux-x86-64.so.2",
+                "/usr/bin/python3.11",
+                "/ws/installed/p/run.sh"
+            ]
+        );
+        assert_eq!(plan.argv[0], "/ws/installed/p/run.sh");
+    }
+
+    #[test]
+    fn writable_scopes_environment_and_baseline() {
+        let plan = compile_for(MANIFEST, &["installed/p/run.sh"], &tree()).unwrap();
+        assert_eq!(
+            plan.writable_scopes,
+            vec![
+                format!("tmp/{SID}"),
+                format!("output/{SID}"),
+                format!("reports/{SID}")
+            ]
+        );
+        let env: BTreeMap<_, _> = plan.env.iter().cloned().collect();
+        let scratch = format!("/ws/tmp/{SID}");
+        for k in ["TMPDIR", "TEMP", "TMP", "HOME"] {
+            assert_eq!(env[k], scratch, "{k}");
+        }
+        assert_eq!(env["PYTHONDONTWRITEBYTECODE"], "1");
+        assert_eq!(env["TERM"], "xterm");
+        assert!(
+            !env.contains_key("SECRET"),
+            "only allowlisted host variables pass"
+        );
+        assert!(plan.mounts.contains(&Mount::Symlink {
+            path: "/bin".into(),
+            target: "usr/bin".into()
+        }));
+        assert!(plan.mounts.contains(&Mount::BindReadOnly {
+            path: "/etc/passwd".into()
+        }));
+        assert_eq!(plan.read_baseline, vec!["/usr", "/bin", "/etc/passwd"]);
+        assert_eq!((plan.uid, plan.gid), (NOBODY, NOBODY));
+        assert!(
+            plan.render_text()
+                .contains("mask      /ws/installed/p/secrets (forbidden)")
+        );
+    }
+
+    #[test]
+    fn missing_executable_is_a_plan_error() {
+        let m = r#"{"capabilities":{"execute":["/opt/ghost"]}}"#;
+        assert_eq!(
+            compile_for(m, &["/opt/ghost"], &tree()).unwrap_err(),
+            PlanError::ExecutableMissing("/opt/ghost".into())
+        );
     }
 }
