@@ -416,6 +416,14 @@ impl Turn<'_> {
             Ending::Exited(c) => Some(c),
             _ => None,
         });
+        let termination = x.map(|x| match &x.ending {
+            Ending::Exited(c) => json!({"exited": c}),
+            Ending::Signaled { signal, name } => json!({"signal": name, "number": signal}),
+            Ending::SetupFailed { stage, detail } => {
+                json!({"setup_failed": stage, "detail": detail})
+            }
+            Ending::ExecFailed { errno, error } => json!({"exec_failed": error, "errno": errno}),
+        });
         let mut violations: Vec<Value> = Vec::new();
         for w in &o.verdict.undeclared {
             violations.push(json!({
@@ -477,6 +485,7 @@ impl Turn<'_> {
                 "result_hash": result_hash,
                 "status": o.status,
                 "exit_code": command_exit,
+                "termination": termination,
                 "error": error,
                 "backend": "native",
                 "timings": {"wall_us": wall_us, "sandbox_us": x.map(|x| x.wall.as_micros() as u64)},
@@ -503,6 +512,7 @@ impl Turn<'_> {
             "enforcement": enforcement,
             "resources": resources,
             "output": output,
+            "termination": termination,
             "error": error,
             "ts": now,
         }));
@@ -521,6 +531,7 @@ impl Turn<'_> {
             "turn_number": self.turn_number,
             "status": o.status,
             "exit_code": command_exit,
+            "termination": termination,
             "error": error,
             "realized_writes": realized,
             "committed": committed,

@@ -278,6 +278,7 @@ fn fr_rt_012_scratch_carries_over_only_from_committed_turns() {
     assert_eq!(status, 10, "{v2}");
     assert_eq!(v2["turn_number"], 2);
     assert_eq!(v2["exit_code"], 3);
+    assert_eq!(v2["termination"]["exited"], 3);
     let scratch = fx.root.join("tmp").join(&s);
     assert!(scratch.join("kept").exists());
     assert!(
@@ -480,4 +481,61 @@ fn turns_of_one_session_are_numbered_sequentially() {
         assert_eq!(v["turn_number"], n);
     }
     fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn x32_syscall_numbers_kill_the_process() {
+    if !require_root("x32_syscall_numbers_kill_the_process") {
+        return;
+    }
+    let fx = fixture();
+    // getpid with the x32 bit set: the native-only filter's bad-arch action.
+    let (status, v, _) = py(
+        &fx,
+        None,
+        &[],
+        "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39); print('survived')",
+    );
+    assert_eq!(status, 10, "{v}");
+    assert_eq!(v["status"], "command_failed");
+    let s = sid(&v);
+    let ev = read_entries(&fx.ledger(&s, "evidence"));
+    let last = ev.last().unwrap();
+    assert_eq!(last["status"], "command_failed");
+    assert_eq!(last["termination"]["signal"], "SIGSYS", "{last}");
+    assert_eq!(v["termination"]["signal"], "SIGSYS");
+    fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn sessions_run_concurrently_and_stay_separate() {
+    if !require_root("sessions_run_concurrently_and_stay_separate") {
+        return;
+    }
+    let fx = fixture();
+    let results: Vec<(i32, Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let fx = &fx;
+                scope.spawn(move || {
+                    let code = format!("import os; open(f'output/{{os.environ[\"TURNSTILE_SESSION_ID\"]}}/r.md','w').write('{i}')");
+                    let (status, v, _) = py(fx, None, &["output/<session_id>/r.md:report"], &code);
+                    (status, v)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut sessions = std::collections::HashSet::new();
+    for (status, v) in &results {
+        assert_eq!(*status, 0, "{v}");
+        let s = sid(v);
+        assert!(sessions.insert(s.clone()));
+        fx.assert_ledgers_intact(&s);
+    }
+    let contents: std::collections::HashSet<String> = sessions
+        .iter()
+        .map(|s| std::fs::read_to_string(fx.root.join("output").join(s).join("r.md")).unwrap())
+        .collect();
+    assert_eq!(contents.len(), 4, "each session committed its own output");
 }
