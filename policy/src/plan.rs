@@ -134,6 +134,8 @@ pub enum PlanError {
     TooManyMatches { pattern: String },
     #[error("writable scope `{0}` is not a directory under the workspace root")]
     BadScope(String),
+    #[error("{0} is not supported by the native backend yet")]
+    Unsupported(&'static str),
 }
 
 /// Host paths bound read-only into every sandbox, when they exist. Symlinks
@@ -199,6 +201,10 @@ pub fn compile(
     allowed: &Allowed,
     fs: &dyn FsView,
 ) -> Result<Plan, PlanError> {
+    if manifest.network == Network::AllowEgress {
+        // Refuse rather than silently run isolated.
+        return Err(PlanError::Unsupported("network `allow_egress`"));
+    }
     let root = ctx.root;
     let sid = request.session.as_str();
     let caps = &manifest.capabilities;

@@ -578,14 +578,21 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
-    if a.backend != "native" {
-        return Err(SupervisorError::invalid(
-            "--backend",
-            format!(
-                "`{}` is not available yet; the native backend is (OCI runtimes come with the shim)",
-                a.backend
-            ),
-        ));
+    match a.backend.as_str() {
+        "native" => {}
+        // Known runtimes, not wired yet: never a silent fallback to native.
+        "runc" | "crun" | "runsc" | "kata" => {
+            return Err(SupervisorError::RuntimeUnavailable {
+                runtime: a.backend.clone(),
+                reason: "OCI backends arrive with the containerd shim; use --backend native".into(),
+            });
+        }
+        other => {
+            return Err(SupervisorError::invalid(
+                "--backend",
+                format!("`{other}` is not a backend (native, runc, crun, runsc, kata)"),
+            ));
+        }
     }
     let request = request_from_args(&a.request)?;
     let opts = crate::turn::RunOptions {

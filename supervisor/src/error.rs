@@ -72,6 +72,9 @@ pub enum SupervisorError {
         source: Option<std::io::Error>,
     },
 
+    #[error("runtime `{runtime}` is unavailable: {reason}")]
+    RuntimeUnavailable { runtime: String, reason: String },
+
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
 }
@@ -91,6 +94,7 @@ impl SupervisorError {
             Self::StateIo { .. } => codes::STATE_IO,
             Self::SessionStart(_) => codes::SESSION_START_FAILED,
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
+            Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
         }
     }
 
@@ -105,7 +109,7 @@ impl SupervisorError {
             Self::Integrity(_) => exit::INTEGRITY,
             Self::LedgerIo { .. } | Self::StateIo { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
-            Self::Sandbox { .. } => exit::SANDBOX,
+            Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } => exit::SANDBOX,
         }
     }
 

@@ -19,7 +19,8 @@ use crate::ledger::LedgerKind;
 /// Version of the entry schema written here.
 pub const SCHEMA_VERSION: u64 = 1;
 
-fn object(v: Value) -> Map<String, Value> {
+/// A JSON object's map (empty for anything else): entry bodies are objects.
+pub(crate) fn object(v: Value) -> Map<String, Value> {
     match v {
         Value::Object(m) => m,
         _ => Map::new(),

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use time::OffsetDateTime;
 use turnstile_policy::check::CompiledCapabilities;
 use turnstile_policy::plan::{self, Plan, PlanContext};
@@ -22,7 +22,7 @@ use turnstile_policy::{Manifest, PackageId, SessionId, Violations, canonical};
 use crate::capture::{self, Scope, Verdict};
 use crate::commit::{self, Committed};
 use crate::error::{Result, SupervisorError, exit};
-use crate::evidence::{RejectedTurn, SCHEMA_VERSION};
+use crate::evidence::{RejectedTurn, SCHEMA_VERSION, object};
 use crate::ids::{OsRandom, SystemClock};
 use crate::layout::{StateDir, TURN_TIER, Workspace};
 use crate::ledger::LedgerKind;
@@ -195,13 +195,6 @@ struct Outcome {
 }
 
 impl Turn<'_> {
-    fn object(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
-
     fn run(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
         let sid = self.session.id.as_str().to_owned();
         let query_hash = canonical::hash_value(&self.request.to_value()).unwrap_or_default();
@@ -223,7 +216,7 @@ impl Turn<'_> {
         // Intent, before anything runs: a crash from here on is visible.
         self.session.ledger(LedgerKind::Exec).append(
             self.lock,
-            Self::object(json!({
+            object(json!({
                 "event": "turn.started",
                 "schema_version": SCHEMA_VERSION,
                 "session_id": sid,
@@ -476,7 +469,7 @@ impl Turn<'_> {
 
         self.session.ledger(LedgerKind::Exec).append(
             self.lock,
-            Self::object(json!({
+            object(json!({
                 "event": "turn.finished",
                 "schema_version": SCHEMA_VERSION,
                 "session_id": sid,
@@ -493,7 +486,7 @@ impl Turn<'_> {
             })),
         )?;
         let r = self.request;
-        let mut evidence = Self::object(json!({
+        let mut evidence = object(json!({
             "event": "turn.finished",
             "schema_version": SCHEMA_VERSION,
             "session_id": sid,

@@ -539,3 +539,59 @@ fn sessions_run_concurrently_and_stay_separate() {
         .collect();
     assert_eq!(contents.len(), 4, "each session committed its own output");
 }
+
+#[test]
+fn unavailable_runtime_is_e2040_never_a_silent_fallback() {
+    let fx = fixture();
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--backend",
+            "runsc",
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "0",
+        ],
+    );
+    assert_eq!(r.status, 20, "{}", r.stdout);
+    assert_eq!(r.json()["error"]["code"], "E2040");
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--backend",
+            "docker",
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "0",
+        ],
+    );
+    assert_eq!(r.status, 2);
+    assert_eq!(r.json()["error"]["field"], "--backend");
+}
+
+#[test]
+fn allow_egress_is_refused_not_silently_isolated() {
+    if !require_root("allow_egress_is_refused_not_silently_isolated") {
+        return;
+    }
+    let fx = fixture();
+    fx.install(
+        "net",
+        r#"{"capabilities":{"execute":["/bin/sleep"]},"network":"allow_egress"}"#,
+    );
+    let r = fx.run("net", &["--json", "--no-outputs", "--", "/bin/sleep", "0"]);
+    assert_eq!(r.status, 20, "{}", r.stdout);
+    let v = r.json();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("allow_egress"),
+        "{v}"
+    );
+    fx.assert_ledgers_intact(&sid(&v));
+}
