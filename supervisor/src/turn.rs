@@ -291,6 +291,20 @@ impl Turn<'_> {
             &self.request.declared_outputs,
             &format!("tmp/{}", self.session.id),
         );
+        if let Some(p) = execution.posture.as_ref().filter(|p| !p.ok()) {
+            let mut o = Outcome::failed(
+                "posture_failed",
+                exit::SANDBOX,
+                (
+                    "E2041",
+                    "SANDBOX_CREATION_FAILED",
+                    format!("posture check failed: {}", p.failures.join("; ")),
+                ),
+                Some(plan),
+            );
+            o.execution = Some(execution);
+            return o;
+        }
         let u = &execution.usage;
         let (status, exit_status, error): (
             &'static str,
@@ -581,6 +595,7 @@ impl Turn<'_> {
             "no_new_privs": true,
             "uid": o.plan.as_ref().map(|p| p.uid),
             "network": o.plan.as_ref().map(|p| p.network.clone()),
+            "posture": o.execution.as_ref().and_then(|x| x.posture.as_ref()).map(|p| p.to_value()),
             "degraded": degraded,
         })
     }

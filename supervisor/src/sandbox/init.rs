@@ -44,6 +44,12 @@ pub const REPORT_FILE: &str = "report.jsonl";
 pub const ROOT_DIR: &str = "root";
 pub const SCRATCH_DIR: &str = "scratch";
 
+/// Descriptors of the posture handshake, placed by the supervisor's
+/// pre_exec hook and marked close-on-exec here: S3 writes one byte on
+/// `READY_FD` when fully restricted and waits for one byte on `GO_FD`.
+pub const READY_FD: i32 = 3;
+pub const GO_FD: i32 = 4;
+
 /// The report channel: one JSON object per line, one `write` each.
 struct Report(File);
 
@@ -125,6 +131,7 @@ pub fn main(turn_dir: &Path) -> ! {
     // that has started no threads), so the child may run arbitrary code.
     match unsafe { fork() }.or_fail(&mut report, "fork pid 1") {
         ForkResult::Parent { child } => {
+            close_handshake();
             // S1 only relays: the command's status travels in the report.
             let code = match waitpid(child, None) {
                 Ok(WaitStatus::Exited(_, c)) => c,
@@ -349,7 +356,10 @@ fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
     // SAFETY: S2 is single-threaded (forked from single-threaded S1).
     match unsafe { fork() }.or_fail(&mut report, "fork command") {
         ForkResult::Child => restrict_and_exec(plan, bpf, report),
-        ForkResult::Parent { child } => reap(child, report),
+        ForkResult::Parent { child } => {
+            close_handshake();
+            reap(child, report)
+        }
     }
 }
 
@@ -441,6 +451,12 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
 
     // 6. seccomp
     load_seccomp(bpf).or_fail(&mut report, "load seccomp filter");
+    // Fully restricted: let the supervisor inspect us from outside before
+    // the command's first instruction; exec only on its go.
+    if !handshake() {
+        report.event(json!({"event": "error", "stage": "posture", "detail": "the supervisor did not approve the sandbox posture"}));
+        std::process::exit(SETUP_FAILED);
+    }
     let err = nix::unistd::execve(&argv[0], &argv, &env).err();
     // seccomp is in force: only write/exit are certain to work now.
     report.event(json!({"event": "exec_failed", "errno": err.map(|e| e as i32), "error": err.map(|e| e.desc())}));
@@ -449,6 +465,34 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     } else {
         126
     })
+}
+
+/// Closes the handshake descriptors in a stage that does not use them, so
+/// the supervisor sees end-of-file when the command's stage dies early.
+fn close_handshake() {
+    for fd in [READY_FD, GO_FD] {
+        // SAFETY: READY_FD and GO_FD were placed by the supervisor for this
+        // process tree; nothing else in this process refers to them, so
+        // taking ownership and dropping (closing) them is sound.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    }
+}
+
+/// S3's side of the posture handshake: "ready", then wait for "go".
+fn handshake() -> bool {
+    // SAFETY: the descriptors are open in S3 for its whole life (inherited
+    // from S1 through fork); borrowing them for two calls is sound.
+    let (ready, go) = unsafe {
+        (
+            std::os::fd::BorrowedFd::borrow_raw(READY_FD),
+            std::os::fd::BorrowedFd::borrow_raw(GO_FD),
+        )
+    };
+    if nix::unistd::write(ready, b"R") != Ok(1) {
+        return false;
+    }
+    let mut answer = [0u8; 1];
+    matches!(nix::unistd::read(go, &mut answer), Ok(1)) && answer[0] == b'G'
 }
 
 fn set_sigterm(handler: nix::sys::signal::SigHandler) -> nix::Result<()> {

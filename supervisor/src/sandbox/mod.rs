@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod init;
 pub mod landlock;
+pub mod posture;
 pub mod seccomp;
 
 use std::io::{Read, Write};
@@ -96,6 +97,8 @@ pub struct Execution {
     pub stderr: StreamRecord,
     pub output_truncated: bool,
     pub disk_full: bool,
+    /// The posture check of the command's process, when it got that far.
+    pub posture: Option<posture::Posture>,
     pub seccomp_unknown: Vec<String>,
     pub wall: Duration,
     /// Upper dirs, in scope order.
@@ -281,6 +284,25 @@ fn run_in_cgroup(
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
     let procs = cg.procs_files()?;
+    // The posture handshake pipes, numbered >= 10 so the dup2 onto 3 and 4
+    // in the child can never clobber one another.
+    let pipe = || -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| sandbox_err("pipe", e.to_string()))?;
+        let high = |fd: std::os::fd::OwnedFd| -> Result<std::os::fd::OwnedFd> {
+            let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+                .map_err(|e| sandbox_err("pipe", e.to_string()))?;
+            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
+            Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+        };
+        Ok((high(r)?, high(w)?))
+    };
+    let (ready_r, ready_w) = pipe()?;
+    let (go_r, go_w) = pipe()?;
+    let (ready_child, go_child) = (
+        std::os::fd::AsRawFd::as_raw_fd(&ready_w),
+        std::os::fd::AsRawFd::as_raw_fd(&go_r),
+    );
     let flags = NAMESPACES
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
@@ -292,15 +314,23 @@ fn run_in_cgroup(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the hook runs after fork in the child, where only
-    // async-signal-safe work is allowed. It makes two kinds of raw syscalls
-    // through nix (write(2) of a static buffer to descriptors opened before
-    // the fork, and unshare(2)), allocates nothing, and converts errors with
-    // io::Error::from(Errno), which stores the raw code without allocating.
+    // async-signal-safe work is allowed. It makes three kinds of raw syscalls
+    // (write(2) of a static buffer to descriptors opened before the fork,
+    // dup2(2) of descriptors opened before the fork, and unshare(2)),
+    // allocates nothing, and converts errors with io::Error::from(Errno) or
+    // last_os_error, which store the raw code without allocating.
     unsafe {
         cmd.pre_exec(move || {
             // Join the turn's cgroup(s): "0" means the writing process.
             for f in &procs {
                 nix::unistd::write(f, b"0").map_err(std::io::Error::from)?;
+            }
+            // The handshake ends at fixed numbers (dup2 clears
+            // close-on-exec; the init sets it again at once).
+            for (from, to) in [(ready_child, init::READY_FD), (go_child, init::GO_FD)] {
+                if nix::libc::dup2(from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             // Unshared after joining, so the cgroup namespace is rooted at
             // the turn's cgroup.
@@ -311,6 +341,10 @@ fn run_in_cgroup(
     let mut child = cmd
         .spawn()
         .map_err(|e| sandbox_err("start sandbox init", format!("{}: {e}", exe.display())))?;
+    // Only the sandbox holds the child ends now: EOF on `ready` means every
+    // stage that could answer is gone.
+    drop(ready_w);
+    drop(go_r);
 
     let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
     let truncated = Arc::new(AtomicBool::new(false));
@@ -350,6 +384,33 @@ fn run_in_cgroup(
             }
         })
     };
+    // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
+    // killed the turn), inspect it from outside, then answer.
+    let posture = {
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(&ready_r, &mut byte) {
+            Ok(1) => {
+                let proc_root = Path::new("/proc");
+                let p = match posture::find_command(proc_root, child.id() as i32) {
+                    Some(pid) => {
+                        posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id())
+                    }
+                    None => posture::Posture {
+                        failures: vec!["the command's process was not found".into()],
+                        ..posture::Posture::default()
+                    },
+                };
+                if p.ok() {
+                    let _ = nix::unistd::write(&go_w, b"G");
+                } else {
+                    cg.kill_all();
+                }
+                Some(p)
+            }
+            _ => None,
+        }
+    };
+    drop(go_w);
     let status = child.wait();
     let _ = cancel.send(());
     let _ = timer.join();
@@ -381,6 +442,7 @@ fn run_in_cgroup(
         stderr,
         output_truncated: truncated.load(Ordering::SeqCst),
         disk_full: false,
+        posture,
         seccomp_unknown,
         wall: started.elapsed(),
         uppers: (0..plan.writable_scopes.len())
