@@ -105,14 +105,18 @@ fn is_opaque(path: &Path) -> bool {
     false
 }
 
-/// Enumerates every upper dir. At most `max_entries` entries.
-pub fn enumerate(scopes: &[Scope], max_entries: u64) -> Result<Vec<RealizedWrite>> {
+/// Enumerates every upper dir: at most `max_entries` entries and
+/// `max_bytes` of regular-file content by apparent size — checked before
+/// anything is hashed, so a sparse file cannot make capture (or commit)
+/// read gigabytes of zeros.
+pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<Vec<RealizedWrite>> {
     let mut out = Vec::new();
+    let mut bytes = 0u64;
     for (index, scope) in scopes.iter().enumerate() {
         let mut stack: Vec<(String, usize)> = vec![(String::new(), 0)];
         while let Some((rel_dir, depth)) = stack.pop() {
             if depth > MAX_DEPTH {
-                return Err(capture_err(format!(
+                return Err(SupervisorError::CaptureLimit(format!(
                     "{}: deeper than {MAX_DEPTH} levels",
                     scope.relative
                 )));
@@ -146,6 +150,12 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64) -> Result<Vec<RealizedWrite
                 let ft = meta.file_type();
                 let path = format!("{}/{rel}", scope.relative);
                 let (kind, size, sha256) = if ft.is_file() {
+                    bytes = bytes.saturating_add(meta.len());
+                    if bytes > max_bytes {
+                        return Err(SupervisorError::CaptureLimit(format!(
+                            "realized files exceed {max_bytes} bytes (apparent size, at {path})"
+                        )));
+                    }
                     let (h, n) = fsx::hash_beneath(&scope.upper, &rel)
                         .map_err(|e| capture_err(format!("{path}: {e}")))?;
                     (Kind::File, n, Some(h))

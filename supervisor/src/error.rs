@@ -72,6 +72,9 @@ pub enum SupervisorError {
         source: Option<std::io::Error>,
     },
 
+    #[error("capture limit: {0}")]
+    CaptureLimit(String),
+
     #[error("runtime `{runtime}` is unavailable: {reason}")]
     RuntimeUnavailable { runtime: String, reason: String },
 
@@ -95,6 +98,7 @@ impl SupervisorError {
             Self::SessionStart(_) => codes::SESSION_START_FAILED,
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
+            Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
         }
     }
 
@@ -110,6 +114,7 @@ impl SupervisorError {
             Self::LedgerIo { .. } | Self::StateIo { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
             Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } => exit::SANDBOX,
+            Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
         }
     }
 

@@ -278,14 +278,19 @@ impl Turn<'_> {
                 upper: upper.clone(),
             })
             .collect();
-        let writes = match capture::enumerate(&scopes, plan.limits.files + 1024) {
-            Ok(w) => w,
-            Err(e) => {
-                let mut o = Outcome::from_error(&e, Some(plan));
-                o.execution = Some(execution);
-                return o;
-            }
-        };
+        let writes =
+            match capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes) {
+                Ok(w) => w,
+                Err(e) => {
+                    let mut o = Outcome::from_error(&e, Some(plan));
+                    if let SupervisorError::CaptureLimit(_) = e {
+                        o.status = "disk_limit";
+                        o.exit_status = exit::RESOURCE_LIMIT;
+                    }
+                    o.execution = Some(execution);
+                    return o;
+                }
+            };
         let verdict = capture::verify(
             &writes,
             &self.request.declared_outputs,

@@ -2,6 +2,8 @@
 //! and state directory, the real `supervise` binary, and a snapshot of every
 //! file so a test can prove a command changed nothing on disk.
 
+pub mod redteam;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,13 +17,19 @@ pub fn supervise_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("TURNSTILE_SUPERVISE") {
         return PathBuf::from(p);
     }
-    // target/<profile>/deps/<test-binary> -> target/<profile>/supervise
+    // target/<profile>/deps/<test-binary> or target/<profile>/<bin>
+    // -> target/<profile>/supervise
     let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("supervise"))
-        .expect("target dir");
+    let dir = exe.parent().expect("target dir");
+    let bin = [
+        dir.join("supervise"),
+        dir.parent()
+            .map(|d| d.join("supervise"))
+            .unwrap_or_default(),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| dir.join("supervise"));
     assert!(
         bin.exists(),
         "{} is missing: run the tests through `cargo xtask test` or `cargo test --workspace`, which build it",
@@ -247,4 +255,9 @@ impl Fixture {
             r.stdout, r.stderr
         );
     }
+}
+
+/// sha256 (hex) of a file's content.
+pub fn sha256_file(path: &Path) -> String {
+    hex::encode(Sha256::digest(std::fs::read(path).unwrap_or_default()))
 }

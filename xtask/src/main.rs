@@ -29,12 +29,14 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("test") => test(),
         Some("fr-coverage") => fr_coverage(),
+        Some("redteam") => redteam(args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
-                 \n  test         fmt, clippy, all tests, requirement coverage (what CI runs)\
+                 \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
+                 \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
                 APT_PACKAGES.join(", ")
             );
@@ -134,8 +136,25 @@ fn test() -> Result<()> {
     ]))?;
     // --workspace builds `supervise` before any integration test runs.
     run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
+    redteam(None)?;
     eprintln!("xtask: all checks passed");
     Ok(())
+}
+
+/// Runs the red-team suite (tests/src/redteam.rs) and prints its table.
+fn redteam(filter: Option<&str>) -> Result<()> {
+    run(cargo().args([
+        "build",
+        "--quiet",
+        "-p",
+        "turnstile-supervisor",
+        "-p",
+        "turnstile-tests",
+        "--bins",
+    ]))?;
+    let mut cmd = Command::new(workspace_root().join("target/debug/redteam"));
+    cmd.args(filter);
+    run(&mut cmd)
 }
 
 /// Every in-scope requirement has a test whose name contains `fr_rt_0xx`.

@@ -1,0 +1,25 @@
+//! `cargo xtask redteam`: runs every red-team probe through the real
+//! `supervise run`, prints the table, exits non-zero on any escape or
+//! unexpected outcome. Needs root.
+
+use turnstile_tests::redteam::{Suite, Verdict, probes, table};
+
+fn main() {
+    if !turnstile_tests::require_root("redteam") {
+        std::process::exit(2);
+    }
+    let filter = std::env::args().nth(1);
+    let suite = Suite::new();
+    let outcomes: Vec<_> = probes()
+        .iter()
+        .filter(|p| {
+            filter
+                .as_deref()
+                .is_none_or(|f| p.name.contains(f) || p.family == f)
+        })
+        .map(|p| suite.run(p))
+        .collect();
+    print!("{}", table(&outcomes));
+    let failed = outcomes.iter().any(|o| o.verdict != Verdict::Held);
+    std::process::exit(if failed { 1 } else { 0 });
+}

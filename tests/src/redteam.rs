@@ -1,0 +1,1561 @@
+//! The red-team suite: hostile turns run through the real `supervise run`,
+//! each with the errno / signal / status it must end with and host-side
+//! oracles for what must NOT have happened.
+//!
+//! Every probe is checked against generic oracles too: the workspace outside
+//! the probe's own session directories is byte-identical afterwards, a
+//! canary outside the workspace is untouched, no cgroup of the turn is left
+//! and both ledgers verify. A probe whose oracle fails, or whose blocked
+//! operation reports success, is an ESCAPE. A probe that ends differently
+//! than expected without escaping is UNEXPECTED; both fail the suite.
+//!
+//! Probes are non-destructive: dangerous files are opened, not written;
+//! syscalls get invalid pointers so "blocked by the filter" (EPERM/ENOSYS)
+//! differs from "reached the kernel" (EFAULT/EINVAL).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::{Fixture, supervise_bin};
+
+/// The package every probe runs as.
+pub const MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": ["installed/rt/**", "data/**"],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/usr/bin/python3", "/bin/sh", "/bin/sleep"],
+    "forbidden": ["data/secret/**"]
+  },
+  "limits": {"memory": "128Mi", "pids": 64, "timeout_seconds": 4, "disk": "32Mi",
+             "files": 500, "output_bytes": "64Ki"}
+}"#;
+
+/// Helpers every python probe gets.
+const PRELUDE: &str = r#"
+import os, sys, errno, ctypes, socket, signal, stat, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+SID = os.environ.get("TURNSTILE_SESSION_ID", "")
+OUT = f"output/{SID}"
+def res(x):
+    print("RESULT", x, file=sys.stderr, flush=True)
+def err(f):
+    try:
+        f()
+        return "OK"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+def sysc(nr, *a):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(x if x < (1 << 63) else x - (1 << 64)) for x in a])
+    e = ctypes.get_errno()
+    return "OK" if r >= 0 else errno.errorcode.get(e, str(e))
+def native(code):
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    m.write(code)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    return ctypes.CFUNCTYPE(ctypes.c_long)(addr)()
+"#;
+
+/// How a probe must end.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect {
+    /// Acceptable `supervise run` exit statuses.
+    pub status: &'static [i32],
+    /// Acceptable `RESULT` tokens (empty: not checked).
+    pub result: &'static [&'static str],
+    /// The signal that must end the command.
+    pub signal: Option<&'static str>,
+}
+
+const fn ok(result: &'static [&'static str]) -> Expect {
+    Expect {
+        status: &[0],
+        result,
+        signal: None,
+    }
+}
+
+/// What a probe runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Body {
+    /// Python code (after the prelude), with declared outputs.
+    Py {
+        code: &'static str,
+        outputs: &'static [&'static str],
+    },
+    /// A shell script.
+    Sh(&'static str),
+    /// `supervise run` arguments after `--package rt` (request validation).
+    Cli(&'static [&'static str]),
+    /// A committed setup turn, then the attack in the same session.
+    Then {
+        setup: &'static str,
+        setup_outputs: &'static [&'static str],
+        code: &'static str,
+        outputs: &'static [&'static str],
+    },
+    /// Python code run by a supervisor that inherited an open, writable,
+    /// non-close-on-exec descriptor (fd 9) on the host canary.
+    LeakedFd(&'static str),
+}
+
+/// What an oracle sees.
+#[derive(Debug)]
+pub struct Ctx<'a> {
+    pub root: &'a Path,
+    pub state: &'a Path,
+    pub canary: &'a Path,
+    pub sid: Option<String>,
+    pub json: Value,
+    pub stderr: String,
+}
+
+pub type Oracle = fn(&Ctx<'_>) -> Result<(), String>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    pub name: &'static str,
+    pub family: &'static str,
+    pub body: Body,
+    pub expect: Expect,
+    /// What the probe proves, and which layer covers it.
+    pub note: &'static str,
+    pub oracle: Option<Oracle>,
+}
+
+macro_rules! probe {
+    ($name:literal, $family:literal, $body:expr, $expect:expr, $note:literal) => {
+        Probe {
+            name: $name,
+            family: $family,
+            body: $body,
+            expect: $expect,
+            note: $note,
+            oracle: None,
+        }
+    };
+    ($name:literal, $family:literal, $body:expr, $expect:expr, $note:literal, $oracle:expr) => {
+        Probe {
+            name: $name,
+            family: $family,
+            body: $body,
+            expect: $expect,
+            note: $note,
+            oracle: Some($oracle),
+        }
+    };
+}
+
+const fn py(code: &'static str) -> Body {
+    Body::Py { code, outputs: &[] }
+}
+
+const fn py_out(code: &'static str, outputs: &'static [&'static str]) -> Body {
+    Body::Py { code, outputs }
+}
+
+const EPERM: Expect = ok(&["EPERM"]);
+const EACCES: Expect = ok(&["EACCES"]);
+const ENOSYS: Expect = ok(&["ENOSYS"]);
+const ENOENT: Expect = ok(&["ENOENT"]);
+const EROFS: Expect = ok(&["EROFS"]);
+const SIGSYS: Expect = Expect {
+    status: &[10],
+    result: &[],
+    signal: Some("SIGSYS"),
+};
+const BLOCKED: Expect = Expect {
+    status: &[12],
+    result: &[],
+    signal: None,
+};
+const LIMIT: Expect = Expect {
+    status: &[13],
+    result: &[],
+    signal: None,
+};
+const BAD_INPUT: Expect = Expect {
+    status: &[2],
+    result: &[],
+    signal: None,
+};
+
+fn session_file(ctx: &Ctx<'_>, rel: &str) -> Option<PathBuf> {
+    ctx.sid
+        .as_ref()
+        .map(|s| ctx.root.join(rel.replace("<sid>", s)))
+}
+
+fn absent(ctx: &Ctx<'_>, rel: &str) -> Result<(), String> {
+    match session_file(ctx, rel) {
+        Some(p) if p.symlink_metadata().is_ok() => {
+            Err(format!("{} exists on the host", p.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn evidence_last(ctx: &Ctx<'_>) -> Value {
+    let Some(sid) = &ctx.sid else {
+        return Value::Null;
+    };
+    let path = ctx
+        .root
+        .join("planes/ho1/sessions")
+        .join(sid)
+        .join("ledger/evidence.jsonl");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| serde_json::from_str(l).ok()))
+        .unwrap_or(Value::Null)
+}
+
+/// All probes.
+pub fn probes() -> Vec<Probe> {
+    vec![
+        // ---- leaked descriptors, working directories, host binaries --------
+        probe!(
+            "fd_table_is_std_only",
+            "fd-leak",
+            py(
+                "fds = sorted(int(f) for f in os.listdir('/proc/self/fd')); res('std-only' if fds == [0, 1, 2, 3] else fds)"
+            ),
+            ok(&["std-only"]),
+            "only 0-2 reach the command (3 is listdir's own); posture check verifies it from outside"
+        ),
+        probe!(
+            "inherited_host_fd_is_closed",
+            "fd-leak",
+            Body::LeakedFd("res(err(lambda: os.write(9, b'escaped')))"),
+            ok(&["EBADF"]),
+            "a writable host fd leaked to supervise never reaches the turn (init marks every inherited fd close-on-exec)",
+            |c| match std::fs::read(c.canary.join("canary.txt")) {
+                Ok(b) if b.is_empty() => Ok(()),
+                Ok(b) => Err(format!("canary written: {:?}", String::from_utf8_lossy(&b))),
+                Err(e) => Err(format!("canary unreadable: {e}")),
+            }
+        ),
+        probe!(
+            "no_descriptor_above_stderr",
+            "fd-leak",
+            py(
+                "open_fds = [fd for fd in range(3, 1024) if err(lambda: os.fstat(fd)) == 'OK']; res('none' if open_fds == [] else open_fds)"
+            ),
+            ok(&["none"]),
+            "fstat on every fd 3..1023"
+        ),
+        probe!(
+            "proc_self_exe_is_the_command",
+            "fd-leak",
+            py(
+                "res('python' if 'python' in os.readlink('/proc/self/exe') else os.readlink('/proc/self/exe'))"
+            ),
+            ok(&["python"]),
+            "/proc/self/exe is the command, not the supervisor (re-exec, not a shared binary)"
+        ),
+        probe!(
+            "proc_1_exe_unopenable",
+            "fd-leak",
+            py("res(err(lambda: open('/proc/1/exe', 'rb')))"),
+            EACCES,
+            "pid 1 of the turn is root-owned supervise: ptrace-mode access check refuses uid 65534"
+        ),
+        probe!(
+            "proc_1_exe_unexecutable",
+            "fd-leak",
+            py("res(err(lambda: os.execv('/proc/1/exe', ['x'])))"),
+            EACCES,
+            "no re-exec of the supervisor binary from inside"
+        ),
+        probe!(
+            "proc_1_root_unlistable",
+            "fd-leak",
+            py("res(err(lambda: os.listdir('/proc/1/root')))"),
+            EACCES,
+            "pid 1's root (and through it, nothing of the host) is unreachable"
+        ),
+        probe!(
+            "proc_1_cwd_unlistable",
+            "fd-leak",
+            py("res(err(lambda: os.listdir('/proc/1/cwd')))"),
+            EACCES,
+            "the Leaky Vessels cwd path"
+        ),
+        probe!(
+            "proc_1_environ_unreadable",
+            "fd-leak",
+            py("res(err(lambda: open('/proc/1/environ').read()))"),
+            EACCES,
+            "the supervisor's environment stays private"
+        ),
+        probe!(
+            "cwd_parent_unlistable",
+            "fd-leak",
+            py("res(err(lambda: os.listdir('..')))"),
+            EACCES,
+            "cwd is the workspace root; Landlock grants nothing above it"
+        ),
+        probe!(
+            "host_binary_not_executable",
+            "fd-leak",
+            py("res(err(lambda: os.execv('/usr/bin/id', ['id'])))"),
+            EACCES,
+            "Landlock execute only on the planned executables"
+        ),
+        probe!(
+            "loader_runs_ungranted_binary_confined",
+            "fd-leak",
+            Body::Sh(
+                "/lib64/ld-linux-x86-64.so.2 /usr/bin/id -u 2>&1 | { read u; echo \"RESULT ${u:-denied}\" >&2; }"
+            ),
+            ok(&["65534", "denied"]),
+            "Linux cannot stop ld.so from mapping a readable ELF (Landlock governs execve, not mmap): the program runs, but as uid 65534 under the same Landlock, seccomp and namespaces, so it gains nothing the turn did not have"
+        ),
+        // ---- procfs, sysfs, /dev ------------------------------------------
+        probe!(
+            "sys_absent",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: os.listdir('/sys')))"),
+            ENOENT,
+            "no /sys in the sandbox"
+        ),
+        probe!(
+            "sysrq_trigger_unwritable",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: open('/proc/sysrq-trigger', 'w')))"),
+            ok(&["EACCES", "EROFS", "ENOENT"]),
+            "opened for writing, never written (ENOENT on kernels without magic SysRq)"
+        ),
+        probe!(
+            "proc_sys_unwritable",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: open('/proc/sys/kernel/hostname', 'w')))"),
+            ok(&["EACCES", "EROFS"]),
+            "kernel knobs"
+        ),
+        probe!(
+            "proc_kcore_unreadable",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: open('/proc/kcore', 'rb')))"),
+            ok(&["EACCES", "ENOENT"]),
+            "kernel memory image (ENOENT on kernels without /proc/kcore)"
+        ),
+        probe!(
+            "kallsyms_addresses_masked",
+            "procfs-sysfs-dev",
+            py(
+                "line = open('/proc/kallsyms').readline().split()\nres('zeroed' if int(line[0], 16) == 0 else 'LEAK')"
+            ),
+            ok(&["zeroed", "EACCES"]),
+            "kptr_restrict hides kernel addresses from uid 65534"
+        ),
+        probe!(
+            "dev_mem_absent",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: open('/dev/mem', 'rb')))"),
+            ENOENT,
+            "minimal /dev"
+        ),
+        probe!(
+            "dev_kmsg_absent",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: open('/dev/kmsg', 'rb')))"),
+            ENOENT,
+            "minimal /dev"
+        ),
+        probe!(
+            "dev_disks_absent",
+            "procfs-sysfs-dev",
+            py(
+                "res('absent' if not any(os.path.exists(d) for d in ['/dev/sda', '/dev/vda', '/dev/nvme0n1', '/dev/loop0']) else 'present')"
+            ),
+            ok(&["absent"]),
+            "no block devices"
+        ),
+        probe!(
+            "dev_node_creation_refused",
+            "procfs-sysfs-dev",
+            py("res(err(lambda: os.mknod('/dev/evil', stat.S_IFCHR | 0o666, os.makedev(1, 3))))"),
+            ok(&["EROFS", "EACCES", "EPERM"]),
+            "/dev is a read-only tmpfs; no CAP_MKNOD"
+        ),
+        probe!(
+            "pid_namespace_hides_host",
+            "procfs-sysfs-dev",
+            py(
+                "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]; res('isolated' if max(pids) < 50 and len(pids) < 10 else pids)"
+            ),
+            ok(&["isolated"]),
+            "own PID namespace"
+        ),
+        probe!(
+            "hostname_is_private",
+            "procfs-sysfs-dev",
+            py("res(socket.gethostname())"),
+            ok(&["turnstile"]),
+            "own UTS namespace"
+        ),
+        // ---- mounts, pivot_root, chroot, namespaces ------------------------
+        probe!(
+            "mount_denied",
+            "mounts-namespaces",
+            py("res(sysc(165, 0, 0, 0, 0, 0))"),
+            EPERM,
+            "seccomp: EPERM before the kernel sees the NULL pointers (which would give EFAULT)"
+        ),
+        probe!(
+            "umount_denied",
+            "mounts-namespaces",
+            py("res(sysc(166, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "pivot_root_denied",
+            "mounts-namespaces",
+            py("res(sysc(155, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "chroot_denied",
+            "mounts-namespaces",
+            py("res(sysc(161, 0))"),
+            EPERM,
+            "seccomp (Landlock does not restrict chroot)"
+        ),
+        probe!(
+            "unshare_user_denied",
+            "mounts-namespaces",
+            py("res(sysc(272, 0x10000000))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "unshare_mount_denied",
+            "mounts-namespaces",
+            py("res(sysc(272, 0x00020000))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "setns_denied",
+            "mounts-namespaces",
+            py("res(sysc(308, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "clone_newuser_denied",
+            "mounts-namespaces",
+            py("res(sysc(56, 0x10000000 | 17, 0, 0, 0, 0))"),
+            EPERM,
+            "seccomp argument rule on clone flags"
+        ),
+        probe!(
+            "clone_newpid_high_bits_denied",
+            "mounts-namespaces",
+            py("res(sysc(56, (1 << 40) | 0x20000000 | 17, 0, 0, 0, 0))"),
+            EPERM,
+            "flags compared on their low 32 bits"
+        ),
+        probe!(
+            "fsopen_denied",
+            "mounts-namespaces",
+            py("res(sysc(430, 0, 0))"),
+            EPERM,
+            "new mount API"
+        ),
+        probe!(
+            "open_tree_denied",
+            "mounts-namespaces",
+            py("res(sysc(428, 0, 0, 0))"),
+            EPERM,
+            "new mount API"
+        ),
+        // ---- seccomp bypasses ----------------------------------------------
+        probe!(
+            "i386_int80_getpid_killed",
+            "seccomp-bypass",
+            py("res(native(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])))"),
+            SIGSYS,
+            "foreign ABI: the bad-arch action kills the process"
+        ),
+        probe!(
+            "i386_int80_unshare_killed",
+            "seccomp-bypass",
+            py(
+                "res(native(bytes([0xb8, 0x36, 0x01, 0, 0, 0xbb, 0, 0, 0, 0x10, 0xcd, 0x80, 0xc3])))"
+            ),
+            SIGSYS,
+            "i386 unshare(CLONE_NEWUSER): the real bypass on native+x86 filters"
+        ),
+        probe!(
+            "x32_getpid_killed",
+            "seccomp-bypass",
+            py("res(sysc(0x40000000 | 39))"),
+            SIGSYS,
+            "x32 numbers hit the bad-arch action"
+        ),
+        probe!(
+            "x32_unshare_killed",
+            "seccomp-bypass",
+            py("res(sysc(0x40000000 | 272, 0x10000000))"),
+            SIGSYS,
+            "x32"
+        ),
+        probe!(
+            "tiocsti_denied",
+            "seccomp-bypass",
+            py("res(sysc(16, 0, 0x5412, 0))"),
+            EPERM,
+            "terminal injection"
+        ),
+        probe!(
+            "tiocsti_high_bits_denied",
+            "seccomp-bypass",
+            py("res(sysc(16, 0, (1 << 32) | 0x5412, 0))"),
+            EPERM,
+            "the allow rules are disjoint from the deny rules; low 32 bits compared"
+        ),
+        probe!(
+            "af_packet_high_bits_denied",
+            "seccomp-bypass",
+            py("res(sysc(41, (1 << 33) | 17, 3, 0))"),
+            EPERM,
+            "socket domain, low 32 bits"
+        ),
+        probe!(
+            "clone3_enosys",
+            "seccomp-bypass",
+            py("res(sysc(435, 0, 0))"),
+            ENOSYS,
+            "clone3 hides its flags in memory: ENOSYS makes glibc fall back to clone"
+        ),
+        probe!(
+            "unknown_syscall_enosys",
+            "seccomp-bypass",
+            py("res(sysc(1000))"),
+            ENOSYS,
+            "unknown numbers: ENOSYS"
+        ),
+        probe!(
+            "newest_syscall_enosys",
+            "seccomp-bypass",
+            py("res(sysc(467, 0, 0, 0))"),
+            ENOSYS,
+            "syscalls newer than the list are closed by default"
+        ),
+        // ---- dangerous kernel interfaces -----------------------------------
+        probe!(
+            "io_uring_denied",
+            "kernel-interfaces",
+            py("res(sysc(425, 1, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "bpf_denied",
+            "kernel-interfaces",
+            py("res(sysc(321, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "perf_event_open_denied",
+            "kernel-interfaces",
+            py("res(sysc(298, 0, 0, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "keyctl_denied",
+            "kernel-interfaces",
+            py("res(sysc(250, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "add_key_denied",
+            "kernel-interfaces",
+            py("res(sysc(248, 0, 0, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "userfaultfd_denied",
+            "kernel-interfaces",
+            py("res(sysc(323, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "init_module_denied",
+            "kernel-interfaces",
+            py("res(sysc(175, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "finit_module_denied",
+            "kernel-interfaces",
+            py("res(sysc(313, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "kexec_load_denied",
+            "kernel-interfaces",
+            py("res(sysc(246, 0, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "ptrace_pid1_denied",
+            "kernel-interfaces",
+            py("res(sysc(101, 16, 1, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "process_vm_readv_denied",
+            "kernel-interfaces",
+            py("res(sysc(310, 1, 0, 0, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "open_by_handle_at_denied",
+            "kernel-interfaces",
+            py("res(sysc(304, 0, 0, 0))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "raw_socket_denied",
+            "kernel-interfaces",
+            py(
+                "res(err(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)))"
+            ),
+            EPERM,
+            "no CAP_NET_RAW"
+        ),
+        probe!(
+            "packet_socket_denied",
+            "kernel-interfaces",
+            py("res(err(lambda: socket.socket(17, socket.SOCK_RAW, 0)))"),
+            EPERM,
+            "seccomp argument rule"
+        ),
+        probe!(
+            "signal_pid1_denied",
+            "kernel-interfaces",
+            py("res(err(lambda: os.kill(1, signal.SIGKILL)))"),
+            EPERM,
+            "Landlock signal scoping: the turn can only signal its own domain"
+        ),
+        probe!(
+            "personality_denied",
+            "kernel-interfaces",
+            py("res(sysc(135, 0xffffffff))"),
+            EPERM,
+            "seccomp"
+        ),
+        probe!(
+            "controlling_tty_absent",
+            "kernel-interfaces",
+            py("res(err(lambda: open('/dev/tty', 'r+')))"),
+            ok(&["ENXIO"]),
+            "setsid: no controlling terminal to inject into"
+        ),
+        // ---- network -------------------------------------------------------
+        probe!(
+            "tcp_egress_denied",
+            "network",
+            py(
+                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('1.1.1.1', 80))))"
+            ),
+            ok(&["EACCES", "ENETUNREACH"]),
+            "Landlock TCP connect (and an empty network namespace)"
+        ),
+        probe!(
+            "tcp_localhost_denied",
+            "network",
+            py(
+                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('127.0.0.1', 22))))"
+            ),
+            ok(&["EACCES", "ENETUNREACH"]),
+            "Landlock TCP connect"
+        ),
+        probe!(
+            "tcp_bind_denied",
+            "network",
+            py("s = socket.socket(); res(err(lambda: s.bind(('0.0.0.0', 8080))))"),
+            ok(&["EACCES", "EADDRNOTAVAIL"]),
+            "Landlock TCP bind"
+        ),
+        probe!(
+            "udp_egress_unroutable",
+            "network",
+            py(
+                "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); res(err(lambda: s.sendto(b'x', ('8.8.8.8', 53))))"
+            ),
+            ok(&["ENETUNREACH"]),
+            "Landlock has no UDP rules; the empty network namespace covers UDP"
+        ),
+        probe!(
+            "abstract_unix_host_unreachable",
+            "network",
+            py(
+                "s = socket.socket(socket.AF_UNIX); res(err(lambda: s.connect('\\0/tmp/.X11-unix/X0')))"
+            ),
+            ok(&["ECONNREFUSED", "EPERM"]),
+            "abstract sockets are per network namespace; Landlock scoping on top"
+        ),
+        probe!(
+            "host_unix_sockets_invisible",
+            "network",
+            py(
+                "s = socket.socket(socket.AF_UNIX); res(err(lambda: s.connect('/run/containerd/containerd.sock')))"
+            ),
+            ENOENT,
+            "host /run is not mounted"
+        ),
+        probe!(
+            "only_loopback_exists",
+            "network",
+            py("res(','.join(n for _, n in socket.if_nameindex()))"),
+            ok(&["lo"]),
+            "own network namespace"
+        ),
+        // ---- Landlock's gaps and who covers them ----------------------------
+        probe!(
+            "truncate_readable_file_denied",
+            "landlock-gaps",
+            py("res(err(lambda: os.truncate('data/users.csv', 0)))"),
+            ok(&["EACCES", "EROFS"]),
+            "Landlock's truncate right (ABI 3+) refuses first; the read-only bind would too"
+        ),
+        probe!(
+            "chmod_denied",
+            "landlock-gaps",
+            py("res(err(lambda: os.chmod('data/users.csv', 0o777)))"),
+            EROFS,
+            "Landlock does not cover chmod: the read-only bind does"
+        ),
+        probe!(
+            "chown_denied",
+            "landlock-gaps",
+            py("res(err(lambda: os.chown('data/users.csv', 65534, 65534)))"),
+            ok(&["EROFS", "EPERM"]),
+            "Landlock does not cover chown: read-only bind, no CAP_CHOWN"
+        ),
+        probe!(
+            "utime_denied",
+            "landlock-gaps",
+            py("res(err(lambda: os.utime('data/users.csv', (0, 0))))"),
+            EROFS,
+            "Landlock does not cover utime: the read-only bind does"
+        ),
+        probe!(
+            "setxattr_denied",
+            "landlock-gaps",
+            py("res(err(lambda: os.setxattr('data/users.csv', 'user.x', b'1')))"),
+            ok(&["EROFS", "EPERM", "ENOTSUP"]),
+            "Landlock does not cover xattrs: the read-only bind does"
+        ),
+        probe!(
+            "forbidden_in_allowed_tree_unreadable",
+            "landlock-gaps",
+            py("res(err(lambda: open('data/secret/key.pem').read()))"),
+            EACCES,
+            "masked mount + no Landlock rule"
+        ),
+        probe!(
+            "setuid_bit_normalised_at_commit",
+            "landlock-gaps",
+            py(
+                "p = os.environ['TMPDIR'] + '/tool'; open(p, 'w').write('x'); os.chmod(p, 0o4755); res('chmod-ok')"
+            ),
+            ok(&["chmod-ok"]),
+            "chmod works inside scratch, but commit writes fresh 0644 files",
+            |c| {
+                let p = session_file(c, "tmp/<sid>/tool").ok_or("no session")?;
+                let mode = std::os::unix::fs::PermissionsExt::mode(
+                    &std::fs::metadata(&p)
+                        .map_err(|e| e.to_string())?
+                        .permissions(),
+                );
+                if mode & 0o7777 == 0o644 {
+                    Ok(())
+                } else {
+                    Err(format!("committed mode {mode:o}"))
+                }
+            }
+        ),
+        // ---- attacks on capture and commit ---------------------------------
+        probe!(
+            "symlink_output_blocked",
+            "capture-commit",
+            py_out(
+                "os.symlink('/etc/passwd', f'{OUT}/r.md')",
+                &["output/<session_id>/r.md:r"]
+            ),
+            BLOCKED,
+            "only regular files commit",
+            |c| absent(c, "output/<sid>/r.md")
+        ),
+        probe!(
+            "hardlink_to_input_refused",
+            "capture-commit",
+            py_out(
+                "res(err(lambda: os.link('data/users.csv', f'{OUT}/r.md')))",
+                &["output/<session_id>/r.md:r"]
+            ),
+            Expect {
+                status: &[12],
+                result: &["EXDEV", "EACCES", "EROFS", "EPERM"],
+                signal: None
+            },
+            "no link across mounts",
+            |c| {
+                let m =
+                    std::fs::metadata(c.root.join("data/users.csv")).map_err(|e| e.to_string())?;
+                if std::os::unix::fs::MetadataExt::nlink(&m) == 1 {
+                    Ok(())
+                } else {
+                    Err("host input gained a link".into())
+                }
+            }
+        ),
+        probe!(
+            "symlinked_parent_blocked",
+            "capture-commit",
+            py_out(
+                "os.symlink('/etc', f'{OUT}/sub'); res(err(lambda: open(f'{OUT}/sub/passwd', 'w')))",
+                &["output/<session_id>/sub/passwd:r"]
+            ),
+            Expect {
+                status: &[12],
+                result: &["EROFS", "EACCES"],
+                signal: None
+            },
+            "writes through a symlinked parent stay in the sandbox; the link never commits",
+            |c| absent(c, "output/<sid>/sub")
+        ),
+        probe!(
+            "fifo_output_blocked",
+            "capture-commit",
+            py_out("os.mkfifo(f'{OUT}/r.md')", &["output/<session_id>/r.md:r"]),
+            BLOCKED,
+            "special files never commit",
+            |c| absent(c, "output/<sid>/r.md")
+        ),
+        probe!(
+            "device_node_output_refused",
+            "capture-commit",
+            py_out(
+                "res(err(lambda: os.mknod(f'{OUT}/r.md', stat.S_IFCHR | 0o666, os.makedev(1, 3))))",
+                &["output/<session_id>/r.md:r"]
+            ),
+            Expect {
+                status: &[12],
+                result: &["EPERM"],
+                signal: None
+            },
+            "no CAP_MKNOD",
+            |c| absent(c, "output/<sid>/r.md")
+        ),
+        probe!(
+            "deleting_committed_output_blocked",
+            "capture-commit",
+            Body::Then {
+                setup: "open(f'{OUT}/keep.md', 'w').write('kept')",
+                setup_outputs: &["output/<session_id>/keep.md:r"],
+                code: "os.unlink(f'{OUT}/keep.md')",
+                outputs: &[],
+            },
+            BLOCKED,
+            "a whiteout outside scratch is an undeclared write",
+            |c| match session_file(c, "output/<sid>/keep.md").map(std::fs::read) {
+                Some(Ok(b)) if b == b"kept" => Ok(()),
+                other => Err(format!("committed output changed: {other:?}")),
+            }
+        ),
+        probe!(
+            "xattrs_dropped_at_commit",
+            "capture-commit",
+            py_out(
+                "p = f'{OUT}/r.md'; open(p, 'w').write('x'); res(err(lambda: os.setxattr(p, 'user.evil', b'1')))",
+                &["output/<session_id>/r.md:r"]
+            ),
+            ok(&["OK", "ENOTSUP", "EPERM"]),
+            "commit writes fresh files",
+            |c| {
+                let p = session_file(c, "output/<sid>/r.md").ok_or("no session")?;
+                let out = Command::new("getfattr").arg("-d").arg(&p).output();
+                match out {
+                    Ok(o) if String::from_utf8_lossy(&o.stdout).contains("evil") => {
+                        Err("xattr committed".into())
+                    }
+                    _ if p.is_file() => Ok(()),
+                    _ => Err("output not committed".into()),
+                }
+            }
+        ),
+        probe!(
+            "hostile_file_name_blocked",
+            "capture-commit",
+            py_out(
+                "open(f'{OUT}/a\\nb', 'w').write('x'); open(f'{OUT}/r.md', 'w').write('x')",
+                &["output/<session_id>/r.md:r"]
+            ),
+            BLOCKED,
+            "an undeclared name (with a newline) blocks the turn",
+            |c| absent(c, "output/<sid>/r.md")
+        ),
+        probe!(
+            "too_many_files_limited",
+            "capture-commit",
+            py(
+                "d = os.environ['TMPDIR']\nfor i in range(1000):\n    open(f'{d}/f{i}', 'w').close()"
+            ),
+            LIMIT,
+            "files limit = scratch tmpfs inodes",
+            |c| absent(c, "tmp/<sid>/f0")
+        ),
+        probe!(
+            "huge_file_limited",
+            "capture-commit",
+            py(
+                "f = open(os.environ['TMPDIR'] + '/big', 'wb')\nfor _ in range(64):\n    f.write(b'x' * (1 << 20))"
+            ),
+            LIMIT,
+            "disk limit = scratch tmpfs size",
+            |c| absent(c, "tmp/<sid>/big")
+        ),
+        probe!(
+            "sparse_file_limited",
+            "capture-commit",
+            py("f = open(os.environ['TMPDIR'] + '/sparse', 'wb'); f.truncate(10 << 30); f.close()"),
+            LIMIT,
+            "apparent size counts: a sparse 10 GiB file would be copied byte for byte",
+            |c| absent(c, "tmp/<sid>/sparse")
+        ),
+        probe!(
+            "deep_tree_limited",
+            "capture-commit",
+            py("p = os.environ['TMPDIR']\nfor i in range(300):\n    p += '/d'\n    os.mkdir(p)"),
+            LIMIT,
+            "capture depth is capped",
+            |c| absent(c, "tmp/<sid>/d")
+        ),
+        probe!(
+            "writer_racing_commit_is_dead",
+            "capture-commit",
+            Body::Sh(
+                "i=0; (while true; do echo $i > output/$TURNSTILE_SESSION_ID/r.md; i=$((i+1)); done) & /bin/sleep 0.2; echo final > output/$TURNSTILE_SESSION_ID/r.md.tmp; exit 0"
+            ),
+            BLOCKED,
+            "every process is dead before enumeration; here the stray .tmp is undeclared so nothing commits",
+            |c| absent(c, "output/<sid>/r.md")
+        ),
+        probe!(
+            "committed_bytes_match_the_evidence",
+            "capture-commit",
+            py_out(
+                "p = f'{OUT}/r.md'\nif os.fork() == 0:\n    while True:\n        open(p, 'a').write('racing\\n')\nimport time; time.sleep(0.2); res('parent-exits')",
+                &["output/<session_id>/r.md:r"]
+            ),
+            ok(&["parent-exits"]),
+            "a writer still appending when the command exits is dead before enumeration; the bytes committed are the bytes hashed",
+            |c| {
+                let ev = evidence_last(c);
+                let want = ev["committed"][0]["sha256"]
+                    .as_str()
+                    .ok_or("nothing committed")?;
+                let p = session_file(c, "output/<sid>/r.md").ok_or("no session")?;
+                let got = crate::sha256_file(&p);
+                if got == want {
+                    Ok(())
+                } else {
+                    Err(format!("committed {got} but evidence says {want}"))
+                }
+            }
+        ),
+        // ---- resource exhaustion -------------------------------------------
+        probe!(
+            "fork_bomb_limited",
+            "resources",
+            py("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+            Expect {
+                status: &[13, 14],
+                result: &[],
+                signal: None
+            },
+            "pids limit; the pid namespace dies with its init"
+        ),
+        probe!(
+            "thread_bomb_limited",
+            "resources",
+            py(
+                "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()"
+            ),
+            LIMIT,
+            "threads count against pids"
+        ),
+        probe!(
+            "memory_hog_killed",
+            "resources",
+            py("x = bytearray(512 << 20)"),
+            LIMIT,
+            "memory limit, OOM kill reported as E2071"
+        ),
+        probe!(
+            "cpu_spin_times_out",
+            "resources",
+            Body::Sh("while :; do :; done"),
+            Expect {
+                status: &[14],
+                result: &[],
+                signal: None
+            },
+            "timeout: SIGTERM, grace, SIGKILL"
+        ),
+        probe!(
+            "output_flood_capped",
+            "resources",
+            py("sys.stdout.write('x' * (10 << 20))"),
+            ok(&[]),
+            "output_bytes cap; the rest is dropped and recorded",
+            |c| {
+                let ev = evidence_last(c);
+                if ev["output"]["truncated"] != true {
+                    return Err(format!("not marked truncated: {}", ev["output"]));
+                }
+                if ev["output"]["stdout"]["forwarded"]
+                    .as_u64()
+                    .unwrap_or(u64::MAX)
+                    > 64 << 10
+                {
+                    return Err("forwarded past the cap".into());
+                }
+                if c.stderr.len() > 256 << 10 {
+                    return Err(format!("{} bytes reached the caller", c.stderr.len()));
+                }
+                Ok(())
+            }
+        ),
+        probe!(
+            "daemon_does_not_outlive_the_turn",
+            "resources",
+            py(
+                "import time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['sleep', '4242'])\n    os._exit(0)\nres('spawned')"
+            ),
+            ok(&["spawned"]),
+            "the pid namespace and the cgroup are emptied before run returns",
+            |_| {
+                let out = Command::new("pgrep")
+                    .args(["-f", "sleep 4242"])
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                if out.stdout.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "survivor: {}",
+                        String::from_utf8_lossy(&out.stdout)
+                    ))
+                }
+            }
+        ),
+        probe!(
+            "dev_shm_bounded",
+            "resources",
+            py(
+                "f = open('/dev/shm/fill', 'wb')\ntry:\n    for _ in range(100):\n        f.write(b'x' * (1 << 20))\n    res('OK')\nexcept OSError as e:\n    res(errno.errorcode[e.errno])"
+            ),
+            Expect {
+                status: &[0, 13],
+                result: &["ENOSPC"],
+                signal: None
+            },
+            "/dev/shm is a private, size-limited tmpfs",
+            |_| if Path::new("/dev/shm/fill").exists() {
+                Err("host /dev/shm written".into())
+            } else {
+                Ok(())
+            }
+        ),
+        // ---- request validation --------------------------------------------
+        probe!(
+            "session_id_traversal_refused",
+            "request-validation",
+            Body::Cli(&[
+                "--session",
+                "../../../etc",
+                "--no-outputs",
+                "--",
+                "/bin/sleep",
+                "0"
+            ]),
+            BAD_INPUT,
+            "refused before anything is created"
+        ),
+        probe!(
+            "output_traversal_refused",
+            "request-validation",
+            Body::Cli(&[
+                "--output",
+                "output/../../etc/passwd:r",
+                "--",
+                "/bin/sleep",
+                "0"
+            ]),
+            BAD_INPUT,
+            "no `..`"
+        ),
+        probe!(
+            "absolute_output_refused",
+            "request-validation",
+            Body::Cli(&["--output", "/etc/passwd:r", "--", "/bin/sleep", "0"]),
+            BAD_INPUT,
+            "outputs are workspace-relative"
+        ),
+        probe!(
+            "input_traversal_refused",
+            "request-validation",
+            Body::Cli(&[
+                "--no-outputs",
+                "--input",
+                "data/../../../etc/shadow",
+                "--",
+                "/bin/sleep",
+                "0"
+            ]),
+            BAD_INPUT,
+            "no `..`"
+        ),
+        // ---- the ledger, from inside ---------------------------------------
+        probe!(
+            "ledger_unreadable",
+            "ledger",
+            py("res(err(lambda: os.listdir('planes')))"),
+            EACCES,
+            "ledgers are masked"
+        ),
+        probe!(
+            "ledger_unwritable",
+            "ledger",
+            py("res(err(lambda: open(f'planes/ho1/sessions/{SID}/ledger/exec.jsonl', 'a')))"),
+            ok(&["EACCES", "EROFS", "ENOENT"]),
+            "masked, read-only, no Landlock right"
+        ),
+        probe!(
+            "ledger_as_output_refused",
+            "ledger",
+            Body::Cli(&[
+                "--output",
+                "planes/ho1/sessions/<session_id>/ledger/exec.jsonl:r",
+                "--",
+                "/bin/sleep",
+                "0"
+            ]),
+            Expect {
+                status: &[11],
+                result: &[],
+                signal: None
+            },
+            "reserved path"
+        ),
+        probe!(
+            "manifest_unwritable",
+            "ledger",
+            py("res(err(lambda: open('installed/rt/manifest.json', 'a')))"),
+            ok(&["EACCES", "EROFS"]),
+            "a turn cannot rewrite its own grants: no Landlock write right, read-only bind"
+        ),
+        probe!(
+            "state_dir_invisible",
+            "ledger",
+            py("res(err(lambda: os.listdir('@STATE@')))"),
+            ENOENT,
+            "anchors live outside the sandbox's view"
+        ),
+        probe!(
+            "canary_outside_workspace_invisible",
+            "ledger",
+            py("res(err(lambda: open('@CANARY@/canary.txt', 'a')))"),
+            ENOENT,
+            "only the workspace and system dirs are mounted"
+        ),
+    ]
+}
+
+/// How one probe went.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub name: &'static str,
+    pub family: &'static str,
+    pub expected: String,
+    pub observed: String,
+    pub verdict: Verdict,
+    pub note: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Held,
+    Unexpected(String),
+    Escape(String),
+}
+
+impl Verdict {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Held => "held",
+            Self::Unexpected(_) => "UNEXPECTED",
+            Self::Escape(_) => "ESCAPE",
+        }
+    }
+}
+
+/// The suite's workspace.
+#[derive(Debug)]
+pub struct Suite {
+    pub fx: Fixture,
+    pub canary: PathBuf,
+    _canary_dir: tempfile::TempDir,
+}
+
+impl Default for Suite {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Suite {
+    pub fn new() -> Self {
+        let fx = Fixture::new();
+        fx.install("rt", MANIFEST);
+        fx.write("data/users.csv", b"id,name\n1,ada\n");
+        fx.write("data/secret/key.pem", b"TOPSECRET");
+        fx.write("installed/rt/tool.py", b"print('tool')\n");
+        let dir = tempfile::Builder::new()
+            .prefix("ts-canary-")
+            .tempdir()
+            .unwrap();
+        let canary = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(canary.join("canary.txt"), b"").unwrap();
+        Self {
+            fx,
+            canary,
+            _canary_dir: dir,
+        }
+    }
+
+    /// Everything under the root except session-owned directories.
+    fn shared_snapshot(&self) -> BTreeMap<PathBuf, String> {
+        self.fx
+            .snapshot()
+            .into_iter()
+            .filter(|(p, _)| {
+                let rel = p.strip_prefix(&self.fx.root).ok();
+                let session_owned = rel.is_some_and(|r| {
+                    let s = r.to_string_lossy();
+                    ["output/SES-", "tmp/SES-", "planes/"]
+                        .iter()
+                        .any(|pre| s.starts_with(pre))
+                        || ["output", "tmp", "planes"].contains(&s.as_ref())
+                });
+                p.starts_with(&self.fx.root) && !session_owned
+            })
+            .collect()
+    }
+
+    fn subst(&self, code: &str) -> String {
+        code.replace("@STATE@", &self.fx.state.display().to_string())
+            .replace("@CANARY@", &self.canary.display().to_string())
+            .replace("@ROOT@", &self.fx.root.display().to_string())
+    }
+
+    fn run_args(&self, session: Option<&str>, outputs: &[&str], argv: &[String]) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--root".into(),
+            self.fx.root.display().to_string(),
+            "--state-dir".into(),
+            self.fx.state.display().to_string(),
+            "--package".into(),
+            "rt".into(),
+            "--json".into(),
+        ];
+        if let Some(s) = session {
+            args.extend(["--session".into(), s.into()]);
+        }
+        if outputs.is_empty() {
+            args.push("--no-outputs".into());
+        }
+        for o in outputs {
+            args.extend(["--output".into(), (*o).into()]);
+        }
+        args.push("--".into());
+        args.extend(argv.iter().cloned());
+        args
+    }
+
+    fn python(&self, code: &str) -> Vec<String> {
+        vec![
+            "/usr/bin/python3".into(),
+            "-c".into(),
+            format!("{PRELUDE}\n{}", self.subst(code)),
+        ]
+    }
+
+    fn invoke(&self, args: &[String], leak_fd: bool) -> (i32, String, String) {
+        let mut cmd = Command::new(supervise_bin());
+        cmd.args(args).env_remove("TURNSTILE_LOG");
+        let _keep;
+        if leak_fd {
+            // A writable host descriptor the supervisor inherits without
+            // close-on-exec, placed at fd 9 by the shell.
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(self.canary.join("canary.txt"))
+                .unwrap();
+            let mut sh = Command::new("/bin/sh");
+            sh.arg("-c")
+                .arg("exec 9>>\"$CANARY\"; exec \"$@\"")
+                .arg("sh")
+                .arg(supervise_bin())
+                .args(args)
+                .env("CANARY", self.canary.join("canary.txt"))
+                .env_remove("TURNSTILE_LOG");
+            _keep = f;
+            cmd = sh;
+        }
+        let out = cmd.output().expect("spawn supervise");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Runs one probe and judges it.
+    pub fn run(&self, probe: &Probe) -> Outcome {
+        let before = self.shared_snapshot();
+        let (status, stdout, stderr) = match probe.body {
+            Body::Py { code, outputs } => {
+                self.invoke(&self.run_args(None, outputs, &self.python(code)), false)
+            }
+            Body::Sh(script) => self.invoke(
+                &self.run_args(
+                    None,
+                    &[],
+                    &["/bin/sh".into(), "-c".into(), self.subst(script)],
+                ),
+                false,
+            ),
+            Body::Cli(rest) => {
+                let mut args: Vec<String> = vec![
+                    "run".into(),
+                    "--root".into(),
+                    self.fx.root.display().to_string(),
+                    "--state-dir".into(),
+                    self.fx.state.display().to_string(),
+                    "--package".into(),
+                    "rt".into(),
+                    "--json".into(),
+                ];
+                args.extend(rest.iter().map(|s| (*s).to_owned()));
+                self.invoke(&args, false)
+            }
+            Body::LeakedFd(code) => {
+                self.invoke(&self.run_args(None, &[], &self.python(code)), true)
+            }
+            Body::Then {
+                setup,
+                setup_outputs,
+                code,
+                outputs,
+            } => {
+                let (s0, out0, err0) = self.invoke(
+                    &self.run_args(None, setup_outputs, &self.python(setup)),
+                    false,
+                );
+                let sid = serde_json::from_str::<Value>(out0.trim())
+                    .ok()
+                    .and_then(|v| v["session_id"].as_str().map(str::to_owned));
+                match (s0, sid) {
+                    (0, Some(sid)) => self.invoke(
+                        &self.run_args(Some(&sid), outputs, &self.python(code)),
+                        false,
+                    ),
+                    _ => (s0, out0, format!("setup turn failed: {err0}")),
+                }
+            }
+        };
+        let json: Value = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+        let sid = json["session_id"].as_str().map(str::to_owned);
+        let result = stderr
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .map(str::to_owned);
+        let signal = json["termination"]["signal"].as_str().map(str::to_owned);
+        let ctx = Ctx {
+            root: &self.fx.root,
+            state: &self.fx.state,
+            canary: &self.canary,
+            sid: sid.clone(),
+            json: json.clone(),
+            stderr: stderr.clone(),
+        };
+
+        let mut escapes = Vec::new();
+        if self.shared_snapshot() != before {
+            escapes.push("the shared workspace changed".to_owned());
+        }
+        match std::fs::read(self.canary.join("canary.txt")) {
+            Ok(b) if b.is_empty() => {}
+            _ => escapes.push("the host canary changed".into()),
+        }
+        if std::fs::read_dir(&self.canary)
+            .map(|d| d.count())
+            .unwrap_or(0)
+            != 1
+        {
+            escapes.push("files appeared next to the host canary".into());
+        }
+        if let Some(sid) = &sid {
+            for c in ["memory", "pids", "cpu"] {
+                if let Ok(rd) =
+                    std::fs::read_dir(Path::new("/sys/fs/cgroup").join(c).join("turnstile"))
+                {
+                    if rd
+                        .filter_map(|e| e.ok())
+                        .any(|e| e.file_name().to_string_lossy().starts_with(sid.as_str()))
+                    {
+                        escapes.push(format!("cgroup {c}/turnstile/{sid}* left behind"));
+                    }
+                }
+            }
+            let v = self
+                .fx
+                .supervise(&["ledger", "verify"], &["--session", sid]);
+            if v.status != 0 {
+                escapes.push(format!("ledgers do not verify: {}", v.stdout.trim()));
+            }
+        }
+        if let Some(oracle) = probe.oracle {
+            if let Err(e) = oracle(&ctx) {
+                escapes.push(e);
+            }
+        }
+        let e = probe.expect;
+        if result.as_deref() == Some("OK") && !e.result.is_empty() && !e.result.contains(&"OK") {
+            escapes.push("the blocked operation succeeded".into());
+        }
+
+        let mut surprises = Vec::new();
+        if !e.status.contains(&status) {
+            surprises.push(format!("status {status}"));
+        }
+        if !e.result.is_empty() && !result.as_deref().is_some_and(|r| e.result.contains(&r)) {
+            surprises.push(format!("result {}", result.as_deref().unwrap_or("<none>")));
+        }
+        if e.signal.is_some() && signal.as_deref() != e.signal {
+            surprises.push(format!("signal {}", signal.as_deref().unwrap_or("<none>")));
+        }
+        let observed = format!(
+            "exit {status}{}{}",
+            result
+                .as_deref()
+                .map(|r| format!(", {r}"))
+                .unwrap_or_default(),
+            signal
+                .as_deref()
+                .map(|s| format!(", {s}"))
+                .unwrap_or_default()
+        );
+        let mut expected = format!(
+            "exit {}",
+            e.status
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("|")
+        );
+        if !e.result.is_empty() {
+            expected += &format!(", {}", e.result.join("|"));
+        }
+        if let Some(s) = e.signal {
+            expected += &format!(", {s}");
+        }
+        let verdict = if !escapes.is_empty() {
+            Verdict::Escape(escapes.join("; "))
+        } else if !surprises.is_empty() {
+            Verdict::Unexpected(format!(
+                "{}; stderr: {}",
+                surprises.join(", "),
+                stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+            ))
+        } else {
+            Verdict::Held
+        };
+        Outcome {
+            name: probe.name,
+            family: probe.family,
+            expected,
+            observed,
+            verdict,
+            note: probe.note,
+        }
+    }
+}
+
+/// Renders the table `cargo xtask redteam` prints.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut s = format!(
+        "{:<40} {:<20} {:<26} {:<26} {}\n",
+        "probe", "family", "expected", "observed", "verdict"
+    );
+    for o in outcomes {
+        s += &format!(
+            "{:<40} {:<20} {:<26} {:<26} {}\n",
+            o.name,
+            o.family,
+            o.expected,
+            o.observed,
+            o.verdict.label()
+        );
+        if let Verdict::Unexpected(why) | Verdict::Escape(why) = &o.verdict {
+            s += &format!("    -> {why}\n");
+        }
+    }
+    let mut families: BTreeMap<&str, usize> = BTreeMap::new();
+    for o in outcomes {
+        *families.entry(o.family).or_default() += 1;
+    }
+    let escapes = outcomes
+        .iter()
+        .filter(|o| matches!(o.verdict, Verdict::Escape(_)))
+        .count();
+    let unexpected = outcomes
+        .iter()
+        .filter(|o| matches!(o.verdict, Verdict::Unexpected(_)))
+        .count();
+    s += &format!(
+        "\n{} probes, {} escapes, {} unexpected\n",
+        outcomes.len(),
+        escapes,
+        unexpected
+    );
+    for (f, n) in families {
+        s += &format!("  {f:<20} {n}\n");
+    }
+    s
+}
