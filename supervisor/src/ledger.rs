@@ -211,6 +211,11 @@ pub struct Anchor {
     pub seq: u64,
     pub entry_hash: String,
     pub len: u64,
+    /// Byte offset where the head entry starts (`None` in anchors written
+    /// before it was recorded).
+    pub head_offset: Option<u64>,
+    /// Highest `turn_number` appended so far.
+    pub last_turn: Option<u64>,
 }
 
 impl Anchor {
@@ -221,6 +226,8 @@ impl Anchor {
             "seq": self.seq,
             "entry_hash": self.entry_hash,
             "len": self.len,
+            "head_offset": self.head_offset,
+            "last_turn": self.last_turn,
         }))
         .map_err(|e| SupervisorError::invalid("anchor", e.to_string()))
     }
@@ -240,6 +247,8 @@ impl Anchor {
                 .ok_or("`entry_hash` is not a string")?
                 .to_owned(),
             len: field("len")?.as_u64().ok_or("`len` is not an integer")?,
+            head_offset: v.get("head_offset").and_then(Value::as_u64),
+            last_turn: v.get("last_turn").and_then(Value::as_u64),
         })
     }
 }
@@ -324,6 +333,8 @@ impl LedgerFiles {
             seq: 0,
             entry_hash: genesis_hash(self.kind, &self.session),
             len: 0,
+            head_offset: Some(0),
+            last_turn: Some(0),
         })
     }
 
@@ -377,6 +388,12 @@ impl LedgerFiles {
             ));
         }
 
+        // The head entry must still be the one acknowledged: re-hash it
+        // (O(1); full verification stays on every read).
+        if anchor.seq > 0 {
+            self.check_head(&file, &anchor)?;
+        }
+        let turn = body.get("turn_number").and_then(Value::as_u64);
         let seq = anchor.seq + 1;
         body.insert("seq".into(), json!(seq));
         body.insert("previous_hash".into(), json!(anchor.entry_hash));
@@ -401,8 +418,71 @@ impl LedgerFiles {
             seq,
             entry_hash: entry_hash.clone(),
             len: anchor.len + line.len() as u64,
+            head_offset: Some(anchor.len),
+            last_turn: match (anchor.last_turn, turn) {
+                (Some(a), Some(t)) => Some(a.max(t)),
+                (a, None) => a,
+                (None, Some(_)) => None,
+            },
         })?;
         Ok(Appended { seq, entry_hash })
+    }
+
+    /// Re-hashes the head entry (from the anchor's offset to the end) and
+    /// compares it with the anchor.
+    fn check_head(&self, file: &std::fs::File, anchor: &Anchor) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let Some(offset) = anchor.head_offset else {
+            return self.verify().map(|_| ());
+        };
+        let len = usize::try_from(anchor.len.saturating_sub(offset)).unwrap_or(usize::MAX);
+        if len == 0 || len > MAX_ENTRY_BYTES + 1 {
+            return Err(self.integrity(
+                None,
+                Some(anchor.seq),
+                Problem::AnchorInvalid("head offset out of range".into()),
+            ));
+        }
+        // The file is opened O_APPEND|O_WRONLY; read the head through a
+        // second, read-only descriptor.
+        let _ = file;
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(&self.path)
+            .map_err(self.io("open for reading"))?;
+        let mut buf = vec![0u8; len];
+        reader
+            .read_exact_at(&mut buf, offset)
+            .map_err(self.io("read head entry"))?;
+        let hashed = buf
+            .strip_suffix(b"\n")
+            .and_then(|line| canonical::parse_canonical(line).ok())
+            .and_then(|v| match v {
+                Value::Object(mut m) => {
+                    let recorded = m.remove("entry_hash")?;
+                    let computed = canonical::hash_value(&Value::Object(m)).ok()?;
+                    (recorded.as_str() == Some(computed.as_str())).then_some(computed)
+                }
+                _ => None,
+            });
+        match hashed {
+            Some(h) if h == anchor.entry_hash => Ok(()),
+            _ => Err(self.integrity(
+                None,
+                Some(anchor.seq),
+                Problem::AnchorHashMismatch {
+                    acknowledged: anchor.entry_hash.clone(),
+                    found: "a changed head entry".into(),
+                },
+            )),
+        }
+    }
+
+    /// The highest turn number appended, from the anchor (O(1)); `None`
+    /// when the anchor predates that record.
+    pub fn last_turn(&self) -> Result<Option<u64>> {
+        Ok(self.read_anchor()?.and_then(|a| a.last_turn))
     }
 
     /// Verifies every entry and the head against the anchor.

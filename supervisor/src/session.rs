@@ -225,10 +225,22 @@ impl Session {
     }
 
     /// The number the next turn gets: one more than the highest turn either
-    /// ledger has recorded. Verifies both ledgers on the way (FR-RT-008).
+    /// ledger has recorded, from the anchors (O(1)). Each append re-checks
+    /// the head entry and the length against its anchor; full verification
+    /// happens on every read (`ledger verify`, prompt headers). Anchors that
+    /// predate the turn record fall back to a full verification.
     pub fn next_turn_number(&self, _lock: &SessionLock) -> Result<u64> {
-        let reports = self.verify()?;
-        Ok(reports.iter().map(|r| r.last_turn).max().unwrap_or(0) + 1)
+        let mut last = 0;
+        for kind in LedgerKind::ALL {
+            match self.ledger(kind).last_turn()? {
+                Some(t) => last = last.max(t),
+                None => {
+                    let reports = self.verify()?;
+                    return Ok(reports.iter().map(|r| r.last_turn).max().unwrap_or(0) + 1);
+                }
+            }
+        }
+        Ok(last + 1)
     }
 
     pub fn workspace(&self) -> &Workspace {

@@ -629,3 +629,37 @@ fn fr_rt_008_text_output_names_the_entry() {
     assert!(r.stdout.contains("evidence.jsonl  intact"), "{}", r.stdout);
     assert!(r.stderr.contains("TS1010 LEDGER_INTEGRITY"), "{}", r.stderr);
 }
+
+#[test]
+fn fr_rt_008_append_refuses_after_a_same_length_edit_of_the_head() {
+    let fx = Fixture::new();
+    let sid = session_with_turns(&fx, 1, None);
+    let path = fx.ledger(&sid, "exec");
+    let content = std::fs::read_to_string(&path).unwrap();
+    // Same length, different bytes: the length check alone cannot see it.
+    let edited = content.replacen("\"status\":\"violation\"", "\"status\":\"violatiom\"", 1);
+    assert_eq!(edited.len(), content.len());
+    std::fs::write(&path, edited).unwrap();
+    let session = open(&fx, &sid);
+    let lock = session.lock().unwrap();
+    let Value::Object(m) = json!({"event": "x", "session_id": sid}) else {
+        unreachable!()
+    };
+    let err = session
+        .ledger(LedgerKind::Exec)
+        .append(&lock, m)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("differs from the acknowledged head"),
+        "{err}"
+    );
+    assert_tampered(
+        &fx,
+        &sid,
+        "exec",
+        Some(2),
+        Some(2),
+        "does not match the content",
+    );
+}
