@@ -192,6 +192,16 @@ struct Outcome {
     verdict: Verdict,
     committed: Vec<Committed>,
     plan: Option<Plan>,
+    /// Where the time went: (phase, microseconds), in order.
+    phases: Vec<(&'static str, u64)>,
+}
+
+/// Microseconds since `since`, restarting it.
+fn lap(since: &mut Instant) -> u64 {
+    let now = Instant::now();
+    let us = now.duration_since(*since).as_micros() as u64;
+    *since = now;
+    us
 }
 
 impl Turn<'_> {
@@ -206,7 +216,9 @@ impl Turn<'_> {
                 .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
                 .collect(),
         };
+        let mut clock = Instant::now();
         let plan = plan::compile(&ctx, self.manifest, self.request, allowed, &HostFs);
+        let plan_us = lap(&mut clock);
         let plan_hash = plan
             .as_ref()
             .ok()
@@ -228,7 +240,8 @@ impl Turn<'_> {
             })),
         )?;
 
-        let outcome = match plan {
+        let intent_us = lap(&mut clock);
+        let mut outcome = match plan {
             Ok(plan) => self.execute(plan),
             Err(e) => Outcome::failed(
                 "sandbox_error",
@@ -241,10 +254,27 @@ impl Turn<'_> {
                 None,
             ),
         };
+        outcome
+            .phases
+            .splice(0..0, [("plan", plan_us), ("intent_entry", intent_us)]);
         self.finish(&query_hash, outcome)
     }
 
     fn execute(&self, plan: Plan) -> Outcome {
+        let mut clock = Instant::now();
+        let mut phases = Vec::new();
+        let mut outcome = self.execute_timed(plan, &mut clock, &mut phases);
+        phases.push(("teardown", lap(&mut clock)));
+        outcome.phases = phases;
+        outcome
+    }
+
+    fn execute_timed(
+        &self,
+        plan: Plan,
+        clock: &mut Instant,
+        phases: &mut Vec<(&'static str, u64)>,
+    ) -> Outcome {
         let turn_path = self
             .opts
             .state_dir
@@ -263,6 +293,7 @@ impl Turn<'_> {
             Ok(d) => d,
             Err(e) => return Outcome::from_error(&e, Some(plan)),
         };
+        phases.push(("prepare", lap(clock)));
         let execution =
             match sandbox::execute(&plan, &turn_dir, &self.opts.cgroup_root, self.opts.json) {
                 Ok(x) => x,
@@ -278,6 +309,8 @@ impl Turn<'_> {
                 upper: upper.clone(),
             })
             .collect();
+        let _ = lap(clock);
+        phases.extend(execution.phases.iter().copied());
         let writes =
             match capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes) {
                 Ok(w) => w,
@@ -291,6 +324,7 @@ impl Turn<'_> {
                     return o;
                 }
             };
+        phases.push(("capture", lap(clock)));
         let verdict = capture::verify(
             &writes,
             &self.request.declared_outputs,
@@ -396,6 +430,7 @@ impl Turn<'_> {
             verdict,
             committed: Vec::new(),
             plan: None,
+            phases: Vec::new(),
         };
         if status == "committed" {
             let owner = (plan.uid, plan.gid);
@@ -414,6 +449,7 @@ impl Turn<'_> {
                 }
             }
         }
+        phases.push(("commit", lap(clock)));
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
         drop(turn_dir);
@@ -479,6 +515,11 @@ impl Turn<'_> {
             })
         });
         let wall_us = self.started.elapsed().as_micros() as u64;
+        let phases: serde_json::Map<String, Value> = o
+            .phases
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
         let error = o
             .error
             .as_ref()
@@ -500,7 +541,7 @@ impl Turn<'_> {
                 "termination": termination,
                 "error": error,
                 "backend": "native",
-                "timings": {"wall_us": wall_us, "sandbox_us": x.map(|x| x.wall.as_micros() as u64)},
+                "timings": {"wall_us": wall_us, "phases_us": phases},
                 "ts": now,
             })),
         )?;
@@ -551,7 +592,11 @@ impl Turn<'_> {
             "enforcement": enforcement,
             "resources": resources,
             "ledgers": ledgers(self.session),
-            "durations": {"wall_ms": wall_us as f64 / 1000.0},
+            "durations": {
+                "wall_ms": wall_us as f64 / 1000.0,
+                "ledger_entries_ms": self.started.elapsed().as_micros() as f64 / 1000.0 - wall_us as f64 / 1000.0,
+                "phases_ms": o.phases.iter().map(|(k, v)| ((*k).to_owned(), json!(*v as f64 / 1000.0))).collect::<serde_json::Map<String, Value>>(),
+            },
         });
         let mut summary = format!("turn {} of {sid}: {}", self.turn_number, o.status);
         if let Some((code, _, message)) = &o.error {
@@ -622,6 +667,7 @@ impl Outcome {
             verdict: Verdict::default(),
             committed: Vec::new(),
             plan,
+            phases: Vec::new(),
         }
     }
 

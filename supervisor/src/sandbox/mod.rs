@@ -99,6 +99,8 @@ pub struct Execution {
     pub disk_full: bool,
     /// The posture check of the command's process, when it got that far.
     pub posture: Option<posture::Posture>,
+    /// Where the sandbox's time went: (phase, microseconds).
+    pub phases: Vec<(&'static str, u64)>,
     pub seccomp_unknown: Vec<String>,
     pub wall: Duration,
     /// Upper dirs, in scope order.
@@ -243,25 +245,56 @@ pub fn execute(
     json_mode: bool,
 ) -> Result<Execution> {
     let started = Instant::now();
+    let mut phases = Vec::new();
+    let mut lap = {
+        let mut last = Instant::now();
+        move |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
+            let now = Instant::now();
+            phases.push((name, now.duration_since(last).as_micros() as u64));
+            last = now;
+        }
+    };
     let bpf_path = turn.path.join(init::BPF_FILE);
-    let filter = seccomp::compile_to(&plan.seccomp, &bpf_path)?;
+    let cache = turn
+        .path
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|state| state.join("cache"));
+    let filter = match cache {
+        Some(dir) => seccomp::compile_cached(&plan.seccomp, &dir, &bpf_path)?,
+        None => seccomp::compile_to(&plan.seccomp, &bpf_path)?,
+    };
     let plan_bytes =
         serde_json::to_vec(plan).map_err(|e| sandbox_err("write plan", e.to_string()))?;
     let plan_path = turn.path.join(init::PLAN_FILE);
     std::fs::write(&plan_path, plan_bytes).map_err(sandbox_io("write plan", &plan_path))?;
 
+    lap("seccomp_compile", &mut phases);
     let cg_name = format!("{}-t{}", plan.session_id, plan.turn_number);
     let cg = Arc::new(cgroup::TurnCgroup::create(
         cgroup_root,
         &cg_name,
         &plan.limits,
     )?);
+    lap("cgroup_create", &mut phases);
     let result = run_in_cgroup(plan, turn, &cg, json_mode, filter.unknown_syscalls, started);
+    lap("run", &mut phases);
     // Whatever happened: nothing of the turn keeps running.
     let empty = cg.kill_all();
     let usage = cg.usage();
     cg.remove();
+    lap("cgroup_teardown", &mut phases);
     let mut execution = result?;
+    // "run" is itemised by run_in_cgroup.
+    phases.retain(|(name, _)| *name != "run");
+    let inner = std::mem::take(&mut execution.phases);
+    let at = phases
+        .iter()
+        .position(|(n, _)| *n == "cgroup_teardown")
+        .unwrap_or(phases.len());
+    phases.splice(at..at, inner);
+    execution.phases = phases;
     if !empty {
         return Err(sandbox_err(
             "teardown",
@@ -281,6 +314,13 @@ fn run_in_cgroup(
     seccomp_unknown: Vec<String>,
     started: Instant,
 ) -> Result<Execution> {
+    let mut phases = Vec::new();
+    let mut last = Instant::now();
+    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
+        let now = Instant::now();
+        phases.push((name, now.duration_since(last).as_micros() as u64));
+        last = now;
+    };
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
     let procs = cg.procs_files()?;
@@ -386,10 +426,12 @@ fn run_in_cgroup(
     };
     // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
     // killed the turn), inspect it from outside, then answer.
+    lap("spawn", &mut phases);
     let posture = {
         let mut byte = [0u8; 1];
         match nix::unistd::read(&ready_r, &mut byte) {
             Ok(1) => {
+                lap("init_until_ready", &mut phases);
                 let proc_root = Path::new("/proc");
                 let p = match posture::find_command(proc_root, child.id() as i32) {
                     Some(pid) => {
@@ -411,6 +453,7 @@ fn run_in_cgroup(
         }
     };
     drop(go_w);
+    lap("posture", &mut phases);
     let status = child.wait();
     let _ = cancel.send(());
     let _ = timer.join();
@@ -419,6 +462,7 @@ fn run_in_cgroup(
     let stdout = out_thread.join().unwrap_or_default();
     let stderr = err_thread.join().unwrap_or_default();
     status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
+    lap("command_and_exit", &mut phases);
 
     let report_path = turn.path.join(init::REPORT_FILE);
     let report: Vec<Value> = std::fs::read_to_string(&report_path)
@@ -443,6 +487,7 @@ fn run_in_cgroup(
         output_truncated: truncated.load(Ordering::SeqCst),
         disk_full: false,
         posture,
+        phases,
         seccomp_unknown,
         wall: started.elapsed(),
         uppers: (0..plan.writable_scopes.len())
