@@ -224,28 +224,33 @@ impl Verdict {
 /// Compares realized writes with `declared` (FR-RT-016). `scratch` is
 /// `tmp/<sid>`.
 pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &str) -> Verdict {
+    use std::collections::HashSet;
     let mut v = Verdict::default();
     let scratch_prefix = format!("{scratch}/");
+    // Sets, not scans: 10,000 declared outputs must not cost 10^8 compares.
+    let declared_paths: HashSet<&str> = declared.iter().map(|d| d.path.as_str()).collect();
+    let declared_ancestors: HashSet<&str> = declared
+        .iter()
+        .flat_map(|d| d.path.match_indices('/').map(move |(i, _)| &d.path[..i]))
+        .collect();
     for w in writes {
         if w.path.starts_with(&scratch_prefix) {
             v.scratch.push(w.clone());
             continue;
         }
-        let declared_here = declared.iter().any(|d| d.path == w.path);
-        let ancestor_of_declared = declared
-            .iter()
-            .any(|d| d.path.starts_with(&format!("{}/", w.path)));
         match w.kind {
-            Kind::File if declared_here => v.matched.push(w.clone()),
-            Kind::Dir if ancestor_of_declared => {}
+            Kind::File if declared_paths.contains(w.path.as_str()) => v.matched.push(w.clone()),
+            Kind::Dir if declared_ancestors.contains(w.path.as_str()) => {}
             _ => v.undeclared.push(w.clone()),
         }
     }
-    for d in declared {
-        if !v.matched.iter().any(|m| m.path == d.path) {
-            v.missing.push(d.path.clone());
-        }
-    }
+    let matched: HashSet<&str> = v.matched.iter().map(|m| m.path.as_str()).collect();
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|d| !matched.contains(d.path.as_str()))
+        .map(|d| d.path.clone())
+        .collect();
+    v.missing = missing;
     v
 }
 

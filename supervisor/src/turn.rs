@@ -324,12 +324,14 @@ impl Turn<'_> {
                     return o;
                 }
             };
-        phases.push(("capture", lap(clock)));
+
         let verdict = capture::verify(
             &writes,
             &self.request.declared_outputs,
             &format!("tmp/{}", self.session.id),
         );
+        // "capture" = enumerate + hash + compare with the declaration.
+        phases.push(("capture", lap(clock)));
         if let Some(p) = execution.posture.as_ref().filter(|p| !p.ok()) {
             let mut o = Outcome::failed(
                 "posture_failed",

@@ -30,6 +30,7 @@ fn main() -> Result<()> {
         Some("test") => test(),
         Some("fr-coverage") => fr_coverage(),
         Some("redteam") => redteam(args.get(1).map(String::as_str)),
+        Some("bench") => bench(),
         _ => {
             eprintln!(
                 "usage: cargo xtask <setup|demo|test|redteam [FILTER]|fr-coverage>\n\
@@ -37,6 +38,7 @@ fn main() -> Result<()> {
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
                  \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
+                 \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
                 APT_PACKAGES.join(", ")
             );
@@ -155,6 +157,55 @@ fn redteam(filter: Option<&str>) -> Result<()> {
     let mut cmd = Command::new(workspace_root().join("target/debug/redteam"));
     cmd.args(filter);
     run(&mut cmd)
+}
+
+/// Benchmark peers: installed when missing (reported as missing otherwise).
+const BENCH_PACKAGES: &[&str] = &[
+    "hyperfine",
+    "bubblewrap",
+    "runc",
+    "crun",
+    "runsc",
+    "busybox-static",
+    "util-linux",
+];
+
+/// Runs the benchmark (release build) in a private mount namespace whose
+/// /sys/fs/cgroup/unified is hidden, so crun accepts this hybrid layout
+/// (MACHINE-NOTES); every system sees the same view.
+fn bench() -> Result<()> {
+    setup()?;
+    let missing: Vec<&str> = BENCH_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !is_installed(p))
+        .collect();
+    if !missing.is_empty() && is_root() {
+        let lock = "DPkg::Lock::Timeout=600";
+        // Best effort: a peer that cannot be installed is reported as missing.
+        let _ = run(Command::new("apt-get")
+            .args(["-o", lock, "install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"));
+    }
+    run(cargo().args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "turnstile-supervisor",
+        "-p",
+        "turnstile-tests",
+        "--bins",
+    ]))?;
+    let root = workspace_root();
+    let bin = root.join("target/release/bench");
+    let script = "mount -t tmpfs none /sys/fs/cgroup/unified 2>/dev/null; exec \"$0\" \"$@\"";
+    run(Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script])
+        .arg(&bin)
+        .arg(root.join("bench"))
+        .current_dir(&root))
 }
 
 /// Every in-scope requirement has a test whose name contains `fr_rt_0xx`.

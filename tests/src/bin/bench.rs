@@ -1,0 +1,583 @@
+//! `cargo xtask bench`: where turnstile stands against bare exec, unshare,
+//! bwrap, crun, runc and runsc, plus the cost curves of capture, commit and
+//! the ledgers. Writes bench/RESULTS.md and bench/latency.svg. Needs root.
+//!
+//! Whole-process wall times are measured interleaved (one run of each
+//! system per round) so machine drift hits every system alike.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone)]
+struct Stats {
+    n: usize,
+    median: f64,
+    p95: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stats(samples: &[f64]) -> Stats {
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+    Stats {
+        n: s.len(),
+        median: at(0.5),
+        p95: at(0.95),
+        min: s[0],
+        max: s[s.len() - 1],
+    }
+}
+
+/// One system under test: how to build its command for round `i`.
+struct System {
+    name: &'static str,
+    make: Box<dyn Fn(usize) -> Command>,
+    missing: Option<String>,
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    ["/usr/local/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+fn quiet(mut c: Command) -> Command {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+fn run_ok(c: &mut Command) -> bool {
+    c.status().map(|s| s.success()).unwrap_or(false)
+}
+
+/// A busybox bundle for the OCI runtimes (offline, from busybox-static).
+fn busybox_bundle(dir: &Path) -> Result<PathBuf, String> {
+    let busybox = which("busybox").ok_or("busybox-static is not installed")?;
+    let bundle = dir.join("bundle");
+    let bin = bundle.join("rootfs/bin");
+    std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
+    std::fs::copy(&busybox, bin.join("busybox")).map_err(|e| e.to_string())?;
+    for l in ["true", "sh"] {
+        let _ = std::os::unix::fs::symlink("busybox", bin.join(l));
+    }
+    let runc = which("runc").ok_or("runc is not installed (needed for `runc spec`)")?;
+    if !run_ok(Command::new(runc).arg("spec").current_dir(&bundle)) {
+        return Err("runc spec failed".into());
+    }
+    let path = bundle.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    cfg["process"]["args"] = json!(["/bin/true"]);
+    cfg["process"]["terminal"] = json!(false);
+    std::fs::write(&path, serde_json::to_vec(&cfg).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    Ok(bundle)
+}
+
+struct Env {
+    dir: PathBuf,
+    supervise: PathBuf,
+    ws: PathBuf,
+    state: PathBuf,
+}
+
+impl Env {
+    fn supervise(&self) -> Command {
+        let mut c = Command::new(&self.supervise);
+        c.env_remove("TURNSTILE_LOG");
+        c
+    }
+
+    fn new_session(&self) -> String {
+        let out = self
+            .supervise()
+            .args(["session", "new", "--root"])
+            .arg(&self.ws)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn run_args(&self, sid: &str) -> Vec<String> {
+        vec![
+            "run".into(),
+            "--root".into(),
+            self.ws.display().to_string(),
+            "--state-dir".into(),
+            self.state.display().to_string(),
+            "--package".into(),
+            "bench".into(),
+            "--session".into(),
+            sid.into(),
+        ]
+    }
+}
+
+fn systems(env: &Env, sid: &str) -> Vec<System> {
+    let mut v: Vec<System> = Vec::new();
+    v.push(System {
+        name: "bare",
+        make: Box::new(|_| quiet(Command::new("/bin/true"))),
+        missing: None,
+    });
+    let unshare_missing = which("unshare")
+        .is_none()
+        .then(|| "util-linux unshare not found".to_owned());
+    v.push(System {
+        name: "unshare -mpf",
+        make: Box::new(|_| {
+            let mut c = quiet(Command::new("unshare"));
+            c.args(["-mpf", "--mount-proc", "/bin/true"]);
+            c
+        }),
+        missing: unshare_missing,
+    });
+    v.push(System {
+        name: "bwrap",
+        make: Box::new(|_| {
+            let mut c = quiet(Command::new("bwrap"));
+            c.args(["--unshare-all", "--ro-bind", "/", "/", "/bin/true"]);
+            c
+        }),
+        missing: which("bwrap")
+            .is_none()
+            .then(|| "bubblewrap is not installed".into()),
+    });
+    let bundle = busybox_bundle(&env.dir);
+    for (name, bin) in [("crun", "crun"), ("runc", "runc"), ("runsc", "runsc")] {
+        let missing = match (&bundle, which(bin)) {
+            (Err(e), _) => Some(e.clone()),
+            (_, None) => Some(format!("{bin} is not installed")),
+            _ => None,
+        };
+        let b = bundle.clone().unwrap_or_default();
+        let root = env.dir.join(format!("{bin}-root"));
+        v.push(System {
+            name,
+            make: Box::new(move |i| {
+                let mut c = quiet(Command::new(bin));
+                c.arg("--root").arg(&root);
+                if bin == "runsc" {
+                    c.args(["--platform=ptrace", "--network=none", "run", "-bundle"])
+                        .arg(&b)
+                        .arg(format!("b{i}"));
+                } else {
+                    c.args(["run", "-b"]).arg(&b).arg(format!("b{i}"));
+                }
+                c
+            }),
+            missing,
+        });
+    }
+    let args = env.run_args(sid);
+    let sup = env.supervise.clone();
+    v.push(System {
+        name: "turnstile",
+        make: Box::new(move |_| {
+            let mut c = quiet(Command::new(&sup));
+            c.args(&args).args(["--no-outputs", "--", "/bin/true"]);
+            c
+        }),
+        missing: None,
+    });
+    v
+}
+
+fn time_once(mut c: Command) -> Option<f64> {
+    let t = Instant::now();
+    let ok = c.status().map(|s| s.success()).unwrap_or(false);
+    ok.then(|| t.elapsed().as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    if !turnstile_tests::require_root("bench") {
+        std::process::exit(2);
+    }
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let out_dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench".into()));
+    let tmp = tempfile::Builder::new()
+        .prefix("ts-bench-")
+        .tempdir()
+        .unwrap();
+    let dir = std::fs::canonicalize(tmp.path()).unwrap();
+    let env = Env {
+        supervise: turnstile_tests::supervise_bin(),
+        ws: dir.join("ws"),
+        state: dir.join("state"),
+        dir: dir.clone(),
+    };
+    std::fs::create_dir_all(env.ws.join("installed/bench")).unwrap();
+    std::fs::write(
+        env.ws.join("installed/bench/manifest.json"),
+        r#"{"capabilities":{"execute":["/bin/true","/usr/bin/python3"]},
+            "limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#,
+    )
+    .unwrap();
+    let sid = env.new_session();
+    let mut report = String::new();
+    let mut rows: Vec<(String, Option<Stats>, Option<String>)> = Vec::new();
+
+    // Peak RSS of the supervisor: before any other child has run.
+    for _ in 0..20 {
+        let mut c = env.supervise();
+        c.args(env.run_args(&sid))
+            .args(["--no-outputs", "--", "/bin/true"]);
+        let _ = quiet(c).status();
+    }
+    let peak_rss_kib = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .map(|u| u.max_rss())
+        .unwrap_or(0);
+
+    // 1. Interleaved whole-process wall time of /bin/true.
+    eprintln!("bench: {rounds} interleaved rounds of /bin/true");
+    let systems = systems(&env, &sid);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+    let mut failures: Vec<usize> = vec![0; systems.len()];
+    for round in 0..(rounds + 5) {
+        for (i, s) in systems.iter().enumerate() {
+            if s.missing.is_some() {
+                continue;
+            }
+            match time_once((s.make)(round)) {
+                Some(ms) if round >= 5 => samples[i].push(ms),
+                Some(_) => {}
+                None => failures[i] += 1,
+            }
+        }
+    }
+    for (i, s) in systems.iter().enumerate() {
+        let missing = s.missing.clone().or_else(|| {
+            (samples[i].is_empty()).then(|| format!("every run failed ({} failures)", failures[i]))
+        });
+        rows.push((
+            s.name.to_owned(),
+            (!samples[i].is_empty()).then(|| stats(&samples[i])),
+            missing,
+        ));
+    }
+    let median = |name: &str| {
+        rows.iter()
+            .find(|r| r.0 == name)
+            .and_then(|r| r.1.as_ref().map(|s| s.median))
+    };
+    let (bare, ts) = (
+        median("bare").unwrap_or(f64::NAN),
+        median("turnstile").unwrap_or(f64::NAN),
+    );
+    writeln!(
+        report,
+        "## Whole-process wall time of `/bin/true` ({rounds} interleaved rounds, 5 warm-up)\n"
+    )
+    .unwrap();
+    writeln!(report, "| system | median ms | p95 ms | min–max ms | × bare | × turnstile |\n|---|---:|---:|---|---:|---:|").unwrap();
+    for (name, st, missing) in &rows {
+        match (st, missing) {
+            (Some(s), _) => writeln!(
+                report,
+                "| {name} | {:.2} | {:.2} | {:.2}–{:.2} | {:.1} | {:.2} |",
+                s.median,
+                s.p95,
+                s.min,
+                s.max,
+                s.median / bare,
+                s.median / ts
+            )
+            .unwrap(),
+            (None, Some(why)) => writeln!(report, "| {name} | missing: {why} | | | | |").unwrap(),
+            (None, None) => {}
+        }
+    }
+
+    // 2. Cost curves: capture + hash + commit against files and bytes.
+    writeln!(report, "\n## Capture, hash and commit\n\n| turn writes | wall ms | capture ms | commit ms | MB/s (capture) |\n|---|---:|---:|---:|---:|").unwrap();
+    let mut curve = Vec::new();
+    for (label, n, size) in [
+        ("1 file", 1usize, 1024usize),
+        ("100 files", 100, 1024),
+        ("10,000 files", 10_000, 1024),
+        ("one 1 GiB file", 1, 1 << 30),
+    ] {
+        let s = env.new_session();
+        let outputs: Vec<Value> = (0..n)
+            .map(|i| json!({"path": format!("output/{s}/f{i}"), "role": "data"}))
+            .collect();
+        let code = format!(
+            "import os\nchunk = b'x' * min({size}, 1 << 20)\nfor i in range({n}):\n    with open(f'output/{s}/f{{i}}', 'wb') as f:\n        left = {size}\n        while left > 0:\n            f.write(chunk[:left]); left -= len(chunk[:left])\n"
+        );
+        let req = dir.join(format!("req-{n}-{size}.json"));
+        std::fs::write(
+            &req,
+            json!({"command": ["/usr/bin/python3", "-c", code], "declared_outputs": outputs})
+                .to_string(),
+        )
+        .unwrap();
+        let mut c = env.supervise();
+        c.args(env.run_args(&s))
+            .arg("--json")
+            .arg("--request")
+            .arg(&req);
+        let out = c.output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let d = &v["durations"];
+        let ph = |k: &str| d["phases_ms"][k].as_f64().unwrap_or(f64::NAN);
+        let bytes = (n * size) as f64;
+        let mbps = bytes / 1e6 / (ph("capture") / 1000.0);
+        writeln!(
+            report,
+            "| {label} ({}) | {:.1} | {:.1} | {:.1} | {:.0} |",
+            v["status"].as_str().unwrap_or("?"),
+            d["wall_ms"].as_f64().unwrap_or(f64::NAN),
+            ph("capture"),
+            ph("commit"),
+            mbps
+        )
+        .unwrap();
+        curve.push((label, mbps));
+    }
+    let buf = vec![0u8; 256 << 20];
+    let t = Instant::now();
+    let _ = Sha256::digest(&buf);
+    let sha_mbps = buf.len() as f64 / 1e6 / t.elapsed().as_secs_f64();
+    let gib = curve.last().map(|c| c.1).unwrap_or(f64::NAN);
+    writeln!(report, "\nsha256 on this machine (one core, 256 MiB in memory): {sha_mbps:.0} MB/s; capture of the 1 GiB file: {gib:.0} MB/s = {:.2}× (target ≥ 0.8×).", gib / sha_mbps).unwrap();
+
+    // 3. Ledgers: append latency (fsync'd) and verify throughput.
+    let (append, verify_mbps, ledger_mb) = ledger_numbers(&env);
+    writeln!(report, "\n## Ledgers\n\n- append (entry + anchor, fsync'd), {} appends: median {:.3} ms, p95 {:.3} ms", append.n, append.median, append.p95).unwrap();
+    writeln!(report, "- `ledger verify` over a {ledger_mb:.1} MB ledger: {verify_mbps:.0} MB/s (target ≥ 200 MB/s)").unwrap();
+
+    // 4. Eight concurrent sessions.
+    let tps = concurrent(&env, 8, Duration::from_secs(5));
+    writeln!(report, "\n## Concurrency\n\n- 8 concurrent sessions, `/bin/true` turns back to back for 5 s: {tps:.0} turns/s (target ≥ 300)").unwrap();
+    writeln!(
+        report,
+        "- supervisor peak RSS (max over 20 turns): {} KiB",
+        peak_rss_kib
+    )
+    .unwrap();
+
+    // Targets.
+    let bwrap = median("bwrap");
+    let crun = median("crun");
+    writeln!(
+        report,
+        "\n## Targets\n\n| target | measured | met |\n|---|---|---|"
+    )
+    .unwrap();
+    let ratio = |x: Option<f64>| x.map(|b| ts / b);
+    for (what, value, ok) in [
+        (
+            "turnstile ≤ 0.75× bwrap",
+            ratio(bwrap).map(|r| format!("{r:.2}×")),
+            ratio(bwrap).map(|r| r <= 0.75),
+        ),
+        (
+            "turnstile ≤ 0.5× crun",
+            ratio(crun).map(|r| format!("{r:.2}×")),
+            ratio(crun).map(|r| r <= 0.5),
+        ),
+        (
+            "capture hashing ≥ 0.8× sha256",
+            Some(format!("{:.2}×", gib / sha_mbps)),
+            Some(gib / sha_mbps >= 0.8),
+        ),
+        (
+            "ledger verify ≥ 200 MB/s",
+            Some(format!("{verify_mbps:.0} MB/s")),
+            Some(verify_mbps >= 200.0),
+        ),
+        (
+            "8 sessions ≥ 300 turns/s",
+            Some(format!("{tps:.0} turns/s")),
+            Some(tps >= 300.0),
+        ),
+    ] {
+        writeln!(
+            report,
+            "| {what} | {} | {} |",
+            value.unwrap_or_else(|| "peer missing".into()),
+            match ok {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "n/a",
+            }
+        )
+        .unwrap();
+    }
+
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let svg = svg_chart(&rows);
+    std::fs::write(out_dir.join("latency.svg"), svg).unwrap();
+    let header = format!(
+        "# turnstile benchmark results\n\nProduced by `cargo xtask bench` (release build, as root) on {} — {} cores, kernel {}, {}.\n\n![latency per system](latency.svg)\n\n",
+        date(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        kernel(),
+        "cgroups v1 (hybrid); the whole bench runs in a private mount namespace with a tmpfs over /sys/fs/cgroup/unified so crun accepts the layout (MACHINE-NOTES)",
+    );
+    std::fs::write(out_dir.join("RESULTS.md"), format!("{header}{report}")).unwrap();
+    print!("{header}{report}");
+}
+
+fn date() -> String {
+    Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+fn ledger_numbers(env: &Env) -> (Stats, f64, f64) {
+    use turnstile_supervisor::layout::{StateDir, Workspace};
+    use turnstile_supervisor::ledger::LedgerKind;
+    use turnstile_supervisor::session::Session;
+    let ws = Workspace::open(&env.ws).unwrap();
+    let state = StateDir::open(&env.state, &ws, true).unwrap();
+    let id = turnstile_policy::SessionId::parse(&env.new_session()).unwrap();
+    let session = Session::open(&ws, &state, &id, None).unwrap();
+    let lock = session.lock().unwrap();
+    let body = |i: u64| {
+        let v = json!({"event": "bench", "session_id": id.as_str(), "turn_number": i, "payload": "p".repeat(900)});
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    };
+    let mut lat = Vec::new();
+    for i in 0..2000 {
+        let t = Instant::now();
+        session
+            .ledger(LedgerKind::Exec)
+            .append(&lock, body(i))
+            .unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    // Verify throughput over several passes of the same (~2 MB) ledger.
+    let bytes = std::fs::metadata(session.ledger(LedgerKind::Exec).path)
+        .unwrap()
+        .len() as f64;
+    let t = Instant::now();
+    let passes = 10;
+    for _ in 0..passes {
+        session.ledger(LedgerKind::Exec).verify().unwrap();
+    }
+    let mbps = bytes * passes as f64 / 1e6 / t.elapsed().as_secs_f64();
+    (stats(&lat), mbps, bytes / 1e6)
+}
+
+fn concurrent(env: &Env, n: usize, dur: Duration) -> f64 {
+    let sessions: Vec<String> = (0..n).map(|_| env.new_session()).collect();
+    let start = Instant::now();
+    let total: usize = std::thread::scope(|s| {
+        let hs: Vec<_> = sessions
+            .iter()
+            .map(|sid| {
+                s.spawn(move || {
+                    let mut count = 0;
+                    while start.elapsed() < dur {
+                        let mut c = env.supervise();
+                        c.args(env.run_args(sid))
+                            .args(["--no-outputs", "--", "/bin/true"]);
+                        if quiet(c).status().map(|s| s.success()).unwrap_or(false) {
+                            count += 1;
+                        }
+                    }
+                    count
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    });
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// A horizontal bar chart of median latency (with the p95 as a whisker),
+/// log-free, one bar per system; missing peers are labelled.
+fn svg_chart(rows: &[(String, Option<Stats>, Option<String>)]) -> String {
+    let max = rows
+        .iter()
+        .filter_map(|r| r.1.as_ref().map(|s| s.p95))
+        .fold(1.0f64, f64::max);
+    let (w, bar_h, left, top) = (860.0, 30.0, 150.0, 50.0);
+    let scale = (w - left - 120.0) / max;
+    let h = top + rows.len() as f64 * (bar_h + 12.0) + 40.0;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="13">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{left}" y="28" font-size="16" font-weight="bold">Wall time of /bin/true per system (median, whisker = p95), ms</text>
+"#
+    );
+    for (i, (name, st, missing)) in rows.iter().enumerate() {
+        let y = top + i as f64 * (bar_h + 12.0);
+        let color = if name == "turnstile" {
+            "#d9480f"
+        } else {
+            "#1c7ed6"
+        };
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="end">{name}</text>"#,
+            left - 8.0,
+            y + bar_h * 0.65
+        );
+        match (st, missing) {
+            (Some(st), _) => {
+                let bw = (st.median * scale).max(1.0);
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{left}" y="{y}" width="{bw:.1}" height="{bar_h}" fill="{color}"/>"#
+                );
+                let px = left + st.p95 * scale;
+                let _ = writeln!(
+                    s,
+                    r#"<line x1="{:.1}" y1="{}" x2="{px:.1}" y2="{}" stroke="black"/>"#,
+                    left + bw,
+                    y + bar_h / 2.0,
+                    y + bar_h / 2.0
+                );
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.1}" y="{}">{:.2}</text>"#,
+                    px + 6.0,
+                    y + bar_h * 0.65,
+                    st.median
+                );
+            }
+            (None, why) => {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{left}" y="{}" fill="gray">missing: {}</text>"#,
+                    y + bar_h * 0.65,
+                    why.clone().unwrap_or_default()
+                );
+            }
+        }
+    }
+    s += "</svg>\n";
+    s
+}
