@@ -194,6 +194,8 @@ struct Outcome {
     plan: Option<Plan>,
     /// Where the time went: (phase, microseconds), in order.
     phases: Vec<(&'static str, u64)>,
+    /// The turn directory's removal, running while the ledgers are written.
+    cleanup: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Microseconds since `since`, restarting it.
@@ -257,7 +259,12 @@ impl Turn<'_> {
         outcome
             .phases
             .splice(0..0, [("plan", plan_us), ("intent_entry", intent_us)]);
-        self.finish(&query_hash, outcome)
+        let cleanup = outcome.cleanup.take();
+        let result = self.finish(&query_hash, outcome);
+        if let Some(c) = cleanup {
+            let _ = c.join();
+        }
+        result
     }
 
     fn execute(&self, plan: Plan) -> Outcome {
@@ -433,6 +440,7 @@ impl Turn<'_> {
             committed: Vec::new(),
             plan: None,
             phases: Vec::new(),
+            cleanup: None,
         };
         if status == "committed" {
             let owner = (plan.uid, plan.gid);
@@ -454,7 +462,7 @@ impl Turn<'_> {
         phases.push(("commit", lap(clock)));
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
-        drop(turn_dir);
+        outcome.cleanup = Some(turn_dir.remove_in_background());
         outcome
     }
 
@@ -670,6 +678,7 @@ impl Outcome {
             committed: Vec::new(),
             plan,
             phases: Vec::new(),
+            cleanup: None,
         }
     }
 

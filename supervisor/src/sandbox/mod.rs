@@ -184,12 +184,32 @@ impl TurnDir {
     }
 }
 
-impl Drop for TurnDir {
-    fn drop(&mut self) {
+impl TurnDir {
+    /// Unmounts the scratch tmpfs now and removes the directory on a
+    /// background thread, so the removal overlaps the turn's final
+    /// (fsync-bound) ledger appends. Join the handle before exiting.
+    pub fn remove_in_background(mut self) -> std::thread::JoinHandle<()> {
+        self.unmount();
+        let path = std::mem::take(&mut self.path);
+        std::thread::spawn(move || {
+            let _ = std::fs::remove_dir_all(&path);
+        })
+    }
+
+    fn unmount(&mut self) {
         if self.scratch_mounted {
             let _ = umount2(&self.path.join(init::SCRATCH_DIR), MntFlags::MNT_DETACH);
+            self.scratch_mounted = false;
         }
-        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+impl Drop for TurnDir {
+    fn drop(&mut self) {
+        self.unmount();
+        if !self.path.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }
 
