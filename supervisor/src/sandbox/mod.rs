@@ -112,6 +112,7 @@ pub struct Execution {
 #[derive(Debug)]
 pub struct TurnDir {
     pub path: PathBuf,
+    dir_mounted: bool,
     scratch_mounted: bool,
 }
 
@@ -131,8 +132,21 @@ impl TurnDir {
         std::fs::create_dir(&path).map_err(sandbox_io("create turn dir", &path))?;
         let mut dir = Self {
             path,
+            dir_mounted: false,
             scratch_mounted: false,
         };
+        // The turn directory is scratch too (plan, seccomp program, report,
+        // mount points): keep it in memory, off the disk's journal. Measured
+        // under load: `prepare` 1.4 ms on disk.
+        mount(
+            Some("tmpfs"),
+            &dir.path,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0700,size=4m,nr_inodes=1024"),
+        )
+        .map_err(|e| sandbox_err("mount turn tmpfs", format!("{}: {e}", dir.path.display())))?;
+        dir.dir_mounted = true;
         for sub in [init::ROOT_DIR, init::SCRATCH_DIR] {
             let p = dir.path.join(sub);
             std::fs::create_dir(&p).map_err(sandbox_io("create turn dir", &p))?;
@@ -200,6 +214,10 @@ impl TurnDir {
         if self.scratch_mounted {
             let _ = umount2(&self.path.join(init::SCRATCH_DIR), MntFlags::MNT_DETACH);
             self.scratch_mounted = false;
+        }
+        if self.dir_mounted {
+            let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+            self.dir_mounted = false;
         }
     }
 }

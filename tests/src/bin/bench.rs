@@ -187,7 +187,9 @@ fn systems(env: &Env, sid: &str) -> Vec<System> {
         name: "turnstile",
         make: Box::new(move |_| {
             let mut c = quiet(Command::new(&sup));
-            c.args(&args).args(["--no-outputs", "--", "/bin/true"]);
+            c.args(&args)
+                .args(["--json", "--no-outputs", "--", "/bin/true"])
+                .stdout(Stdio::piped());
             c
         }),
         missing: None,
@@ -195,10 +197,13 @@ fn systems(env: &Env, sid: &str) -> Vec<System> {
     v
 }
 
-fn time_once(mut c: Command) -> Option<f64> {
+/// Wall time of one run; the run's stdout when it was piped (turnstile's
+/// `--json`, which carries its own phase timings).
+fn time_once(mut c: Command) -> Option<(f64, Vec<u8>)> {
     let t = Instant::now();
-    let ok = c.status().map(|s| s.success()).unwrap_or(false);
-    ok.then(|| t.elapsed().as_secs_f64() * 1000.0)
+    let out = c.output().ok()?;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    out.status.success().then_some((ms, out.stdout))
 }
 
 fn main() {
@@ -248,13 +253,38 @@ fn main() {
     let systems = systems(&env, &sid);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     let mut failures: Vec<usize> = vec![0; systems.len()];
+    let mut phases: std::collections::BTreeMap<String, Vec<f64>> =
+        std::collections::BTreeMap::new();
     for round in 0..(rounds + 5) {
-        for (i, s) in systems.iter().enumerate() {
+        // Rotate the order every round: a system's asynchronous teardown
+        // (runsc's, above all) must not always land on the same neighbour.
+        for k in 0..systems.len() {
+            let i = (k + round) % systems.len();
+            let s = &systems[i];
             if s.missing.is_some() {
                 continue;
             }
             match time_once((s.make)(round)) {
-                Some(ms) if round >= 5 => samples[i].push(ms),
+                Some((ms, stdout)) if round >= 5 => {
+                    samples[i].push(ms);
+                    if let Ok(v) = serde_json::from_slice::<Value>(&stdout) {
+                        let d = &v["durations"];
+                        if let Some(m) = d["phases_ms"].as_object() {
+                            for (k, x) in m {
+                                phases
+                                    .entry(k.clone())
+                                    .or_default()
+                                    .push(x.as_f64().unwrap_or(0.0));
+                            }
+                        }
+                        for k in ["wall_ms", "ledger_entries_ms"] {
+                            phases
+                                .entry(format!("({k})"))
+                                .or_default()
+                                .push(d[k].as_f64().unwrap_or(0.0));
+                        }
+                    }
+                }
                 Some(_) => {}
                 None => failures[i] += 1,
             }
@@ -281,7 +311,7 @@ fn main() {
     );
     writeln!(
         report,
-        "## Whole-process wall time of `/bin/true` ({rounds} interleaved rounds, 5 warm-up)\n"
+        "## Whole-process wall time of `/bin/true` ({rounds} interleaved rounds, order rotated each round, 5 warm-up)\n"
     )
     .unwrap();
     writeln!(report, "| system | median ms | p95 ms | min–max ms | × bare | × turnstile |\n|---|---:|---:|---|---:|---:|").unwrap();
@@ -301,6 +331,35 @@ fn main() {
             (None, Some(why)) => writeln!(report, "| {name} | missing: {why} | | | | |").unwrap(),
             (None, None) => {}
         }
+    }
+
+    // Where turnstile's time went, from its own evidence, same rounds.
+    if !phases.is_empty() {
+        writeln!(report, "\n### Where a turnstile turn's time goes (medians over the same rounds, from each turn's own `--json` durations)\n\n| phase | median ms |\n|---|---:|").unwrap();
+        let mut order: Vec<(String, f64)> = phases
+            .iter()
+            .map(|(k, v)| (k.clone(), stats(v).median))
+            .collect();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let accounted: f64 = order
+            .iter()
+            .filter(|(k, _)| !k.starts_with('('))
+            .map(|(_, m)| m)
+            .sum();
+        for (k, m) in &order {
+            writeln!(report, "| {k} | {m:.3} |").unwrap();
+        }
+        let wall = median("turnstile").unwrap_or(f64::NAN);
+        let ledger = phases
+            .get("(ledger_entries_ms)")
+            .map(|v| stats(v).median)
+            .unwrap_or(0.0);
+        writeln!(
+            report,
+            "| (the rest: process start-up, session open, manifest, check, exit) | {:.3} |",
+            wall - accounted - ledger
+        )
+        .unwrap();
     }
 
     // 2. Cost curves: capture + hash + commit against files and bytes.
