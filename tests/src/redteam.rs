@@ -1281,8 +1281,9 @@ impl Suite {
             .replace("@ROOT@", &self.fx.root.display().to_string())
     }
 
-    fn run_args(&self, session: Option<&str>, outputs: &[&str], argv: &[String]) -> Vec<String> {
-        let mut args: Vec<String> = vec![
+    /// `supervise run --root … --state-dir … --package rt --json`.
+    fn base_args(&self) -> Vec<String> {
+        vec![
             "run".into(),
             "--root".into(),
             self.fx.root.display().to_string(),
@@ -1291,7 +1292,11 @@ impl Suite {
             "--package".into(),
             "rt".into(),
             "--json".into(),
-        ];
+        ]
+    }
+
+    fn run_args(&self, session: Option<&str>, outputs: &[&str], argv: &[String]) -> Vec<String> {
+        let mut args = self.base_args();
         if let Some(s) = session {
             args.extend(["--session".into(), s.into()]);
         }
@@ -1360,16 +1365,7 @@ impl Suite {
                 false,
             ),
             Body::Cli(rest) => {
-                let mut args: Vec<String> = vec![
-                    "run".into(),
-                    "--root".into(),
-                    self.fx.root.display().to_string(),
-                    "--state-dir".into(),
-                    self.fx.state.display().to_string(),
-                    "--package".into(),
-                    "rt".into(),
-                    "--json".into(),
-                ];
+                let mut args = self.base_args();
                 args.extend(rest.iter().map(|s| (*s).to_owned()));
                 self.invoke(&args, false)
             }

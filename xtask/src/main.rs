@@ -109,13 +109,18 @@ fn setup() -> Result<()> {
             missing.join(" ")
         );
     }
+    apt_install(&missing)
+}
+
+/// `apt-get update` then install `packages` (non-interactive, waiting for
+/// the dpkg lock).
+fn apt_install(packages: &[&str]) -> Result<()> {
     let lock = "DPkg::Lock::Timeout=600";
     run(Command::new("apt-get").args(["-o", lock, "update", "-q"]))?;
     run(Command::new("apt-get")
         .args(["-o", lock, "install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    Ok(())
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 fn cargo() -> Command {
@@ -181,12 +186,8 @@ fn bench() -> Result<()> {
         .filter(|p| !is_installed(p))
         .collect();
     if !missing.is_empty() && is_root() {
-        let lock = "DPkg::Lock::Timeout=600";
         // Best effort: a peer that cannot be installed is reported as missing.
-        let _ = run(Command::new("apt-get")
-            .args(["-o", lock, "install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"));
+        let _ = apt_install(&missing);
     }
     run(cargo().args([
         "build",
