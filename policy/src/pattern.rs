@@ -193,10 +193,6 @@ impl PatternSet {
         })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.patterns.is_empty()
-    }
-
     /// The first pattern (in manifest order) that matches `target` or one of
     /// its ancestors.
     pub fn matching(&self, target: &Target) -> Option<&Pattern> {

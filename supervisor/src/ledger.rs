@@ -26,7 +26,7 @@ use std::fmt;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
 use serde_json::{Map, Value, json};
@@ -658,9 +658,4 @@ impl LedgerFiles {
 
 fn canon_err(field: &str, e: CanonicalError) -> SupervisorError {
     SupervisorError::invalid(field, e.to_string())
-}
-
-/// Convenience for callers holding only a path.
-pub fn ledger_exists(path: &Path) -> bool {
-    path.symlink_metadata().is_ok()
 }

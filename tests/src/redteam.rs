@@ -895,13 +895,30 @@ pub fn probes() -> Vec<Probe> {
             "commit writes fresh files",
             |c| {
                 let p = session_file(c, "output/<sid>/r.md").ok_or("no session")?;
-                let out = Command::new("getfattr").arg("-d").arg(&p).output();
-                match out {
-                    Ok(o) if String::from_utf8_lossy(&o.stdout).contains("evil") => {
-                        Err("xattr committed".into())
-                    }
-                    _ if p.is_file() => Ok(()),
-                    _ => Err("output not committed".into()),
+                if !p.is_file() {
+                    return Err("output not committed".into());
+                }
+                // List the committed file's xattrs on the host; a failure to
+                // list is a failure of the oracle, never a pass.
+                let out = Command::new("/usr/bin/python3")
+                    .args([
+                        "-c",
+                        "import os, sys; print(' '.join(os.listxattr(sys.argv[1])))",
+                    ])
+                    .arg(&p)
+                    .output()
+                    .map_err(|e| format!("cannot list xattrs: {e}"))?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "cannot list xattrs: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+                let names = String::from_utf8_lossy(&out.stdout);
+                if names.contains("user.evil") {
+                    Err(format!("xattr committed: {}", names.trim()))
+                } else {
+                    Ok(())
                 }
             }
         ),

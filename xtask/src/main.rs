@@ -148,9 +148,10 @@ fn test() -> Result<()> {
     Ok(())
 }
 
-/// Runs the red-team suite (tests/src/redteam.rs) and prints its table.
-fn redteam(filter: Option<&str>) -> Result<()> {
-    run(cargo().args([
+/// Builds `supervise` and the tests crate's binaries (redteam, bench).
+fn build_bins(release: bool) -> Result<()> {
+    let mut c = cargo();
+    c.args([
         "build",
         "--quiet",
         "-p",
@@ -158,7 +159,16 @@ fn redteam(filter: Option<&str>) -> Result<()> {
         "-p",
         "turnstile-tests",
         "--bins",
-    ]))?;
+    ]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)
+}
+
+/// Runs the red-team suite (tests/src/redteam.rs) and prints its table.
+fn redteam(filter: Option<&str>) -> Result<()> {
+    build_bins(false)?;
     let mut cmd = Command::new(workspace_root().join("target/debug/redteam"));
     cmd.args(filter);
     run(&mut cmd)
@@ -189,16 +199,7 @@ fn bench() -> Result<()> {
         // Best effort: a peer that cannot be installed is reported as missing.
         let _ = apt_install(&missing);
     }
-    run(cargo().args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "turnstile-supervisor",
-        "-p",
-        "turnstile-tests",
-        "--bins",
-    ]))?;
+    build_bins(true)?;
     let root = workspace_root();
     let bin = root.join("target/release/bench");
     let script = "mount -t tmpfs none /sys/fs/cgroup/unified 2>/dev/null; exec \"$0\" \"$@\"";
