@@ -47,6 +47,8 @@ codes! {
     PIDS_LIMIT_EXCEEDED = "TS1020", "PIDS_LIMIT_EXCEEDED";
     DISK_LIMIT_EXCEEDED = "TS1021", "DISK_LIMIT_EXCEEDED";
     COMMIT_FAILED = "TS1022", "COMMIT_FAILED";
+    TURN_ABORTED = "TS1023", "TURN_ABORTED";
+    TURN_INTERRUPTED = "TS1024", "TURN_INTERRUPTED";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

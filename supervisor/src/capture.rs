@@ -57,6 +57,8 @@ pub struct RealizedWrite {
     pub sha256: Option<String>,
     /// Which writable scope (overlay index) it is in.
     pub scope: usize,
+    /// Permission bits as the turn left them (files, dirs; 0 otherwise).
+    pub mode: u32,
 }
 
 impl RealizedWrite {
@@ -167,10 +169,10 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                         .lower
                         .join(&rel)
                         .symlink_metadata()
-                        .is_ok_and(|m| m.is_dir())
+                        .is_ok_and(|m| m.is_dir() && m.mode() & 0o7777 == meta.mode() & 0o7777)
                     {
                         // Copied up to hold a change below it: structure,
-                        // not a write of its own.
+                        // not a write of its own (a chmod of it is one).
                         continue;
                     } else {
                         (Kind::Dir, 0, None)
@@ -188,6 +190,11 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                     size,
                     sha256,
                     scope: index,
+                    mode: if ft.is_file() || ft.is_dir() {
+                        meta.mode() & 0o7777
+                    } else {
+                        0
+                    },
                 });
                 if out.len() as u64 > max_entries {
                     return Err(capture_err(format!(
@@ -265,6 +272,7 @@ mod tests {
             size: 1,
             sha256: None,
             scope: 0,
+            mode: 0o644,
         }
     }
 

@@ -76,6 +76,28 @@ pub enum Command {
     ///
     /// Example: supervise prompt-header --root /ws --session SES-... --turn 1 --input registries/users.csv
     PromptHeader(PromptHeaderArgs),
+    /// Settle what stopped supervisors left behind, for every session of the
+    /// state directory (of --root only, when given): kill and remove dead
+    /// turns' cgroups, unmount and remove their turn directories, settle
+    /// interrupted ledger appends and commit journals, close unfinished
+    /// turns as `aborted`, remove half-created sessions. For boot scripts;
+    /// every `run` does the same for its own session first.
+    ///
+    /// Example: supervise recover --state-dir /var/lib/turnstile
+    Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    /// Only the sessions of this workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Supervisor state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -249,6 +271,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
         Command::Check(a) => a.common.json,
         Command::PromptHeader(a) => a.common.json,
+        Command::Recover(a) => a.json,
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
@@ -258,6 +281,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Ledger(LedgerCommand::Verify(a)) => ledger_verify(&a),
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
+        Command::Recover(a) => recover_cmd(&a),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
 }
@@ -325,6 +349,7 @@ fn session_new(a: &SessionNewArgs) -> Result<Outcome> {
     crate::layout::check_tier(&a.tier)?;
     let ws = Workspace::open(&a.common.root)?;
     let state = StateDir::open(&a.common.state_dir, &ws, true)?;
+    crate::session::sweep_unfinished(&state, Some(&ws))?;
     let ids = SessionIdGenerator::new(SystemClock, OsRandom);
     let session = Session::create(&ws, &state, &a.tier, &ids)?;
     let stdout = if a.common.json {
@@ -595,6 +620,13 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         }
     }
     let request = request_from_args(&a.request)?;
+    // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
+    // `interrupted`, exit 128+signal) instead of killing supervise outright.
+    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
+        op: "install signal handlers",
+        path: PathBuf::new(),
+        source,
+    })?;
     let opts = crate::turn::RunOptions {
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
@@ -602,9 +634,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         session: a.session.clone(),
         request,
         json: a.common.json,
-        cgroup_root: std::env::var_os("TURNSTILE_CGROUP_ROOT")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+        cgroup_root: cgroup_root(),
     };
     let r = crate::turn::run_turn(&opts)?;
     Ok(Outcome {
@@ -689,4 +719,59 @@ fn doctor_cmd(a: &DoctorArgs) -> Outcome {
         stdout: if a.json { format!("{value}\n") } else { text },
         stderr: String::new(),
     }
+}
+
+/// The cgroupfs root (`TURNSTILE_CGROUP_ROOT`, for tests on a fake tree).
+fn cgroup_root() -> PathBuf {
+    std::env::var_os("TURNSTILE_CGROUP_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))
+}
+
+fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
+    if !a.state_dir.is_absolute() {
+        return Err(SupervisorError::invalid(
+            "--state-dir",
+            format!("{} must be an absolute path", a.state_dir.display()),
+        ));
+    }
+    let workspace = a.root.as_deref().map(Workspace::open).transpose()?;
+    let state = match &workspace {
+        Some(ws) => StateDir::open(&a.state_dir, ws, false)?,
+        None => StateDir::at(&a.state_dir),
+    };
+    let (swept, sessions) =
+        crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root())?;
+    let acted: Vec<&crate::recover::SessionRecovery> =
+        sessions.iter().filter(|r| !r.is_empty()).collect();
+    let stdout = if a.json {
+        format!(
+            "{}\n",
+            json!({
+                "sessions_checked": sessions.len(),
+                "unfinished_creations_removed": swept,
+                "recovered": acted.iter().map(|r| r.to_value()).collect::<Vec<_>>(),
+            })
+        )
+    } else {
+        let mut t = format!(
+            "{} sessions checked, {} recovered, {} unfinished session creations removed\n",
+            sessions.len(),
+            acted.len(),
+            swept.len()
+        );
+        for r in &acted {
+            t += &format!(
+                "{}: {} turn(s) closed, {} journal(s) settled, {} ledger tail(s) settled, {} cgroup(s) and {} turn dir(s) removed\n",
+                r.session_id,
+                r.closed.len(),
+                r.journals.len(),
+                r.tails.len(),
+                r.cgroups.len(),
+                r.turn_dirs.len()
+            );
+        }
+        t
+    };
+    Ok(Outcome::ok(stdout))
 }

@@ -72,6 +72,9 @@ pub enum SupervisorError {
         source: Option<std::io::Error>,
     },
 
+    #[error("commit failed: {detail}")]
+    Commit { detail: String },
+
     #[error("capture limit: {0}")]
     CaptureLimit(String),
 
@@ -99,6 +102,7 @@ impl SupervisorError {
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
+            Self::Commit { .. } => codes::COMMIT_FAILED,
         }
     }
 
@@ -111,7 +115,7 @@ impl SupervisorError {
             | Self::InputUnreadable { .. } => exit::BAD_INPUT,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,
-            Self::LedgerIo { .. } | Self::StateIo { .. } => exit::FAILURE,
+            Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
             Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } => exit::SANDBOX,
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,

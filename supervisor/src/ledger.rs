@@ -221,6 +221,7 @@ pub struct Pending {
     pub entry_hash: String,
     pub head_offset: u64,
     pub last_turn: Option<u64>,
+    pub open_turn: Option<u64>,
     /// sha256 of exactly the bytes being appended.
     pub tail_sha256: String,
     /// Appends that must land together (a turn's exec and evidence entries)
@@ -239,6 +240,9 @@ pub struct Anchor {
     pub head_offset: Option<u64>,
     /// Highest `turn_number` appended so far.
     pub last_turn: Option<u64>,
+    /// A turn whose `turn.started` entry has no `turn.finished` yet: the
+    /// turn in progress, or one a crash left unfinished (exec ledger).
+    pub open_turn: Option<u64>,
     /// Generation of this anchor state (0 for a single-object legacy
     /// anchor); selects the newer of the two slots.
     pub generation: u64,
@@ -263,6 +267,7 @@ impl Anchor {
             "len": self.len,
             "head_offset": self.head_offset,
             "last_turn": self.last_turn,
+            "open_turn": self.open_turn,
             "generation": self.generation,
         });
         if let (Some(p), Some(m)) = (&self.pending, v.as_object_mut()) {
@@ -270,7 +275,7 @@ impl Anchor {
                 "pending".into(),
                 json!({
                     "len": p.len, "seq": p.seq, "entry_hash": p.entry_hash,
-                    "head_offset": p.head_offset, "last_turn": p.last_turn,
+                    "head_offset": p.head_offset, "last_turn": p.last_turn, "open_turn": p.open_turn,
                     "tail_sha256": p.tail_sha256, "group": p.group,
                 }),
             );
@@ -326,6 +331,7 @@ impl Anchor {
                     entry_hash: s("entry_hash")?,
                     head_offset: u("head_offset")?,
                     last_turn: p.get("last_turn").and_then(Value::as_u64),
+                    open_turn: p.get("open_turn").and_then(Value::as_u64),
                     tail_sha256: s("tail_sha256")?,
                     group: s("group")?,
                 })
@@ -340,6 +346,7 @@ impl Anchor {
             len: field("len")?.as_u64().ok_or("`len` is not an integer")?,
             head_offset: v.get("head_offset").and_then(Value::as_u64),
             last_turn: v.get("last_turn").and_then(Value::as_u64),
+            open_turn: v.get("open_turn").and_then(Value::as_u64),
             generation: v.get("generation").and_then(Value::as_u64).unwrap_or(0),
             pending,
         })
@@ -404,6 +411,7 @@ impl Anchor {
                 len: p.len,
                 head_offset: Some(p.head_offset),
                 last_turn: p.last_turn,
+                open_turn: p.open_turn,
                 generation: self.generation,
                 pending: None,
             },
@@ -546,6 +554,7 @@ impl LedgerFiles {
             len: 0,
             head_offset: Some(0),
             last_turn: Some(0),
+            open_turn: None,
             generation: 1,
             pending: None,
         })
@@ -752,6 +761,11 @@ impl LedgerFiles {
     /// when the anchor predates that record.
     pub fn last_turn(&self) -> Result<Option<u64>> {
         Ok(self.read_anchor()?.and_then(|a| a.last_turn))
+    }
+
+    /// The acknowledged head (O(1)).
+    pub fn anchor(&self) -> Result<Option<Anchor>> {
+        self.read_anchor()
     }
 
     /// Verifies every entry and the head against the anchor.
@@ -989,6 +1003,7 @@ fn prepare<'a>(
     let file = files.open_for_append(&anchor)?;
     let (mut seq, mut prev, mut len) = (anchor.seq, anchor.entry_hash.clone(), anchor.len);
     let (mut head_offset, mut last_turn) = (anchor.len, anchor.last_turn);
+    let mut open_turn = anchor.open_turn;
     let mut bytes = Vec::new();
     let mut appended = Vec::new();
     for mut body in bodies {
@@ -999,6 +1014,11 @@ fn prepare<'a>(
             ));
         }
         let turn = body.get("turn_number").and_then(Value::as_u64);
+        match (body.get("event").and_then(Value::as_str), turn) {
+            (Some("turn.started"), Some(t)) => open_turn = Some(t),
+            (Some("turn.finished"), Some(t)) if open_turn == Some(t) => open_turn = None,
+            _ => {}
+        }
         seq += 1;
         body.insert("seq".into(), json!(seq));
         body.insert("previous_hash".into(), json!(prev));
@@ -1028,6 +1048,7 @@ fn prepare<'a>(
         entry_hash: prev,
         head_offset,
         last_turn,
+        open_turn,
         tail_sha256: canonical::sha256_hex(&bytes),
         group: group.to_owned(),
     };

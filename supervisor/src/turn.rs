@@ -46,12 +46,17 @@ pub fn record_rejected_turn(
         violations,
         at: clock.now(),
     };
-    session
-        .ledger(LedgerKind::Exec)
-        .append(lock, turn.exec_entry())?;
-    session
-        .ledger(LedgerKind::Evidence)
-        .append(lock, turn.evidence_entry())?;
+    let (exec, evidence) = (
+        session.ledger(LedgerKind::Exec),
+        session.ledger(LedgerKind::Evidence),
+    );
+    crate::ledger::append_group(
+        lock,
+        vec![
+            (&exec, vec![turn.exec_entry()]),
+            (&evidence, vec![turn.evidence_entry()]),
+        ],
+    )?;
     Ok(turn_number)
 }
 
@@ -95,7 +100,10 @@ fn prepare(opts: &RunOptions) -> Result<Prepared> {
     let probe = session
         .clone()
         .unwrap_or_else(|| SessionId::from_parts(OffsetDateTime::UNIX_EPOCH, 0));
-    opts.request.bind(&probe)?;
+    let bound = opts.request.bind(&probe)?;
+    // Capability compilation can fail on bad input (patterns): do it now,
+    // before a session is created for this turn (exit 2 creates nothing).
+    CompiledCapabilities::compile(workspace.root_str(), &manifest, &bound)?;
     Ok(Prepared {
         workspace,
         state,
@@ -111,6 +119,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         Some(id) => Session::open(&p.workspace, &p.state, id, None)?,
         None => {
             let state = StateDir::open(p.state.path(), &p.workspace, true)?;
+            crate::session::sweep_unfinished(&state, Some(&p.workspace))?;
             Session::create(
                 &p.workspace,
                 &state,
@@ -119,8 +128,12 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
             )?
         }
     };
-    // Turns of one session are serialized; sessions run concurrently.
-    let lock = session.lock()?;
+    // Turns of one session are serialized; sessions run concurrently. What
+    // a dead supervisor left of this session is settled first.
+    let (lock, recovery) = session.lock_for_write(&opts.cgroup_root)?;
+    if !recovery.is_empty() {
+        tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
+    }
     let request = opts.request.bind(&session.id)?;
     let caps = CompiledCapabilities::compile(p.workspace.root_str(), &p.manifest, &request)?;
     let allowed = match caps.check(&request) {
@@ -244,6 +257,7 @@ impl Turn<'_> {
 
         let intent_us = lap(&mut clock);
         let mut outcome = match plan {
+            Ok(plan) if crate::interrupt::received().is_some() => Outcome::interrupted(Some(plan)),
             Ok(plan) => self.execute(plan),
             Err(e) => Outcome::failed(
                 "sandbox_error",
@@ -283,11 +297,9 @@ impl Turn<'_> {
         phases: &mut Vec<(&'static str, u64)>,
     ) -> Outcome {
         let turn_path = self
-            .opts
-            .state_dir
-            .join("sessions")
-            .join(self.session.id.as_str())
-            .join(format!("turn-{}", self.turn_number));
+            .session
+            .state()
+            .turn_dir(&self.session.id, self.turn_number);
         // Writable scopes must exist as mount points: create the missing
         // ones (empty directories, never through a symlink), as session
         // start does for tmp/<sid>/ and output/<sid>/.
@@ -301,11 +313,20 @@ impl Turn<'_> {
             Err(e) => return Outcome::from_error(&e, Some(plan)),
         };
         phases.push(("prepare", lap(clock)));
-        let execution =
-            match sandbox::execute(&plan, &turn_dir, &self.opts.cgroup_root, self.opts.json) {
-                Ok(x) => x,
-                Err(e) => return Outcome::from_error(&e, Some(plan)),
-            };
+        // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
+        crate::interrupt::register(Some((
+            self.opts.cgroup_root.clone(),
+            format!("{}-t{}", plan.session_id, plan.turn_number),
+        )));
+        let executed = sandbox::execute(&plan, &turn_dir, &self.opts.cgroup_root, self.opts.json);
+        crate::interrupt::register(None);
+        let execution = match executed {
+            Ok(x) => x,
+            Err(_) if crate::interrupt::received().is_some() => {
+                return Outcome::interrupted(Some(plan));
+            }
+            Err(e) => return Outcome::from_error(&e, Some(plan)),
+        };
         let scopes: Vec<Scope> = plan
             .writable_scopes
             .iter()
@@ -359,15 +380,10 @@ impl Turn<'_> {
             u8,
             Option<(&'static str, &'static str, String)>,
         ) = match &execution.ending {
-            Ending::SetupFailed { stage, detail } => (
-                "sandbox_error",
-                exit::SANDBOX,
-                Some((
-                    "E2041",
-                    "SANDBOX_CREATION_FAILED",
-                    format!("{stage}: {detail}"),
-                )),
-            ),
+            // A signal to the supervisor, or the timer, explains whatever
+            // the sandbox reported after it (a command that ignored SIGTERM
+            // was SIGKILLed before its init could report).
+            _ if crate::interrupt::received().is_some() => interrupted_status(),
             _ if execution.timed_out => (
                 "timeout",
                 exit::TIMEOUT,
@@ -375,6 +391,15 @@ impl Turn<'_> {
                     "E2002",
                     "TOOL_TIMEOUT",
                     format!("the turn exceeded {} s", plan.limits.timeout_seconds),
+                )),
+            ),
+            Ending::SetupFailed { stage, detail } => (
+                "sandbox_error",
+                exit::SANDBOX,
+                Some((
+                    "E2041",
+                    "SANDBOX_CREATION_FAILED",
+                    format!("{stage}: {detail}"),
                 )),
             ),
             _ if u.oom_kills > 0 => (
@@ -442,20 +467,37 @@ impl Turn<'_> {
             phases: Vec::new(),
             cleanup: None,
         };
-        if status == "committed" {
-            let owner = (plan.uid, plan.gid);
-            match commit::commit(
-                self.workspace.root(),
-                &scopes,
-                &outcome.verdict.matched,
-                &outcome.verdict.scratch,
-                owner,
-            ) {
+        if status == "committed" && crate::interrupt::received().is_some() {
+            // Interrupted after the command, before the commit point.
+            let (status, exit_status, error) = interrupted_status();
+            outcome.status = status;
+            outcome.exit_status = exit_status;
+            outcome.error = error;
+        } else if status == "committed" {
+            let request = commit::CommitRequest {
+                root: self.workspace.root(),
+                scopes: &scopes,
+                matched: &outcome.verdict.matched,
+                scratch: &outcome.verdict.scratch,
+                output_owner: workspace_owner(self.workspace.root()),
+                scratch_owner: (plan.uid, plan.gid),
+                turn_number: self.turn_number,
+                journal: self
+                    .session
+                    .state()
+                    .commit_journal(&self.session.id, self.turn_number),
+                work_dir: Workspace::commit_work_dir(&self.session.id, self.turn_number),
+            };
+            match commit::commit(&request) {
                 Ok(c) => outcome.committed = c,
                 Err(e) => {
+                    // Host I/O (a full disk, EIO): exit 1, nothing landed —
+                    // or, past the commit point, the journal stays for
+                    // recovery to finish.
+                    let code = e.code();
                     outcome.status = "commit_failed";
-                    outcome.exit_status = exit::SANDBOX;
-                    outcome.error = Some(("TS1022", "COMMIT_FAILED", e.to_string()));
+                    outcome.exit_status = e.exit_status();
+                    outcome.error = Some((code.code, code.name, e.to_string()));
                 }
             }
         }
@@ -537,24 +579,21 @@ impl Turn<'_> {
         let result = json!({"status": o.status, "exit_code": command_exit, "realized_writes": realized, "committed": committed, "violations": violations});
         let result_hash = canonical::hash_value(&result).unwrap_or_default();
 
-        self.session.ledger(LedgerKind::Exec).append(
-            self.lock,
-            object(json!({
-                "event": "turn.finished",
-                "schema_version": SCHEMA_VERSION,
-                "session_id": sid,
-                "turn_number": self.turn_number,
-                "query_hash": query_hash,
-                "result_hash": result_hash,
-                "status": o.status,
-                "exit_code": command_exit,
-                "termination": termination,
-                "error": error,
-                "backend": "native",
-                "timings": {"wall_us": wall_us, "phases_us": phases},
-                "ts": now,
-            })),
-        )?;
+        let exec_entry = object(json!({
+            "event": "turn.finished",
+            "schema_version": SCHEMA_VERSION,
+            "session_id": sid,
+            "turn_number": self.turn_number,
+            "query_hash": query_hash,
+            "result_hash": result_hash,
+            "status": o.status,
+            "exit_code": command_exit,
+            "termination": termination,
+            "error": error,
+            "backend": "native",
+            "timings": {"wall_us": wall_us, "phases_us": phases},
+            "ts": now,
+        }));
         let r = self.request;
         let mut evidence = object(json!({
             "event": "turn.finished",
@@ -585,9 +624,18 @@ impl Turn<'_> {
         if let Some(k) = &r.idempotency_key {
             evidence.insert("idempotency_key".into(), json!(k));
         }
-        self.session
-            .ledger(LedgerKind::Evidence)
-            .append(self.lock, evidence)?;
+        // Both finish entries land together or not at all.
+        let (exec, evidence_ledger) = (
+            self.session.ledger(LedgerKind::Exec),
+            self.session.ledger(LedgerKind::Evidence),
+        );
+        crate::ledger::append_group(
+            self.lock,
+            vec![
+                (&exec, vec![exec_entry]),
+                (&evidence_ledger, vec![evidence]),
+            ],
+        )?;
 
         let value = json!({
             "session_id": sid,
@@ -682,6 +730,13 @@ impl Outcome {
         }
     }
 
+    fn interrupted(plan: Option<Plan>) -> Self {
+        let (status, exit_status, error) = interrupted_status();
+        let mut o = Self::failed(status, exit_status, ("", "", String::new()), plan);
+        o.error = error;
+        o
+    }
+
     fn from_error(e: &SupervisorError, plan: Option<Plan>) -> Self {
         let code = e.code();
         Self::failed(
@@ -724,4 +779,34 @@ pub fn plan_only(
             source: None,
         }
     })
+}
+
+type Classified = (
+    &'static str,
+    u8,
+    Option<(&'static str, &'static str, String)>,
+);
+
+/// `interrupted`, exit 128+signal (DESIGN "Crash safety").
+fn interrupted_status() -> Classified {
+    let signal = crate::interrupt::received();
+    let number = signal.map_or(0, |s| s as i32);
+    (
+        "interrupted",
+        u8::try_from(128 + number).unwrap_or(u8::MAX),
+        Some((
+            turnstile_policy::error::codes::TURN_INTERRUPTED.code,
+            turnstile_policy::error::codes::TURN_INTERRUPTED.name,
+            format!(
+                "supervise received {}; the turn was killed and nothing was committed",
+                signal.map_or("a signal", |s| s.as_str())
+            ),
+        )),
+    )
+}
+
+/// The owner of the workspace root: committed outputs belong to it.
+fn workspace_owner(root: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(root).map_or((0, 0), |m| (m.uid(), m.gid()))
 }
