@@ -159,6 +159,10 @@ pub struct Journal {
     /// when empty).
     created_dirs: Vec<String>,
     scratch: Vec<ScratchOp>,
+    /// Applying failed after the commit point and the turn was recorded as
+    /// `commit_failed`: recovery completes it and says so.
+    #[serde(default)]
+    failed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -258,11 +262,32 @@ pub fn commit(req: &CommitRequest<'_>) -> Result<Vec<Committed>> {
         let _ = std::fs::remove_file(&req.journal);
         return Err(e);
     }
-    // Past the commit point: a failure from here on leaves the journal for
-    // recovery to roll forward.
-    apply(req.root, &staged, false)?;
-    finish_journal(req.root, &staged, &req.journal)?;
+    // Past the commit point: a failure from here on leaves the journal,
+    // marked, for recovery to roll forward.
+    if let Err(e) = apply(req.root, &staged, false) {
+        let _ = write_journal(
+            &req.journal,
+            &Journal {
+                failed: true,
+                ..staged
+            },
+        );
+        return Err(e);
+    }
+    // The journal stays until the turn's finish entries are durable
+    // ([`finish`]): a crash in between must not read as "nothing landed".
     Ok(staged.committed())
+}
+
+/// Removes a commit's private directory and its journal, once the turn's
+/// finish entries are durable. Without a journal (nothing was committed)
+/// it does nothing.
+pub fn finish(root: &Path, journal: &Path) -> Result<()> {
+    match read_journal(journal) {
+        Ok(j) => finish_journal(root, &j, journal),
+        Err(_) if !journal.exists() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
@@ -311,6 +336,7 @@ fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
         outputs,
         created_dirs,
         scratch,
+        failed: false,
     })
 }
 
@@ -668,20 +694,34 @@ pub enum Settled {
     RolledForward(Vec<Committed>),
     /// It was not: nothing landed.
     RolledBack,
+    /// The turn's finish entries were already durable: only the journal
+    /// and the private directory were left to remove.
+    AlreadyRecorded,
+    /// Past the commit point, but the staged files no longer match what
+    /// was recorded (changed by someone else): nothing more is applied.
+    Unrecoverable(String),
 }
 
 /// Settles a commit journal a crash left behind (see the module docs).
-pub fn recover(root: &Path, journal_path: &Path) -> Result<(u64, Settled)> {
+/// `turn_open`: whether the journal's turn still lacks its finish entries.
+/// Never fails on the workspace's state — a journal that cannot be applied
+/// any more is reported, not retried forever.
+pub fn recover(
+    root: &Path,
+    journal_path: &Path,
+    turn_open: impl Fn(u64) -> bool,
+) -> Result<(u64, Settled)> {
     let j = read_journal(journal_path)?;
     let settled = match j.phase {
         Phase::Staging => {
             roll_back(root, &j)?;
             Settled::RolledBack
         }
-        Phase::Staged => {
-            apply(root, &j, true)?;
-            Settled::RolledForward(j.committed())
-        }
+        Phase::Staged if !turn_open(j.turn_number) && !j.failed => Settled::AlreadyRecorded,
+        Phase::Staged => match apply(root, &j, true) {
+            Ok(()) => Settled::RolledForward(j.committed()),
+            Err(e) => Settled::Unrecoverable(e.to_string()),
+        },
     };
     finish_journal(root, &j, journal_path)?;
     Ok((j.turn_number, settled))

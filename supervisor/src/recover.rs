@@ -199,54 +199,64 @@ pub fn recover_session(
     let now = rfc3339_micros(SystemClock.now());
     let files: Vec<_> = LedgerKind::ALL.iter().map(|k| session.ledger(*k)).collect();
     r.tails = ledger::recover_tails(lock, &files, &now)?;
-    // 4. Commit journals.
-    let mut settled = Vec::new();
-    for n in journals {
-        let path = session.state().commit_journal(&session.id, n);
-        let (turn, s) = commit::recover(session.workspace().root(), &path)?;
-        r.journals
-            .push((turn, matches!(s, Settled::RolledForward(_))));
-        settled.push((turn, s));
-    }
-    // 5. Turns left without a finish entry.
+    // 4. Commit journals, then 5. the turn left open, if any.
     let open = session
         .ledger(LedgerKind::Exec)
         .anchor()?
         .and_then(|a| a.open_turn);
-    for (turn, s) in &settled {
-        if Some(*turn) != open {
-            if let Settled::RolledForward(committed) = s {
-                // The turn was recorded as commit_failed, then its commit
-                // was completed: say so.
+    let mut open_outcome: Option<(&'static str, Vec<commit::Committed>, Option<String>)> = None;
+    for n in journals {
+        let path = session.state().commit_journal(&session.id, n);
+        let (turn, s) = commit::recover(session.workspace().root(), &path, |t| Some(t) == open)?;
+        r.journals
+            .push((turn, matches!(s, Settled::RolledForward(_))));
+        let is_open = Some(turn) == open;
+        match s {
+            Settled::RolledForward(c) if is_open => open_outcome = Some(("committed", c, None)),
+            Settled::Unrecoverable(why) if is_open => {
+                open_outcome = Some(("commit_failed", Vec::new(), Some(why)));
+            }
+            Settled::RolledForward(c) => {
+                // Recorded as commit_failed, then completed here: say so.
                 close_turn(
                     session,
                     lock,
-                    *turn,
+                    turn,
                     "commit.recovered",
-                    committed,
+                    "committed",
+                    &c,
+                    None,
                     &r,
                     &now,
                 )?;
             }
+            Settled::Unrecoverable(why) => {
+                close_turn(
+                    session,
+                    lock,
+                    turn,
+                    "commit.recovered",
+                    "commit_failed",
+                    &[],
+                    Some(why),
+                    &r,
+                    &now,
+                )?;
+            }
+            _ => {}
         }
     }
     if let Some(turn) = open {
-        let committed = settled.iter().find_map(|(t, s)| match s {
-            Settled::RolledForward(c) if *t == turn => Some(c.clone()),
-            _ => None,
-        });
-        let status = if committed.is_some() {
-            "committed"
-        } else {
-            "aborted"
-        };
+        let (status, committed, why) = open_outcome.unwrap_or(("aborted", Vec::new(), None));
         r.closed.push((turn, status));
         close_turn(
             session,
             lock,
             turn,
             "turn.finished",
-            &committed.unwrap_or_default(),
+            status,
+            &committed,
+            why,
             &r,
             &now,
         )?;
@@ -255,29 +265,33 @@ pub fn recover_session(
 }
 
 /// Appends the finish entries of a turn recovery closes (or, for
-/// `commit.recovered`, the note that a failed commit was completed).
+/// `commit.recovered`, what became of a commit recorded as failed).
+#[allow(clippy::too_many_arguments)]
 fn close_turn(
     session: &Session,
     lock: &SessionLock,
     turn: u64,
     event: &str,
+    status: &str,
     committed: &[commit::Committed],
+    why: Option<String>,
     r: &SessionRecovery,
     now: &str,
 ) -> Result<()> {
     let sid = session.id.as_str();
-    let status = if event == "commit.recovered" || !committed.is_empty() {
-        "committed"
-    } else {
-        "aborted"
-    };
-    let error = (status == "aborted").then(|| {
-        json!({
+    let error = match status {
+        "aborted" => Some(json!({
             "code": codes::TURN_ABORTED.code,
             "name": codes::TURN_ABORTED.name,
             "message": "the supervisor stopped before the turn finished; recovery closed it and nothing was committed",
-        })
-    });
+        })),
+        "commit_failed" => Some(json!({
+            "code": codes::COMMIT_FAILED.code,
+            "name": codes::COMMIT_FAILED.name,
+            "message": format!("recovery could not complete the commit: {}", why.unwrap_or_default()),
+        })),
+        _ => None,
+    };
     let committed: Vec<Value> = committed
         .iter()
         .map(|c| json!({"path": c.path, "size": c.size, "sha256": c.sha256}))

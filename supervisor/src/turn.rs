@@ -275,6 +275,17 @@ impl Turn<'_> {
             .splice(0..0, [("plan", plan_us), ("intent_entry", intent_us)]);
         let cleanup = outcome.cleanup.take();
         let result = self.finish(&query_hash, outcome);
+        // The finish entries are durable: the commit journal can go (a
+        // crash before this point is settled by recovery, idempotently).
+        if result.is_ok() {
+            let journal = self
+                .session
+                .state()
+                .commit_journal(&self.session.id, self.turn_number);
+            if let Err(e) = commit::finish(self.workspace.root(), &journal) {
+                tracing::warn!(error = %e, "commit journal left for recovery");
+            }
+        }
         if let Some(c) = cleanup {
             let _ = c.join();
         }
