@@ -35,7 +35,8 @@ Exit status:
   12  run: realized writes differ from the declaration (blocked, nothing committed)
   13  run: memory, pids, disk or files limit hit
   14  run: timeout
-  20  run: the sandbox could not be built (E2041) or the runtime is unavailable (E2040)";
+  20  run: the sandbox could not be built (E2041) or the runtime is unavailable (E2040)
+ 128+N run: interrupted by signal N (SIGTERM 143, SIGINT 130, SIGHUP 129); recorded as `interrupted`";
 
 /// turnstile's sandbox supervisor for AI-agent turns.
 #[derive(Debug, Parser)]

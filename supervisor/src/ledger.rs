@@ -1073,8 +1073,30 @@ fn prepare<'a>(
 /// member landed) or discards (anything less) — never half a group. Three
 /// `fdatasync`s per ledger, none of them a rename or directory sync.
 pub fn append_group(
+    lock: &SessionLock,
+    parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
+) -> Result<Vec<Vec<Appended>>> {
+    append_group_until(lock, parts, AppendStep::Acknowledged)
+}
+
+/// How far [`append_group_until`] goes: the crash points of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AppendStep {
+    /// Every anchor announces the append; no byte written.
+    Announced,
+    /// Every byte written and synced; anchors still announcing.
+    Written,
+    /// Anchors moved: the append is acknowledged.
+    Acknowledged,
+}
+
+/// [`append_group`], stopping after `until` as if the process died there.
+/// Only crash tests stop early.
+#[doc(hidden)]
+pub fn append_group_until(
     _lock: &SessionLock,
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
+    until: AppendStep,
 ) -> Result<Vec<Vec<Appended>>> {
     let group = format!("{:016x}", getrandom::u64().unwrap_or(0));
     let mut prepared = parts
@@ -1089,6 +1111,9 @@ pub fn append_group(
             ..p.anchor.clone()
         };
         p.files.write_anchor(&announced)?;
+    }
+    if until == AppendStep::Announced {
+        return Ok(Vec::new());
     }
     // (2) write the bytes.
     let mut failure = None;
@@ -1111,6 +1136,9 @@ pub fn append_group(
             );
         }
         return Err(e);
+    }
+    if until == AppendStep::Written {
+        return Ok(Vec::new());
     }
     // (3) acknowledge.
     for p in &prepared {
