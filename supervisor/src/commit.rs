@@ -705,7 +705,9 @@ pub enum Settled {
 /// Settles a commit journal a crash left behind (see the module docs).
 /// `turn_open`: whether the journal's turn still lacks its finish entries.
 /// Never fails on the workspace's state — a journal that cannot be applied
-/// any more is reported, not retried forever.
+/// any more is reported, not retried forever. The journal itself stays:
+/// the caller removes it with [`finish`] once the turn's outcome is
+/// recorded (a crash in between must not lose what the journal proves).
 pub fn recover(
     root: &Path,
     journal_path: &Path,
@@ -723,6 +725,10 @@ pub fn recover(
             Err(e) => Settled::Unrecoverable(e.to_string()),
         },
     };
-    finish_journal(root, &j, journal_path)?;
+    if settled == Settled::RolledBack {
+        // Nothing to prove any more; a later pass must not roll it back
+        // again over a newer turn's staging names.
+        finish_journal(root, &j, journal_path)?;
+    }
     Ok((j.turn_number, settled))
 }

@@ -205,8 +205,10 @@ pub fn recover_session(
         .anchor()?
         .and_then(|a| a.open_turn);
     let mut open_outcome: Option<(&'static str, Vec<commit::Committed>, Option<String>)> = None;
+    let mut settled_journals = Vec::new();
     for n in journals {
         let path = session.state().commit_journal(&session.id, n);
+        settled_journals.push(path.clone());
         let (turn, s) = commit::recover(session.workspace().root(), &path, |t| Some(t) == open)?;
         r.journals
             .push((turn, matches!(s, Settled::RolledForward(_))));
@@ -260,6 +262,10 @@ pub fn recover_session(
             &r,
             &now,
         )?;
+    }
+    // The outcomes are recorded: the journals can go.
+    for path in settled_journals {
+        commit::finish(session.workspace().root(), &path)?;
     }
     Ok(r)
 }

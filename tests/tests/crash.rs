@@ -598,3 +598,100 @@ fn crash_full_state_dir_never_corrupts_the_session() {
     assert_nothing_left(&fx, &sid);
     eprintln!("full state dir outcomes: {outcomes:?}");
 }
+
+/// Every started turn finished exactly once, in both ledgers.
+fn assert_every_turn_finished_once(fx: &Fixture, sid: &str) {
+    let exec = read_entries(&fx.ledger(sid, "exec"));
+    let evidence = read_entries(&fx.ledger(sid, "evidence"));
+    let max = exec
+        .iter()
+        .filter_map(|e| e["turn_number"].as_u64())
+        .max()
+        .unwrap_or(0);
+    for t in 1..=max {
+        let count = |entries: &[Value], event: &str| {
+            entries
+                .iter()
+                .filter(|e| e["turn_number"] == t && e["event"] == event)
+                .count()
+        };
+        assert_eq!(count(&exec, "turn.started"), 1, "turn {t} started");
+        assert_eq!(count(&exec, "turn.finished"), 1, "turn {t} finished (exec)");
+        assert_eq!(
+            count(&evidence, "turn.finished"),
+            1,
+            "turn {t} finished (evidence)"
+        );
+    }
+}
+
+/// Recovery itself killed at points spread over it, repeatedly: the
+/// session still converges.
+#[test]
+fn crash_a_killed_recovery_is_recovered_too() {
+    if !require_root("crash_a_killed_recovery_is_recovered_too") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    let n = 50;
+    let whole = measure(&fx, &sid, n);
+    for k in 0..12 {
+        let out = fx.root.join("output").join(&sid);
+        for e in std::fs::read_dir(&out).unwrap().flatten() {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+        // Kill a writer late (commit or final appends), then kill the
+        // recovering run early, twice.
+        let mut writer_turn = spawn(&fx, &turn_args(&sid, n), false);
+        std::thread::sleep(whole.mul_f64(0.6 + 0.04 * k as f64));
+        kill(&mut writer_turn, false, nix::libc::SIGKILL);
+        for d in [k as u64 % 4, 3 + k as u64 % 7] {
+            let args: Vec<String> = [
+                "--package",
+                "c",
+                "--session",
+                &sid,
+                "--no-outputs",
+                "--",
+                "/bin/true",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+            let mut recovering = spawn(&fx, &args, false);
+            std::thread::sleep(Duration::from_millis(d));
+            kill(&mut recovering, false, nix::libc::SIGKILL);
+        }
+        let next = fx.run("c", &["--session", &sid, "--no-outputs", "--", "/bin/true"]);
+        assert_eq!(next.status, 0, "round {k}: {}", next.stderr);
+        fx.assert_ledgers_intact(&sid);
+        assert_every_turn_finished_once(&fx, &sid);
+        // The last writer turn: committed ⇔ all outputs, exact bytes.
+        let exec = read_entries(&fx.ledger(&sid, "exec"));
+        let writer_committed = exec
+            .iter()
+            .rev()
+            .filter(|e| e["event"] == "turn.finished")
+            .find(|e| {
+                let t = &e["turn_number"];
+                exec.iter().any(|s| {
+                    s["turn_number"] == *t
+                        && s["event"] == "turn.started"
+                        && s["query_hash"]
+                            == exec.iter().find(|x| x["event"] == "turn.started").unwrap()["query_hash"]
+                })
+            })
+            .is_some_and(|e| e["status"] == "committed");
+        let present = (0..n)
+            .filter(|i| out.join(format!("f{i}.txt")).exists())
+            .count();
+        if writer_committed && present > 0 {
+            assert_eq!(present, n, "round {k}: partial commit");
+        } else if !writer_committed {
+            assert_eq!(present, 0, "round {k}: outputs of an uncommitted turn");
+        }
+        assert_nothing_left(&fx, &sid);
+    }
+}
