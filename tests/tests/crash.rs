@@ -695,3 +695,70 @@ fn crash_a_killed_recovery_is_recovered_too() {
         assert_nothing_left(&fx, &sid);
     }
 }
+
+/// The workspace's disk fills up during a turn: the commit fails cleanly
+/// (exit 1, TS1022 or a ledger I/O error), nothing lands, no staging file
+/// remains, and once space is back the session continues and verifies.
+#[test]
+fn crash_full_workspace_disk_at_commit_is_exit_1_and_nothing_lands() {
+    if !require_root("crash_full_workspace_disk_at_commit_is_exit_1_and_nothing_lands") {
+        return;
+    }
+    let fx = Fixture::new();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m"])
+        .arg("tmpfs")
+        .arg(&fx.root)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(&fx.root);
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    // Leave ~300 KiB free, then write a 1 MiB output.
+    let filler = fx.root.join("filler");
+    let free = nix::sys::statvfs::statvfs(&fx.root).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    std::fs::write(&filler, vec![0u8; (avail - 300 * 1024) as usize]).unwrap();
+    let r = fx.run(
+        "c",
+        &[
+            "--session",
+            &sid,
+            "--output",
+            "output/<session_id>/big.bin:data",
+            "--json",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "import os; open('output/'+os.environ['TMPDIR'].rstrip('/').split('/')[-1]+'/big.bin','wb').write(b'x'*(1<<20))",
+        ],
+    );
+    assert_eq!(r.status, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("TS1022") || r.stdout.contains("TS1011"),
+        "{}",
+        r.stdout
+    );
+    assert!(!fx.root.join("output").join(&sid).join("big.bin").exists());
+    std::fs::remove_file(&filler).unwrap();
+    let next = fx.run("c", &["--session", &sid, "--no-outputs", "--", "/bin/true"]);
+    assert_eq!(next.status, 0, "{}", next.stderr);
+    fx.assert_ledgers_intact(&sid);
+    assert_every_turn_finished_once(&fx, &sid);
+    let finished: Vec<Value> = turn_entries(&fx, &sid, 1)
+        .into_iter()
+        .filter(|e| e["event"] == "turn.finished")
+        .collect();
+    assert!(
+        ["commit_failed", "aborted"].contains(&finished[0]["status"].as_str().unwrap()),
+        "{finished:?}"
+    );
+    assert_nothing_left(&fx, &sid);
+}
