@@ -19,6 +19,7 @@ pub mod realfs;
 pub mod recover;
 pub mod sandbox;
 pub mod session;
+pub mod status;
 pub mod turn;
 
 pub use error::{Result, SupervisorError};

@@ -69,12 +69,24 @@ impl Session {
         let sessions = self.state.path().join("sessions");
         fsx::create_private_dir_all(&sessions)?;
         let new_state = self.state.session_dir_new(&self.id);
+        // Held for the whole creation: a concurrent sweep leaves a creation
+        // whose lock is held alone.
+        let creating = creation_lock_path(&new_state);
+        let guard = lock_file_stable(&creating, FlockArg::LockExclusive)
+            .map_err(|source| SupervisorError::StateIo {
+                op: "lock session creation",
+                path: creating.clone(),
+                source,
+            })?
+            .ok_or_else(|| SupervisorError::invalid("session", "creation lock unavailable"))?;
         // create_dir_new fails if the id was somehow issued before.
         fsx::create_dir_new(&new_state, 0o700)?;
         let built = self.build(&new_state, clock);
         if built.is_err() {
             self.remove_partial(&new_state);
         }
+        let _ = std::fs::remove_file(&creating);
+        drop(guard);
         built
     }
 
@@ -363,24 +375,33 @@ pub fn sweep_unfinished(state: &StateDir, workspace: Option<&Workspace>) -> Resu
         let Some(raw) = name.strip_prefix(".new-") else {
             continue;
         };
+        if let Some(dir_name) = name.strip_suffix(".lock") {
+            // A creation that died before its directory existed.
+            if !sessions.join(dir_name).exists() {
+                if let Ok(Some(_held)) =
+                    lock_file_stable(&entry.path(), FlockArg::LockExclusiveNonblock)
+                {
+                    if !sessions.join(dir_name).exists() {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
+                }
+            }
+            continue;
+        }
         let Ok(id) = SessionId::parse(raw) else {
             continue;
         };
         let dir = entry.path();
-        // A creation in progress holds its lock: leave it alone.
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
-            .open(dir.join("lock"))
-        else {
-            // No lock file yet: the creation died right after mkdir.
-            let _ = std::fs::remove_dir_all(&dir);
-            removed.push(id.to_string());
+        // A creation in progress holds its creation lock: leave it alone.
+        let creating = creation_lock_path(&dir);
+        let Ok(Some(_held)) = lock_file_stable(&creating, FlockArg::LockExclusiveNonblock) else {
             continue;
         };
-        let Ok(_held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+        if state.session_dir(&id).exists() {
+            // It finished while we looked: a complete session, not debris.
+            let _ = std::fs::remove_file(&creating);
             continue;
-        };
+        }
         let meta = fsx::read_small(&dir.join("session.json"), 64 * 1024)
             .ok()
             .and_then(|b| canonical::parse_canonical(&b).ok());
@@ -400,7 +421,44 @@ pub fn sweep_unfinished(state: &StateDir, workspace: Option<&Workspace>) -> Resu
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&creating);
         removed.push(id.to_string());
     }
     Ok(removed)
+}
+
+/// Opens (creating) and flocks `path`, making sure the lock is on the file
+/// the path names *after* locking: lock files are removed once used, and a
+/// lock taken on an unlinked inode would protect nothing. `Ok(None)`: a
+/// non-blocking attempt found it held.
+fn lock_file_stable(path: &Path, mode: FlockArg) -> std::io::Result<Option<Flock<File>>> {
+    use std::os::unix::fs::MetadataExt;
+    loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(path)?;
+        let held = match Flock::lock(file, mode) {
+            Ok(h) => h,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
+            Err((_, e)) => return Err(e.into()),
+        };
+        let ours = held.metadata()?.ino();
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.ino() == ours => return Ok(Some(held)),
+            // Unlinked or replaced between open and lock: try again.
+            _ => continue,
+        }
+    }
+}
+
+/// `sessions/.new-<sid>.lock`: held while a session is being created.
+fn creation_lock_path(new_state: &Path) -> std::path::PathBuf {
+    let mut name = new_state.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    new_state.with_file_name(name)
 }

@@ -21,7 +21,7 @@ use turnstile_policy::{Manifest, PackageId, SessionId, Violations, canonical};
 
 use crate::capture::{self, Scope, Verdict};
 use crate::commit::{self, Committed};
-use crate::error::{Result, SupervisorError, exit};
+use crate::error::{Result, SupervisorError};
 use crate::evidence::{RejectedTurn, SCHEMA_VERSION, object};
 use crate::ids::{OsRandom, SystemClock};
 use crate::layout::{StateDir, TURN_TIER, Workspace};
@@ -29,6 +29,8 @@ use crate::ledger::LedgerKind;
 use crate::realfs::HostFs;
 use crate::sandbox::{self, Ending, Execution, TurnDir};
 use crate::session::{Session, SessionLock};
+use crate::status::{Ended, Observed, TurnStatus, classify};
+use turnstile_policy::error::codes;
 
 /// Records a turn refused before execution in both ledgers and returns its
 /// turn number.
@@ -144,16 +146,16 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
             let value = json!({
                 "session_id": session.id.as_str(),
                 "turn_number": turn_number,
-                "status": "violation",
+                "status": TurnStatus::Violation.as_str(),
                 "exit_code": null,
-                "error": {"code": "E2042", "name": "SECURITY_POLICY_VIOLATION", "message": violations.to_string()},
+                "error": {"code": codes::SECURITY_POLICY_VIOLATION.code, "name": codes::SECURITY_POLICY_VIOLATION.name, "message": violations.to_string()},
                 "realized_writes": [],
                 "committed": [],
                 "violations": violations.0.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
                 "ledgers": ledgers(&session),
             });
             return Ok(TurnResult {
-                exit_status: exit::VIOLATION,
+                exit_status: TurnStatus::Violation.exit_status(None),
                 summary: format!("turn {turn_number}: refused before execution: {violations}"),
                 value,
             });
@@ -197,9 +199,9 @@ struct Turn<'a> {
 
 /// How a turn ended, before rendering.
 struct Outcome {
-    status: &'static str,
-    exit_status: u8,
-    error: Option<(&'static str, &'static str, String)>,
+    status: TurnStatus,
+    /// What went wrong, for statuses that carry an error code.
+    message: String,
     execution: Option<Execution>,
     writes: Vec<capture::RealizedWrite>,
     verdict: Verdict,
@@ -260,13 +262,8 @@ impl Turn<'_> {
             Ok(plan) if crate::interrupt::received().is_some() => Outcome::interrupted(Some(plan)),
             Ok(plan) => self.execute(plan),
             Err(e) => Outcome::failed(
-                "sandbox_error",
-                exit::SANDBOX,
-                (
-                    "E2041",
-                    "SANDBOX_CREATION_FAILED",
-                    format!("cannot build the plan: {e}"),
-                ),
+                TurnStatus::SandboxError,
+                format!("cannot build the plan: {e}"),
                 None,
             ),
         };
@@ -356,8 +353,7 @@ impl Turn<'_> {
                 Err(e) => {
                     let mut o = Outcome::from_error(&e, Some(plan));
                     if let SupervisorError::CaptureLimit(_) = e {
-                        o.status = "disk_limit";
-                        o.exit_status = exit::RESOURCE_LIMIT;
+                        o.status = TurnStatus::DiskLimit;
                     }
                     o.execution = Some(execution);
                     return o;
@@ -371,96 +367,56 @@ impl Turn<'_> {
         );
         // "capture" = enumerate + hash + compare with the declaration.
         phases.push(("capture", lap(clock)));
-        if let Some(p) = execution.posture.as_ref().filter(|p| !p.ok()) {
-            let mut o = Outcome::failed(
-                "posture_failed",
-                exit::SANDBOX,
-                (
-                    "E2041",
-                    "SANDBOX_CREATION_FAILED",
-                    format!("posture check failed: {}", p.failures.join("; ")),
-                ),
-                Some(plan),
-            );
-            o.execution = Some(execution);
-            return o;
-        }
         let u = &execution.usage;
-        let (status, exit_status, error): (
-            &'static str,
-            u8,
-            Option<(&'static str, &'static str, String)>,
-        ) = match &execution.ending {
-            // A signal to the supervisor, or the timer, explains whatever
-            // the sandbox reported after it (a command that ignored SIGTERM
-            // was SIGKILLed before its init could report).
-            _ if crate::interrupt::received().is_some() => interrupted_status(),
-            _ if execution.timed_out => (
-                "timeout",
-                exit::TIMEOUT,
-                Some((
-                    "E2002",
-                    "TOOL_TIMEOUT",
-                    format!("the turn exceeded {} s", plan.limits.timeout_seconds),
-                )),
+        let posture_failure = execution
+            .posture
+            .as_ref()
+            .filter(|p| !p.ok())
+            .map(|p| p.failures.join("; "));
+        let observed = Observed {
+            ended: match &execution.ending {
+                Ending::Exited(c) => Ended::Exited(*c),
+                Ending::SetupFailed { .. } => Ended::SetupFailed,
+                Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
+            },
+            interrupted: crate::interrupt::received().is_some(),
+            posture_failed: posture_failure.is_some(),
+            timed_out: execution.timed_out,
+            oom_killed: u.oom_kills > 0,
+            pids_limited: u.pids_limit_hits > 0,
+            disk_full: execution.disk_full,
+            writes_match: verdict.matches(),
+        };
+        let status = classify(&observed);
+        let limits = &plan.limits;
+        let message = match status {
+            TurnStatus::Interrupted => interrupted_message(),
+            TurnStatus::PostureFailed => {
+                format!(
+                    "posture check failed: {}",
+                    posture_failure.unwrap_or_default()
+                )
+            }
+            TurnStatus::Timeout => format!("the turn exceeded {} s", limits.timeout_seconds),
+            TurnStatus::SandboxError => match &execution.ending {
+                Ending::SetupFailed { stage, detail } => format!("{stage}: {detail}"),
+                _ => "the sandbox failed".into(),
+            },
+            TurnStatus::MemoryLimit => {
+                format!("the memory limit ({} bytes) was hit", limits.memory_bytes)
+            }
+            TurnStatus::Blocked => {
+                "realized writes differ from the declared outputs; nothing was committed".into()
+            }
+            TurnStatus::PidsLimit => format!("the process limit ({}) was hit", limits.pids),
+            TurnStatus::DiskLimit => format!(
+                "the disk ({} bytes) or files ({}) limit was hit",
+                limits.disk_bytes, limits.files
             ),
-            Ending::SetupFailed { stage, detail } => (
-                "sandbox_error",
-                exit::SANDBOX,
-                Some((
-                    "E2041",
-                    "SANDBOX_CREATION_FAILED",
-                    format!("{stage}: {detail}"),
-                )),
-            ),
-            _ if u.oom_kills > 0 => (
-                "memory_limit",
-                exit::RESOURCE_LIMIT,
-                Some((
-                    "E2071",
-                    "MEMORY_LIMIT_EXCEEDED",
-                    format!(
-                        "the memory limit ({} bytes) was hit",
-                        plan.limits.memory_bytes
-                    ),
-                )),
-            ),
-            Ending::Exited(0) if verdict.matches() => ("committed", exit::OK, None),
-            Ending::Exited(0) => (
-                "blocked",
-                exit::WRITE_MISMATCH,
-                Some((
-                    "E2042",
-                    "SECURITY_POLICY_VIOLATION",
-                    "realized writes differ from the declared outputs; nothing was committed"
-                        .into(),
-                )),
-            ),
-            _ if u.pids_limit_hits > 0 => (
-                "pids_limit",
-                exit::RESOURCE_LIMIT,
-                Some((
-                    "TS1020",
-                    "PIDS_LIMIT_EXCEEDED",
-                    format!("the process limit ({}) was hit", plan.limits.pids),
-                )),
-            ),
-            _ if execution.disk_full => (
-                "disk_limit",
-                exit::RESOURCE_LIMIT,
-                Some((
-                    "TS1021",
-                    "DISK_LIMIT_EXCEEDED",
-                    format!(
-                        "the disk ({} bytes) or files ({}) limit was hit",
-                        plan.limits.disk_bytes, plan.limits.files
-                    ),
-                )),
-            ),
-            _ => ("command_failed", exit::COMMAND_FAILED, None),
+            _ => String::new(),
         };
         let mut verdict = verdict;
-        if !matches!(status, "committed" | "blocked") {
+        if !matches!(status, TurnStatus::Committed | TurnStatus::Blocked) {
             // The declaration only decides a turn whose command exited 0;
             // otherwise the realized writes are recorded, not judged.
             verdict.undeclared.clear();
@@ -468,8 +424,7 @@ impl Turn<'_> {
         }
         let mut outcome = Outcome {
             status,
-            exit_status,
-            error,
+            message,
             execution: None,
             writes,
             verdict,
@@ -478,13 +433,11 @@ impl Turn<'_> {
             phases: Vec::new(),
             cleanup: None,
         };
-        if status == "committed" && crate::interrupt::received().is_some() {
+        if status == TurnStatus::Committed && crate::interrupt::received().is_some() {
             // Interrupted after the command, before the commit point.
-            let (status, exit_status, error) = interrupted_status();
-            outcome.status = status;
-            outcome.exit_status = exit_status;
-            outcome.error = error;
-        } else if status == "committed" {
+            outcome.status = TurnStatus::Interrupted;
+            outcome.message = interrupted_message();
+        } else if status == TurnStatus::Committed {
             let request = commit::CommitRequest {
                 root: self.workspace.root(),
                 scopes: &scopes,
@@ -505,10 +458,8 @@ impl Turn<'_> {
                     // Host I/O (a full disk, EIO): exit 1, nothing landed —
                     // or, past the commit point, the journal stays for
                     // recovery to finish.
-                    let code = e.code();
-                    outcome.status = "commit_failed";
-                    outcome.exit_status = e.exit_status();
-                    outcome.error = Some((code.code, code.name, e.to_string()));
+                    outcome.status = TurnStatus::CommitFailed;
+                    outcome.message = e.to_string();
                 }
             }
         }
@@ -583,11 +534,8 @@ impl Turn<'_> {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), json!(v)))
             .collect();
-        let error = o
-            .error
-            .as_ref()
-            .map(|(code, name, message)| json!({"code": code, "name": name, "message": message}));
-        let result = json!({"status": o.status, "exit_code": command_exit, "realized_writes": realized, "committed": committed, "violations": violations});
+        let error = o.error();
+        let result = json!({"status": o.status.as_str(), "exit_code": command_exit, "realized_writes": realized, "committed": committed, "violations": violations});
         let result_hash = canonical::hash_value(&result).unwrap_or_default();
 
         let exec_entry = object(json!({
@@ -597,7 +545,7 @@ impl Turn<'_> {
             "turn_number": self.turn_number,
             "query_hash": query_hash,
             "result_hash": result_hash,
-            "status": o.status,
+            "status": o.status.as_str(),
             "exit_code": command_exit,
             "termination": termination,
             "error": error,
@@ -612,7 +560,7 @@ impl Turn<'_> {
             "session_id": sid,
             "turn_number": self.turn_number,
             "package_id": self.manifest.package_id.as_str(),
-            "status": o.status,
+            "status": o.status.as_str(),
             "command": r.command,
             "execute_entry": self.execute_entry,
             "declared_reads": r.declared_inputs,
@@ -651,7 +599,7 @@ impl Turn<'_> {
         let value = json!({
             "session_id": sid,
             "turn_number": self.turn_number,
-            "status": o.status,
+            "status": o.status.as_str(),
             "exit_code": command_exit,
             "termination": termination,
             "error": error,
@@ -668,14 +616,14 @@ impl Turn<'_> {
             },
         });
         let mut summary = format!("turn {} of {sid}: {}", self.turn_number, o.status);
-        if let Some((code, _, message)) = &o.error {
-            summary += &format!(" [{code}] {message}");
+        if let Some(code) = o.status.code() {
+            summary += &format!(" [{}] {}", code.code, o.message);
         }
         for v in &violations {
             summary += &format!("\n  - {}", v["details"].as_str().unwrap_or_default());
         }
         Ok(TurnResult {
-            exit_status: o.exit_status,
+            exit_status: o.exit_status(),
             value,
             summary,
         })
@@ -721,16 +669,10 @@ impl Turn<'_> {
 }
 
 impl Outcome {
-    fn failed(
-        status: &'static str,
-        exit_status: u8,
-        error: (&'static str, &'static str, String),
-        plan: Option<Plan>,
-    ) -> Self {
+    fn failed(status: TurnStatus, message: String, plan: Option<Plan>) -> Self {
         Self {
             status,
-            exit_status,
-            error: Some(error),
+            message,
             execution: None,
             writes: Vec::new(),
             verdict: Verdict::default(),
@@ -742,20 +684,24 @@ impl Outcome {
     }
 
     fn interrupted(plan: Option<Plan>) -> Self {
-        let (status, exit_status, error) = interrupted_status();
-        let mut o = Self::failed(status, exit_status, ("", "", String::new()), plan);
-        o.error = error;
-        o
+        Self::failed(TurnStatus::Interrupted, interrupted_message(), plan)
     }
 
     fn from_error(e: &SupervisorError, plan: Option<Plan>) -> Self {
-        let code = e.code();
-        Self::failed(
-            "sandbox_error",
-            exit::SANDBOX,
-            (code.code, code.name, e.to_string()),
-            plan,
-        )
+        Self::failed(TurnStatus::SandboxError, e.to_string(), plan)
+    }
+
+    /// The error object of the entries and `--json` (none for statuses
+    /// that are not errors).
+    fn error(&self) -> Option<Value> {
+        self.status
+            .code()
+            .map(|code| json!({"code": code.code, "name": code.name, "message": self.message}))
+    }
+
+    fn exit_status(&self) -> u8 {
+        self.status
+            .exit_status(crate::interrupt::received().map(|s| s as i32))
     }
 }
 
@@ -792,27 +738,10 @@ pub fn plan_only(
     })
 }
 
-type Classified = (
-    &'static str,
-    u8,
-    Option<(&'static str, &'static str, String)>,
-);
-
-/// `interrupted`, exit 128+signal (DESIGN "Crash safety").
-fn interrupted_status() -> Classified {
-    let signal = crate::interrupt::received();
-    let number = signal.map_or(0, |s| s as i32);
-    (
-        "interrupted",
-        u8::try_from(128 + number).unwrap_or(u8::MAX),
-        Some((
-            turnstile_policy::error::codes::TURN_INTERRUPTED.code,
-            turnstile_policy::error::codes::TURN_INTERRUPTED.name,
-            format!(
-                "supervise received {}; the turn was killed and nothing was committed",
-                signal.map_or("a signal", |s| s.as_str())
-            ),
-        )),
+fn interrupted_message() -> String {
+    format!(
+        "supervise received {}; the turn was killed and nothing was committed",
+        crate::interrupt::received().map_or("a signal", |s| s.as_str())
     )
 }
 

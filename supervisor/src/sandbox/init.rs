@@ -102,6 +102,9 @@ fn cloexec_inherited_fds() {
 
 /// Entry point of `supervise __sandbox-init TURN_DIR`. Never returns.
 pub fn main(turn_dir: &Path) -> ! {
+    // S1 was given PR_SET_PDEATHSIG(SIGKILL) before exec (the pre_exec hook
+    // of the supervisor): a supervise killed at any instant takes S1, and
+    // through it the whole turn, with it.
     cloexec_inherited_fds();
     let report_file = OpenOptions::new()
         .append(true)
@@ -139,7 +142,24 @@ pub fn main(turn_dir: &Path) -> ! {
             };
             std::process::exit(code)
         }
-        ForkResult::Child => pid1(&plan, &new_root, &bpf, report),
+        ForkResult::Child => {
+            // PID 1 dies with S1 (which dies with supervise): the kernel then
+            // kills everything in the turn's PID namespace. If S1 is already
+            // gone, so is the turn.
+            die_with_parent(&mut report);
+            pid1(&plan, &new_root, &bpf, report)
+        }
+    }
+}
+
+/// PR_SET_PDEATHSIG(SIGKILL), then make sure the parent did not die before
+/// it took effect (we would have been reparented already).
+fn die_with_parent(report: &mut Report) {
+    let parent = nix::unistd::getppid();
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .or_fail(report, "set parent-death signal");
+    if nix::unistd::getppid() != parent {
+        std::process::exit(SETUP_FAILED);
     }
 }
 

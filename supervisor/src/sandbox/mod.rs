@@ -392,13 +392,25 @@ fn run_in_cgroup(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the hook runs after fork in the child, where only
-    // async-signal-safe work is allowed. It makes three kinds of raw syscalls
-    // (write(2) of a static buffer to descriptors opened before the fork,
-    // dup2(2) of descriptors opened before the fork, and unshare(2)),
+    // async-signal-safe work is allowed. It makes a few kinds of raw syscalls
+    // (prctl(2) and getppid(2); write(2) of a static buffer to descriptors
+    // opened before the fork, dup2(2) of descriptors opened before the fork,
+    // and unshare(2)),
     // allocates nothing, and converts errors with io::Error::from(Errno) or
     // last_os_error, which store the raw code without allocating.
+    let supervisor_pid = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
+            // The init dies with this thread of supervise, however it dies
+            // (set before anything else; prctl and getppid are
+            // async-signal-safe). If supervise died before prctl took
+            // effect, give up now.
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if nix::unistd::getppid() != supervisor_pid {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
             // Join the turn's cgroup(s): "0" means the writing process.
             for f in &procs {
                 nix::unistd::write(f, b"0").map_err(std::io::Error::from)?;
