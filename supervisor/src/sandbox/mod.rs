@@ -391,6 +391,7 @@ fn run_in_cgroup(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let supervisor_pid = nix::unistd::getpid();
     // SAFETY: the hook runs after fork in the child, where only
     // async-signal-safe work is allowed. It makes a few kinds of raw syscalls
     // (prctl(2) and getppid(2); write(2) of a static buffer to descriptors
@@ -398,7 +399,6 @@ fn run_in_cgroup(
     // and unshare(2)),
     // allocates nothing, and converts errors with io::Error::from(Errno) or
     // last_os_error, which store the raw code without allocating.
-    let supervisor_pid = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
             // The init dies with this thread of supervise, however it dies
