@@ -780,7 +780,7 @@ pub fn probes() -> Vec<Probe> {
                 "p = os.environ['TMPDIR'] + '/tool'; open(p, 'w').write('x'); os.chmod(p, 0o4755); res('chmod-ok')"
             ),
             ok(&["chmod-ok"]),
-            "chmod works inside scratch, but commit writes fresh 0644 files",
+            "chmod works inside scratch; the carry-over keeps the permission bits (0755) and drops set-id bits",
             |c| {
                 let p = session_file(c, "tmp/<sid>/tool").ok_or("no session")?;
                 let mode = std::os::unix::fs::PermissionsExt::mode(
@@ -788,7 +788,7 @@ pub fn probes() -> Vec<Probe> {
                         .map_err(|e| e.to_string())?
                         .permissions(),
                 );
-                if mode & 0o7777 == 0o644 {
+                if mode & 0o7777 == 0o755 {
                     Ok(())
                 } else {
                     Err(format!("committed mode {mode:o}"))
