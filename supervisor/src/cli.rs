@@ -22,7 +22,7 @@ use crate::ledger::{LedgerKind, VerifyReport};
 use crate::session::Session;
 
 /// argv[1] of the sandbox's own init (not a user command).
-pub const SANDBOX_INIT: &str = "__sandbox-init";
+pub use crate::sandbox::init::SANDBOX_INIT;
 
 const EXIT_CODES: &str = "\
 Exit status:

@@ -155,6 +155,17 @@ fn leftovers(state_dir: &Path) -> (Vec<u64>, Vec<u64>) {
     (dirs, journals)
 }
 
+/// Takes the session's lock and recovers what a dead supervisor left of it
+/// (see the module docs): every writer of a session goes through here.
+pub fn lock_for_write(
+    session: &Session,
+    cgroup_root: &Path,
+) -> Result<(SessionLock, SessionRecovery)> {
+    let lock = session.lock()?;
+    let recovery = recover_session(session, &lock, cgroup_root)?;
+    Ok((lock, recovery))
+}
+
 /// Recovers one session (see the module docs). The caller holds its lock.
 pub fn recover_session(
     session: &Session,
@@ -378,7 +389,7 @@ pub fn recover_all(
             },
         };
         let session = Session::open(&ws, state, &id, None)?;
-        let (_lock, r) = session.lock_for_write(cgroup_root)?;
+        let (_lock, r) = lock_for_write(&session, cgroup_root)?;
         out.push(r);
     }
     Ok((swept, out))

@@ -18,12 +18,8 @@ use crate::fsx;
 use crate::layout::{StateDir, TURN_TIER, Workspace, check_tier};
 use crate::ledger::{LedgerFiles, LedgerKind, VerifyReport};
 
-/// Proof that the caller holds the session's exclusive lock. Ledger appends
-/// and turns require it; it is released when dropped.
-#[derive(Debug)]
-pub struct SessionLock {
-    _flock: Flock<File>,
-}
+pub use crate::lock::SessionLock;
+use crate::lock::lock_path;
 
 /// A session of one workspace.
 #[derive(Debug, Clone)]
@@ -246,17 +242,6 @@ impl Session {
         lock_path(&self.state.session_lock(&self.id), &self.id)
     }
 
-    /// Takes the lock and recovers what a dead supervisor left of this
-    /// session (see [`crate::recover`]): every writer goes through here.
-    pub fn lock_for_write(
-        &self,
-        cgroup_root: &Path,
-    ) -> Result<(SessionLock, crate::recover::SessionRecovery)> {
-        let lock = self.lock()?;
-        let recovery = crate::recover::recover_session(self, &lock, cgroup_root)?;
-        Ok((lock, recovery))
-    }
-
     pub fn state(&self) -> &StateDir {
         &self.state
     }
@@ -302,37 +287,6 @@ impl Session {
     pub fn workspace(&self) -> &Workspace {
         &self.workspace
     }
-}
-
-/// Opens (creating) and exclusively locks a session lock file.
-fn lock_path(path: &Path, id: &SessionId) -> Result<SessionLock> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
-        .open(path)
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => SupervisorError::SessionNotFound {
-                session: id.to_string(),
-                path: path.to_path_buf(),
-            },
-            _ => SupervisorError::StateIo {
-                op: "open session lock",
-                path: path.to_path_buf(),
-                source,
-            },
-        })?;
-    let flock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| {
-        SupervisorError::StateIo {
-            op: "lock session",
-            path: path.to_path_buf(),
-            source: errno.into(),
-        }
-    })?;
-    Ok(SessionLock { _flock: flock })
 }
 
 /// Renames `from` to `to` and syncs the parent directory.

@@ -132,7 +132,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     };
     // Turns of one session are serialized; sessions run concurrently. What
     // a dead supervisor left of this session is settled first.
-    let (lock, recovery) = session.lock_for_write(&opts.cgroup_root)?;
+    let (lock, recovery) = crate::recover::lock_for_write(&session, &opts.cgroup_root)?;
     if !recovery.is_empty() {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
     }

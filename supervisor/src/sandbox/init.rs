@@ -100,6 +100,10 @@ fn cloexec_inherited_fds() {
     }
 }
 
+/// argv[1] that makes `supervise` the sandbox's own init (not a user
+/// command).
+pub const SANDBOX_INIT: &str = "__sandbox-init";
+
 /// Entry point of `supervise __sandbox-init TURN_DIR`. Never returns.
 pub fn main(turn_dir: &Path) -> ! {
     // S1 was given PR_SET_PDEATHSIG(SIGKILL) before exec (the pre_exec hook

@@ -385,7 +385,7 @@ fn run_in_cgroup(
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
     let mut cmd = Command::new(&exe);
-    cmd.arg(crate::cli::SANDBOX_INIT)
+    cmd.arg(init::SANDBOX_INIT)
         .arg(&turn.path)
         .env_clear()
         .stdin(Stdio::null())
