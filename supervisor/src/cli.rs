@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
-use turnstile_policy::check::CompiledCapabilities;
 use turnstile_policy::path as ppath;
 use turnstile_policy::prompt::{HashedInput, PromptHeader};
 use turnstile_policy::request::{self, DeclaredOutput, RequestDoc, TurnRequest};
@@ -497,17 +496,22 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
 }
 
 fn check(a: &CheckArgs) -> Result<Outcome> {
-    let package = PackageId::parse(&a.package)?;
     let session = match &a.session {
         Some(s) => SessionId::parse(s)?,
         None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
     };
     let request = request_from_args(&a.request)?;
-    let ws = Workspace::open(&a.common.root)?;
-    let manifest = Manifest::load(ws.root(), &package)?;
-    let bound = request.bind(&session)?;
-    let caps = CompiledCapabilities::compile(ws.root_str(), &manifest, &bound)?;
-    let decision = caps.check(&bound);
+    let admission = crate::admit::admit(
+        crate::admit::Input {
+            root: &a.common.root,
+            state_dir: &a.common.state_dir,
+            package: &a.package,
+            request: &request,
+        },
+        session,
+    )?;
+    let (package, session, bound) = (&admission.package, &admission.session, &admission.request);
+    let decision = admission.check();
     let (status, entry, violations) = match &decision {
         Ok(allowed) => (exit::OK, Some(allowed.execute_entry.clone()), Vec::new()),
         Err(Violations(v)) => (exit::VIOLATION, None, v.clone()),
@@ -694,11 +698,13 @@ fn plan_request(a: &PlanArgs) -> Result<TurnRequest> {
 fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
     let request = plan_request(a)?;
     let plan = crate::turn::plan_only(
-        &a.common.root,
-        &a.common.state_dir,
-        &a.package,
+        crate::admit::Input {
+            root: &a.common.root,
+            state_dir: &a.common.state_dir,
+            package: &a.package,
+            request: &request,
+        },
         a.session.as_deref(),
-        &request,
     )?;
     let stdout = if a.common.json {
         format!("{}\n", serde_json::to_value(&plan).unwrap_or(Value::Null))

@@ -4,6 +4,7 @@
 //! pipeline and the `supervise` CLI. It is the only crate that touches the
 //! file system on behalf of a turn; it never decides policy itself.
 
+pub mod admit;
 pub mod capture;
 pub mod cli;
 pub mod commit;

@@ -12,13 +12,13 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use time::OffsetDateTime;
-use turnstile_policy::check::CompiledCapabilities;
 use turnstile_policy::plan::{self, Plan, PlanContext};
 use turnstile_policy::request::{BoundRequest, TurnRequest};
 use turnstile_policy::session::{Clock, SessionIdGenerator};
 use turnstile_policy::timefmt::rfc3339_micros;
-use turnstile_policy::{Manifest, PackageId, SessionId, Violations, canonical};
+use turnstile_policy::{Manifest, SessionId, Violations, canonical};
 
+use crate::admit;
 use crate::capture::{self, Scope, Verdict};
 use crate::commit::{self, Committed};
 use crate::error::{Result, SupervisorError};
@@ -82,48 +82,25 @@ pub struct TurnResult {
     pub summary: String,
 }
 
-/// Resolves everything a turn needs; errors here are bad input (exit 2) and
-/// leave the disk untouched.
-struct Prepared {
-    workspace: Workspace,
-    state: StateDir,
-    manifest: Manifest,
-    session: Option<SessionId>,
-}
-
-fn prepare(opts: &RunOptions) -> Result<Prepared> {
-    let package = PackageId::parse(&opts.package)?;
-    let session = opts.session.as_deref().map(SessionId::parse).transpose()?;
-    let workspace = Workspace::open(&opts.root)?;
-    let state = StateDir::open(&opts.state_dir, &workspace, false)?;
-    let manifest = Manifest::load(workspace.root(), &package)?;
-    // Binding with a probe id catches expansion errors before a new session
-    // is created for this turn.
-    let probe = session
-        .clone()
-        .unwrap_or_else(|| SessionId::from_parts(OffsetDateTime::UNIX_EPOCH, 0));
-    let bound = opts.request.bind(&probe)?;
-    // Capability compilation can fail on bad input (patterns): do it now,
-    // before a session is created for this turn (exit 2 creates nothing).
-    CompiledCapabilities::compile(workspace.root_str(), &manifest, &bound)?;
-    Ok(Prepared {
-        workspace,
-        state,
-        manifest,
-        session,
-    })
-}
-
 /// Runs one turn.
 pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
-    let p = prepare(opts)?;
-    let session = match &p.session {
-        Some(id) => Session::open(&p.workspace, &p.state, id, None)?,
+    let input = admit::Input {
+        root: &opts.root,
+        state_dir: &opts.state_dir,
+        package: &opts.package,
+        request: &opts.request,
+    };
+    let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
+    // Everything is validated before a session is created for this turn
+    // (exit 2 creates nothing).
+    let mut admission = admit::admit(input, given.clone().unwrap_or_else(admit::probe_session))?;
+    let session = match &given {
+        Some(id) => Session::open(&admission.workspace, &admission.state, id, None)?,
         None => {
-            let state = StateDir::open(p.state.path(), &p.workspace, true)?;
-            crate::session::sweep_unfinished(&state, Some(&p.workspace))?;
+            let state = StateDir::open(admission.state.path(), &admission.workspace, true)?;
+            crate::session::sweep_unfinished(&state, Some(&admission.workspace))?;
             Session::create(
-                &p.workspace,
+                &admission.workspace,
                 &state,
                 TURN_TIER,
                 &SessionIdGenerator::new(SystemClock, OsRandom),
@@ -136,13 +113,13 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     if !recovery.is_empty() {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
     }
-    let request = opts.request.bind(&session.id)?;
-    let caps = CompiledCapabilities::compile(p.workspace.root_str(), &p.manifest, &request)?;
-    let allowed = match caps.check(&request) {
+    admission.rebind(&opts.request, session.id.clone())?;
+    let request = &admission.request;
+    let allowed = match admission.check() {
         Ok(a) => a,
         Err(violations) => {
             let turn_number =
-                record_rejected_turn(&session, &lock, &request, &violations, &SystemClock)?;
+                record_rejected_turn(&session, &lock, request, &violations, &SystemClock)?;
             let value = json!({
                 "session_id": session.id.as_str(),
                 "turn_number": turn_number,
@@ -166,9 +143,9 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         opts,
         session: &session,
         lock: &lock,
-        request: &request,
-        manifest: &p.manifest,
-        workspace: &p.workspace,
+        request,
+        manifest: &admission.manifest,
+        workspace: &admission.workspace,
         turn_number,
         execute_entry: allowed.execute_entry.clone(),
         started: Instant::now(),
@@ -706,35 +683,29 @@ impl Outcome {
 }
 
 /// `supervise plan`: the Plan a turn would get, without running anything.
-pub fn plan_only(
-    root: &Path,
-    state_dir: &Path,
-    package: &str,
-    session: Option<&str>,
-    request: &TurnRequest,
-) -> Result<Plan> {
-    let package = PackageId::parse(package)?;
-    let workspace = Workspace::open(root)?;
-    let _ = StateDir::open(state_dir, &workspace, false)?;
-    let manifest = Manifest::load(workspace.root(), &package)?;
+pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan> {
     let session = match session {
         Some(s) => SessionId::parse(s)?,
         None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
     };
-    let bound = request.bind(&session)?;
-    let caps = CompiledCapabilities::compile(workspace.root_str(), &manifest, &bound)?;
-    let allowed = caps.check(&bound)?;
+    let admission = admit::admit(input, session)?;
+    let allowed = admission.check()?;
     let ctx = PlanContext {
-        root: workspace.root_str(),
+        root: admission.workspace.root_str(),
         turn_number: 0,
         host_env: Vec::new(),
     };
-    plan::compile(&ctx, &manifest, &bound, &allowed, &HostFs).map_err(|e| {
-        SupervisorError::Sandbox {
-            step: "compile plan",
-            detail: e.to_string(),
-            source: None,
-        }
+    plan::compile(
+        &ctx,
+        &admission.manifest,
+        &admission.request,
+        &allowed,
+        &HostFs,
+    )
+    .map_err(|e| SupervisorError::Sandbox {
+        step: "compile plan",
+        detail: e.to_string(),
+        source: None,
     })
 }
 
