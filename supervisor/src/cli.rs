@@ -640,6 +640,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         request,
         json: a.common.json,
         cgroup_root: cgroup_root(),
+        sources: crate::ids::Sources::system(),
     };
     let r = crate::turn::run_turn(&opts)?;
     Ok(Outcome {
@@ -748,7 +749,7 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
         None => StateDir::at(&a.state_dir),
     };
     let (swept, sessions) =
-        crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root())?;
+        crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root(), &SystemClock)?;
     let acted: Vec<&crate::recover::SessionRecovery> =
         sessions.iter().filter(|r| !r.is_empty()).collect();
     let stdout = if a.json {

@@ -24,6 +24,44 @@ impl RandomSource for OsRandom {
     }
 }
 
+/// The clock and the randomness a turn uses, injected: production passes
+/// [`SystemClock`] and [`OsRandom`]; tests and deterministic runs pass
+/// their own. Nothing in the turn pipeline reads the time or the CSPRNG
+/// any other way (durations come from the monotonic clock and are never
+/// hashed into ids).
+#[derive(Clone)]
+pub struct Sources {
+    pub clock: std::sync::Arc<dyn Clock>,
+    pub random: std::sync::Arc<dyn RandomSource>,
+}
+
+impl Sources {
+    pub fn system() -> Self {
+        Self {
+            clock: std::sync::Arc::new(SystemClock),
+            random: std::sync::Arc::new(OsRandom),
+        }
+    }
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sources")
+    }
+}
+
+impl Clock for Sources {
+    fn now(&self) -> OffsetDateTime {
+        self.clock.now()
+    }
+}
+
+impl RandomSource for Sources {
+    fn next_u64(&self) -> Result<u64, PolicyError> {
+        self.random.next_u64()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,6 @@ use turnstile_policy::timefmt::rfc3339_micros;
 use crate::commit::{self, Settled};
 use crate::error::{Result, SupervisorError};
 use crate::evidence::{SCHEMA_VERSION, object};
-use crate::ids::SystemClock;
 use crate::layout::{StateDir, Workspace};
 use crate::ledger::{self, LedgerKind, TailRecovery};
 use crate::sandbox::cgroup::TurnCgroup;
@@ -160,9 +159,10 @@ fn leftovers(state_dir: &Path) -> (Vec<u64>, Vec<u64>) {
 pub fn lock_for_write(
     session: &Session,
     cgroup_root: &Path,
+    clock: &dyn Clock,
 ) -> Result<(SessionLock, SessionRecovery)> {
     let lock = session.lock()?;
-    let recovery = recover_session(session, &lock, cgroup_root)?;
+    let recovery = recover_session(session, &lock, cgroup_root, clock)?;
     Ok((lock, recovery))
 }
 
@@ -171,6 +171,7 @@ pub fn recover_session(
     session: &Session,
     lock: &SessionLock,
     cgroup_root: &Path,
+    clock: &dyn Clock,
 ) -> Result<SessionRecovery> {
     let sid = session.id.as_str().to_owned();
     let mut r = SessionRecovery {
@@ -207,7 +208,7 @@ pub fn recover_session(
         r.turn_dirs.push(dir);
     }
     // 3. Interrupted ledger appends.
-    let now = rfc3339_micros(SystemClock.now());
+    let now = rfc3339_micros(clock.now());
     let files: Vec<_> = LedgerKind::ALL.iter().map(|k| session.ledger(*k)).collect();
     r.tails = ledger::recover_tails(lock, &files, &now)?;
     // 4. Commit journals, then 5. the turn left open, if any.
@@ -354,6 +355,7 @@ pub fn recover_all(
     state: &StateDir,
     workspace: Option<&Workspace>,
     cgroup_root: &Path,
+    clock: &dyn Clock,
 ) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
     let swept = crate::session::sweep_unfinished(state, workspace)?;
     let mut out = Vec::new();
@@ -389,7 +391,7 @@ pub fn recover_all(
             },
         };
         let session = Session::open(&ws, state, &id, None)?;
-        let (_lock, r) = lock_for_write(&session, cgroup_root)?;
+        let (_lock, r) = lock_for_write(&session, cgroup_root, clock)?;
         out.push(r);
     }
     Ok((swept, out))

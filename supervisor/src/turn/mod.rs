@@ -28,7 +28,7 @@ use crate::capture::{self, Scope};
 use crate::commit::{self};
 use crate::error::{Result, SupervisorError};
 use crate::evidence::{SCHEMA_VERSION, object};
-use crate::ids::{OsRandom, SystemClock};
+use crate::ids::{OsRandom, Sources, SystemClock};
 use crate::layout::{StateDir, TURN_TIER, Workspace};
 use crate::ledger::LedgerKind;
 use crate::realfs::HostFs;
@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub request: TurnRequest,
     pub json: bool,
     pub cgroup_root: PathBuf,
+    /// Clock and randomness (session ids, timestamps).
+    pub sources: Sources,
 }
 
 /// The outcome of one turn, as `--json` prints it.
@@ -78,13 +80,14 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 &admission.workspace,
                 &state,
                 TURN_TIER,
-                &SessionIdGenerator::new(SystemClock, OsRandom),
+                &SessionIdGenerator::new(opts.sources.clone(), opts.sources.clone()),
             )?
         }
     };
     // Turns of one session are serialized; sessions run concurrently. What
     // a dead supervisor left of this session is settled first.
-    let (lock, recovery) = crate::recover::lock_for_write(&session, &opts.cgroup_root)?;
+    let (lock, recovery) =
+        crate::recover::lock_for_write(&session, &opts.cgroup_root, &opts.sources)?;
     if !recovery.is_empty() {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
     }
@@ -94,7 +97,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         Ok(a) => a,
         Err(violations) => {
             let turn_number =
-                record_rejected_turn(&session, &lock, request, &violations, &SystemClock)?;
+                record_rejected_turn(&session, &lock, request, &violations, &opts.sources)?;
             let value = json!({
                 "session_id": session.id.as_str(),
                 "turn_number": turn_number,
@@ -124,7 +127,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         turn_number,
         execute_entry: allowed.execute_entry.clone(),
         started: Instant::now(),
-        started_at: SystemClock.now(),
+        started_at: opts.sources.now(),
     }
     .run(&allowed)
 }

@@ -15,7 +15,6 @@ use crate::capture::{self, Verdict};
 use crate::commit::Committed;
 use crate::error::{Result, SupervisorError};
 use crate::evidence::{RejectedTurn, SCHEMA_VERSION, object};
-use crate::ids::SystemClock;
 use crate::ledger::LedgerKind;
 use crate::sandbox::{self, Ending, Execution};
 use crate::session::{Session, SessionLock};
@@ -77,7 +76,7 @@ pub(super) struct Outcome {
 impl Turn<'_> {
     pub(super) fn finish(&self, query_hash: &str, o: Outcome) -> Result<TurnResult> {
         let sid = self.session.id.as_str();
-        let now = rfc3339_micros(SystemClock.now());
+        let now = rfc3339_micros(self.opts.sources.now());
         let x = o.execution.as_ref();
         let command_exit = x.and_then(|x| match x.ending {
             Ending::Exited(c) => Some(c),
