@@ -25,6 +25,7 @@ pub mod request;
 pub mod seccomp;
 pub mod session;
 pub mod timefmt;
+pub mod verdict;
 
 pub use check::{CapabilityViolation, Operation, ViolatedCapability, Violations, check_turn};
 pub use error::{ErrorCode, PolicyError};
