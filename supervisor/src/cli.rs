@@ -608,22 +608,6 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
-    match a.backend.as_str() {
-        "native" => {}
-        // Known runtimes, not wired yet: never a silent fallback to native.
-        "runc" | "crun" | "runsc" | "kata" => {
-            return Err(SupervisorError::RuntimeUnavailable {
-                runtime: a.backend.clone(),
-                reason: "OCI backends arrive with the containerd shim; use --backend native".into(),
-            });
-        }
-        other => {
-            return Err(SupervisorError::invalid(
-                "--backend",
-                format!("`{other}` is not a backend (native, runc, crun, runsc, kata)"),
-            ));
-        }
-    }
     let request = request_from_args(&a.request)?;
     // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
     // `interrupted`, exit 128+signal) instead of killing supervise outright.
@@ -641,6 +625,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         json: a.common.json,
         cgroup_root: cgroup_root(),
         sources: crate::ids::Sources::system(),
+        backend: a.backend.clone(),
     };
     let r = crate::turn::run_turn(&opts)?;
     Ok(Outcome {

@@ -5,6 +5,7 @@
 //! file system on behalf of a turn; it never decides policy itself.
 
 pub mod admit;
+pub mod backend;
 pub mod capture;
 pub mod cli;
 pub mod commit;

@@ -24,6 +24,7 @@ pub use record::record_rejected_turn;
 use record::{Outcome, interrupted_message, ledgers};
 
 use crate::admit;
+use crate::backend::Backend;
 use crate::capture::{self, Scope};
 use crate::commit::{self};
 use crate::error::{Result, SupervisorError};
@@ -32,7 +33,7 @@ use crate::ids::{OsRandom, Sources, SystemClock};
 use crate::layout::{StateDir, TURN_TIER, Workspace};
 use crate::ledger::LedgerKind;
 use crate::realfs::HostFs;
-use crate::sandbox::{self, Ending, TurnDir};
+use crate::sandbox::{Ending, TurnDir};
 use crate::session::{Session, SessionLock};
 use crate::status::{Ended, Observed, TurnStatus, classify};
 use turnstile_policy::error::codes;
@@ -49,6 +50,8 @@ pub struct RunOptions {
     pub cgroup_root: PathBuf,
     /// Clock and randomness (session ids, timestamps).
     pub sources: Sources,
+    /// `--backend` (native, runc, crun, runsc, kata).
+    pub backend: String,
 }
 
 /// The outcome of one turn, as `--json` prints it.
@@ -68,6 +71,8 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         request: &opts.request,
     };
     let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
+    // An unknown or unavailable backend is refused before anything exists.
+    let backend = crate::backend::by_name(&opts.backend, &opts.cgroup_root, opts.json)?;
     // Everything is validated before a session is created for this turn
     // (exit 2 creates nothing).
     let mut admission = admit::admit(input, given.clone().unwrap_or_else(admit::probe_session))?;
@@ -119,6 +124,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     let turn_number = session.next_turn_number(&lock)?;
     Turn {
         opts,
+        backend,
         session: &session,
         lock: &lock,
         request,
@@ -134,6 +140,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
 
 struct Turn<'a> {
     opts: &'a RunOptions,
+    backend: Box<dyn Backend>,
     session: &'a Session,
     lock: &'a SessionLock,
     request: &'a BoundRequest,
@@ -184,7 +191,7 @@ impl Turn<'_> {
                 "turn_number": self.turn_number,
                 "query_hash": query_hash,
                 "plan_hash": plan_hash,
-                "backend": "native",
+                "backend": self.backend.name(),
                 "ts": rfc3339_micros(self.started_at),
             })),
         )?;
@@ -258,7 +265,13 @@ impl Turn<'_> {
             self.opts.cgroup_root.clone(),
             format!("{}-t{}", plan.session_id, plan.turn_number),
         )));
-        let executed = sandbox::execute(&plan, &turn_dir, &self.opts.cgroup_root, self.opts.json);
+        let executed = self
+            .backend
+            .create(&plan, &turn_dir)
+            .and_then(|mut sandbox| {
+                sandbox.start();
+                sandbox.wait()
+            });
         crate::interrupt::register(None);
         let execution = match executed {
             Ok(x) => x,

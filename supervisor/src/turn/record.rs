@@ -153,7 +153,7 @@ impl Turn<'_> {
             "exit_code": command_exit,
             "termination": termination,
             "error": error,
-            "backend": "native",
+            "backend": self.backend.name(),
             "timings": {"wall_us": wall_us, "phases_us": phases},
             "ts": now,
         }));
@@ -253,7 +253,7 @@ impl Turn<'_> {
             }
         }
         json!({
-            "backend": "native",
+            "backend": self.backend.name(),
             "namespaces": sandbox::NAMESPACES.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             "landlock_abi": landlock.as_ref().and_then(|l| l.get("kernel_abi").cloned()),
             "landlock_status": landlock.as_ref().and_then(|l| l.get("status").cloned()),
