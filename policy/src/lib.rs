@@ -24,6 +24,7 @@ pub mod prompt;
 pub mod request;
 pub mod seccomp;
 pub mod session;
+pub mod strict;
 pub mod timefmt;
 
 pub use check::{CapabilityViolation, Operation, ViolatedCapability, Violations, check_turn};

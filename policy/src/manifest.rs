@@ -324,12 +324,10 @@ impl Manifest {
             field: field.to_owned(),
             reason,
         };
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let doc: ManifestDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let field = crate::path::json_error_field(&e);
-            invalid(&field, e.into_inner().to_string())
+        let doc: ManifestDoc = crate::strict::from_json_slice(bytes).map_err(|e| {
+            let (field, reason) = e.field_and_reason();
+            invalid(&field, reason)
         })?;
-        de.end().map_err(|e| invalid("(document)", e.to_string()))?;
 
         if let Some(id) = &doc.package_id {
             if id != package.as_str() {
@@ -575,6 +573,45 @@ mod tests {
             assert_eq!(err.code().code, "E2042");
             assert!(err.to_string().contains(p), "{err}");
         }
+    }
+
+    /// A manifest with every field present, so every object position occurs.
+    const FULL: &str = r#"{"package_id":"hello-agent","version":"1.0.0","trust_level":"trusted",
+        "capabilities":{"read":["installed/hello-agent/**"],"write":["output/<session_id>/**"],
+        "execute":["/usr/bin/python3"],"forbidden":["installed/hello-agent/secrets/**"]},
+        "limits":{"memory":"256Mi","cpu":"500m","pids":64,"timeout_seconds":60,
+                  "disk":"1Gi","files":1000,"output_bytes":"1Mi"},
+        "network":"isolated"}"#;
+
+    #[test]
+    fn every_object_position_refuses_an_array_or_any_non_object() {
+        let full: serde_json::Value = serde_json::from_str(FULL).unwrap();
+        parse(FULL).unwrap();
+        // The attack: an object written as the array of its values (which
+        // serde's derive would read as the fields in order), and every other
+        // JSON type.
+        let mut positions = std::collections::BTreeSet::new();
+        for replace in crate::strict::test_support::non_objects() {
+            for (field, doc) in crate::strict::test_support::each_object_replaced(&full, &*replace)
+            {
+                positions.insert(field.clone());
+                let err = parse(&doc.to_string()).unwrap_err();
+                assert_eq!(err.field(), Some(field.as_str()), "{doc}: {err}");
+                assert_eq!(err.code().code, "TS1002", "{doc}: {err}");
+                assert!(err.to_string().contains("JSON object"), "{doc}: {err}");
+            }
+        }
+        assert_eq!(
+            positions.into_iter().collect::<Vec<_>>(),
+            ["(document)", "capabilities", "limits"]
+        );
+    }
+
+    #[test]
+    fn issue_8_capabilities_as_arrays_grant_nothing_and_are_refused() {
+        let err = parse(r#"{"capabilities":[["**"],["output/<session_id>/**"],["/bin/sh"]]}"#)
+            .unwrap_err();
+        assert_eq!(err.field(), Some("capabilities"), "{err}");
     }
 
     #[test]

@@ -776,6 +776,97 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
             "declared_inputs",
         ),
     ];
+    // Issue 8: arrays (or any non-object) where an object is required, in
+    // every manifest and request object; refused by `check` and by `run`
+    // (which must create nothing, not even a session).
+    const RUN: &[&str] = &["run"];
+    let run_case = |name: &'static str, args: &[&str], code: &'static str, field: &'static str| {
+        case(name, RUN, args, code, field)
+    };
+    cases.extend([
+        manifest_case(
+            &fx,
+            "capabilities as arrays",
+            r#"{"capabilities":[["**"],["output/<session_id>/**"],["/bin/sh"]]}"#,
+            MI,
+            "capabilities",
+        ),
+        manifest_case(
+            &fx,
+            "limits as array",
+            r#"{"capabilities":{},"limits":["256Mi","1",64]}"#,
+            MI,
+            "limits",
+        ),
+        manifest_case(
+            &fx,
+            "manifest as array",
+            r#"[null,null,"trusted",[["**"],[],["/bin/sh"],[]]]"#,
+            MI,
+            "(document)",
+        ),
+        manifest_case(&fx, "capabilities as string", r#"{"capabilities":"all"}"#, MI, "capabilities"),
+        manifest_case(&fx, "capabilities null", r#"{"capabilities":null}"#, MI, "capabilities"),
+        run_case(
+            "run capabilities as arrays",
+            &["--package", "pkg-capabilities-as-arrays", "--no-outputs", "--", "/bin/sh"],
+            MI,
+            "capabilities",
+        ),
+        case(
+            "request as array",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req("array", r#"[["/bin/true"],[],[]]"#),
+            ],
+            RQ,
+            "(document)",
+        ),
+        case(
+            "request output as array",
+            CHECK,
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "outarray",
+                    r#"{"command":["/bin/true"],"declared_outputs":[["output/<session_id>/x","report"]]}"#,
+                ),
+            ],
+            RQ,
+            "declared_outputs[0]",
+        ),
+        run_case(
+            "run request output as array",
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req(
+                    "runoutarray",
+                    r#"{"command":["/bin/true"],"declared_outputs":[["output/<session_id>/x","report"]]}"#,
+                ),
+            ],
+            RQ,
+            "declared_outputs[0]",
+        ),
+        run_case(
+            "run request as array",
+            &[
+                "--package",
+                "hello-agent",
+                "--request",
+                &req("runarray", r#"[["/bin/true"],[],[]]"#),
+            ],
+            RQ,
+            "(document)",
+        ),
+    ]);
+
     // Arguments outside the request: a missing root and a state dir inside it.
     let missing_root = Case {
         name: "missing root",
