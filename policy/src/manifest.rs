@@ -6,7 +6,6 @@
 //! the field. A [`Manifest`] that exists is valid.
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -288,27 +287,25 @@ impl Manifest {
     /// Loads `installed/<package>/manifest.json` under `root` (FR-RT-001).
     pub fn load(root: &Path, package: &PackageId) -> Result<Self, PolicyError> {
         let path = Self::path(root, package);
-        let file = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let bytes = match crate::input::read_regular_file(&path, MAX_MANIFEST_BYTES) {
+            Ok(b) => b,
+            Err(e) if e.is_not_found() => {
                 return Err(PolicyError::PackageNotFound {
                     package: package.to_string(),
                     path,
                 });
             }
-            Err(source) => return Err(PolicyError::ManifestUnreadable { path, source }),
+            Err(crate::input::InputError::Io(source)) => {
+                return Err(PolicyError::ManifestUnreadable { path, source });
+            }
+            Err(e) => {
+                return Err(PolicyError::InvalidManifest {
+                    path,
+                    field: "(file)".into(),
+                    reason: e.to_string(),
+                });
+            }
         };
-        let mut bytes = Vec::new();
-        if let Err(source) = file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes) {
-            return Err(PolicyError::ManifestUnreadable { path, source });
-        }
-        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(PolicyError::InvalidManifest {
-                path,
-                field: "(file)".into(),
-                reason: format!("is larger than {MAX_MANIFEST_BYTES} bytes"),
-            });
-        }
         Self::from_slice(&bytes, package, path)
     }
 
