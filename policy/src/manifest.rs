@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::PolicyError;
-use crate::pattern::Pattern;
+use crate::pattern::{Pattern, PatternSet};
 
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
@@ -365,6 +365,27 @@ impl Manifest {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
+        // Compile every list now, with a probe session id (every id has the
+        // same length and alphabet, so what compiles here compiles for any
+        // session): a list too complex for the matcher is bad input at load,
+        // never a failure after a session was created.
+        let probe = crate::pattern::probe_session();
+        let execute_programs: Vec<Pattern> = execute.iter().map(|e| e.program.clone()).collect();
+        for (name, list) in [
+            ("read", &read),
+            ("write", &write),
+            ("forbidden", &forbidden),
+            ("execute", &execute_programs),
+        ] {
+            PatternSet::compile_checked(list, &probe).map_err(|e| {
+                let field = match e.index {
+                    Some(i) => format!("capabilities.{name}[{i}]"),
+                    None => format!("capabilities.{name}"),
+                };
+                invalid(&field, e.reason)
+            })?;
+        }
+
         for (i, pattern) in write.iter().enumerate() {
             let field = format!("capabilities.write[{i}]");
             if pattern.is_absolute() {
@@ -609,6 +630,17 @@ mod tests {
         let err = parse(r#"{"capabilities":[["**"],["output/<session_id>/**"],["/bin/sh"]]}"#)
             .unwrap_err();
         assert_eq!(err.field(), Some("capabilities"), "{err}");
+    }
+
+    #[test]
+    fn issue_8_ten_thousand_complex_globs_are_refused_naming_the_list_and_limit() {
+        let read: Vec<String> = (0..10_000)
+            .map(|i| format!("data/{{a{i},b{i},c{i}}}/**/[a-z]*{i}?x/*.{{csv,txt,json}}"))
+            .collect();
+        let json = serde_json::json!({"capabilities": {"read": read}}).to_string();
+        let err = parse(&json).unwrap_err();
+        assert_eq!(err.field(), Some("capabilities.read"), "{err}");
+        assert!(err.to_string().contains("at most 1024"), "{err}");
     }
 
     #[test]

@@ -226,6 +226,15 @@ struct Case {
     code: &'static str,
     /// The field the error must name (in `error.field` and the message).
     field: &'static str,
+    /// Text the message must also contain (a limit, the kind of file…).
+    says: Option<&'static str>,
+}
+
+impl Case {
+    fn saying(mut self, text: &'static str) -> Self {
+        self.says = Some(text);
+        self
+    }
 }
 
 fn case(
@@ -241,6 +250,7 @@ fn case(
         args: args.iter().map(|s| s.to_string()).collect(),
         code,
         field,
+        says: None,
     }
 }
 
@@ -267,6 +277,7 @@ fn manifest_case(
         ],
         code,
         field,
+        says: None,
     }
 }
 
@@ -869,19 +880,20 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
 
     // Issue 8: a manifest that is not a regular file is refused without
     // blocking (a FIFO would hang `open`) and without following a symlink.
-    let special = |name: &'static str, make: &dyn Fn(&std::path::Path)| -> Case {
-        let c = manifest_case(&fx, name, "{}", MI, "(file)");
-        let path = fx
-            .root
-            .join("installed")
-            .join(&c.args[1])
-            .join("manifest.json");
-        std::fs::remove_file(&path).unwrap();
-        make(&path);
-        c
-    };
+    let special =
+        |name: &'static str, says: &'static str, make: &dyn Fn(&std::path::Path)| -> Case {
+            let c = manifest_case(&fx, name, "{}", MI, "(file)").saying(says);
+            let path = fx
+                .root
+                .join("installed")
+                .join(&c.args[1])
+                .join("manifest.json");
+            std::fs::remove_file(&path).unwrap();
+            make(&path);
+            c
+        };
     cases.extend([
-        special("manifest fifo", &|p| {
+        special("manifest fifo", "FIFO", &|p| {
             assert!(
                 std::process::Command::new("mkfifo")
                     .arg(p)
@@ -890,11 +902,13 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
                     .success()
             );
         }),
-        special("manifest directory", &|p| std::fs::create_dir(p).unwrap()),
-        special("manifest symlink to dev zero", &|p| {
+        special("manifest directory", "directory", &|p| {
+            std::fs::create_dir(p).unwrap()
+        }),
+        special("manifest symlink to dev zero", "symbolic link", &|p| {
             std::os::unix::fs::symlink("/dev/zero", p).unwrap()
         }),
-        special("manifest symlink to fifo", &|p| {
+        special("manifest symlink to fifo", "symbolic link", &|p| {
             let fifo = p.with_file_name("fifo");
             assert!(
                 std::process::Command::new("mkfifo")
@@ -905,7 +919,7 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
             );
             std::os::unix::fs::symlink(fifo, p).unwrap()
         }),
-        special("manifest symlink to regular", &|p| {
+        special("manifest symlink to regular", "symbolic link", &|p| {
             let real = p.with_file_name("real.json");
             std::fs::write(&real, r#"{"capabilities":{"execute":["/bin/true"]}}"#).unwrap();
             std::os::unix::fs::symlink(real, p).unwrap()
@@ -923,8 +937,35 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
         ],
         MI,
         "(file)",
-    );
+    )
+    .saying("FIFO");
     cases.push(run_fifo);
+
+    // Issue 8: 10,000 complex globs used to fail with "error building NFA"
+    // naming nothing, and `run` created a session first.
+    let globs: Vec<String> = (0..10_000)
+        .map(|i| format!("data/{{a{i},b{i},c{i}}}/**/[a-z]*{i}?x/*.{{csv,txt,json}}"))
+        .collect();
+    let many = json!({"capabilities": {"read": globs, "execute": ["/bin/true"]}}).to_string();
+    cases.push(manifest_case(
+        &fx,
+        "ten thousand globs",
+        &many,
+        MI,
+        "capabilities.read",
+    ));
+    cases.push(run_case(
+        "run ten thousand globs",
+        &[
+            "--package",
+            "pkg-ten-thousand-globs",
+            "--no-outputs",
+            "--",
+            "/bin/true",
+        ],
+        MI,
+        "capabilities.read",
+    ));
 
     // Arguments outside the request: a missing root and a state dir inside it.
     let missing_root = Case {
@@ -933,6 +974,7 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
         args: vec![],
         code: ARG,
         field: "--root",
+        says: None,
     };
     cases.push(missing_root);
     assert!(cases.len() >= 25);
@@ -982,6 +1024,13 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
             c.name,
             c.field
         );
+        if let Some(text) = c.says {
+            assert!(
+                msg.contains(text),
+                "case `{}`: message lacks `{text}`: {msg}",
+                c.name
+            );
+        }
         assert!(
             r.stderr.contains(c.code),
             "case `{}`: stderr lacks the code: {}",
