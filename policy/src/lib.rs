@@ -16,6 +16,7 @@
 pub mod canonical;
 pub mod check;
 pub mod error;
+pub mod grants;
 pub mod input;
 pub mod manifest;
 pub mod path;

@@ -407,17 +407,20 @@ impl Manifest {
         }
 
         let limits = limits_from(doc.limits).map_err(|(field, reason)| invalid(&field, reason))?;
+        let capabilities = Capabilities {
+            read,
+            write,
+            execute,
+            forbidden,
+        };
+        // Entries that can grant nothing are refused, naming the entry.
+        crate::grants::check_pure(&capabilities, &source)?;
 
         Ok(Self {
             package_id: package.clone(),
             version: doc.version,
             trust_level: doc.trust_level,
-            capabilities: Capabilities {
-                read,
-                write,
-                execute,
-                forbidden,
-            },
+            capabilities,
             limits,
             network: doc.network,
             source,

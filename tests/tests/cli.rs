@@ -967,6 +967,70 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
         "capabilities.read",
     ));
 
+    // Issue 9: a manifest entry that can grant nothing is refused at load,
+    // naming the entry (TS1007), by check and by run before anything exists.
+    const NOTHING: &str = "TS1007";
+    cases.extend([
+        manifest_case(
+            &fx,
+            "duplicate read",
+            &m(r#"{"read":["data/**","data/**"],"execute":["/bin/true"]}"#),
+            NOTHING,
+            "capabilities.read[1]",
+        )
+        .saying("repeats capabilities.read[0]"),
+        manifest_case(
+            &fx,
+            "read covered by forbidden",
+            &m(r#"{"read":["secrets/key.pem"],"execute":["/bin/true"],"forbidden":["secrets/**"]}"#),
+            NOTHING,
+            "capabilities.read[0]",
+        )
+        .saying("forbidden by `secrets/**`"),
+        manifest_case(
+            &fx,
+            "execute covered by forbidden",
+            &m(r#"{"execute":["/bin/true"],"forbidden":["/bin/*"]}"#),
+            NOTHING,
+            "capabilities.execute[0]",
+        ),
+        manifest_case(
+            &fx,
+            "write without directory",
+            &m(r#"{"write":["*.md"],"execute":["/bin/true"]}"#),
+            NOTHING,
+            "capabilities.write[0]",
+        )
+        .saying("no fixed directory"),
+        manifest_case(
+            &fx,
+            "execute session path not writable",
+            &m(r#"{"execute":["/bin/true","build/<session_id>/app"]}"#),
+            NOTHING,
+            "capabilities.execute[1]",
+        )
+        .saying("no writable scope"),
+        manifest_case(
+            &fx,
+            "execute in ledgers",
+            &m(r#"{"execute":["/bin/true","planes/ho1/run"]}"#),
+            NOTHING,
+            "capabilities.execute[1]",
+        ),
+        run_case(
+            "run read covered by forbidden",
+            &["--package", "pkg-read-covered-by-forbidden", "--no-outputs", "--", "/bin/true"],
+            NOTHING,
+            "capabilities.read[0]",
+        ),
+        run_case(
+            "run write without directory",
+            &["--package", "pkg-write-without-directory", "--no-outputs", "--", "/bin/true"],
+            NOTHING,
+            "capabilities.write[0]",
+        ),
+    ]);
+
     // Arguments outside the request: a missing root and a state dir inside it.
     let missing_root = Case {
         name: "missing root",
