@@ -1043,6 +1043,22 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
     cases.push(missing_root);
     assert!(cases.len() >= 25);
 
+    // Every `check` row again as `run` without `--session`: exit 2 must mean
+    // nothing was created — no session, no ledger, no scratch dir, no state.
+    let as_run: Vec<Case> = cases
+        .iter()
+        .filter(|c| c.words == CHECK)
+        .map(|c| Case {
+            name: Box::leak(format!("{} (as run)", c.name).into_boxed_str()),
+            words: RUN,
+            args: c.args.clone(),
+            code: c.code,
+            field: c.field,
+            says: c.says,
+        })
+        .collect();
+    cases.extend(as_run);
+
     for c in &cases {
         let before = fx.snapshot();
         let mut args: Vec<&str> = c.args.iter().map(String::as_str).collect();
