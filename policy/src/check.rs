@@ -126,11 +126,18 @@ impl CompiledCapabilities {
         request: &BoundRequest,
     ) -> Result<Self, PolicyError> {
         let session = &request.session;
+        // Cannot fail for a loaded manifest (its lists were compiled at load
+        // with a probe id of the same shape); kept as an error, never a panic.
         let compile = |patterns: &[Pattern], field: &str| {
-            PatternSet::compile(patterns, session).map_err(|reason| PolicyError::InvalidManifest {
-                path: manifest.source.clone(),
-                field: field.to_owned(),
-                reason,
+            PatternSet::compile_checked(patterns, session).map_err(|e| {
+                PolicyError::InvalidManifest {
+                    path: manifest.source.clone(),
+                    field: match e.index {
+                        Some(i) => format!("{field}[{i}]"),
+                        None => field.to_owned(),
+                    },
+                    reason: e.reason,
+                }
             })
         };
         let caps = &manifest.capabilities;
@@ -143,10 +150,17 @@ impl CompiledCapabilities {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let set = compile(
-                    std::slice::from_ref(&e.program),
-                    &format!("capabilities.execute[{i}]"),
-                )?;
+                let set = compile(std::slice::from_ref(&e.program), "capabilities.execute")
+                    .map_err(|err| match err {
+                        PolicyError::InvalidManifest { path, reason, .. } => {
+                            PolicyError::InvalidManifest {
+                                path,
+                                field: format!("capabilities.execute[{i}]"),
+                                reason,
+                            }
+                        }
+                        other => other,
+                    })?;
                 Ok((e.as_str().to_owned(), set, e.args.clone()))
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;

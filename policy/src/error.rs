@@ -40,6 +40,7 @@ codes! {
     SESSION_ID_INVALID = "TS1004", "SESSION_ID_INVALID";
     PACKAGE_ID_INVALID = "TS1005", "PACKAGE_ID_INVALID";
     ARGUMENT_INVALID = "TS1006", "ARGUMENT_INVALID";
+    ENTRY_GRANTS_NOTHING = "TS1007", "ENTRY_GRANTS_NOTHING";
     LEDGER_INTEGRITY = "TS1010", "LEDGER_INTEGRITY";
     LEDGER_IO = "TS1011", "LEDGER_IO";
     STATE_IO = "TS1012", "STATE_IO";
@@ -83,6 +84,17 @@ pub enum PolicyError {
         reserved: String,
     },
 
+    #[error(
+        "manifest {}: field `{field}`: entry `{entry}` can grant nothing: {reason}",
+        path.display()
+    )]
+    EntryGrantsNothing {
+        path: PathBuf,
+        field: String,
+        entry: String,
+        reason: String,
+    },
+
     #[error("invalid turn request: field `{field}`: {reason}")]
     InvalidRequest { field: String, reason: String },
 
@@ -105,6 +117,7 @@ impl PolicyError {
                 codes::MANIFEST_INVALID
             }
             Self::ReservedWrite { .. } => codes::SECURITY_POLICY_VIOLATION,
+            Self::EntryGrantsNothing { .. } => codes::ENTRY_GRANTS_NOTHING,
             Self::InvalidRequest { .. } => codes::REQUEST_INVALID,
             Self::InvalidSessionId { .. } => codes::SESSION_ID_INVALID,
             Self::InvalidPackageId { .. } => codes::PACKAGE_ID_INVALID,
@@ -117,6 +130,7 @@ impl PolicyError {
         match self {
             Self::InvalidManifest { field, .. }
             | Self::ReservedWrite { field, .. }
+            | Self::EntryGrantsNothing { field, .. }
             | Self::InvalidRequest { field, .. } => Some(field),
             Self::InvalidSessionId { .. } => Some("session_id"),
             Self::InvalidPackageId { .. } => Some("package"),

@@ -16,6 +16,8 @@
 pub mod canonical;
 pub mod check;
 pub mod error;
+pub mod grants;
+pub mod input;
 pub mod manifest;
 pub mod path;
 pub mod pattern;
@@ -24,6 +26,7 @@ pub mod prompt;
 pub mod request;
 pub mod seccomp;
 pub mod session;
+pub mod strict;
 pub mod timefmt;
 pub mod verdict;
 

@@ -6,13 +6,12 @@
 //! the field. A [`Manifest`] that exists is valid.
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::error::PolicyError;
-use crate::pattern::Pattern;
+use crate::pattern::{Pattern, PatternSet};
 
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
@@ -288,27 +287,25 @@ impl Manifest {
     /// Loads `installed/<package>/manifest.json` under `root` (FR-RT-001).
     pub fn load(root: &Path, package: &PackageId) -> Result<Self, PolicyError> {
         let path = Self::path(root, package);
-        let file = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let bytes = match crate::input::read_regular_file(&path, MAX_MANIFEST_BYTES) {
+            Ok(b) => b,
+            Err(e) if e.is_not_found() => {
                 return Err(PolicyError::PackageNotFound {
                     package: package.to_string(),
                     path,
                 });
             }
-            Err(source) => return Err(PolicyError::ManifestUnreadable { path, source }),
+            Err(crate::input::InputError::Io(source)) => {
+                return Err(PolicyError::ManifestUnreadable { path, source });
+            }
+            Err(e) => {
+                return Err(PolicyError::InvalidManifest {
+                    path,
+                    field: "(file)".into(),
+                    reason: e.to_string(),
+                });
+            }
         };
-        let mut bytes = Vec::new();
-        if let Err(source) = file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes) {
-            return Err(PolicyError::ManifestUnreadable { path, source });
-        }
-        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(PolicyError::InvalidManifest {
-                path,
-                field: "(file)".into(),
-                reason: format!("is larger than {MAX_MANIFEST_BYTES} bytes"),
-            });
-        }
         Self::from_slice(&bytes, package, path)
     }
 
@@ -324,12 +321,10 @@ impl Manifest {
             field: field.to_owned(),
             reason,
         };
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let doc: ManifestDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let field = crate::path::json_error_field(&e);
-            invalid(&field, e.into_inner().to_string())
+        let doc: ManifestDoc = crate::strict::from_json_slice(bytes).map_err(|e| {
+            let (field, reason) = e.field_and_reason();
+            invalid(&field, reason)
         })?;
-        de.end().map_err(|e| invalid("(document)", e.to_string()))?;
 
         if let Some(id) = &doc.package_id {
             if id != package.as_str() {
@@ -370,6 +365,27 @@ impl Manifest {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
+        // Compile every list now, with a probe session id (every id has the
+        // same length and alphabet, so what compiles here compiles for any
+        // session): a list too complex for the matcher is bad input at load,
+        // never a failure after a session was created.
+        let probe = crate::pattern::probe_session();
+        let execute_programs: Vec<Pattern> = execute.iter().map(|e| e.program.clone()).collect();
+        for (name, list) in [
+            ("read", &read),
+            ("write", &write),
+            ("forbidden", &forbidden),
+            ("execute", &execute_programs),
+        ] {
+            PatternSet::compile_checked(list, &probe).map_err(|e| {
+                let field = match e.index {
+                    Some(i) => format!("capabilities.{name}[{i}]"),
+                    None => format!("capabilities.{name}"),
+                };
+                invalid(&field, e.reason)
+            })?;
+        }
+
         for (i, pattern) in write.iter().enumerate() {
             let field = format!("capabilities.write[{i}]");
             if pattern.is_absolute() {
@@ -391,17 +407,20 @@ impl Manifest {
         }
 
         let limits = limits_from(doc.limits).map_err(|(field, reason)| invalid(&field, reason))?;
+        let capabilities = Capabilities {
+            read,
+            write,
+            execute,
+            forbidden,
+        };
+        // Entries that can grant nothing are refused, naming the entry.
+        crate::grants::check_pure(&capabilities, &source)?;
 
         Ok(Self {
             package_id: package.clone(),
             version: doc.version,
             trust_level: doc.trust_level,
-            capabilities: Capabilities {
-                read,
-                write,
-                execute,
-                forbidden,
-            },
+            capabilities,
             limits,
             network: doc.network,
             source,
@@ -575,6 +594,56 @@ mod tests {
             assert_eq!(err.code().code, "E2042");
             assert!(err.to_string().contains(p), "{err}");
         }
+    }
+
+    /// A manifest with every field present, so every object position occurs.
+    const FULL: &str = r#"{"package_id":"hello-agent","version":"1.0.0","trust_level":"trusted",
+        "capabilities":{"read":["installed/hello-agent/**"],"write":["output/<session_id>/**"],
+        "execute":["/usr/bin/python3"],"forbidden":["installed/hello-agent/secrets/**"]},
+        "limits":{"memory":"256Mi","cpu":"500m","pids":64,"timeout_seconds":60,
+                  "disk":"1Gi","files":1000,"output_bytes":"1Mi"},
+        "network":"isolated"}"#;
+
+    #[test]
+    fn every_object_position_refuses_an_array_or_any_non_object() {
+        let full: serde_json::Value = serde_json::from_str(FULL).unwrap();
+        parse(FULL).unwrap();
+        // The attack: an object written as the array of its values (which
+        // serde's derive would read as the fields in order), and every other
+        // JSON type.
+        let mut positions = std::collections::BTreeSet::new();
+        for replace in crate::strict::test_support::non_objects() {
+            for (field, doc) in crate::strict::test_support::each_object_replaced(&full, &*replace)
+            {
+                positions.insert(field.clone());
+                let err = parse(&doc.to_string()).unwrap_err();
+                assert_eq!(err.field(), Some(field.as_str()), "{doc}: {err}");
+                assert_eq!(err.code().code, "TS1002", "{doc}: {err}");
+                assert!(err.to_string().contains("JSON object"), "{doc}: {err}");
+            }
+        }
+        assert_eq!(
+            positions.into_iter().collect::<Vec<_>>(),
+            ["(document)", "capabilities", "limits"]
+        );
+    }
+
+    #[test]
+    fn issue_8_capabilities_as_arrays_grant_nothing_and_are_refused() {
+        let err = parse(r#"{"capabilities":[["**"],["output/<session_id>/**"],["/bin/sh"]]}"#)
+            .unwrap_err();
+        assert_eq!(err.field(), Some("capabilities"), "{err}");
+    }
+
+    #[test]
+    fn issue_8_ten_thousand_complex_globs_are_refused_naming_the_list_and_limit() {
+        let read: Vec<String> = (0..10_000)
+            .map(|i| format!("data/{{a{i},b{i},c{i}}}/**/[a-z]*{i}?x/*.{{csv,txt,json}}"))
+            .collect();
+        let json = serde_json::json!({"capabilities": {"read": read}}).to_string();
+        let err = parse(&json).unwrap_err();
+        assert_eq!(err.field(), Some("capabilities.read"), "{err}");
+        assert!(err.to_string().contains("at most 1024"), "{err}");
     }
 
     #[test]

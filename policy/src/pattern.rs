@@ -21,8 +21,10 @@ use crate::session::SessionId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pattern(String);
 
-/// A session id used only to syntax-check patterns before a session exists.
-fn probe_session() -> SessionId {
+/// A session id used only to check patterns before a session exists. Every
+/// session id has the same length and alphabet, so a list that compiles
+/// with this id compiles with any.
+pub(crate) fn probe_session() -> SessionId {
     SessionId::from_parts(OffsetDateTime::UNIX_EPOCH, 0)
 }
 
@@ -35,11 +37,41 @@ fn glob(raw: &str) -> Result<Glob, globset::Error> {
 
 const GLOB_META: [char; 6] = ['*', '?', '[', ']', '{', '}'];
 
+/// Most patterns in one capability list (`read`, `write`, `execute`,
+/// `forbidden`). A list is compiled into one matcher; past this, manifests
+/// stop being reviewable and the matcher's size grows without bound.
+pub const MAX_PATTERNS: usize = 1024;
+
+/// Longest pattern, in bytes, as written (before `<session_id>` expands).
+/// Every segment is also at most 255 bytes (NAME_MAX), as for paths.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+
+/// Why a list of patterns cannot be compiled into one matcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetError {
+    /// The offending pattern's index in the list, when one pattern alone is
+    /// the problem; `None` when only the list as a whole is too complex.
+    pub index: Option<usize>,
+    pub reason: String,
+}
+
+impl fmt::Display for SetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 impl Pattern {
     /// Validates a pattern. The error is a reason, to be wrapped with the
     /// field it came from.
     pub fn parse(raw: &str) -> Result<Self, String> {
         path::check_syntax(raw, Absolute::Allowed)?;
+        if raw.len() > MAX_PATTERN_BYTES {
+            return Err(format!(
+                "is {} bytes long; a pattern may be at most {MAX_PATTERN_BYTES} bytes",
+                raw.len()
+            ));
+        }
         for segment in raw.trim_start_matches('/').split('/') {
             if segment.contains("**") && segment != "**" {
                 return Err(format!(
@@ -161,20 +193,32 @@ pub struct PatternSet {
 }
 
 impl PatternSet {
+    /// Compiles `patterns` for `session`. The error names the pattern when
+    /// one pattern is the problem, or says the list as a whole is too
+    /// complex.
     pub fn compile(patterns: &[Pattern], session: &SessionId) -> Result<Self, String> {
+        Self::compile_checked(patterns, session).map_err(|e| e.reason)
+    }
+
+    /// [`PatternSet::compile`] with the offending pattern's index.
+    pub fn compile_checked(patterns: &[Pattern], session: &SessionId) -> Result<Self, SetError> {
+        if patterns.len() > MAX_PATTERNS {
+            return Err(SetError {
+                index: None,
+                reason: format!(
+                    "has {} patterns; a capability list may have at most {MAX_PATTERNS}: use `*`, `**` or `{{a,b}}` to cover several paths with one pattern",
+                    patterns.len()
+                ),
+            });
+        }
         let mut rel = GlobSetBuilder::new();
         let mut abs = GlobSetBuilder::new();
         let (mut relative_index, mut absolute_index) = (Vec::new(), Vec::new());
         for (i, p) in patterns.iter().enumerate() {
-            let expanded = p.expand(session);
-            // `dir/**` covers `dir` itself too (globset alone would not
-            // match it): a forbidden `secrets/**` hides the directory.
-            let mut globs = vec![expanded.clone()];
-            if let Some(dir) = expanded.strip_suffix("/**").filter(|d| !d.is_empty()) {
-                globs.push(dir.to_owned());
-            }
-            for raw in globs {
-                let g = glob(&raw).map_err(|e| format!("pattern `{p}`: {e}"))?;
+            for g in Self::globs(p, session).map_err(|reason| SetError {
+                index: Some(i),
+                reason,
+            })? {
                 if p.is_absolute() {
                     abs.add(g);
                     absolute_index.push(i);
@@ -184,13 +228,69 @@ impl PatternSet {
                 }
             }
         }
+        let build = |builder: GlobSetBuilder, index: &[usize]| {
+            builder
+                .build()
+                .map_err(|e| Self::diagnose(patterns, session, index, &e))
+        };
         Ok(Self {
             patterns: patterns.to_vec(),
-            relative: rel.build().map_err(|e| e.to_string())?,
+            relative: build(rel, &relative_index)?,
             relative_index,
-            absolute: abs.build().map_err(|e| e.to_string())?,
+            absolute: build(abs, &absolute_index)?,
             absolute_index,
         })
+    }
+
+    /// The globs one pattern compiles to: `dir/**` also covers `dir` itself
+    /// (globset alone would not match it), so a forbidden `secrets/**` hides
+    /// the directory.
+    fn globs(p: &Pattern, session: &SessionId) -> Result<Vec<Glob>, String> {
+        let expanded = p.expand(session);
+        let mut raw = vec![expanded.clone()];
+        if let Some(dir) = expanded.strip_suffix("/**").filter(|d| !d.is_empty()) {
+            raw.push(dir.to_owned());
+        }
+        raw.iter()
+            .map(|r| glob(r).map_err(|e| format!("pattern `{p}`: {e}")))
+            .collect()
+    }
+
+    /// A set failed to build (the matcher's size limit, "error building
+    /// NFA"): find the pattern that fails on its own, or blame the list.
+    fn diagnose(
+        patterns: &[Pattern],
+        session: &SessionId,
+        index: &[usize],
+        error: &globset::Error,
+    ) -> SetError {
+        let mut members: Vec<usize> = index.to_vec();
+        members.dedup();
+        for &i in &members {
+            let alone = Self::globs(&patterns[i], session).and_then(|globs| {
+                let mut b = GlobSetBuilder::new();
+                for g in globs {
+                    b.add(g);
+                }
+                b.build().map(|_| ()).map_err(|e| e.to_string())
+            });
+            if let Err(e) = alone {
+                return SetError {
+                    index: Some(i),
+                    reason: format!(
+                        "pattern `{}` is too complex for the matcher ({e}); simplify it (fewer `{{a,b}}` alternatives, `[..]` classes and wildcards)",
+                        patterns[i]
+                    ),
+                };
+            }
+        }
+        SetError {
+            index: None,
+            reason: format!(
+                "its {} patterns are too complex together for the matcher ({error}), although each compiles alone; merge or simplify them (limits: at most {MAX_PATTERNS} patterns of at most {MAX_PATTERN_BYTES} bytes per list, and the list must compile as one matcher)",
+                members.len()
+            ),
+        }
     }
 
     /// The first pattern (in manifest order) that matches `target` or one of
@@ -316,6 +416,41 @@ mod tests {
         assert!(Pattern::parse("a/[b").is_err());
         assert!(Pattern::parse("a/{b").is_err());
         assert!(Pattern::parse("../x").is_err());
+    }
+
+    fn heavy(i: usize) -> Pattern {
+        let alternatives: Vec<String> = (0..14).map(|j| format!("[a-z]*{i}x{j}?")).collect();
+        let segment = format!("{{{}}}", alternatives.join(","));
+        Pattern::parse(&format!("d{i}/{segment}/{segment}/{segment}")).unwrap()
+    }
+
+    #[test]
+    fn issue_8_too_many_patterns_is_refused_with_the_limit() {
+        let many: Vec<Pattern> = (0..=MAX_PATTERNS)
+            .map(|i| Pattern::parse(&format!("data/f{i}.csv")).unwrap())
+            .collect();
+        let err = PatternSet::compile_checked(&many, &sid()).unwrap_err();
+        assert_eq!(err.index, None);
+        assert!(
+            err.reason.contains("1025 patterns") && err.reason.contains("1024"),
+            "{err}"
+        );
+        assert!(PatternSet::compile_checked(&many[..MAX_PATTERNS], &sid()).is_ok());
+        let long = format!("data/{}", "a/".repeat(MAX_PATTERN_BYTES / 2));
+        let err = Pattern::parse(long.trim_end_matches('/')).unwrap_err();
+        assert!(err.contains("at most 1024 bytes"), "{err}");
+    }
+
+    #[test]
+    fn issue_8_a_list_too_complex_together_says_so_and_names_the_limits() {
+        // Each compiles alone; 1024 of them exceed the matcher's size limit
+        // ("error building NFA", which used to be the whole message).
+        let set: Vec<Pattern> = (0..MAX_PATTERNS).map(heavy).collect();
+        assert!(PatternSet::compile_checked(&set[..1], &sid()).is_ok());
+        let err = PatternSet::compile_checked(&set, &sid()).unwrap_err();
+        assert_eq!(err.index, None, "{err}");
+        assert!(err.reason.contains("too complex together"), "{err}");
+        assert!(err.reason.contains("at most 1024 patterns"), "{err}");
     }
 
     #[test]

@@ -151,12 +151,10 @@ impl TurnRequest {
                 format!("is larger than {MAX_REQUEST_BYTES} bytes"),
             ));
         }
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let doc: RequestDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let field = crate::path::json_error_field(&e);
-            invalid(field, e.into_inner().to_string())
+        let doc: RequestDoc = crate::strict::from_json_slice(bytes).map_err(|e| {
+            let (field, reason) = e.field_and_reason();
+            invalid(field, reason)
         })?;
-        de.end().map_err(|e| invalid("(document)", e.to_string()))?;
         Self::from_doc(doc)
     }
 
@@ -328,6 +326,35 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.field(), Some("declared_outputs[0]"), "{err}");
         assert!(err.to_string().contains("role"));
+    }
+
+    #[test]
+    fn every_object_position_refuses_an_array_or_any_non_object() {
+        let full = serde_json::json!({
+            "command": ["/bin/true"],
+            "declared_inputs": ["registries/users.csv"],
+            "declared_outputs": [{"path": "output/<session_id>/a", "role": "report"},
+                                 {"path": "output/<session_id>/b", "role": "log"}],
+            "work_order_id": "WO-1",
+            "idempotency_key": "K-1",
+            "timeout_seconds": 30
+        });
+        TurnRequest::from_json(full.to_string().as_bytes()).unwrap();
+        let mut positions = std::collections::BTreeSet::new();
+        for replace in crate::strict::test_support::non_objects() {
+            for (field, doc) in crate::strict::test_support::each_object_replaced(&full, &*replace)
+            {
+                positions.insert(field.clone());
+                let err = TurnRequest::from_json(doc.to_string().as_bytes()).unwrap_err();
+                assert_eq!(err.field(), Some(field.as_str()), "{doc}: {err}");
+                assert_eq!(err.code().code, "TS1003", "{doc}: {err}");
+                assert!(err.to_string().contains("JSON object"), "{doc}: {err}");
+            }
+        }
+        assert_eq!(
+            positions.into_iter().collect::<Vec<_>>(),
+            ["(document)", "declared_outputs[0]", "declared_outputs[1]"]
+        );
     }
 
     #[test]
