@@ -461,10 +461,12 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
                 "the request file carries the whole request; do not combine it with --output, --no-outputs, --input, --work-order, --idempotency-key, --timeout or a command",
             ));
         }
+        // A FIFO, device, directory or symlink is refused without blocking.
         let bytes =
-            crate::fsx::read_small(file, request::MAX_REQUEST_BYTES as u64).map_err(|e| {
-                SupervisorError::invalid("--request", format!("{}: {e}", file.display()))
-            })?;
+            turnstile_policy::input::read_regular_file(file, request::MAX_REQUEST_BYTES as u64)
+                .map_err(|e| {
+                    SupervisorError::invalid("--request", format!("{}: {e}", file.display()))
+                })?;
         return Ok(TurnRequest::from_json(&bytes)?);
     }
     if r.no_outputs && !r.outputs.is_empty() {
