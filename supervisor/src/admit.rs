@@ -42,6 +42,13 @@ pub fn admit(input: Input<'_>, session: SessionId) -> Result<Admission> {
     let workspace = Workspace::open(input.root)?;
     let state = StateDir::open(input.state_dir, &workspace, false)?;
     let manifest = Manifest::load(workspace.root(), &package)?;
+    // Entries that can grant nothing on this host (a missing absolute
+    // executable, a read of a path that does not exist) are refused here.
+    turnstile_policy::grants::check_on_host(
+        &manifest,
+        workspace.root_str(),
+        &crate::realfs::HostFs,
+    )?;
     let request = input.request.bind(&session)?;
     let capabilities = CompiledCapabilities::compile(workspace.root_str(), &manifest, &request)?;
     Ok(Admission {
