@@ -291,11 +291,29 @@ pub fn probes() -> Vec<Probe> {
             "the supervisor's environment stays private"
         ),
         probe!(
-            "cwd_parent_unlistable",
+            "cwd_parent_shows_only_the_workspace",
             "fd-leak",
-            py("res(err(lambda: os.listdir('..')))"),
-            EACCES,
-            "cwd is the workspace root; Landlock grants nothing above it"
+            py(
+                "names = os.listdir('..')\nres('only-the-root' if names == [os.path.basename(os.getcwd())] else repr(names))"
+            ),
+            ok(&["only-the-root"]),
+            "above the workspace root the view holds only the path to it (an empty root-owned tmpfs dir), nothing of the host"
+        ),
+        probe!(
+            "turn_never_runs_as_host_root",
+            "fd-leak",
+            py(
+                "ids = [l.split()[1:] for l in open('/proc/self/status') if l.startswith(('Uid:', 'Gid:'))]\nres('ok' if all(i == ['65534'] * 4 for i in ids) and os.getgroups() == [] else repr(ids))"
+            ),
+            ok(&["ok"]),
+            "real, effective, saved and fs uid/gid are 65534 and there are no supplementary groups"
+        ),
+        probe!(
+            "workspace_0600_file_readable_through_a_grant",
+            "fd-leak",
+            py("res(open('data/private.txt').read())"),
+            ok(&["mine"]),
+            "a 0600 root-owned file in a 0700 root-owned workspace: the idmapped workspace gives the turn its owner's access, the grant decides"
         ),
         probe!(
             "host_binary_not_executable",
@@ -346,10 +364,10 @@ pub fn probes() -> Vec<Probe> {
             "kallsyms_addresses_masked",
             "procfs-sysfs-dev",
             py(
-                "line = open('/proc/kallsyms').readline().split()\nres('zeroed' if int(line[0], 16) == 0 else 'LEAK')"
+                "try:\n    line = open('/proc/kallsyms').readline().split()\n    res('zeroed' if int(line[0], 16) == 0 else 'LEAK')\nexcept OSError as e:\n    res(errno.errorcode[e.errno])"
             ),
             ok(&["zeroed", "EACCES"]),
-            "kptr_restrict hides kernel addresses from uid 65534"
+            "masked like the OCI default /proc paths (and kptr_restrict zeroes addresses for uid 65534)"
         ),
         probe!(
             "dev_mem_absent",
@@ -681,20 +699,45 @@ pub fn probes() -> Vec<Probe> {
             "Landlock TCP connect (and an empty network namespace)"
         ),
         probe!(
-            "tcp_localhost_denied",
+            "tcp_host_loopback_listener_unreachable",
             "network",
             py(
-                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('127.0.0.1', 22))))"
+                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('127.0.0.1', @HOSTPORT@))))"
             ),
-            ok(&["EACCES", "ENETUNREACH"]),
-            "Landlock TCP connect"
+            ok(&["ECONNREFUSED"]),
+            "the turn's loopback is its own (own network namespace): the host's listener on 127.0.0.1 is not there"
         ),
         probe!(
-            "tcp_bind_denied",
+            "tcp_loopback_works_inside",
             "network",
-            py("s = socket.socket(); res(err(lambda: s.bind(('0.0.0.0', 8080))))"),
-            ok(&["EACCES", "EADDRNOTAVAIL"]),
-            "Landlock TCP bind"
+            py(
+                "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\nc = socket.create_connection(s.getsockname(), 2); a, _ = s.accept(); c.sendall(b'ok')\nt = socket.socket(socket.AF_INET6); t.bind(('::1', 0)); t.listen()\nd = socket.create_connection(t.getsockname()[:2], 2)\nres(a.recv(2).decode())"
+            ),
+            ok(&["ok"]),
+            "isolated = own network namespace with lo up (IPv4 and IPv6): over-blocking loopback is a bug"
+        ),
+        probe!(
+            "tcp_bind_foreign_address_unavailable",
+            "network",
+            py("s = socket.socket(); res(err(lambda: s.bind(('10.11.12.13', 8080))))"),
+            ok(&["EADDRNOTAVAIL"]),
+            "no interface but lo: nothing to listen on for the outside"
+        ),
+        probe!(
+            "host_unix_socket_in_granted_dir_unconnectable",
+            "network",
+            py("s = socket.socket(socket.AF_UNIX); res(err(lambda: s.connect('data/host.sock')))"),
+            ok(&["ECONNREFUSED", "ENOENT"]),
+            "a host process's socket (mode 0777) in a granted dir: granted dirs are read-only overlays, and overlayfs does not pass a connect through to the host's socket"
+        ),
+        probe!(
+            "host_unix_socket_in_ungranted_dir_absent",
+            "network",
+            py(
+                "s = socket.socket(socket.AF_UNIX); res(err(lambda: s.connect('private/host.sock')))"
+            ),
+            ENOENT,
+            "an ungranted dir is not in the view at all"
         ),
         probe!(
             "udp_egress_unroutable",
@@ -1160,8 +1203,8 @@ pub fn probes() -> Vec<Probe> {
             "ledger_unreadable",
             "ledger",
             py("res(err(lambda: os.listdir('planes')))"),
-            EACCES,
-            "ledgers are masked"
+            ok(&["ENOENT", "EACCES"]),
+            "ledgers are not in the view unless a read pattern names them (masked when the root is granted whole)"
         ),
         probe!(
             "ledger_unwritable",
@@ -1245,6 +1288,12 @@ pub struct Suite {
     pub fx: Fixture,
     pub canary: PathBuf,
     _canary_dir: tempfile::TempDir,
+    /// Host listeners a turn must not reach: unix sockets (mode 0777, root's)
+    /// in a granted and an ungranted workspace dir, and a TCP listener on
+    /// the host's loopback.
+    _host_unix: Vec<std::os::unix::net::UnixListener>,
+    _host_tcp: std::net::TcpListener,
+    host_port: u16,
 }
 
 impl Default for Suite {
@@ -1258,6 +1307,15 @@ impl Suite {
         let fx = Fixture::new();
         fx.install("rt", MANIFEST);
         fx.write("data/users.csv", b"id,name\n1,ada\n");
+        fx.write("data/private.txt", b"mine");
+        // As real workspaces are: a 0700 root, a 0600 file.
+        for (rel, mode) in [("", 0o700), ("data/private.txt", 0o600)] {
+            std::fs::set_permissions(
+                fx.root.join(rel),
+                std::os::unix::fs::PermissionsExt::from_mode(mode),
+            )
+            .unwrap();
+        }
         fx.write("data/secret/key.pem", b"TOPSECRET");
         fx.write("installed/rt/tool.py", b"print('tool')\n");
         let dir = tempfile::Builder::new()
@@ -1266,10 +1324,29 @@ impl Suite {
             .unwrap();
         let canary = std::fs::canonicalize(dir.path()).unwrap();
         std::fs::write(canary.join("canary.txt"), b"").unwrap();
+        let host_unix = ["data/host.sock", "private/host.sock"]
+            .iter()
+            .map(|rel| {
+                let path = fx.root.join(rel);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+                std::fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o777),
+                )
+                .unwrap();
+                l
+            })
+            .collect();
+        let host_tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host_port = host_tcp.local_addr().unwrap().port();
         Self {
             fx,
             canary,
             _canary_dir: dir,
+            _host_unix: host_unix,
+            _host_tcp: host_tcp,
+            host_port,
         }
     }
 
@@ -1296,6 +1373,7 @@ impl Suite {
         code.replace("@STATE@", &self.fx.state.display().to_string())
             .replace("@CANARY@", &self.canary.display().to_string())
             .replace("@ROOT@", &self.fx.root.display().to_string())
+            .replace("@HOSTPORT@", &self.host_port.to_string())
     }
 
     /// `supervise run --root … --state-dir … --package rt --json`.

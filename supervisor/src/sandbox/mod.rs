@@ -8,6 +8,7 @@ pub mod init;
 pub mod landlock;
 pub mod posture;
 pub mod seccomp;
+pub mod sys;
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -147,7 +148,12 @@ impl TurnDir {
         )
         .map_err(|e| sandbox_err("mount turn tmpfs", format!("{}: {e}", dir.path.display())))?;
         dir.dir_mounted = true;
-        for sub in [init::ROOT_DIR, init::SCRATCH_DIR] {
+        for sub in [
+            init::ROOT_DIR,
+            init::SCRATCH_DIR,
+            init::LOWER_DIR,
+            init::EMPTY_DIR,
+        ] {
             let p = dir.path.join(sub);
             std::fs::create_dir(&p).map_err(sandbox_io("create turn dir", &p))?;
         }
@@ -583,9 +589,13 @@ fn spawn_parked(
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
     let mut cmd = Command::new(&exe);
-    cmd.arg(init::SANDBOX_INIT)
-        .arg(&turn.path)
+    // No host path in the sandbox PID 1's command line (world-readable in
+    // its /proc): the turn directory travels in the environment, which only
+    // root may read there.
+    cmd.arg0(init::INIT_NAME)
+        .arg(init::SANDBOX_INIT)
         .env_clear()
+        .env(init::TURN_DIR_ENV, &turn.path)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -166,6 +166,7 @@ impl Turn<'_> {
         let query_hash = canonical::hash_value(&self.request.to_value()).unwrap_or_default();
         let ctx = PlanContext {
             root: self.workspace.root_str(),
+            workspace_owner: workspace_owner(self.workspace.root()),
             turn_number: self.turn_number,
             host_env: ["LANG", "LC_ALL", "TZ", "TERM"]
                 .iter()
@@ -388,8 +389,8 @@ impl Turn<'_> {
                 scopes: &scopes,
                 matched: &outcome.verdict.matched,
                 scratch: &outcome.verdict.scratch,
-                output_owner: workspace_owner(self.workspace.root()),
-                scratch_owner: (plan.uid, plan.gid),
+                output_owner: plan.workspace_owner,
+                scratch_owner: plan.workspace_owner,
                 turn_number: self.turn_number,
                 journal: self
                     .session
@@ -426,6 +427,7 @@ pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan>
     let allowed = admission.check()?;
     let ctx = PlanContext {
         root: admission.workspace.root_str(),
+        workspace_owner: workspace_owner(admission.workspace.root()),
         turn_number: 0,
         host_env: Vec::new(),
     };
