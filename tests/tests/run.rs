@@ -596,3 +596,62 @@ fn allow_egress_is_refused_not_silently_isolated() {
     );
     fx.assert_ledgers_intact(&sid(&v));
 }
+
+#[test]
+fn issue_9_dev_shm_writes_are_recorded_in_the_evidence_and_discarded() {
+    if !require_root("issue_9_dev_shm_writes_are_recorded_in_the_evidence_and_discarded") {
+        return;
+    }
+    let fx = fixture();
+    let (status, v, stderr) = py(&fx, None, &[], "open('/dev/shm/seg', 'w').write('hidden')");
+    assert_eq!(status, 0, "{stderr}");
+    let s = sid(&v);
+    let evidence = read_entries(&fx.ledger(&s, "evidence"));
+    let shm = &evidence.last().unwrap()["dev_shm_writes"];
+    assert_eq!(shm["files"][0]["path"], "/dev/shm/seg", "{shm}");
+    assert_eq!(shm["files"][0]["bytes"], 6);
+    assert_eq!(
+        shm["files"][0]["sha256"],
+        hex::encode(Sha256::digest(b"hidden")),
+        "{shm}"
+    );
+    // Discarded: the next turn's /dev/shm is empty.
+    let (status, _, stderr) = py(
+        &fx,
+        Some(&s),
+        &[],
+        "import os; assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')",
+    );
+    assert_eq!(status, 0, "{stderr}");
+    fx.assert_ledgers_intact(&s);
+}
+
+#[test]
+fn issue_9_a_0700_workspace_with_a_0600_granted_file_works_as_uid_65534() {
+    if !require_root("issue_9_a_0700_workspace_with_a_0600_granted_file_works_as_uid_65534") {
+        return;
+    }
+    let fx = fixture();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fx.root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let f = fx.root.join("data/users.csv");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (status, v, stderr) = py(
+        &fx,
+        None,
+        &["output/<session_id>/copy.csv:result"],
+        "import os, shutil\nassert os.getuid() == 65534 and os.geteuid() == 65534\nshutil.copy('data/users.csv', os.environ['TMPDIR'] + '/../../output/' + os.environ['TURNSTILE_SESSION_ID'] + '/copy.csv')",
+    );
+    assert_eq!(status, 0, "{stderr}\n{v}");
+    let s = sid(&v);
+    let out = fx.root.join("output").join(&s).join("copy.csv");
+    assert_eq!(std::fs::read(&out).unwrap(), b"id,name\n1,ada\n");
+    // Committed outputs belong to the workspace's owner.
+    use std::os::unix::fs::MetadataExt;
+    let (m, r) = (
+        std::fs::metadata(&out).unwrap(),
+        std::fs::metadata(&fx.root).unwrap(),
+    );
+    assert_eq!((m.uid(), m.gid()), (r.uid(), r.gid()));
+    fx.assert_ledgers_intact(&s);
+}

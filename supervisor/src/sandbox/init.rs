@@ -543,16 +543,61 @@ fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
     }
 }
 
+/// Most `/dev/shm` files described, and the largest one hashed.
+const SHM_LISTED: usize = 256;
+const SHM_HASHED_BYTES: u64 = 16 << 20;
+
+/// What the command left in its private `/dev/shm` (discarded with the
+/// turn, never committed — but recorded, so the evidence shows it): path,
+/// size and sha256 (files up to 16 MiB), at most 256 entries.
+fn report_dev_shm(report: &mut Report) {
+    use sha2::{Digest, Sha256};
+    let mut files = Vec::new();
+    let mut stack = vec![PathBuf::from("/dev/shm")];
+    let mut more = false;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if files.len() >= SHM_LISTED {
+                more = true;
+                break;
+            }
+            let Ok(m) = e.metadata() else { continue };
+            let path = e.path();
+            if m.is_dir() {
+                stack.push(path.clone());
+            }
+            let sha256 = (m.is_file() && m.len() <= SHM_HASHED_BYTES)
+                .then(|| std::fs::read(&path).ok())
+                .flatten()
+                .map(|b| hex::encode(Sha256::digest(&b)));
+            files.push(json!({
+                "path": path.display().to_string(),
+                "kind": if m.is_dir() { "dir" } else if m.is_file() { "file" } else { "other" },
+                "bytes": m.len(),
+                "sha256": sha256,
+            }));
+        }
+    }
+    if !files.is_empty() {
+        report.event(json!({"event": "dev_shm", "files": files, "truncated": more}));
+    }
+}
+
 /// S2's loop: reap every child; when the command exits, report its status
 /// and exit, which makes the kernel kill the rest of the namespace.
 fn reap(command: Pid, mut report: Report) -> ! {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                report_dev_shm(&mut report);
                 report.event(json!({"event": "exit", "code": code}));
                 std::process::exit(0)
             }
             Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
+                report_dev_shm(&mut report);
                 report.event(json!({"event": "signal", "signal": signal as i32, "name": signal.as_str(), "core": core}));
                 std::process::exit(0)
             }

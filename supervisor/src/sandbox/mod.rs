@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use turnstile_policy::plan::Plan;
 
@@ -106,6 +106,8 @@ pub struct Execution {
     pub wall: Duration,
     /// Upper dirs, in scope order.
     pub uppers: Vec<PathBuf>,
+    /// What the command left in its private `/dev/shm` (discarded).
+    pub dev_shm: Option<Value>,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -377,6 +379,10 @@ impl Created {
             .iter()
             .find(|e| e["event"] == "landlock")
             .map(|e| e["outcome"].clone());
+        let dev_shm = report
+            .iter()
+            .find(|e| e["event"] == "dev_shm")
+            .map(|e| json!({"files": e["files"], "truncated": e["truncated"]}));
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
@@ -408,6 +414,7 @@ impl Created {
             seccomp_unknown: std::mem::take(&mut self.seccomp_unknown),
             wall: self.started.elapsed(),
             uppers: std::mem::take(&mut self.uppers),
+            dev_shm,
         })
     }
 }

@@ -171,6 +171,8 @@ impl Turn<'_> {
             "declared_writes": r.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
             "realized_writes": realized,
             "scratch_writes": o.verdict.scratch.iter().map(|w| w.to_value()).collect::<Vec<_>>(),
+            // Written where nothing is ever committed: recorded, discarded.
+            "dev_shm_writes": o.execution.as_ref().and_then(|x| x.dev_shm.clone()),
             "committed": committed,
             "external_calls": [],
             "violations": violations,
@@ -209,6 +211,7 @@ impl Turn<'_> {
             "error": error,
             "realized_writes": realized,
             "committed": committed,
+            "dev_shm_writes": o.execution.as_ref().and_then(|x| x.dev_shm.clone()),
             "violations": violations,
             "enforcement": enforcement,
             "resources": resources,
