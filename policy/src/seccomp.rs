@@ -319,6 +319,38 @@ const ALLOW: &[&str] = &[
     "writev",
 ];
 
+/// Why the baseline denies `name` (for hints in the evidence), when it does.
+pub fn deny_reason(name: &str) -> Option<&'static str> {
+    if !DENY.contains(&name) {
+        return None;
+    }
+    Some(match name {
+        "mount" | "umount" | "umount2" | "pivot_root" | "chroot" | "fsconfig" | "fsmount"
+        | "fsopen" | "fspick" | "mount_setattr" | "move_mount" | "open_tree" => {
+            "it changes the mount table, the view the sandbox is built from"
+        }
+        "unshare" | "setns" => {
+            "it creates or enters namespaces (new privileges in a user namespace)"
+        }
+        "bpf" | "perf_event_open" => "it loads programs into, or observes, the host kernel",
+        "init_module" | "finit_module" | "delete_module" | "kexec_load" | "kexec_file_load" => {
+            "it changes the host kernel"
+        }
+        "keyctl" | "add_key" | "request_key" => "kernel keyrings are not namespaced",
+        "io_uring_setup" | "io_uring_enter" | "io_uring_register" => {
+            "io_uring performs I/O outside the syscall filter"
+        }
+        "ptrace" | "process_vm_readv" | "process_vm_writev" | "kcmp" | "pidfd_getfd" => {
+            "it reads or changes another process"
+        }
+        "name_to_handle_at" | "open_by_handle_at" => "file handles bypass path-based confinement",
+        "clock_settime" | "clock_adjtime" | "adjtimex" | "settimeofday" => {
+            "the clock is the host's"
+        }
+        _ => "it reaches host state a turn must not change",
+    })
+}
+
 const DENY: &[&str] = &[
     "acct",
     "add_key",

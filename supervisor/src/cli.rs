@@ -76,6 +76,13 @@ pub enum Command {
     ///
     /// Example: supervise prompt-header --root /ws --session SES-... --turn 1 --input registries/users.csv
     PromptHeader(PromptHeaderArgs),
+    /// Explain a turn: what was refused, by which layer, how often, and the
+    /// manifest entry that would allow it (or why none can); which layers'
+    /// refusals could not be observed. Read from the evidence ledger, which
+    /// is verified first.
+    ///
+    /// Example: supervise explain --root /ws --session SES-... --turn 3
+    Explain(ExplainArgs),
     /// Settle what stopped supervisors left behind, for every session of the
     /// state directory (of --root only, when given): kill and remove dead
     /// turns' cgroups, unmount and remove their turn directories, settle
@@ -85,6 +92,17 @@ pub enum Command {
     ///
     /// Example: supervise recover --state-dir /var/lib/turnstile
     Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Turn number (1-based).
+    #[arg(long, value_name = "N")]
+    pub turn: u64,
 }
 
 #[derive(Debug, Args)]
@@ -272,6 +290,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Check(a) => a.common.json,
         Command::PromptHeader(a) => a.common.json,
         Command::Recover(a) => a.json,
+        Command::Explain(a) => a.common.json,
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
@@ -282,6 +301,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
         Command::Recover(a) => recover_cmd(&a),
+        Command::Explain(a) => explain(&a),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
 }
@@ -381,6 +401,77 @@ fn report_value(r: &VerifyReport) -> Value {
         "head_hash": r.head_hash,
         "warnings": r.warnings,
     })
+}
+
+fn explain(a: &ExplainArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    if a.turn == 0 {
+        return Err(SupervisorError::InvalidArgument {
+            field: "--turn".into(),
+            reason: "turns are numbered from 1".into(),
+        });
+    }
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    let ledger = session.ledger(LedgerKind::Evidence);
+    // Only the verified, acknowledged prefix is read.
+    let report = ledger.verify()?;
+    let bytes = std::fs::read(&report.path).map_err(|e| SupervisorError::LedgerIo {
+        path: report.path.clone(),
+        op: "read",
+        source: e,
+    })?;
+    let prefix = bytes.get(..report.bytes as usize).unwrap_or(&bytes);
+    let entry = prefix
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .find(|e| e["event"] == "turn.finished" && e["turn_number"] == a.turn)
+        .ok_or_else(|| SupervisorError::InvalidArgument {
+            field: "--turn".into(),
+            reason: format!("session {id} has no finished turn {}", a.turn),
+        })?;
+    let violations = entry["violations"].as_array().cloned().unwrap_or_default();
+    let observed = entry["enforcement"]["denials_observed"].clone();
+    if a.common.json {
+        let v = json!({"session_id": id.as_str(), "turn_number": a.turn,
+            "status": entry["status"], "violations": violations, "denials_observed": observed});
+        return Ok(Outcome::ok(format!("{v}\n")));
+    }
+    let mut text = format!(
+        "turn {} of {id}: {}\n",
+        a.turn,
+        entry["status"].as_str().unwrap_or("?")
+    );
+    if violations.is_empty() {
+        text += "no refusal was recorded\n";
+    }
+    for v in &violations {
+        text += &format!(
+            "- [{}] {} {} (x{})\n    {}\n",
+            v["layer"].as_str().unwrap_or("verify"),
+            v["attempted_operation"].as_str().unwrap_or("?"),
+            v["target"].as_str().unwrap_or("?"),
+            v["count"].as_u64().unwrap_or(1),
+            v["details"].as_str().unwrap_or_default()
+        );
+        if let Some(h) = v["hint"].as_str() {
+            text += &format!("    hint: {h}\n");
+        }
+    }
+    if let Some(layers) = observed.as_object() {
+        for (layer, o) in layers {
+            if o["observed"] == false {
+                text += &format!(
+                    "note: {layer} refusals are not observable here: {}\n",
+                    o["why"].as_str().unwrap_or("?")
+                );
+            }
+        }
+    }
+    Ok(Outcome::ok(text))
 }
 
 fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {

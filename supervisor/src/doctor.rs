@@ -60,6 +60,17 @@ pub fn report() -> (String, Value) {
     if !seccomp {
         failed.push("seccomp filters are unavailable (CONFIG_SECCOMP_FILTER)".into());
     }
+    // Denials explained (issue 11): seccomp's through user notification.
+    let user_notif = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|a| a == "user_notif");
+    let denials = json!({
+        "seccomp": if user_notif { json!({"observed": true, "via": "seccomp user notification"}) }
+            else { json!({"observed": false, "why": "the kernel lacks SECCOMP_RET_USER_NOTIF"}) },
+        "landlock": {"observed": false, "why": crate::denials::LANDLOCK_UNOBSERVED},
+        "mount": {"observed": false, "why": crate::denials::MOUNT_UNOBSERVED},
+    });
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     let overlay = filesystems
         .lines()
@@ -99,6 +110,7 @@ pub fn report() -> (String, Value) {
         "user_namespaces": userns,
         "cgroup": cg.map(cgroup::Version::as_str),
         "runtimes": runtimes,
+        "denials_observed": denials,
     });
     let mut text = format!("turnstile doctor: {status}\n");
     text += &format!("  root:            {}\n", if root { "yes" } else { "no" });
@@ -118,6 +130,14 @@ pub fn report() -> (String, Value) {
     text += &format!(
         "  cgroups:         {}\n",
         cg.map_or("none", cgroup::Version::as_str)
+    );
+    text += &format!(
+        "  denials seen:    seccomp {}; landlock no (audit only); mount layer no\n",
+        if user_notif {
+            "yes (user notification)"
+        } else {
+            "no"
+        }
     );
     for r in &runtimes {
         text += &format!(

@@ -60,6 +60,9 @@ impl RejectedTurn<'_> {
             .iter()
             .map(|v| {
                 let mut m = object(v.to_value());
+                m.insert("layer".into(), json!("pre-execution"));
+                m.insert("hint".into(), json!(crate::denials::pre_execution_hint(v)));
+                m.insert("count".into(), json!(1));
                 m.insert("session_id".into(), json!(self.request.session.as_str()));
                 m.insert("turn_number".into(), json!(self.turn_number));
                 m.insert("timestamp".into(), json!(rfc3339_micros(self.at)));

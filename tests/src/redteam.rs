@@ -1263,6 +1263,11 @@ pub struct Outcome {
     pub observed: String,
     pub verdict: Verdict,
     pub note: &'static str,
+    /// Whether the turn's evidence recorded the attempt (issue 11): the
+    /// layers of its violations, a refusing status, or "no" when it was
+    /// refused by a layer whose refusals are not observable (Landlock, the
+    /// mount layer) or not refused at all.
+    pub recorded: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1597,6 +1602,22 @@ impl Suite {
         } else {
             Verdict::Held
         };
+        let evidence = evidence_last(&ctx);
+        let mut layers: Vec<&str> = evidence["violations"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|x| x["layer"].as_str()).collect())
+            .unwrap_or_default();
+        layers.sort_unstable();
+        layers.dedup();
+        let recorded = if !layers.is_empty() {
+            format!("yes: {}", layers.join("+"))
+        } else if [11, 12, 13, 14].contains(&status) {
+            format!("yes: exit {status}")
+        } else if status == 2 {
+            "refused: exit 2".into()
+        } else {
+            "no".into()
+        };
         Outcome {
             name: probe.name,
             family: probe.family,
@@ -1604,6 +1625,7 @@ impl Suite {
             observed,
             verdict,
             note: probe.note,
+            recorded,
         }
     }
 }
@@ -1611,17 +1633,18 @@ impl Suite {
 /// Renders the table `cargo xtask redteam` prints.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut s = format!(
-        "{:<40} {:<20} {:<26} {:<26} {}\n",
-        "probe", "family", "expected", "observed", "verdict"
+        "{:<40} {:<20} {:<26} {:<26} {:<8} {}\n",
+        "probe", "family", "expected", "observed", "verdict", "recorded"
     );
     for o in outcomes {
         s += &format!(
-            "{:<40} {:<20} {:<26} {:<26} {}\n",
+            "{:<40} {:<20} {:<26} {:<26} {:<8} {}\n",
             o.name,
             o.family,
             o.expected,
             o.observed,
-            o.verdict.label()
+            o.verdict.label(),
+            o.recorded
         );
         if let Verdict::Unexpected(why) | Verdict::Escape(why) = &o.verdict {
             s += &format!("    -> {why}\n");
@@ -1639,11 +1662,16 @@ pub fn table(outcomes: &[Outcome]) -> String {
         .iter()
         .filter(|o| matches!(o.verdict, Verdict::Unexpected(_)))
         .count();
+    let recorded = outcomes
+        .iter()
+        .filter(|o| o.recorded.starts_with("yes") || o.recorded.starts_with("refused"))
+        .count();
     s += &format!(
-        "\n{} probes, {} escapes, {} unexpected\n",
+        "\n{} probes, {} escapes, {} unexpected; {} recorded in the evidence (the rest were refused by Landlock or the mount layer, whose refusals are not observable, or are positive probes)\n",
         outcomes.len(),
         escapes,
-        unexpected
+        unexpected,
+        recorded
     );
     for (f, n) in families {
         s += &format!("  {f:<20} {n}\n");

@@ -764,6 +764,9 @@ fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
         len: insns.len() as u16,
         filter: insns.as_ptr().cast_mut(),
     };
+    // A new listener for the deny list's notifications (see
+    // sandbox::notify), parked close-on-exec at NOTIFY_FD for the
+    // supervisor to take.
     // SAFETY: `prog` points at `insns`, a valid array of `len` sock_filter
     // structs that outlives the call; the kernel copies the program.
     // no_new_privs is already set, as seccomp(2) requires of an unprivileged
@@ -772,12 +775,24 @@ fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
         nix::libc::syscall(
             nix::libc::SYS_seccomp,
             nix::libc::SECCOMP_SET_MODE_FILTER,
-            0,
+            nix::libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
             &prog as *const nix::libc::sock_fprog,
         )
     };
-    if rc != 0 {
+    if rc < 0 {
         return Err(std::io::Error::last_os_error().to_string());
+    }
+    let listener = rc as i32;
+    if listener != super::notify::NOTIFY_FD {
+        // SAFETY: dup3 onto a fixed number this process does not otherwise
+        // use; then the original is closed. Both calls are plain syscalls
+        // seccomp allows.
+        unsafe {
+            if nix::libc::dup3(listener, super::notify::NOTIFY_FD, nix::libc::O_CLOEXEC) < 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            nix::libc::close(listener);
+        }
     }
     Ok(())
 }

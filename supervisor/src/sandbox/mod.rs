@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod init;
 pub mod landlock;
+pub mod notify;
 pub mod posture;
 pub mod seccomp;
 pub mod sys;
@@ -108,6 +109,8 @@ pub struct Execution {
     pub uppers: Vec<PathBuf>,
     /// What the command left in its private `/dev/shm` (discarded).
     pub dev_shm: Option<Value>,
+    /// The syscalls seccomp denied, or why they could not be observed.
+    pub denials: std::result::Result<notify::Denials, String>,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -309,6 +312,7 @@ pub struct Created {
     uppers: Vec<PathBuf>,
     report_path: PathBuf,
     scratch: PathBuf,
+    listener: std::result::Result<notify::Listener, String>,
 }
 
 impl Created {
@@ -415,6 +419,8 @@ impl Created {
             wall: self.started.elapsed(),
             uppers: std::mem::take(&mut self.uppers),
             dev_shm,
+            denials: std::mem::replace(&mut self.listener, Err(String::new()))
+                .map(notify::Listener::finish),
         })
     }
 }
@@ -529,6 +535,7 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
             .collect(),
         report_path: turn.path.join(init::REPORT_FILE),
         scratch: turn.path.join(init::SCRATCH_DIR),
+        listener: Err("the sandbox never became ready".into()),
     };
     // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
     // killed the turn), inspect it from outside.
@@ -537,13 +544,20 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
         created.lap("init_until_ready");
         let proc_root = Path::new("/proc");
         let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
-        let p = match posture::find_command(proc_root, pid) {
+        let command = posture::find_command(proc_root, pid);
+        let p = match command {
             Some(pid) => posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id()),
             None => posture::Posture {
                 failures: vec!["the command's process was not found".into()],
                 ..posture::Posture::default()
             },
         };
+        // The deny list's listener, taken out of the parked command.
+        if let Some(pid) = command {
+            created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
+                .and_then(|fd| notify::Listener::spawn(fd, nix::libc::EPERM))
+                .map_err(|e| format!("taking the seccomp listener: {e}"));
+        }
         created.posture = Some(p);
     }
     created.lap("posture");

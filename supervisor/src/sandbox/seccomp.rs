@@ -55,9 +55,12 @@ pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>
         f.add_rule_conditional(ScmpAction::Errno(rule.errno), sys, &[cmp])
             .map_err(|e| err(format!("{} ({}): {e}", rule.syscall, rule.why)))?;
     }
+    // The deny list notifies the supervisor, which answers EPERM and
+    // records the denial (sandbox::notify); without a listener the kernel
+    // answers ENOSYS.
     for name in &profile.deny {
         if let Some(sys) = resolve(name) {
-            f.add_rule(ScmpAction::Errno(turnstile_policy::seccomp::EPERM), sys)
+            f.add_rule(ScmpAction::Notify, sys)
                 .map_err(|e| err(format!("{name}: {e}")))?;
         }
     }
@@ -98,6 +101,10 @@ pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>
     Ok((f, unknown))
 }
 
+/// Bumped whenever [`build`] changes what a profile compiles to (2: the
+/// deny list notifies instead of returning EPERM).
+const COMPILER_VERSION: u32 = 2;
+
 /// The compiled program for `profile`, from `cache_dir` when this exact
 /// profile (by the sha256 of its canonical JSON) was compiled before —
 /// compiling costs ~2.3 ms per turn here, loading the cached copy ~0.05 ms.
@@ -110,6 +117,8 @@ pub fn compile_cached(
     out: &std::path::Path,
 ) -> Result<CompiledFilter> {
     let value = serde_json::to_value(profile).map_err(|e| err(e.to_string()))?;
+    // The key covers how the profile is compiled, too.
+    let value = serde_json::json!({"compiler": COMPILER_VERSION, "profile": value});
     let key = turnstile_policy::canonical::hash_value(&value).map_err(|e| err(e.to_string()))?;
     let cached = cache_dir.join(format!("seccomp-{key}.bpf"));
     let unknown = cache_dir.join(format!("seccomp-{key}.unknown"));

@@ -109,6 +109,17 @@ impl Turn<'_> {
                 "session_id": sid, "turn_number": self.turn_number, "timestamp": now,
             }));
         }
+        for v in &mut violations {
+            if let Value::Object(m) = v {
+                m.insert("layer".into(), json!("verify"));
+                m.insert("count".into(), json!(1));
+            }
+        }
+        // Denials observed inside the sandbox (FR-RT-011): they do not
+        // change the status (a program may handle EPERM), they are listed.
+        if let Some(Ok(d)) = x.map(|x| &x.denials) {
+            violations.extend(crate::denials::syscall_violations(d, sid, self.turn_number));
+        }
         let realized: Vec<Value> = o.writes.iter().map(|w| w.to_value()).collect();
         let committed: Vec<Value> = o
             .committed
@@ -227,7 +238,14 @@ impl Turn<'_> {
             summary += &format!(" [{}] {}", code.code, o.message);
         }
         for v in &violations {
-            summary += &format!("\n  - {}", v["details"].as_str().unwrap_or_default());
+            summary += &format!(
+                "\n  - [{}] {}",
+                v["layer"].as_str().unwrap_or("verify"),
+                v["details"].as_str().unwrap_or_default()
+            );
+            if let Some(h) = v["hint"].as_str() {
+                summary += &format!("\n    hint: {h}");
+            }
         }
         Ok(TurnResult {
             exit_status: o.exit_status(),
@@ -270,6 +288,7 @@ impl Turn<'_> {
             "uid": o.plan.as_ref().map(|p| p.uid),
             "network": o.plan.as_ref().map(|p| p.network.clone()),
             "posture": o.execution.as_ref().and_then(|x| x.posture.as_ref()).map(|p| p.to_value()),
+            "denials_observed": o.execution.as_ref().map(|x| crate::denials::observability(&x.denials)),
             "degraded": degraded,
         })
     }
