@@ -83,6 +83,15 @@ pub enum SupervisorError {
 
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
+    #[error(
+        "idempotency key `{key}` was used by turn {turn} for a different request (recorded request {recorded}, this request {given}); nothing was run"
+    )]
+    IdempotencyConflict {
+        key: String,
+        turn: u64,
+        recorded: String,
+        given: String,
+    },
 }
 
 pub type Result<T, E = SupervisorError> = std::result::Result<T, E>;
@@ -103,6 +112,7 @@ impl SupervisorError {
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
             Self::Commit { .. } => codes::COMMIT_FAILED,
+            Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
         }
     }
 
@@ -112,7 +122,8 @@ impl SupervisorError {
             Self::Policy(_)
             | Self::SessionNotFound { .. }
             | Self::InvalidArgument { .. }
-            | Self::InputUnreadable { .. } => exit::BAD_INPUT,
+            | Self::InputUnreadable { .. }
+            | Self::IdempotencyConflict { .. } => exit::BAD_INPUT,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,
             Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
@@ -128,6 +139,7 @@ impl SupervisorError {
             Self::InvalidArgument { field, .. } => Some(field),
             Self::SessionNotFound { .. } => Some("session"),
             Self::InputUnreadable { .. } => Some("declared_inputs"),
+            Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             _ => None,
         }
     }

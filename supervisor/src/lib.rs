@@ -14,6 +14,7 @@ pub mod doctor;
 pub mod error;
 pub mod evidence;
 pub mod fsx;
+pub mod idempotency;
 pub mod ids;
 pub mod integrity;
 pub mod interrupt;

@@ -53,6 +53,11 @@ impl TurnStatus {
         Self::Interrupted,
     ];
 
+    /// The status named `s` (as recorded in the ledgers).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Committed => "committed",

@@ -98,6 +98,23 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     }
     admission.rebind(&opts.request, session.id.clone())?;
     let request = &admission.request;
+    // Exactly once: a key that already ran returns what it returned.
+    let key = request.idempotency_key.clone();
+    let request_hash =
+        crate::idempotency::request_hash(admission.manifest.package_id.as_str(), request);
+    if let Some(key) = &key {
+        if let Some(record) = crate::idempotency::lookup(&session, &lock, key)? {
+            if record.request_hash != request_hash {
+                return Err(SupervisorError::IdempotencyConflict {
+                    key: key.clone(),
+                    turn: record.turn_number,
+                    recorded: record.request_hash,
+                    given: request_hash,
+                });
+            }
+            return crate::idempotency::replay(&session, key, &record);
+        }
+    }
     let allowed = match admission.check() {
         Ok(a) => a,
         Err(violations) => {
@@ -114,15 +131,30 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 "violations": violations.0.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
                 "ledgers": ledgers(&session),
             });
-            return Ok(TurnResult {
+            let result = TurnResult {
                 exit_status: TurnStatus::Violation.exit_status(None),
                 summary: format!("turn {turn_number}: refused before execution: {violations}"),
                 value,
-            });
+            };
+            if let Some(key) = &key {
+                crate::idempotency::finish(
+                    &session,
+                    &lock,
+                    key,
+                    &request_hash,
+                    turn_number,
+                    &result,
+                )?;
+            }
+            return Ok(result);
         }
     };
     let turn_number = session.next_turn_number(&lock)?;
-    Turn {
+    // Durable before the intent entry, so before any effect of the turn.
+    if let Some(key) = &key {
+        crate::idempotency::begin(&session, &lock, key, &request_hash, turn_number)?;
+    }
+    let result = Turn {
         opts,
         backend,
         session: &session,
@@ -135,7 +167,11 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         started: Instant::now(),
         started_at: opts.sources.now(),
     }
-    .run(&allowed)
+    .run(&allowed)?;
+    if let Some(key) = &key {
+        crate::idempotency::finish(&session, &lock, key, &request_hash, turn_number, &result)?;
+    }
+    Ok(result)
 }
 
 struct Turn<'a> {
