@@ -414,18 +414,8 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, None)?;
     let ledger = session.ledger(LedgerKind::Evidence);
-    // Only the verified, acknowledged prefix is read.
-    let report = ledger.verify()?;
-    let bytes = std::fs::read(&report.path).map_err(|e| SupervisorError::LedgerIo {
-        path: report.path.clone(),
-        op: "read",
-        source: e,
-    })?;
-    let prefix = bytes.get(..report.bytes as usize).unwrap_or(&bytes);
-    let entry = prefix
-        .split(|b| *b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
-        .collect::<Vec<_>>()
+    let entry = ledger
+        .verified_entries()?
         .into_iter()
         .rev()
         .find(|e| e["event"] == "turn.finished" && e["turn_number"] == a.turn)

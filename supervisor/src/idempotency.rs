@@ -149,19 +149,12 @@ pub fn replay(session: &Session, key: &str, record: &Record) -> Result<TurnResul
 }
 
 fn from_ledger(session: &Session, turn: u64) -> Result<(u8, Value, String)> {
-    let ledger = session.ledger(LedgerKind::Evidence);
-    let report = ledger.verify()?;
-    let bytes = std::fs::read(&report.path).map_err(|source| SupervisorError::LedgerIo {
-        op: "read",
-        path: report.path.clone(),
-        source,
-    })?;
-    let prefix = bytes.get(..report.bytes as usize).unwrap_or(&bytes);
-    let entry = prefix
-        .split(|b| *b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
-        .filter(|e| e["event"] == "turn.finished" && e["turn_number"] == turn)
-        .last()
+    let entry = session
+        .ledger(LedgerKind::Evidence)
+        .verified_entries()?
+        .into_iter()
+        .rev()
+        .find(|e| e["event"] == "turn.finished" && e["turn_number"] == turn)
         .ok_or_else(|| SupervisorError::Commit {
             detail: format!(
                 "the idempotency record names turn {turn}, which has no finish entry even after recovery"
