@@ -61,6 +61,13 @@ pub enum Command {
     Plan(PlanArgs),
     /// What this host can enforce: READY, DEGRADED or FAILED, with reasons.
     Doctor(DoctorArgs),
+    /// The host (as `doctor`) and the state directory: free space, sessions
+    /// whose ledgers fail verification (FAILED), what a stopped supervisor
+    /// left unrecovered (DEGRADED). Read-only. Exit 0 READY/DEGRADED, 1
+    /// FAILED.
+    ///
+    /// Example: supervise health --state-dir /var/lib/turnstile --json
+    Health(HealthArgs),
     /// Start and manage sessions.
     #[command(subcommand)]
     Session(SessionCommand),
@@ -238,6 +245,16 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Supervisor state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
@@ -285,6 +302,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Run(a) => a.common.json,
         Command::Plan(a) => a.common.json,
         Command::Doctor(a) => a.json,
+        Command::Health(a) => a.json,
         Command::Session(SessionCommand::New(a)) => a.common.json,
         Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
         Command::Check(a) => a.common.json,
@@ -296,6 +314,18 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Run(a) => run_cmd(&a),
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
+        Command::Health(a) => {
+            let (text, value) = crate::doctor::health(&a.state_dir);
+            Ok(Outcome {
+                status: if value["status"] == "FAILED" {
+                    exit::FAILURE
+                } else {
+                    exit::OK
+                },
+                stdout: if a.json { format!("{value}\n") } else { text },
+                stderr: String::new(),
+            })
+        }
         Command::Session(SessionCommand::New(a)) => session_new(&a),
         Command::Ledger(LedgerCommand::Verify(a)) => ledger_verify(&a),
         Command::Check(a) => check(&a),

@@ -351,14 +351,13 @@ fn close_turn(
 /// session of the state directory (of `workspace` only, when given) is
 /// recovered. Sessions of other workspaces are opened through the root
 /// recorded in their state.
-pub fn recover_all(
+/// The sessions of the state directory (of `workspace` only, when given),
+/// with their workspaces, as their records name them; sessions whose
+/// workspace is gone are skipped.
+pub fn known_sessions(
     state: &StateDir,
     workspace: Option<&Workspace>,
-    cgroup_root: &Path,
-    clock: &dyn Clock,
-) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
-    let swept = crate::session::sweep_unfinished(state, workspace)?;
-    let mut out = Vec::new();
+) -> Vec<(turnstile_policy::SessionId, Workspace)> {
     let sessions = state.path().join("sessions");
     let mut names: Vec<String> = std::fs::read_dir(&sessions)
         .into_iter()
@@ -368,6 +367,7 @@ pub fn recover_all(
         .filter(|n| !n.starts_with('.'))
         .collect();
     names.sort();
+    let mut out = Vec::new();
     for name in names {
         let Ok(id) = turnstile_policy::SessionId::parse(&name) else {
             continue;
@@ -390,6 +390,20 @@ pub fn recover_all(
                 Err(_) => continue,
             },
         };
+        out.push((id, ws));
+    }
+    out
+}
+
+pub fn recover_all(
+    state: &StateDir,
+    workspace: Option<&Workspace>,
+    cgroup_root: &Path,
+    clock: &dyn Clock,
+) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
+    let swept = crate::session::sweep_unfinished(state, workspace)?;
+    let mut out = Vec::new();
+    for (id, ws) in known_sessions(state, workspace) {
         let session = Session::open(&ws, state, &id, None)?;
         let (_lock, r) = lock_for_write(&session, cgroup_root, clock)?;
         out.push(r);
