@@ -175,7 +175,7 @@ pub fn health(state_dir: &Path) -> (String, Value) {
     let mut sessions = Vec::new();
     let free = nix::sys::statvfs::statvfs(state_dir)
         .ok()
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64);
+        .map(|s| s.blocks_available() * s.fragment_size());
     match free {
         None => degraded.push(format!(
             "state dir {} does not exist yet (created by the first session)",
