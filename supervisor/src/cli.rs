@@ -83,6 +83,17 @@ pub enum Command {
     ///
     /// Example: supervise prompt-header --root /ws --session SES-... --turn 1 --input registries/users.csv
     PromptHeader(PromptHeaderArgs),
+    /// Write an HO2 checkpoint of a session (FR-RT-009): the context folded
+    /// from its evidence ledger, bound to the last entry's hash, under
+    /// planes/ho2/sessions/<sid>/checkpoints/.
+    ///
+    /// Example: supervise checkpoint --root /ws --session SES-...
+    Checkpoint(SessionArgs),
+    /// Print a session's context as of a time (FR-RT-009): the latest
+    /// checkpoint not after it plus the evidence entries since, merged.
+    ///
+    /// Example: supervise context --root /ws --session SES-... --as-of 2026-11-23T08:00:00Z
+    Context(ContextArgs),
     /// Explain a turn: what was refused, by which layer, how often, and the
     /// manifest entry that would allow it (or why none can); which layers'
     /// refusals could not be observed. Read from the evidence ledger, which
@@ -99,6 +110,25 @@ pub enum Command {
     ///
     /// Example: supervise recover --state-dir /var/lib/turnstile
     Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ContextArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// RFC 3339 UTC time (default: now).
+    #[arg(long, value_name = "TS")]
+    pub as_of: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -309,6 +339,8 @@ pub fn run(cli: Cli) -> Outcome {
         Command::PromptHeader(a) => a.common.json,
         Command::Recover(a) => a.json,
         Command::Explain(a) => a.common.json,
+        Command::Checkpoint(a) => a.common.json,
+        Command::Context(a) => a.common.json,
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
@@ -332,6 +364,8 @@ pub fn run(cli: Cli) -> Outcome {
         Command::PromptHeader(a) => prompt_header(&a),
         Command::Recover(a) => recover_cmd(&a),
         Command::Explain(a) => explain(&a),
+        Command::Checkpoint(a) => checkpoint_cmd(&a),
+        Command::Context(a) => context_cmd(&a),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
 }
@@ -431,6 +465,73 @@ fn report_value(r: &VerifyReport) -> Value {
         "head_hash": r.head_hash,
         "warnings": r.warnings,
     })
+}
+
+fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    let (lock, _) =
+        crate::recover::lock_for_write(&session, &cgroup_root(), &crate::ids::SystemClock)?;
+    let (path, c) = crate::context::checkpoint(&session, &lock)?;
+    let text = format!(
+        "{}\n",
+        if a.common.json {
+            json!({"path": path.display().to_string(), "checkpoint": c}).to_string()
+        } else {
+            format!(
+                "checkpoint {} covers evidence entry {}",
+                path.display(),
+                c["covers"]["seq"]
+            )
+        }
+    );
+    Ok(Outcome::ok(text))
+}
+
+fn context_cmd(a: &ContextArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    if let Some(t) = &a.as_of {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).map_err(
+            |e| SupervisorError::invalid("--as-of", format!("not an RFC 3339 time: {e}")),
+        )?;
+        if !t.ends_with('Z') {
+            return Err(SupervisorError::invalid(
+                "--as-of",
+                "give the time in UTC (ending in Z)",
+            ));
+        }
+    }
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    let v = crate::context::context(&session, a.as_of.as_deref())?;
+    if a.common.json {
+        return Ok(Outcome::ok(format!("{v}\n")));
+    }
+    let c = &v["context"];
+    let mut text = format!(
+        "context of {id} as of {} ({} entries replayed{})\n",
+        a.as_of.as_deref().unwrap_or("now"),
+        v["entries_replayed"],
+        v["checkpoint"]
+            .as_str()
+            .map(|p| format!(" after checkpoint {p}"))
+            .unwrap_or_default()
+    );
+    for t in c["turns"].as_array().into_iter().flatten() {
+        text += &format!(
+            "turn {}: {}\n",
+            t["turn_number"],
+            t["status"].as_str().unwrap_or("?")
+        );
+    }
+    for (p, o) in c["outputs"].as_object().into_iter().flatten() {
+        text += &format!(
+            "output {p} sha256 {}\n",
+            o["sha256"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(Outcome::ok(text))
 }
 
 fn explain(a: &ExplainArgs) -> Result<Outcome> {

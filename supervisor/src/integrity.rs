@@ -8,7 +8,9 @@ use std::path::PathBuf;
 /// What is wrong with a ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Problem {
-    FileMissing { acknowledged: u64 },
+    FileMissing {
+        acknowledged: u64,
+    },
     NotRegularFile,
     AnchorMissing,
     AnchorInvalid(String),
@@ -18,16 +20,40 @@ pub enum Problem {
     NotCanonical,
     NotObject,
     MissingField(&'static str),
-    SeqMismatch { found: String },
-    WrongSession { found: String },
-    BrokenLink { expected: String, found: String },
-    HashMismatch { recorded: String, computed: String },
+    SeqMismatch {
+        found: String,
+    },
+    WrongSession {
+        found: String,
+    },
+    BrokenLink {
+        expected: String,
+        found: String,
+    },
+    HashMismatch {
+        recorded: String,
+        computed: String,
+    },
     LegacyAfterHashed,
-    Truncated { acknowledged: u64, found: u64 },
-    BeyondAnchor { acknowledged: u64, found: u64 },
-    AnchorHashMismatch { acknowledged: String, found: String },
-    SizeMismatch { acknowledged: u64, found: u64 },
+    Truncated {
+        acknowledged: u64,
+        found: u64,
+    },
+    BeyondAnchor {
+        acknowledged: u64,
+        found: u64,
+    },
+    AnchorHashMismatch {
+        acknowledged: String,
+        found: String,
+    },
+    SizeMismatch {
+        acknowledged: u64,
+        found: u64,
+    },
     PendingAppend,
+    /// An HO2 checkpoint that does not match the ledger it claims to cover.
+    Checkpoint(String),
 }
 
 impl fmt::Display for Problem {
@@ -113,6 +139,7 @@ impl fmt::Display for Problem {
                 f,
                 "an earlier append did not finish; the session must be recovered before appending"
             ),
+            Self::Checkpoint(detail) => write!(f, "checkpoint refused: {detail}"),
         }
     }
 }

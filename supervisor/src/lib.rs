@@ -9,6 +9,7 @@ pub mod backend;
 pub mod capture;
 pub mod cli;
 pub mod commit;
+pub mod context;
 pub mod denials;
 pub mod doctor;
 pub mod error;
