@@ -192,6 +192,49 @@ pub struct SessionNewArgs {
     /// Ledger tier.
     #[arg(long, default_value = TURN_TIER)]
     pub tier: String,
+    #[command(flatten)]
+    pub deterministic: DeterministicArgs,
+}
+
+/// Deterministic mode (a property of the session): ids and timestamps come
+/// from the seed and the clock, wall-clock measurements are left out of the
+/// ledgers, so the same inputs give byte-identical ledgers.
+#[derive(Debug, Args)]
+pub struct DeterministicArgs {
+    /// Start the session in deterministic mode (needs --seed and --clock).
+    #[arg(long, requires_all = ["seed", "clock"])]
+    pub deterministic: bool,
+    /// Seed of the session's ids.
+    #[arg(long, value_name = "N", requires = "deterministic")]
+    pub seed: Option<u64>,
+    /// The session's start time (RFC 3339, UTC); each turn's clock starts
+    /// one hour after the previous one's and advances 1 ms per reading.
+    #[arg(long, value_name = "TS", requires = "deterministic")]
+    pub clock: Option<String>,
+}
+
+impl DeterministicArgs {
+    fn parse(&self) -> Result<Option<crate::ids::Deterministic>> {
+        if !self.deterministic {
+            return Ok(None);
+        }
+        let clock = self.clock.as_deref().unwrap_or_default();
+        let parsed =
+            time::OffsetDateTime::parse(clock, &time::format_description::well_known::Rfc3339)
+                .map_err(|e| {
+                    SupervisorError::invalid("--clock", format!("not an RFC 3339 time: {e}"))
+                })?;
+        if parsed.offset() != time::UtcOffset::UTC {
+            return Err(SupervisorError::invalid(
+                "--clock",
+                "give the time in UTC (ending in Z)",
+            ));
+        }
+        Ok(Some(crate::ids::Deterministic {
+            seed: self.seed.unwrap_or_default(),
+            clock: parsed,
+        }))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +303,9 @@ pub struct RunArgs {
     pub backend: String,
     #[command(flatten)]
     pub request: RequestArgs,
+    /// Only for the new session `run` starts without --session.
+    #[command(flatten)]
+    pub deterministic: DeterministicArgs,
 }
 
 #[derive(Debug, Args)]
@@ -434,8 +480,26 @@ fn session_new(a: &SessionNewArgs) -> Result<Outcome> {
     let ws = Workspace::open(&a.common.root)?;
     let state = StateDir::open(&a.common.state_dir, &ws, true)?;
     crate::session::sweep_unfinished(&state, Some(&ws))?;
-    let ids = SessionIdGenerator::new(SystemClock, OsRandom);
-    let session = Session::create(&ws, &state, &a.tier, &ids)?;
+    let det = a.deterministic.parse()?;
+    let session = match &det {
+        Some(d) => {
+            let src = d.sources(0);
+            Session::create(
+                &ws,
+                &state,
+                &a.tier,
+                &SessionIdGenerator::new(src.clone(), src),
+                det.clone(),
+            )?
+        }
+        None => Session::create(
+            &ws,
+            &state,
+            &a.tier,
+            &SessionIdGenerator::new(SystemClock, OsRandom),
+            None,
+        )?,
+    };
     let stdout = if a.common.json {
         json!({
             "session_id": session.id.as_str(),
@@ -823,6 +887,13 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
     let request = request_from_args(&a.request)?;
+    let deterministic = a.deterministic.parse()?;
+    if deterministic.is_some() && a.session.is_some() {
+        return Err(SupervisorError::invalid(
+            "--deterministic",
+            "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
+        ));
+    }
     // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
     // `interrupted`, exit 128+signal) instead of killing supervise outright.
     crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
@@ -840,6 +911,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         cgroup_root: cgroup_root(),
         sources: crate::ids::Sources::system(),
         backend: a.backend.clone(),
+        deterministic,
     };
     let r = crate::turn::run_turn(&opts)?;
     Ok(Outcome {

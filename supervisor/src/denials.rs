@@ -51,27 +51,49 @@ fn syscall_hint(name: &str) -> String {
     )
 }
 
+/// When the turn started: its (injected) clock reading and the monotonic
+/// instant, to date the first denials.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnClock {
+    pub at: time::OffsetDateTime,
+    pub instant: std::time::Instant,
+    /// A deterministic session: every denial is dated `at`, without pid.
+    pub deterministic: bool,
+}
+
 /// The evidence violations for the syscalls the listener saw.
-pub fn syscall_violations(d: &Denials, session: &str, turn: u64) -> Vec<Value> {
+pub fn syscall_violations(d: &Denials, session: &str, turn: u64, clock: TurnClock) -> Vec<Value> {
     let mut out: Vec<Value> = d
         .syscalls
         .iter()
         .map(|s| {
             let name = syscall_name(s.arch, s.nr);
+            // Arguments hold pointers (ASLR) and pids vary: a deterministic
+            // session records neither.
+            let first = if clock.deterministic {
+                String::new()
+            } else {
+                format!("; first by pid {} with arguments {:x?}", s.first_pid, s.first_args)
+            };
+            let at = if clock.deterministic {
+                clock.at
+            } else {
+                clock.at + s.first_at.saturating_duration_since(clock.instant)
+            };
             json!({
                 "attempted_operation": "syscall",
                 "target": name,
                 "violated_capability": {"capability": "sandbox baseline", "kind": "denied_syscall", "pattern": null},
                 "details": format!(
-                    "`{name}` was refused with EPERM {} time(s); first by pid {} with arguments {:x?}",
-                    s.count, s.first_pid, s.first_args
+                    "`{name}` was refused with EPERM {} time(s){first}",
+                    s.count
                 ),
                 "layer": "seccomp",
                 "hint": syscall_hint(&name),
                 "count": s.count,
                 "session_id": session,
                 "turn_number": turn,
-                "timestamp": rfc3339_micros(s.first_at),
+                "timestamp": rfc3339_micros(at),
             })
         })
         .collect();

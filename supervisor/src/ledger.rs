@@ -975,7 +975,21 @@ pub fn append_group_until(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
 ) -> Result<Vec<Vec<Appended>>> {
-    let group = format!("{:016x}", getrandom::u64().unwrap_or(0));
+    // The group's tag ties its announcements together across ledgers. It
+    // is derived from what is appended where (each ledger's path and
+    // length, and the bodies), not drawn at random: deterministic sessions
+    // stay byte-identical, and two groups can only share a tag if they are
+    // the same append at the same place.
+    let mut tag = <sha2::Sha256 as sha2::Digest>::new();
+    for (files, bodies) in &parts {
+        sha2::Digest::update(&mut tag, files.path.as_os_str().as_encoded_bytes());
+        let len = std::fs::symlink_metadata(&files.path).map_or(0, |m| m.len());
+        sha2::Digest::update(&mut tag, len.to_le_bytes());
+        for b in bodies {
+            sha2::Digest::update(&mut tag, serde_json::to_vec(b).unwrap_or_default());
+        }
+    }
+    let group = hex::encode(&sha2::Digest::finalize(tag)[..8]);
     let mut prepared = parts
         .into_iter()
         .map(|(files, bodies)| prepare(files, bodies, &group))

@@ -28,6 +28,8 @@ pub struct Session {
     pub tier: String,
     workspace: Workspace,
     state: StateDir,
+    /// Deterministic mode, as recorded when the session was created.
+    pub deterministic: Option<crate::ids::Deterministic>,
 }
 
 impl Session {
@@ -39,6 +41,7 @@ impl Session {
         state: &StateDir,
         tier: &str,
         ids: &SessionIdGenerator<C, R>,
+        deterministic: Option<crate::ids::Deterministic>,
     ) -> Result<Self> {
         check_tier(tier)?;
         let id = ids.generate()?;
@@ -47,6 +50,7 @@ impl Session {
             tier: tier.to_owned(),
             workspace: workspace.clone(),
             state: state.clone(),
+            deterministic,
         };
         session
             .initialize(ids.clock())
@@ -92,12 +96,15 @@ impl Session {
         // The record first: whoever sweeps an unfinished creation learns
         // from it which workspace to clean.
         let now = clock.now();
-        let meta = json!({
+        let mut meta = json!({
             "session_id": self.id.as_str(),
             "tier": self.tier,
             "root": self.workspace.root_str(),
             "created_at": rfc3339_micros(now),
         });
+        if let Some(d) = &self.deterministic {
+            meta["deterministic"] = d.to_value();
+        }
         let bytes = canonical::to_vec(&meta)
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
         fsx::write_atomic(&new_state.join("session.json"), &bytes)?;
@@ -229,11 +236,16 @@ impl Session {
                 t
             }
         };
+        let deterministic = recorded
+            .as_ref()
+            .and_then(|m| m.get("deterministic"))
+            .and_then(crate::ids::Deterministic::from_value);
         Ok(Self {
             id: id.clone(),
             tier,
             workspace: workspace.clone(),
             state: state.clone(),
+            deterministic,
         })
     }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::thread::JoinHandle;
 
-use time::OffsetDateTime;
+use std::time::Instant;
 
 /// Where the command's stage parks the listener until the supervisor takes
 /// it (close-on-exec: the command never holds it).
@@ -37,7 +37,8 @@ pub struct DeniedSyscall {
     /// PID (in the supervisor's PID namespace) of the first caller.
     pub first_pid: u32,
     pub first_args: [u64; 6],
-    pub first_at: OffsetDateTime,
+    /// When (monotonic): the turn converts it with its injected clock.
+    pub first_at: Instant,
 }
 
 /// What the listener saw.
@@ -167,7 +168,7 @@ fn serve(notify: &OwnedFd, stop: &OwnedFd, errno: i32) -> Denials {
                             count: 1,
                             first_pid: req.pid,
                             first_args: req.data.args,
-                            first_at: OffsetDateTime::now_utc(),
+                            first_at: Instant::now(),
                         },
                     );
                 } else {

@@ -52,6 +52,8 @@ pub struct RunOptions {
     pub sources: Sources,
     /// `--backend` (native, runc, crun, runsc, kata).
     pub backend: String,
+    /// Deterministic mode for the session `run` starts (without --session).
+    pub deterministic: Option<crate::ids::Deterministic>,
 }
 
 /// The outcome of one turn, as `--json` prints it.
@@ -81,11 +83,16 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         None => {
             let state = StateDir::open(admission.state.path(), &admission.workspace, true)?;
             crate::session::sweep_unfinished(&state, Some(&admission.workspace))?;
+            let src = opts
+                .deterministic
+                .as_ref()
+                .map_or_else(|| opts.sources.clone(), |d| d.sources(0));
             Session::create(
                 &admission.workspace,
                 &state,
                 TURN_TIER,
-                &SessionIdGenerator::new(opts.sources.clone(), opts.sources.clone()),
+                &SessionIdGenerator::new(src.clone(), src),
+                opts.deterministic.clone(),
             )?
         }
     };
@@ -98,6 +105,11 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     }
     admission.rebind(&opts.request, session.id.clone())?;
     let request = &admission.request;
+    // A deterministic session's turn takes its clock and ids from the seed.
+    let sources = match &session.deterministic {
+        Some(d) => d.sources(session.next_turn_number(&lock)?),
+        None => opts.sources.clone(),
+    };
     // Exactly once: a key that already ran returns what it returned.
     let key = request.idempotency_key.clone();
     let request_hash =
@@ -119,7 +131,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         Ok(a) => a,
         Err(violations) => {
             let turn_number =
-                record_rejected_turn(&session, &lock, request, &violations, &opts.sources)?;
+                record_rejected_turn(&session, &lock, request, &violations, &sources)?;
             let value = json!({
                 "session_id": session.id.as_str(),
                 "turn_number": turn_number,
@@ -165,7 +177,8 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         turn_number,
         execute_entry: allowed.execute_entry.clone(),
         started: Instant::now(),
-        started_at: opts.sources.now(),
+        started_at: sources.now(),
+        sources: sources.clone(),
     }
     .run(&allowed)?;
     if let Some(key) = &key {
@@ -186,6 +199,22 @@ struct Turn<'a> {
     execute_entry: String,
     started: Instant,
     started_at: OffsetDateTime,
+    /// The turn's clock and ids (the session's deterministic ones, or the
+    /// system's).
+    sources: Sources,
+}
+
+/// Rewrites every string under `v` that is `root` or starts with `root/`
+/// to start with `<root>` instead.
+fn root_relative(v: &mut Value, root: &str) {
+    match v {
+        Value::String(s) if s == root || s.starts_with(&format!("{root}/")) => {
+            *s = format!("<root>{}", &s[root.len()..]);
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| root_relative(x, root)),
+        Value::Object(m) => m.values_mut().for_each(|x| root_relative(x, root)),
+        _ => {}
+    }
 }
 
 /// Microseconds since `since`, restarting it.
@@ -212,10 +241,17 @@ impl Turn<'_> {
         let mut clock = Instant::now();
         let plan = plan::compile(&ctx, self.manifest, self.request, allowed, &HostFs);
         let plan_us = lap(&mut clock);
+        // The plan's hash does not depend on where the workspace is: its
+        // root is hashed as `<root>` (replay into another directory, and
+        // deterministic sessions, give the same hash).
         let plan_hash = plan
             .as_ref()
             .ok()
             .and_then(|p| serde_json::to_value(p).ok())
+            .map(|mut v| {
+                root_relative(&mut v, self.workspace.root_str());
+                v
+            })
             .and_then(|v| canonical::hash_value(&v).ok());
 
         // Intent, before anything runs: a crash from here on is visible.

@@ -76,7 +76,8 @@ pub(super) struct Outcome {
 impl Turn<'_> {
     pub(super) fn finish(&self, query_hash: &str, o: Outcome) -> Result<TurnResult> {
         let sid = self.session.id.as_str();
-        let now = rfc3339_micros(self.opts.sources.now());
+        let now = rfc3339_micros(self.sources.now());
+        let deterministic = self.session.deterministic.is_some();
         let x = o.execution.as_ref();
         let command_exit = x.and_then(|x| match x.ending {
             Ending::Exited(c) => Some(c),
@@ -118,7 +119,16 @@ impl Turn<'_> {
         // Denials observed inside the sandbox (FR-RT-011): they do not
         // change the status (a program may handle EPERM), they are listed.
         if let Some(Ok(d)) = x.map(|x| &x.denials) {
-            violations.extend(crate::denials::syscall_violations(d, sid, self.turn_number));
+            violations.extend(crate::denials::syscall_violations(
+                d,
+                sid,
+                self.turn_number,
+                crate::denials::TurnClock {
+                    at: self.started_at,
+                    instant: self.started,
+                    deterministic,
+                },
+            ));
         }
         let realized: Vec<Value> = o.writes.iter().map(|w| w.to_value()).collect();
         let committed: Vec<Value> = o
@@ -127,10 +137,11 @@ impl Turn<'_> {
             .map(|c| json!({"path": c.path, "size": c.size, "sha256": c.sha256}))
             .collect();
         let enforcement = self.enforcement(&o);
+        let measured = |v: Option<u64>| if deterministic { Value::Null } else { json!(v) };
         let resources = x.map(|x| {
             json!({
-                "peak_memory_bytes": x.usage.peak_memory_bytes,
-                "cpu_usage_us": x.usage.cpu_usage_us,
+                "peak_memory_bytes": measured(x.usage.peak_memory_bytes),
+                "cpu_usage_us": measured(x.usage.cpu_usage_us),
                 "oom_kills": x.usage.oom_kills,
                 "pids_limit_hits": x.usage.pids_limit_hits,
                 "disk_full": x.disk_full,
@@ -165,7 +176,9 @@ impl Turn<'_> {
             "termination": termination,
             "error": error,
             "backend": self.backend.name(),
-            "timings": {"wall_us": wall_us, "phases_us": phases},
+            // Wall-clock measurements vary run to run: a deterministic
+            // session keeps them out of its ledgers (--json still has them).
+            "timings": if deterministic { Value::Null } else { json!({"wall_us": wall_us, "phases_us": phases}) },
             "ts": now,
         }));
         let r = self.request;
@@ -287,7 +300,13 @@ impl Turn<'_> {
             "no_new_privs": true,
             "uid": o.plan.as_ref().map(|p| p.uid),
             "network": o.plan.as_ref().map(|p| p.network.clone()),
-            "posture": o.execution.as_ref().and_then(|x| x.posture.as_ref()).map(|p| p.to_value()),
+            "posture": o.execution.as_ref().and_then(|x| x.posture.as_ref()).map(|p| {
+                let mut v = p.to_value();
+                if self.session.deterministic.is_some() {
+                    v["pid"] = Value::Null;
+                }
+                v
+            }),
             "denials_observed": o.execution.as_ref().map(|x| crate::denials::observability(&x.denials)),
             "degraded": degraded,
         })
