@@ -15,6 +15,7 @@
 
 pub mod canonical;
 pub mod check;
+pub mod envelope;
 pub mod error;
 pub mod grants;
 pub mod input;

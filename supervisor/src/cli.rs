@@ -270,6 +270,11 @@ pub struct RequestArgs {
     /// The whole request as JSON (instead of the flags above and CMD).
     #[arg(long, value_name = "FILE")]
     pub request: Option<PathBuf>,
+    /// The request as an EventEnvelope v1 of type `turn.requested` (its
+    /// payload is the request document; its idempotency_key is the turn's).
+    /// Instead of the flags and CMD.
+    #[arg(long, value_name = "FILE", conflicts_with = "request")]
+    pub envelope: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -306,6 +311,11 @@ pub struct RunArgs {
     /// Only for the new session `run` starts without --session.
     #[command(flatten)]
     pub deterministic: DeterministicArgs,
+    /// Append the turn's events to FILE as EventEnvelope v1 JSON lines
+    /// (canonical): turn.requested, turn.started, one turn.violation per
+    /// violation, turn.finished.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -723,7 +733,12 @@ fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
 
 /// Builds the turn request from `--request FILE` or from the flags.
 pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
-    if let Some(file) = &r.request {
+    if let Some(file) = r.request.as_ref().or(r.envelope.as_ref()) {
+        let flag = if r.envelope.is_some() {
+            "--envelope"
+        } else {
+            "--request"
+        };
         let mixed = !r.outputs.is_empty()
             || r.no_outputs
             || !r.inputs.is_empty()
@@ -733,17 +748,39 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
             || !r.command.is_empty();
         if mixed {
             return Err(SupervisorError::invalid(
-                "--request",
+                flag,
                 "the request file carries the whole request; do not combine it with --output, --no-outputs, --input, --work-order, --idempotency-key, --timeout or a command",
             ));
         }
         // A FIFO, device, directory or symlink is refused without blocking.
         let bytes =
             turnstile_policy::input::read_regular_file(file, request::MAX_REQUEST_BYTES as u64)
-                .map_err(|e| {
-                    SupervisorError::invalid("--request", format!("{}: {e}", file.display()))
-                })?;
-        return Ok(TurnRequest::from_json(&bytes)?);
+                .map_err(|e| SupervisorError::invalid(flag, format!("{}: {e}", file.display())))?;
+        if r.envelope.is_none() {
+            return Ok(TurnRequest::from_json(&bytes)?);
+        }
+        let env = turnstile_policy::envelope::EventEnvelope::from_json(&bytes)?;
+        if env.kind != "turn.requested" {
+            return Err(SupervisorError::invalid(
+                "envelope.type",
+                format!(
+                    "`{}`: only `turn.requested` envelopes start a turn",
+                    env.kind
+                ),
+            ));
+        }
+        let mut payload = env.payload.clone();
+        match payload.get("idempotency_key") {
+            Some(k) if k != &json!(env.idempotency_key) => {
+                return Err(SupervisorError::invalid(
+                    "envelope.payload.idempotency_key",
+                    "differs from the envelope's idempotency_key; give it once",
+                ));
+            }
+            _ => payload["idempotency_key"] = json!(env.idempotency_key),
+        }
+        let doc = serde_json::to_vec(&payload).unwrap_or_default();
+        return Ok(TurnRequest::from_json(&doc)?);
     }
     if r.no_outputs && !r.outputs.is_empty() {
         return Err(SupervisorError::invalid(
@@ -914,6 +951,9 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         deterministic,
     };
     let r = crate::turn::run_turn(&opts)?;
+    if let Some(path) = &a.events {
+        emit_events(path, &a.package, &opts.request, &r.value)?;
+    }
     Ok(Outcome {
         status: r.exit_status,
         stdout: if a.common.json {
@@ -923,6 +963,84 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         },
         stderr: format!("supervise: {}\n", r.summary),
     })
+}
+
+/// The turn's events as EventEnvelope v1 lines, appended to `path`
+/// (created 0600; never through a symlink).
+fn emit_events(
+    path: &std::path::Path,
+    package: &str,
+    request: &TurnRequest,
+    v: &Value,
+) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use turnstile_policy::envelope::{EventEnvelope, SCHEMA_VERSION, Source};
+    let sid = v["session_id"].as_str().unwrap_or_default();
+    let turn = v["turn_number"].as_u64().unwrap_or(0);
+    let key = request
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| format!("{sid}/turn-{turn}"));
+    let finished = v["finished_at"].as_str().unwrap_or_default().to_owned();
+    let started = v["started_at"].as_str().unwrap_or(&finished).to_owned();
+    let mut events: Vec<(&str, String, Value)> = vec![
+        (
+            "turn.requested",
+            started.clone(),
+            json!({
+                "command": request.command,
+                "declared_inputs": request.declared_inputs,
+                "declared_outputs": request.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
+                "work_order_id": request.work_order_id,
+                "idempotency_key": request.idempotency_key,
+                "timeout_seconds": request.timeout_seconds,
+            }),
+        ),
+        (
+            "turn.started",
+            started,
+            json!({"session_id": sid, "turn_number": turn}),
+        ),
+    ];
+    for x in v["violations"].as_array().into_iter().flatten() {
+        events.push(("turn.violation", finished.clone(), x.clone()));
+    }
+    // Durations are measurements (floating point), not part of the event.
+    let mut result = v.clone();
+    if let Some(m) = result.as_object_mut() {
+        m.remove("durations");
+    }
+    events.push(("turn.finished", finished, result));
+    let mut out = Vec::new();
+    for (n, (kind, ts, payload)) in events.into_iter().enumerate() {
+        let e = EventEnvelope {
+            id: format!("EVT-{sid}-{turn}-{n}"),
+            ts,
+            kind: kind.into(),
+            schema_version: SCHEMA_VERSION.into(),
+            idempotency_key: key.clone(),
+            source: Source {
+                agent: package.into(),
+                adapter: "supervise-cli".into(),
+            },
+            payload,
+        };
+        out.extend(e.to_canonical()?);
+        out.push(b'\n');
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+        .and_then(|mut f| f.write_all(&out))
+        .map_err(|source| SupervisorError::StateIo {
+            op: "write events",
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// A request for `plan`: the flags, or (without a command) the first execute

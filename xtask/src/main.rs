@@ -16,7 +16,12 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Debian packages the workspace needs to build and test.
-const APT_PACKAGES: &[&str] = &["libseccomp-dev", "pkg-config", "python3"];
+const APT_PACKAGES: &[&str] = &[
+    "libseccomp-dev",
+    "pkg-config",
+    "python3",
+    "python3-jsonschema",
+];
 
 /// Requirements that must each have at least one test whose name contains
 /// `fr_rt_0xx`. Grows as issues land.

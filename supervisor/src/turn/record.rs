@@ -229,6 +229,8 @@ impl Turn<'_> {
         let value = json!({
             "session_id": sid,
             "turn_number": self.turn_number,
+            "started_at": rfc3339_micros(self.started_at),
+            "finished_at": now,
             "status": o.status.as_str(),
             "exit_code": command_exit,
             "termination": termination,
