@@ -83,6 +83,13 @@ pub enum Command {
     ///
     /// Example: supervise prompt-header --root /ws --session SES-... --turn 1 --input registries/users.csv
     PromptHeader(PromptHeaderArgs),
+    /// Re-run a recorded session's turns from clean state in a fresh
+    /// workspace (DIR/root, DIR/state; DIR must not exist) and compare the
+    /// final state with the original: exit 0 identical, exit 3 naming the
+    /// first difference. Deterministic sessions must replay byte for byte.
+    ///
+    /// Example: supervise replay --root /ws --session SES-... --into /tmp/replay
+    Replay(ReplayArgs),
     /// Write an HO2 checkpoint of a session (FR-RT-009): the context folded
     /// from its evidence ledger, bound to the last entry's hash, under
     /// planes/ho2/sessions/<sid>/checkpoints/.
@@ -110,6 +117,17 @@ pub enum Command {
     ///
     /// Example: supervise recover --state-dir /var/lib/turnstile
     Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Where to replay (created; must not exist).
+    #[arg(long, value_name = "DIR")]
+    pub into: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -396,6 +414,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Recover(a) => a.json,
         Command::Explain(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
+        Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
     };
     let result = match cli.command {
@@ -421,6 +440,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Recover(a) => recover_cmd(&a),
         Command::Explain(a) => explain(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
+        Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
@@ -538,6 +558,44 @@ fn report_value(r: &VerifyReport) -> Value {
         "bytes": r.bytes,
         "head_hash": r.head_hash,
         "warnings": r.warnings,
+    })
+}
+
+fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    let r = crate::replay::replay(
+        &a.common.root,
+        &a.common.state_dir,
+        &id,
+        &a.into,
+        &cgroup_root(),
+    )?;
+    let stdout = if a.common.json {
+        format!("{}\n", r.to_value())
+    } else {
+        match &r.difference {
+            None => format!(
+                "replay of {} ({} turns) into {}: identical\n",
+                r.original,
+                r.turns,
+                r.root.display()
+            ),
+            Some(d) => format!(
+                "replay of {} ({} turns) into {}: DIFFERS\n  {d}\n",
+                r.original,
+                r.turns,
+                r.root.display()
+            ),
+        }
+    };
+    Ok(Outcome {
+        status: if r.difference.is_none() {
+            exit::OK
+        } else {
+            exit::INTEGRITY
+        },
+        stdout,
+        stderr: String::new(),
     })
 }
 

@@ -48,6 +48,7 @@ pub fn session_started(
 #[derive(Debug)]
 pub struct RejectedTurn<'a> {
     pub request: &'a BoundRequest,
+    pub package_id: &'a str,
     pub turn_number: u64,
     pub violations: &'a Violations,
     pub at: OffsetDateTime,
@@ -100,7 +101,9 @@ impl RejectedTurn<'_> {
             "session_id": r.session.as_str(),
             "turn_number": self.turn_number,
             "status": "violation",
+            "package_id": self.package_id,
             "command": r.command,
+            "timeout_seconds": r.timeout_seconds,
             "declared_reads": r.declared_inputs,
             "declared_writes": r.declared_outputs.iter().map(|o| o.to_value()).collect::<Vec<_>>(),
             "realized_writes": [],

@@ -24,6 +24,7 @@ pub mod ledger;
 pub mod lock;
 pub mod realfs;
 pub mod recover;
+pub mod replay;
 pub mod sandbox;
 pub mod session;
 pub mod status;

@@ -130,8 +130,14 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     let allowed = match admission.check() {
         Ok(a) => a,
         Err(violations) => {
-            let turn_number =
-                record_rejected_turn(&session, &lock, request, &violations, &sources)?;
+            let turn_number = record_rejected_turn(
+                &session,
+                &lock,
+                request,
+                admission.manifest.package_id.as_str(),
+                &violations,
+                &sources,
+            )?;
             let value = json!({
                 "session_id": session.id.as_str(),
                 "turn_number": turn_number,

@@ -26,12 +26,14 @@ pub fn record_rejected_turn(
     session: &Session,
     lock: &SessionLock,
     request: &BoundRequest,
+    package_id: &str,
     violations: &Violations,
     clock: &dyn Clock,
 ) -> Result<u64> {
     let turn_number = session.next_turn_number(lock)?;
     let turn = RejectedTurn {
         request,
+        package_id,
         turn_number,
         violations,
         at: clock.now(),
@@ -190,6 +192,7 @@ impl Turn<'_> {
             "package_id": self.manifest.package_id.as_str(),
             "status": o.status.as_str(),
             "command": r.command,
+            "timeout_seconds": r.timeout_seconds,
             "execute_entry": self.execute_entry,
             "declared_reads": r.declared_inputs,
             "declared_writes": r.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
