@@ -17,6 +17,41 @@ use serde::{Deserialize, Serialize};
 
 pub const EPERM: i32 = 1;
 pub const ENOSYS: i32 = 38;
+pub const EAFNOSUPPORT: i32 = 97;
+
+const AF_UNIX: u32 = 1;
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const AF_NETLINK: u32 = 16;
+const NETLINK_ROUTE: u32 = 0;
+
+/// `personality(2)` values a turn may set: PER_LINUX, PER_LINUX32,
+/// UNAME26, PER_LINUX32|UNAME26, and 0xffffffff (query) — Docker's set.
+const SAFE_PERSONAS: &[u32] = &[0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+
+/// Numbers of syscalls newer than the libseccomp on these machines knows
+/// (2.5.4): since Linux 5.1 a new syscall has the same number on x86_64 and
+/// aarch64, so the compiler may fall back to it for the native arch.
+pub const UNIFIED_NUMBERS: &[(&str, i32)] = &[
+    ("futex_waitv", 449),
+    ("set_mempolicy_home_node", 450),
+    ("cachestat", 451),
+    ("fchmodat2", 452),
+    ("map_shadow_stack", 453),
+    ("futex_wake", 454),
+    ("futex_wait", 455),
+    ("futex_requeue", 456),
+    ("statmount", 457),
+    ("listmount", 458),
+    ("lsm_get_self_attr", 459),
+    ("lsm_set_self_attr", 460),
+    ("lsm_list_modules", 461),
+    ("mseal", 462),
+    ("setxattrat", 463),
+    ("getxattrat", 464),
+    ("listxattrat", 465),
+    ("removexattrat", 466),
+];
 
 /// A conditional rule: `(arg[index] & mask) == value` (low 32 bits) →
 /// `errno`.
@@ -30,6 +65,30 @@ pub struct ArgRule {
     pub why: String,
 }
 
+/// An argument allowlist: `syscall` is allowed only when the low 32 bits of
+/// `arg` are one of `values`; any other value is refused with `errno`.
+/// `refine` narrows one allowed value further by a second argument
+/// (`socket(AF_NETLINK, _, protocol)`: NETLINK_ROUTE only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueAllowlist {
+    pub syscall: String,
+    pub arg: u32,
+    pub values: Vec<u32>,
+    pub errno: i32,
+    pub why: String,
+    #[serde(default)]
+    pub refine: Option<Refine>,
+}
+
+/// For `arg == value` (of the enclosing allowlist), also require the low 32
+/// bits of `arg2` to be one of `values`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refine {
+    pub value: u32,
+    pub arg2: u32,
+    pub values: Vec<u32>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeccompProfile {
     /// errno for anything not listed.
@@ -41,6 +100,9 @@ pub struct SeccompProfile {
     pub enosys: Vec<String>,
     /// Checked before `allow`.
     pub arg_rules: Vec<ArgRule>,
+    /// Syscalls allowed only for listed argument values.
+    #[serde(default)]
+    pub allowlists: Vec<ValueAllowlist>,
 }
 
 const ALLOW: &[&str] = &[
@@ -51,6 +113,7 @@ const ALLOW: &[&str] = &[
     "arch_prctl",
     "bind",
     "brk",
+    "cachestat",
     "capget",
     "capset",
     "chdir",
@@ -87,6 +150,7 @@ const ALLOW: &[&str] = &[
     "fchdir",
     "fchmod",
     "fchmodat",
+    "fchmodat2",
     "fchown",
     "fchownat",
     "fcntl",
@@ -102,7 +166,12 @@ const ALLOW: &[&str] = &[
     "fsync",
     "ftruncate",
     "futex",
+    "futex_requeue",
+    "futex_wait",
+    "futex_waitv",
+    "futex_wake",
     "futimesat",
+    "get_mempolicy",
     "get_robust_list",
     "getcpu",
     "getcwd",
@@ -131,6 +200,7 @@ const ALLOW: &[&str] = &[
     "gettimeofday",
     "getuid",
     "getxattr",
+    "getxattrat",
     "inotify_add_watch",
     "inotify_init",
     "inotify_init1",
@@ -138,9 +208,12 @@ const ALLOW: &[&str] = &[
     "io_cancel",
     "io_destroy",
     "io_getevents",
+    "io_pgetevents",
     "io_setup",
     "io_submit",
     "ioctl",
+    "ioprio_get",
+    "ioprio_set",
     "kill",
     "landlock_add_rule",
     "landlock_create_ruleset",
@@ -151,12 +224,17 @@ const ALLOW: &[&str] = &[
     "linkat",
     "listen",
     "listxattr",
+    "listxattrat",
     "llistxattr",
     "lremovexattr",
     "lseek",
     "lsetxattr",
+    "lsm_get_self_attr",
+    "lsm_list_modules",
     "lstat",
     "madvise",
+    "map_shadow_stack",
+    "mbind",
     "membarrier",
     "memfd_create",
     "mincore",
@@ -176,6 +254,7 @@ const ALLOW: &[&str] = &[
     "mq_timedsend",
     "mq_unlink",
     "mremap",
+    "mseal",
     "msgctl",
     "msgget",
     "msgrcv",
@@ -217,6 +296,7 @@ const ALLOW: &[&str] = &[
     "recvmmsg",
     "recvmsg",
     "removexattr",
+    "removexattrat",
     "rename",
     "renameat",
     "renameat2",
@@ -252,6 +332,8 @@ const ALLOW: &[&str] = &[
     "sendmmsg",
     "sendmsg",
     "sendto",
+    "set_mempolicy",
+    "set_mempolicy_home_node",
     "set_robust_list",
     "set_tid_address",
     "setfsgid",
@@ -270,6 +352,7 @@ const ALLOW: &[&str] = &[
     "setsockopt",
     "setuid",
     "setxattr",
+    "setxattrat",
     "shmat",
     "shmctl",
     "shmdt",
@@ -278,8 +361,6 @@ const ALLOW: &[&str] = &[
     "sigaltstack",
     "signalfd",
     "signalfd4",
-    "socket",
-    "socketpair",
     "splice",
     "stat",
     "statfs",
@@ -387,7 +468,6 @@ const DENY: &[&str] = &[
     "open_by_handle_at",
     "open_tree",
     "perf_event_open",
-    "personality",
     "pidfd_getfd",
     "pivot_root",
     "process_madvise",
@@ -474,9 +554,19 @@ pub fn allow_conditions(rules: &[&ArgRule]) -> Result<Vec<MaskedEq>, String> {
             first.syscall
         ));
     }
-    // Start with the whole space and carve out each denied value.
+    let values: Vec<u32> = rules.iter().map(|r| r.value).collect();
+    Ok(complement_cubes(&values)
+        .into_iter()
+        .map(|(mask, value)| MaskedEq { arg, mask, value })
+        .collect())
+}
+
+/// Masked-equal "cubes" `(mask, value)` that together match every 32-bit
+/// value except `values`, each value outside matched by exactly one cube.
+pub fn complement_cubes(values: &[u32]) -> Vec<(u32, u32)> {
+    // Start with the whole space and carve out each value.
     let mut cubes = vec![(0u32, 0u32)];
-    for v in rules.iter().map(|r| r.value) {
+    for &v in values {
         let mut next = Vec::new();
         for (mask, value) in cubes {
             if v & mask != value {
@@ -498,10 +588,7 @@ pub fn allow_conditions(rules: &[&ArgRule]) -> Result<Vec<MaskedEq>, String> {
         }
         cubes = next;
     }
-    Ok(cubes
-        .into_iter()
-        .map(|(mask, value)| MaskedEq { arg, mask, value })
-        .collect())
+    cubes
 }
 
 impl SeccompProfile {
@@ -528,20 +615,43 @@ impl SeccompProfile {
                 why: format!("ioctl {name} injects terminal input"),
             });
         }
-        arg_rules.push(ArgRule {
-            syscall: "socket".into(),
-            arg: 0,
-            mask: u32::MAX,
-            value: 17,
-            errno: EPERM,
-            why: "AF_PACKET sockets see raw traffic".into(),
-        });
+        let allowlists = vec![
+            ValueAllowlist {
+                syscall: "socket".into(),
+                arg: 0,
+                values: vec![AF_UNIX, AF_INET, AF_INET6, AF_NETLINK],
+                errno: EAFNOSUPPORT,
+                why: "socket families by allowlist: unix, IPv4, IPv6, and netlink for routing only (AF_PACKET sees raw traffic, AF_ALG/AF_VSOCK/AF_KEY/… reach kernel subsystems a turn never needs)".into(),
+                refine: Some(Refine {
+                    value: AF_NETLINK,
+                    arg2: 2,
+                    values: vec![NETLINK_ROUTE],
+                }),
+            },
+            ValueAllowlist {
+                syscall: "socketpair".into(),
+                arg: 0,
+                values: vec![AF_UNIX],
+                errno: EAFNOSUPPORT,
+                why: "socketpair exists for AF_UNIX only".into(),
+                refine: None,
+            },
+            ValueAllowlist {
+                syscall: "personality".into(),
+                arg: 0,
+                values: SAFE_PERSONAS.to_vec(),
+                errno: EPERM,
+                why: "safe personas only (PER_LINUX, PER_LINUX32, UNAME26 and the query); READ_IMPLIES_EXEC and friends weaken memory protections".into(),
+                refine: None,
+            },
+        ];
         Self {
             default_errno: ENOSYS,
             allow: ALLOW.iter().map(|s| (*s).to_owned()).collect(),
             deny: DENY.iter().map(|s| (*s).to_owned()).collect(),
             enosys: vec!["clone3".into()],
             arg_rules,
+            allowlists,
         }
     }
 }
@@ -564,7 +674,7 @@ mod tests {
     #[test]
     fn allow_conditions_partition_the_argument_space() {
         let p = SeccompProfile::default_profile();
-        for name in ["clone", "ioctl", "socket"] {
+        for name in ["clone", "ioctl"] {
             let rules = rules_for(&p, name);
             let refs: Vec<&ArgRule> = rules.iter().collect();
             let allow = allow_conditions(&refs).unwrap();
@@ -608,11 +718,75 @@ mod tests {
         }
     }
 
+    /// An allowlist's allowed values and its errno cubes partition the
+    /// argument space: every value is exactly one of the two.
+    #[test]
+    fn allowlists_partition_the_argument_space() {
+        let p = SeccompProfile::default_profile();
+        for a in &p.allowlists {
+            let cubes = complement_cubes(&a.values);
+            let mut probes: Vec<u32> = vec![
+                0,
+                1,
+                2,
+                3,
+                8,
+                9,
+                10,
+                11,
+                16,
+                17,
+                38,
+                40,
+                0x20000,
+                0x20008,
+                0x0040_0000,
+                u32::MAX,
+            ];
+            let mut x: u32 = 0x1234_5678;
+            for _ in 0..20_000 {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                probes.push(x);
+            }
+            for v in probes {
+                let allowed = a.values.contains(&v);
+                let denied = cubes.iter().filter(|(m, val)| v & m == *val).count();
+                assert_eq!(denied, usize::from(!allowed), "{}: {v:#x}", a.syscall);
+            }
+        }
+        let socket = p.allowlists.iter().find(|a| a.syscall == "socket").unwrap();
+        assert_eq!(socket.values, vec![1, 2, 10, 16]);
+        assert_eq!(socket.refine.as_ref().unwrap().values, vec![0]);
+    }
+
     #[test]
     fn lists_are_disjoint_and_sorted_for_review() {
         let p = SeccompProfile::default_profile();
         for d in p.deny.iter().chain(&p.enosys) {
             assert!(!p.allow.contains(d), "{d} is both allowed and denied");
+        }
+        for a in &p.allowlists {
+            assert!(
+                !p.allow.contains(&a.syscall),
+                "{} also unconditionally allowed",
+                a.syscall
+            );
+            assert!(!p.deny.contains(&a.syscall), "{} also denied", a.syscall);
+        }
+        for must in [
+            "ioprio_get",
+            "ioprio_set",
+            "get_mempolicy",
+            "set_mempolicy",
+            "mbind",
+            "futex_waitv",
+            "cachestat",
+            "mseal",
+            "fchmodat2",
+        ] {
+            assert!(p.allow.iter().any(|a| a == must), "{must} not allowed");
         }
         let mut sorted = p.allow.clone();
         sorted.sort();

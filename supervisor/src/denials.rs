@@ -44,8 +44,20 @@ fn audit_arch(a: libseccomp::ScmpArch) -> u32 {
 
 /// The hint for a denied syscall: the baseline denies it, and why.
 fn syscall_hint(name: &str) -> String {
+    let profile = turnstile_policy::seccomp::SeccompProfile::default_profile();
     let why = turnstile_policy::seccomp::deny_reason(name)
-        .unwrap_or("it can change the kernel's or another process's state beyond the turn");
+        .map(str::to_owned)
+        .or_else(|| {
+            let a = profile.allowlists.iter().find(|a| a.syscall == name)?;
+            Some(format!("these arguments are refused: {}", a.why))
+        })
+        .or_else(|| {
+            let r = profile.arg_rules.iter().find(|r| r.syscall == name)?;
+            Some(format!("these arguments are refused ({})", r.why))
+        })
+        .unwrap_or_else(|| {
+            "it can change the kernel's or another process's state beyond the turn".into()
+        });
     format!(
         "denied by the sandbox baseline, not by the manifest (no manifest entry allows it): {why}"
     )
@@ -85,7 +97,8 @@ pub fn syscall_violations(d: &Denials, session: &str, turn: u64, clock: TurnCloc
                 "target": name,
                 "violated_capability": {"capability": "sandbox baseline", "kind": "denied_syscall", "pattern": null},
                 "details": format!(
-                    "`{name}` was refused with EPERM {} time(s){first}",
+                    "`{name}` was refused with {} {} time(s){first}",
+                    nix::errno::Errno::from_raw(s.errno),
                     s.count
                 ),
                 "layer": "seccomp",

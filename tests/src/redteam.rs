@@ -542,8 +542,8 @@ pub fn probes() -> Vec<Probe> {
             "af_packet_high_bits_denied",
             "seccomp-bypass",
             py("res(sysc(41, (1 << 33) | 17, 3, 0))"),
-            EPERM,
-            "socket domain, low 32 bits"
+            ok(&["EAFNOSUPPORT"]),
+            "socket domain, low 32 bits (allowlist)"
         ),
         probe!(
             "clone3_enosys",
@@ -664,8 +664,8 @@ pub fn probes() -> Vec<Probe> {
             "packet_socket_denied",
             "kernel-interfaces",
             py("res(err(lambda: socket.socket(17, socket.SOCK_RAW, 0)))"),
-            EPERM,
-            "seccomp argument rule"
+            ok(&["EAFNOSUPPORT"]),
+            "seccomp socket-family allowlist"
         ),
         probe!(
             "signal_pid1_denied",
@@ -675,11 +675,78 @@ pub fn probes() -> Vec<Probe> {
             "Landlock signal scoping: the turn can only signal its own domain"
         ),
         probe!(
-            "personality_denied",
+            "personality_read_implies_exec_denied",
             "kernel-interfaces",
-            py("res(sysc(135, 0xffffffff))"),
+            py("res(sysc(135, 0x0400000))"),
             EPERM,
-            "seccomp"
+            "seccomp: only Docker's safe personas (READ_IMPLIES_EXEC makes every mapping executable)"
+        ),
+        probe!(
+            "personality_unsafe_with_high_garbage_denied",
+            "seccomp-bypass",
+            py("res(sysc(135, (0x5a5a << 32) | 0x0400000))"),
+            EPERM,
+            "the persona is compared on its low 32 bits: high garbage neither hides nor blocks it"
+        ),
+        probe!(
+            "personality_safe_personas_work",
+            "kernel-interfaces",
+            py("res(','.join(sysc(135, p) for p in (0xffffffff, 0, 0x20000, 0xffffffff)))"),
+            ok(&["OK,OK,OK,OK"]),
+            "over-blocking is a bug: setarch and the persona query work"
+        ),
+        probe!(
+            "af_packet_socket_refused",
+            "network",
+            py("res(sysc(41, 17, 3, 0))"),
+            ok(&["EAFNOSUPPORT"]),
+            "socket families by allowlist (raw traffic)"
+        ),
+        probe!(
+            "af_alg_socket_refused",
+            "network",
+            py("res(sysc(41, 38, 5, 0))"),
+            ok(&["EAFNOSUPPORT"]),
+            "socket families by allowlist (kernel crypto API, a frequent exploit surface)"
+        ),
+        probe!(
+            "af_vsock_socket_refused",
+            "network",
+            py("res(sysc(41, 40, 1, 0))"),
+            ok(&["EAFNOSUPPORT"]),
+            "socket families by allowlist (host/VM channels)"
+        ),
+        probe!(
+            "netlink_audit_and_uevent_refused",
+            "network",
+            py("res(sysc(41, 16, 3, 9) + ',' + sysc(41, 16, 3, 15) + ',' + sysc(41, 16, 3, 12))"),
+            ok(&["EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT"]),
+            "netlink for NETLINK_ROUTE only (audit, uevent, netfilter refused)"
+        ),
+        probe!(
+            "socket_family_high_garbage_refused",
+            "seccomp-bypass",
+            py(
+                "res(sysc(41, (1 << 32) | 17, 3, 0) + ',' + sysc(41, (1 << 40) | 16, 3, (1 << 33) | 9))"
+            ),
+            ok(&["EAFNOSUPPORT,EAFNOSUPPORT"]),
+            "family and protocol compared on their low 32 bits"
+        ),
+        probe!(
+            "allowed_socket_families_work",
+            "network",
+            py(
+                "res(','.join(sysc(41, f, t, p) for f, t, p in ((1, 1, 0), (2, 2, 0), (10, 1, 0), (16, 3, 0))))"
+            ),
+            ok(&["OK,OK,OK,OK"]),
+            "over-blocking is a bug: unix, IPv4, IPv6 and route netlink (getifaddrs) work"
+        ),
+        probe!(
+            "real_program_syscalls_work",
+            "kernel-interfaces",
+            py("res(','.join([sysc(252, 1, 0), sysc(239, 0, 0, 0, 0, 0), sysc(462, 0, 0, 0)]))"),
+            ok(&["OK,OK,OK"]),
+            "over-blocking is a bug: ioprio_get (ionice), get_mempolicy (numa), mseal (newer glibc) reach the kernel"
         ),
         probe!(
             "controlling_tty_absent",

@@ -555,7 +555,7 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
         // The deny list's listener, taken out of the parked command.
         if let Some(pid) = command {
             created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
-                .and_then(|fd| notify::Listener::spawn(fd, nix::libc::EPERM))
+                .and_then(|fd| notify::Listener::spawn(fd, seccomp::notify_errnos(&plan.seccomp)))
                 .map_err(|e| format!("taking the seccomp listener: {e}"));
         }
         created.posture = Some(p);

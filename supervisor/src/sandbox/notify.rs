@@ -37,6 +37,8 @@ pub struct DeniedSyscall {
     /// PID (in the supervisor's PID namespace) of the first caller.
     pub first_pid: u32,
     pub first_args: [u64; 6],
+    /// The errno it was answered with.
+    pub errno: i32,
     /// When (monotonic): the turn converts it with its injected clock.
     pub first_at: Instant,
 }
@@ -80,11 +82,13 @@ pub struct Listener {
 impl Listener {
     /// Answers every notification on `notify` with `-errno` until the turn
     /// is over.
-    pub fn spawn(notify: OwnedFd, errno: i32) -> std::io::Result<Self> {
+    /// `errnos`: the answer for particular syscall numbers (EPERM for the
+    /// rest).
+    pub fn spawn(notify: OwnedFd, errnos: Vec<(i32, i32)>) -> std::io::Result<Self> {
         let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let thread = std::thread::Builder::new()
             .name("seccomp-notify".into())
-            .spawn(move || serve(&notify, &stop_r, errno))?;
+            .spawn(move || serve(&notify, &stop_r, &errnos))?;
         Ok(Self {
             stop: Some(stop_w),
             thread: Some(thread),
@@ -111,7 +115,7 @@ impl Drop for Listener {
     }
 }
 
-fn serve(notify: &OwnedFd, stop: &OwnedFd, errno: i32) -> Denials {
+fn serve(notify: &OwnedFd, stop: &OwnedFd, errnos: &[(i32, i32)]) -> Denials {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     let mut seen: BTreeMap<(u32, i32), DeniedSyscall> = BTreeMap::new();
@@ -141,6 +145,10 @@ fn serve(notify: &OwnedFd, stop: &OwnedFd, errno: i32) -> Denials {
                 )
             };
             if rc == 0 {
+                let errno = errnos
+                    .iter()
+                    .find(|(nr, _)| *nr == req.data.nr)
+                    .map_or(nix::libc::EPERM, |(_, e)| *e);
                 let resp = nix::libc::seccomp_notif_resp {
                     id: req.id,
                     val: 0,
@@ -167,6 +175,7 @@ fn serve(notify: &OwnedFd, stop: &OwnedFd, errno: i32) -> Denials {
                             nr: req.data.nr,
                             count: 1,
                             first_pid: req.pid,
+                            errno,
                             first_args: req.data.args,
                             first_at: Instant::now(),
                         },
