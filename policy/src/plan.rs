@@ -74,6 +74,12 @@ pub enum Mount {
     /// symlinks, a private devpts instance (`/dev/pts`, `/dev/ptmx`) and a
     /// private size-limited `/dev/shm`.
     Dev { shm_bytes: u64 },
+    /// A private writable tmpfs (mode 1777, `bytes` large) for programs that
+    /// ignore TMPDIR (`tmpfile(3)` uses `/tmp`): what a turn leaves there is
+    /// recorded in the evidence and discarded with the turn. Only where it
+    /// does not contain the workspace (a Landlock grant on it would cover
+    /// the workspace's view).
+    Ephemeral { path: String, bytes: u64 },
     /// A fresh `/proc` for the turn's PID namespace, with the OCI default
     /// masked and read-only paths (and the host's kernel command line).
     Proc {
@@ -207,6 +213,9 @@ pub const READ_BASELINE: &[&str] = &[
     "/etc/ssl/certs",
     "/etc/ssl/openssl.cnf",
 ];
+
+/// Private writable tmpfs mounts for programs that ignore TMPDIR.
+pub const EPHEMERAL: &[&str] = &["/tmp", "/var/tmp"];
 
 /// The sandbox's host name (its own UTS namespace); `/etc/hosts` resolves it.
 pub const HOSTNAME: &str = "turnstile";
@@ -407,6 +416,17 @@ pub fn compile(
     mounts.push(Mount::Dev {
         shm_bytes: 64 << 20,
     });
+    let ephemeral: Vec<String> = EPHEMERAL
+        .iter()
+        .filter(|e| !(root == **e || root.starts_with(&format!("{e}/"))))
+        .map(|e| (*e).to_owned())
+        .collect();
+    for path in &ephemeral {
+        mounts.push(Mount::Ephemeral {
+            path: path.clone(),
+            bytes: manifest.limits.disk.0,
+        });
+    }
     mounts.push(Mount::Proc {
         masked: PROC_MASKED.iter().map(|p| (*p).to_owned()).collect(),
         read_only: PROC_READ_ONLY.iter().map(|p| (*p).to_owned()).collect(),
@@ -630,6 +650,7 @@ pub fn compile(
     execute.dedup();
     let mut read_write: Vec<String> = scope_dirs.clone();
     read_write.push("/dev/shm".into());
+    read_write.extend(ephemeral);
 
     // --- environment (FR-RT-012, FR-RT-014).
     let scratch = join(root, &format!("tmp/{sid}"));
@@ -832,6 +853,12 @@ impl Plan {
                 Mount::ReadOnly { path } => format!("read-only {path}"),
                 Mount::Symlink { path, target } => format!("symlink   {path} -> {target}"),
                 Mount::Dir { path } => format!("empty dir {path} (only the grants inside)"),
+                Mount::Ephemeral { path, bytes } => {
+                    format!(
+                        "tmpfs     {path} ({} MiB, recorded and discarded)",
+                        bytes >> 20
+                    )
+                }
                 Mount::Generated { path, .. } => format!("generated {path}"),
                 Mount::Dev { shm_bytes } => format!(
                     "dev       minimal /dev, private /dev/pts, /dev/shm {} MiB",

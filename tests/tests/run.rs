@@ -598,32 +598,64 @@ fn allow_egress_is_refused_not_silently_isolated() {
 }
 
 #[test]
-fn issue_9_dev_shm_writes_are_recorded_in_the_evidence_and_discarded() {
-    if !require_root("issue_9_dev_shm_writes_are_recorded_in_the_evidence_and_discarded") {
+fn issue_9_dev_shm_and_tmp_writes_are_recorded_in_the_evidence_and_discarded() {
+    if !require_root("issue_9_dev_shm_and_tmp_writes_are_recorded_in_the_evidence_and_discarded") {
         return;
     }
-    let fx = fixture();
-    let (status, v, stderr) = py(&fx, None, &[], "open('/dev/shm/seg', 'w').write('hidden')");
-    assert_eq!(status, 0, "{stderr}");
+    // A workspace outside /tmp (as a home directory is): /tmp is then a
+    // private writable tmpfs, for programs that ignore TMPDIR.
+    let home = tempfile::Builder::new()
+        .prefix("ts-home-")
+        .tempdir_in("/var/lib")
+        .unwrap();
+    let root = home.path().join("ws");
+    let state = home.path().join("state");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir_all(root.join("installed/t")).unwrap();
+    std::fs::write(root.join("installed/t/manifest.json"), MANIFEST).unwrap();
+    let run = |session: Option<&str>, code: &str| {
+        let mut cmd = std::process::Command::new(turnstile_tests::supervise_bin());
+        cmd.args(["run", "--json", "--no-outputs", "--package", "t", "--root"])
+            .arg(&root)
+            .arg("--state-dir")
+            .arg(&state);
+        if let Some(s) = session {
+            cmd.args(["--session", s]);
+        }
+        let out = cmd
+            .args(["--", "/usr/bin/python3", "-c", code])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, v, stderr) = run(
+        None,
+        "import ctypes\nopen('/dev/shm/seg', 'w').write('hidden')\nopen('/tmp/t.txt', 'w').write('tmp')\nlibc = ctypes.CDLL(None); libc.tmpfile.restype = ctypes.c_void_p\nassert libc.tmpfile()",
+    );
+    assert_eq!(status, Some(0), "{stderr}");
     let s = sid(&v);
-    let evidence = read_entries(&fx.ledger(&s, "evidence"));
-    let shm = &evidence.last().unwrap()["dev_shm_writes"];
-    assert_eq!(shm["files"][0]["path"], "/dev/shm/seg", "{shm}");
-    assert_eq!(shm["files"][0]["bytes"], 6);
+    let evidence =
+        read_entries(&root.join(format!("planes/ho1/sessions/{s}/ledger/evidence.jsonl")));
+    let eph = &evidence.last().unwrap()["ephemeral_writes"];
+    let shm = &eph["/dev/shm"]["files"][0];
+    assert_eq!(shm["path"], "/dev/shm/seg", "{eph}");
+    assert_eq!(shm["bytes"], 6);
     assert_eq!(
-        shm["files"][0]["sha256"],
+        shm["sha256"],
         hex::encode(Sha256::digest(b"hidden")),
-        "{shm}"
+        "{eph}"
     );
-    // Discarded: the next turn's /dev/shm is empty.
-    let (status, _, stderr) = py(
-        &fx,
+    assert_eq!(eph["/tmp"]["files"][0]["path"], "/tmp/t.txt", "{eph}");
+    // Discarded: the next turn's /dev/shm and /tmp are empty.
+    let (status, _, stderr) = run(
         Some(&s),
-        &[],
-        "import os; assert os.listdir('/dev/shm') == [], os.listdir('/dev/shm')",
+        "import os; assert os.listdir('/dev/shm') == [] and os.listdir('/tmp') == [], (os.listdir('/dev/shm'), os.listdir('/tmp'))",
     );
-    assert_eq!(status, 0, "{stderr}");
-    fx.assert_ledgers_intact(&s);
+    assert_eq!(status, Some(0), "{stderr}");
 }
 
 #[test]

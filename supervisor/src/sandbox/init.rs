@@ -370,6 +370,19 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
                 bind_read_only(&file, &target, report);
             }
             Mount::Dev { shm_bytes } => build_dev(new_root, *shm_bytes, report),
+            Mount::Ephemeral { path, bytes } => {
+                let target = under(new_root, path);
+                ensure_dir(&target, report);
+                mount(
+                    Some("tmpfs"),
+                    &target,
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    Some(format!("mode=1777,size={bytes}").as_str()),
+                )
+                .map_err(|e| format!("{path}: {e}"))
+                .or_fail(report, "mount ephemeral tmpfs");
+            }
             Mount::Proc { .. } => {} // mounted first, hardened by PID 1
             Mount::Overlay { path, index } => {
                 let target = under(new_root, path);
@@ -538,66 +551,87 @@ fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
         ForkResult::Child => restrict_and_exec(plan, bpf, report),
         ForkResult::Parent { child } => {
             close_handshake();
-            reap(child, report)
+            reap(plan, child, report)
         }
     }
 }
 
-/// Most `/dev/shm` files described, and the largest one hashed.
-const SHM_LISTED: usize = 256;
-const SHM_HASHED_BYTES: u64 = 16 << 20;
+/// Most files described per ephemeral directory; files up to this size
+/// are hashed.
+const EPHEMERAL_LISTED: usize = 256;
+const EPHEMERAL_HASHED_BYTES: u64 = 16 << 20;
 
-/// What the command left in its private `/dev/shm` (discarded with the
-/// turn, never committed — but recorded, so the evidence shows it): path,
-/// size and sha256 (files up to 16 MiB), at most 256 entries.
-fn report_dev_shm(report: &mut Report) {
+/// What the command left in its private `/dev/shm` and ephemeral tmpfs
+/// mounts (discarded with the turn, never committed — but recorded, so the
+/// evidence shows it): path, kind, size and sha256 (files up to 16 MiB), at
+/// most 256 entries per directory, never crossing into another mount.
+fn report_ephemeral(plan: &Plan, report: &mut Report) {
     use sha2::{Digest, Sha256};
-    let mut files = Vec::new();
-    let mut stack = vec![PathBuf::from("/dev/shm")];
-    let mut more = false;
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+    use std::os::unix::fs::MetadataExt;
+    let mut dirs = vec!["/dev/shm".to_owned()];
+    dirs.extend(plan.mounts.iter().filter_map(|m| match m {
+        Mount::Ephemeral { path, .. } => Some(path.clone()),
+        _ => None,
+    }));
+    for top in dirs {
+        let Ok(dev) = std::fs::symlink_metadata(&top).map(|m| m.dev()) else {
             continue;
         };
-        for e in entries.flatten() {
-            if files.len() >= SHM_LISTED {
-                more = true;
-                break;
+        let mut files = Vec::new();
+        let mut stack = vec![PathBuf::from(&top)];
+        let mut more = false;
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(m) = e.path().symlink_metadata() else {
+                    continue;
+                };
+                // A mount point inside (the workspace's path): not ours.
+                if m.dev() != dev {
+                    continue;
+                }
+                if files.len() >= EPHEMERAL_LISTED {
+                    more = true;
+                    break;
+                }
+                let path = e.path();
+                if m.is_dir() {
+                    stack.push(path.clone());
+                }
+                let sha256 = (m.is_file() && m.len() <= EPHEMERAL_HASHED_BYTES)
+                    .then(|| std::fs::read(&path).ok())
+                    .flatten()
+                    .map(|b| hex::encode(Sha256::digest(&b)));
+                files.push(json!({
+                    "path": path.display().to_string(),
+                    "kind": if m.is_dir() { "dir" } else if m.is_file() { "file" } else if m.file_type().is_symlink() { "symlink" } else { "other" },
+                    "bytes": m.len(),
+                    "sha256": sha256,
+                }));
             }
-            let Ok(m) = e.metadata() else { continue };
-            let path = e.path();
-            if m.is_dir() {
-                stack.push(path.clone());
-            }
-            let sha256 = (m.is_file() && m.len() <= SHM_HASHED_BYTES)
-                .then(|| std::fs::read(&path).ok())
-                .flatten()
-                .map(|b| hex::encode(Sha256::digest(&b)));
-            files.push(json!({
-                "path": path.display().to_string(),
-                "kind": if m.is_dir() { "dir" } else if m.is_file() { "file" } else { "other" },
-                "bytes": m.len(),
-                "sha256": sha256,
-            }));
         }
-    }
-    if !files.is_empty() {
-        report.event(json!({"event": "dev_shm", "files": files, "truncated": more}));
+        if !files.is_empty() {
+            report.event(
+                json!({"event": "ephemeral", "dir": top, "files": files, "truncated": more}),
+            );
+        }
     }
 }
 
 /// S2's loop: reap every child; when the command exits, report its status
 /// and exit, which makes the kernel kill the rest of the namespace.
-fn reap(command: Pid, mut report: Report) -> ! {
+fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == command => {
-                report_dev_shm(&mut report);
+                report_ephemeral(plan, &mut report);
                 report.event(json!({"event": "exit", "code": code}));
                 std::process::exit(0)
             }
             Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
-                report_dev_shm(&mut report);
+                report_ephemeral(plan, &mut report);
                 report.event(json!({"event": "signal", "signal": signal as i32, "name": signal.as_str(), "core": core}));
                 std::process::exit(0)
             }

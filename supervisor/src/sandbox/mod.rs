@@ -107,8 +107,9 @@ pub struct Execution {
     pub wall: Duration,
     /// Upper dirs, in scope order.
     pub uppers: Vec<PathBuf>,
-    /// What the command left in its private `/dev/shm` (discarded).
-    pub dev_shm: Option<Value>,
+    /// What the command left in its private `/dev/shm` and ephemeral tmpfs
+    /// mounts, by directory (discarded).
+    pub ephemeral: serde_json::Map<String, Value>,
     /// The syscalls seccomp denied, or why they could not be observed.
     pub denials: std::result::Result<notify::Denials, String>,
 }
@@ -383,10 +384,16 @@ impl Created {
             .iter()
             .find(|e| e["event"] == "landlock")
             .map(|e| e["outcome"].clone());
-        let dev_shm = report
+        let ephemeral: serde_json::Map<String, Value> = report
             .iter()
-            .find(|e| e["event"] == "dev_shm")
-            .map(|e| json!({"files": e["files"], "truncated": e["truncated"]}));
+            .filter(|e| e["event"] == "ephemeral")
+            .filter_map(|e| {
+                Some((
+                    e["dir"].as_str()?.to_owned(),
+                    json!({"files": e["files"], "truncated": e["truncated"]}),
+                ))
+            })
+            .collect();
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
@@ -418,7 +425,7 @@ impl Created {
             seccomp_unknown: std::mem::take(&mut self.seccomp_unknown),
             wall: self.started.elapsed(),
             uppers: std::mem::take(&mut self.uppers),
-            dev_shm,
+            ephemeral,
             denials: std::mem::replace(&mut self.listener, Err(String::new()))
                 .map(notify::Listener::finish),
         })

@@ -199,7 +199,7 @@ impl Turn<'_> {
             "realized_writes": realized,
             "scratch_writes": o.verdict.scratch.iter().map(|w| w.to_value()).collect::<Vec<_>>(),
             // Written where nothing is ever committed: recorded, discarded.
-            "dev_shm_writes": o.execution.as_ref().and_then(|x| x.dev_shm.clone()),
+            "ephemeral_writes": o.execution.as_ref().map(|x| x.ephemeral.clone()),
             "committed": committed,
             "external_calls": [],
             "violations": violations,
@@ -240,7 +240,7 @@ impl Turn<'_> {
             "error": error,
             "realized_writes": realized,
             "committed": committed,
-            "dev_shm_writes": o.execution.as_ref().and_then(|x| x.dev_shm.clone()),
+            "ephemeral_writes": o.execution.as_ref().map(|x| x.ephemeral.clone()),
             "violations": violations,
             "enforcement": enforcement,
             "resources": resources,
