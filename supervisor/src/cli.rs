@@ -59,6 +59,13 @@ pub enum Command {
     ///
     /// Example: supervise plan --root /ws --package hello-agent -- /usr/bin/python3 installed/hello-agent/main.py
     Plan(PlanArgs),
+    /// Write the OCI bundle a turn would run with a runtime backend
+    /// (config.json, the rootfs skeleton, generated files, scope mount
+    /// points) into a new directory, and nothing else: no session, no
+    /// ledger entry.
+    ///
+    /// Example: supervise bundle --root /ws --package hello-agent --backend kata --out /tmp/b -- /usr/bin/python3 installed/hello-agent/main.py
+    Bundle(BundleArgs),
     /// What this host can enforce: READY, DEGRADED or FAILED, with reasons.
     Doctor(DoctorArgs),
     /// The host (as `doctor`) and the state directory: free space, sessions
@@ -337,6 +344,25 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BundleArgs {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// The runtime the bundle is for: runc, crun, runsc or kata.
+    #[arg(long, value_name = "NAME")]
+    pub backend: String,
+    /// The bundle directory to create (must not exist).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Guest kernel for VM runtimes (kata).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/usr/share/kata-containers/vmlinux.container"
+    )]
+    pub vm_kernel: String,
+}
+
+#[derive(Debug, Args)]
 pub struct PlanArgs {
     #[command(flatten)]
     pub common: Common,
@@ -406,6 +432,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Run(a) => a.common.json,
         Command::Plan(a) => a.common.json,
         Command::Doctor(a) => a.json,
+        Command::Bundle(a) => a.plan.common.json,
         Command::Health(a) => a.json,
         Command::Session(SessionCommand::New(a)) => a.common.json,
         Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
@@ -421,6 +448,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Run(a) => run_cmd(&a),
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
+        Command::Bundle(a) => bundle_cmd(&a),
         Command::Health(a) => {
             let (text, value) = crate::doctor::health(&a.state_dir);
             Ok(Outcome {
@@ -1158,6 +1186,78 @@ fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
         format!("{}\n", serde_json::to_value(&plan).unwrap_or(Value::Null))
     } else {
         plan.render_text()
+    };
+    Ok(Outcome::ok(stdout))
+}
+
+fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
+    if !["runc", "crun", "runsc", "kata"].contains(&a.backend.as_str()) {
+        return Err(SupervisorError::invalid(
+            "--backend",
+            format!("`{}`: a bundle is for runc, crun, runsc or kata", a.backend),
+        ));
+    }
+    if a.out.symlink_metadata().is_ok() {
+        return Err(SupervisorError::invalid(
+            "--out",
+            format!("{} exists; give a new directory", a.out.display()),
+        ));
+    }
+    let parent = a
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let parent = std::fs::canonicalize(parent)
+        .map_err(|e| SupervisorError::invalid("--out", format!("{}: {e}", parent.display())))?;
+    let out = parent.join(a.out.file_name().unwrap_or_default());
+    let request = plan_request(&a.plan)?;
+    let plan = crate::turn::plan_only(
+        crate::admit::Input {
+            root: &a.plan.common.root,
+            state_dir: &a.plan.common.state_dir,
+            package: &a.plan.package,
+            request: &request,
+        },
+        a.plan.session.as_deref(),
+    )?;
+    let exe = std::env::current_exe()
+        .map_err(|e| SupervisorError::invalid("supervise", e.to_string()))?;
+    let options = turnstile_oci::BundleOptions {
+        bundle_dir: out.display().to_string(),
+        backend: a.backend.clone(),
+        scope_sources: (0..plan.writable_scopes.len())
+            .map(|i| out.join("scopes").join(i.to_string()).display().to_string())
+            .collect(),
+        declared_outputs: request
+            .declared_outputs
+            .iter()
+            .map(|d| (d.path.clone(), d.role.clone()))
+            .collect(),
+        init: Some(turnstile_oci::InitBinary {
+            host_path: exe.display().to_string(),
+        }),
+        vm_kernel: Some(turnstile_oci::VmKernel {
+            path: a.vm_kernel.clone(),
+            parameters: Vec::new(),
+            initrd: None,
+        }),
+        seccomp_arch: if cfg!(target_arch = "aarch64") {
+            "SCMP_ARCH_AARCH64".into()
+        } else {
+            "SCMP_ARCH_X86_64".into()
+        },
+    };
+    let bundle = turnstile_oci::build(&plan, &options)
+        .map_err(|e| SupervisorError::invalid("plan", e.to_string()))?;
+    crate::backend::bundle::write(&out, &bundle, plan.writable_scopes.len())?;
+    let stdout = if a.plan.common.json {
+        format!(
+            "{}\n",
+            json!({"bundle": out, "backend": a.backend, "config": out.join("config.json")})
+        )
+    } else {
+        format!("bundle for {} written to {}\n", a.backend, out.display())
     };
     Ok(Outcome::ok(stdout))
 }

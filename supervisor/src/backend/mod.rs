@@ -9,6 +9,7 @@
 //! `--backend` can refuse them explicitly (E2040, never a fallback) until
 //! they are wired.
 
+pub mod bundle;
 mod native;
 
 use nix::sys::signal::Signal;
