@@ -62,6 +62,17 @@ pub struct BundleOptions {
     pub vm_kernel: Option<VmKernel>,
     /// `SCMP_ARCH_X86_64`, `SCMP_ARCH_AARCH64`.
     pub seccomp_arch: String,
+    /// Read-only paths of the Plan that are directories: shown as read-only
+    /// overlays (a host process's unix socket inside is not connectable
+    /// through overlayfs), like the native backend; the rest are binds.
+    pub read_only_dirs: Vec<String>,
+    /// An empty directory: the second lower layer of read-only overlays
+    /// (required with `read_only_dirs`).
+    pub empty_dir: Option<String>,
+    /// Where the workspace's files are taken from: an idmapped clone of the
+    /// root prepared by the backend (its owner appears as the turn's uid),
+    /// or `None` for the root itself.
+    pub workspace_source: Option<String>,
 }
 
 /// The bundle, as data: the supervisor writes it.
@@ -95,9 +106,24 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
     let mut symlinks = Vec::new();
     let mut generated = Vec::new();
     let gen_path = |name: &str| format!("{}/{name}", o.bundle_dir.trim_end_matches('/'));
+    // Host path of what the container sees at `path`.
+    let source = |path: &str| -> String {
+        match (&o.workspace_source, path.strip_prefix(plan.root.as_str())) {
+            (Some(src), Some(rel)) if rel.is_empty() || rel.starts_with('/') => {
+                format!("{src}{rel}")
+            }
+            _ => path.to_owned(),
+        }
+    };
     for (n, m) in plan.mounts.iter().enumerate() {
         match m {
-            Mount::ReadOnly { path } => mounts.push(bind(path, path, false)),
+            Mount::ReadOnly { path } => match (&o.empty_dir, o.read_only_dirs.contains(path)) {
+                (Some(empty), true) => mounts.push(json!({
+                    "destination": path, "type": "overlay", "source": "overlay",
+                    "options": ["ro", "nosuid", "nodev", format!("lowerdir={}:{empty}", source(path)), "xino=on"],
+                })),
+                _ => mounts.push(bind(path, &source(path), false)),
+            },
             Mount::Symlink { path, target } => symlinks.push((path.clone(), target.clone())),
             Mount::Dir { path } => dirs.push(path.clone()),
             Mount::Generated { path, contents } => {

@@ -1221,33 +1221,28 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
         },
         a.plan.session.as_deref(),
     )?;
-    let exe = std::env::current_exe()
-        .map_err(|e| SupervisorError::invalid("supervise", e.to_string()))?;
-    let options = turnstile_oci::BundleOptions {
-        bundle_dir: out.display().to_string(),
-        backend: a.backend.clone(),
-        scope_sources: (0..plan.writable_scopes.len())
-            .map(|i| out.join("scopes").join(i.to_string()).display().to_string())
-            .collect(),
-        declared_outputs: request
+    let options = crate::backend::bundle::options(
+        &plan,
+        &a.backend,
+        crate::backend::bundle::Place {
+            bundle_dir: out.clone(),
+            empty_dir: out.join("empty"),
+            scope_sources: (0..plan.writable_scopes.len())
+                .map(|i| out.join("scopes").join(i.to_string()).display().to_string())
+                .collect(),
+            workspace_source: None,
+        },
+        request
             .declared_outputs
             .iter()
             .map(|d| (d.path.clone(), d.role.clone()))
             .collect(),
-        init: Some(turnstile_oci::InitBinary {
-            host_path: exe.display().to_string(),
-        }),
-        vm_kernel: Some(turnstile_oci::VmKernel {
+        Some(turnstile_oci::VmKernel {
             path: a.vm_kernel.clone(),
             parameters: Vec::new(),
             initrd: None,
         }),
-        seccomp_arch: if cfg!(target_arch = "aarch64") {
-            "SCMP_ARCH_AARCH64".into()
-        } else {
-            "SCMP_ARCH_X86_64".into()
-        },
-    };
+    )?;
     let bundle = turnstile_oci::build(&plan, &options)
         .map_err(|e| SupervisorError::invalid("plan", e.to_string()))?;
     crate::backend::bundle::write(&out, &bundle, plan.writable_scopes.len())?;

@@ -15,6 +15,10 @@ fn main() -> ExitCode {
         let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
         init::main(std::path::Path::new(&dir));
     }
+    if args.len() >= 4 && args[1] == "__landlock-exec" && args[3] == "--" {
+        let rules = args[2].to_string_lossy().into_owned();
+        turnstile_supervisor::sandbox::landlock_exec::main(&rules, &args[4..]);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()

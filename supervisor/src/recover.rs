@@ -204,6 +204,9 @@ pub fn recover_session(
     let (dirs, journals) = leftovers(&state_dir);
     for n in dirs {
         let dir = session.state().turn_dir(&session.id, n);
+        // A runc container of the dead turn: its processes died with the
+        // cgroup above; its record goes too.
+        crate::backend::runc::forget(&format!("{sid}-t{n}"));
         remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }

@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod init;
 pub mod landlock;
+pub mod landlock_exec;
 pub mod notify;
 pub mod posture;
 pub mod seccomp;
@@ -112,6 +113,9 @@ pub struct Execution {
     pub ephemeral: serde_json::Map<String, Value>,
     /// The syscalls seccomp denied, or why they could not be observed.
     pub denials: std::result::Result<notify::Denials, String>,
+    /// What this backend could not do as the native one does (recorded in
+    /// the evidence's `enforcement.degraded`).
+    pub degraded: Vec<String>,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -246,7 +250,7 @@ impl Drop for TurnDir {
 /// Copies a child's stream to `sink`, forwarding at most the shared budget
 /// and hashing what was forwarded; the rest is read and dropped so the
 /// command never blocks on a full pipe.
-fn pump(
+pub(crate) fn pump(
     mut src: impl Read,
     mut sink: impl Write,
     budget: Arc<AtomicU64>,
@@ -428,6 +432,7 @@ impl Created {
             ephemeral,
             denials: std::mem::replace(&mut self.listener, Err(String::new()))
                 .map(notify::Listener::finish),
+            degraded: Vec::new(),
         })
     }
 }

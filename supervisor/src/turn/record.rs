@@ -284,6 +284,7 @@ impl Turn<'_> {
             }
         }
         if let Some(x) = &o.execution {
+            degraded.extend(x.degraded.iter().cloned());
             if !x.seccomp_unknown.is_empty() {
                 degraded.push(format!(
                     "seccomp: syscalls unknown to libseccomp fall to ENOSYS: {}",
