@@ -71,6 +71,20 @@ fn issue_13_health_reports_ready_degraded_and_failed_state() {
         "{v}"
     );
     assert_eq!(before, fx.snapshot(), "health changed something");
+    // Recovery settles it, and leaves no mount, cgroup or turn dir.
+    let r = std::process::Command::new(supervise_bin())
+        .args(["recover", "--state-dir"])
+        .arg(&fx.state)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let (s, v) = health(&fx);
+    assert_eq!((s, v["status"].as_str()), (0, Some("READY")), "{v}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(fx.state.to_str().unwrap()),
+        "mounts left under the state dir"
+    );
 
     // Tampering: an acknowledged entry edited.
     let text = std::fs::read_to_string(&exec).unwrap();
