@@ -124,6 +124,7 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                 })),
                 _ => mounts.push(bind(path, &source(path), false)),
             },
+            Mount::SystemReadOnly { path } => mounts.push(bind(path, path, false)),
             Mount::Symlink { path, target } => symlinks.push((path.clone(), target.clone())),
             Mount::Dir { path } => dirs.push(path.clone()),
             Mount::Generated { path, contents } => {

@@ -62,6 +62,10 @@ pub enum Mount {
     /// source is resolved without following any symlink; anything but a
     /// directory or a regular file is refused.
     ReadOnly { path: String },
+    /// A system path of the baseline (`/usr`, `/lib`, the /etc set) bound
+    /// read-only at the same path (`nosuid,nodev`): root's system files,
+    /// where no host process keeps a socket. Cheaper than an overlay.
+    SystemReadOnly { path: String },
     /// Recreate a host symlink.
     Symlink { path: String, target: String },
     /// An empty directory owned by root: the workspace root when the grants
@@ -404,7 +408,7 @@ pub fn compile(
                 }
             }
             Some(FileKind::Dir | FileKind::File) => {
-                mounts.push(Mount::ReadOnly {
+                mounts.push(Mount::SystemReadOnly {
                     path: (*path).into(),
                 });
                 baseline.push((*path).to_owned());
@@ -851,6 +855,7 @@ impl Plan {
         for m in &self.mounts {
             let line = match m {
                 Mount::ReadOnly { path } => format!("read-only {path}"),
+                Mount::SystemReadOnly { path } => format!("system ro {path}"),
                 Mount::Symlink { path, target } => format!("symlink   {path} -> {target}"),
                 Mount::Dir { path } => format!("empty dir {path} (only the grants inside)"),
                 Mount::Ephemeral { path, bytes } => {
@@ -1179,7 +1184,7 @@ mod tests {
             path: "/bin".into(),
             target: "usr/bin".into()
         }));
-        assert!(plan.mounts.contains(&Mount::ReadOnly {
+        assert!(plan.mounts.contains(&Mount::SystemReadOnly {
             path: "/etc/passwd".into()
         }));
         assert_eq!(plan.read_baseline, vec!["/usr", "/bin", "/etc/passwd"]);

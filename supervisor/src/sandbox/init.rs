@@ -291,6 +291,11 @@ fn show_read_only(src: &mut Sources, path: &str, new_root: &Path, report: &mut R
 
 /// S1: the new root, from the Plan's mount list, in order.
 fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report) {
+    let t0 = std::time::Instant::now();
+    let mut laps: Vec<(String, u128)> = Vec::new();
+    let lap = |name: &str, laps: &mut Vec<(String, u128)>| {
+        laps.push((name.to_owned(), t0.elapsed().as_micros()));
+    };
     // Nothing we mount may propagate back to the host.
     mount(
         None::<&str>,
@@ -323,6 +328,7 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
         None::<&str>,
     )
     .or_fail(report, "mount /proc");
+    lap("root_proc_lo", &mut laps);
     // The workspace as its owner's: idmapped to the turn's uid/gid.
     let lower = turn_dir.join(LOWER_DIR);
     sys::idmapped_clone(
@@ -333,6 +339,7 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
         (plan.uid, plan.gid),
     )
     .or_fail(report, "idmap workspace");
+    lap("idmap", &mut laps);
     let mut src = Sources {
         host: open_dir(Path::new("/"), report),
         workspace: open_dir(&lower, report),
@@ -347,8 +354,25 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
         .or_fail(report, "create mask file");
 
     for (n, m) in plan.mounts.iter().enumerate() {
+        let _kind = match m {
+            Mount::ReadOnly { .. } => "read_only",
+            Mount::SystemReadOnly { .. } => "system",
+            Mount::Overlay { .. } => "overlay",
+            Mount::Dev { .. } => "dev",
+            Mount::MaskDir { .. } | Mount::MaskFile { .. } => "mask",
+            _ => "other",
+        };
         match m {
             Mount::ReadOnly { path } => show_read_only(&mut src, path, new_root, report),
+            Mount::SystemReadOnly { path } => {
+                let target = under(new_root, path);
+                if Path::new(path).is_dir() {
+                    ensure_dir(&target, report);
+                } else {
+                    ensure_file(&target, report);
+                }
+                bind_read_only(Path::new(path), &target, report);
+            }
             Mount::Symlink { path, target } => {
                 let link = under(new_root, path);
                 if let Some(parent) = link.parent() {
@@ -421,6 +445,8 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
     drop(src);
     umount2(&lower, MntFlags::MNT_DETACH).or_fail(report, "detach workspace clone");
     ensure_dir(&new_root.join(".oldroot"), report);
+    lap("view", &mut laps);
+    report.event(json!({"event": "init_laps", "us": laps.iter().map(|(k, v)| json!([k, *v as u64])).collect::<Vec<_>>()}));
 }
 
 fn mask_dir(target: &Path, report: &mut Report) {

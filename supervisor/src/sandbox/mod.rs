@@ -384,6 +384,21 @@ impl Created {
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
         let ending = ending_from(&report);
+        // The init's own laps (cumulative µs since it started building).
+        if let Some(laps) = report.iter().find(|e| e["event"] == "init_laps") {
+            let mut prev = 0;
+            for l in laps["us"].as_array().into_iter().flatten() {
+                let at = l[1].as_u64().unwrap_or(prev);
+                let name = match l[0].as_str() {
+                    Some("root_proc_lo") => "init_root_proc_lo",
+                    Some("idmap") => "init_idmap",
+                    Some("view") => "init_view",
+                    _ => continue,
+                };
+                self.phases.push((name, at.saturating_sub(prev)));
+                prev = at;
+            }
+        }
         let landlock = report
             .iter()
             .find(|e| e["event"] == "landlock")
