@@ -5,7 +5,9 @@
 //! - `demo`:  build `supervise` and walk through a session on the example
 //!   package in `examples/workspace`;
 //! - `test`:  setup, then fmt check, clippy -D warnings, every test, and a
-//!   check that every in-scope requirement (FR-RT-0xx) has a test naming it.
+//!   check that every in-scope requirement (FR-RT-0xx) has a test naming it;
+//! - `realsw`: the real-software suite in full (more CPython modules than
+//!   `test` runs, then the toolchain workflows).
 //!
 //! xtask depends on nothing that links a C library, so it builds on a fresh
 //! machine before `libseccomp-dev` and friends are installed.
@@ -48,14 +50,16 @@ fn main() -> Result<()> {
         Some("test") => test(),
         Some("fr-coverage") => fr_coverage(),
         Some("redteam") => redteam(&args[1..]),
+        Some("realsw") => realsw(&args[1..]),
         Some("bench") => bench(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
                  \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
+                 \n  realsw       CPython's regression tests inside a turn vs. outside, every module of the full set (or those named), then the toolchain workflows (root)\
                  \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
                 APT_PACKAGES.join(", ")
@@ -202,6 +206,30 @@ fn redteam(args: &[String]) -> Result<()> {
         }
     }
     run(&mut cmd)
+}
+
+/// The real-software suite in full (tests/src/realsw/, bin `realsw`):
+/// every CPython module of `realsw::modules::ALL` (or the ones named)
+/// inside a turn vs. outside, with the table; then, without arguments, the
+/// toolchain workflows of tests/tests/realsw.rs. `cargo xtask test` runs
+/// the issue's eight modules and the workflows.
+fn realsw(modules: &[String]) -> Result<()> {
+    setup()?;
+    build_bins(false)?;
+    run(Command::new(workspace_root().join("target/debug/realsw")).args(modules))?;
+    if modules.is_empty() {
+        run(cargo().args([
+            "test",
+            "-p",
+            "turnstile-tests",
+            "--test",
+            "realsw",
+            "--",
+            "--skip",
+            "issue_9_cpython_",
+        ]))?;
+    }
+    Ok(())
 }
 
 /// Benchmark peers: installed when missing (reported as missing otherwise).
