@@ -162,12 +162,14 @@ pub fn chown_nobody(p: &Path) -> Result<(), String> {
 /// groups, no capabilities), with the turn's environment pointed at
 /// `scratch` (owned by 65534), cwd `scratch`, SIGINT at its default, and
 /// stdout+stderr into `log` (a file owned by 65534, as a user's own
-/// terminal or redirect would be).
+/// terminal or redirect would be). With `stall`, it is stopped when `log`
+/// stops growing for that long.
 pub fn run_outside(
     scratch: &Path,
     log: &Path,
     argv: &[&str],
     deadline: Duration,
+    stall: Option<Duration>,
 ) -> Result<Finished, String> {
     let out = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     chown_nobody(log)?;
@@ -190,7 +192,11 @@ pub fn run_outside(
     .current_dir(scratch)
     .stdout(out)
     .stderr(err);
-    run_with_deadline(&mut cmd, deadline, None)
+    let stall = stall.map(|after| Stall {
+        file: log.to_path_buf(),
+        after,
+    });
+    run_with_deadline(&mut cmd, deadline, stall.as_ref())
 }
 
 /// One `supervise run`: its exit status, the `--json` object, and the
@@ -449,6 +455,17 @@ impl Workspace {
             after,
         });
         let finished = run_with_deadline(&mut cmd, deadline, stall.as_ref())?;
+        if finished.killed && finished.code.is_none() {
+            // A supervisor killed mid-turn leaves its cgroup, mounts and
+            // an unfinished turn: settle them as an operator would.
+            let _ = Command::new(&self.supervise)
+                .arg("recover")
+                .arg("--root")
+                .arg(&self.root)
+                .arg("--state-dir")
+                .arg(&self.state)
+                .output();
+        }
         let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
         let output =
             String::from_utf8_lossy(&std::fs::read(&err_path).unwrap_or_default()).into_owned();

@@ -166,9 +166,24 @@ pub fn run(module: Module, logs: &Path) -> Result<ModuleResult, String> {
         &log,
         &[PYTHON, "-m", "test", "-v", module.name],
         deadline,
+        Some(STALL),
     )?;
     let text = read_lossy(&log);
     let outside = pyunit::parse(&text);
+    if done.killed {
+        // A baseline cut short would compare only part of the module.
+        return Err(format!(
+            "{}: the outside run was stopped ({}; last test started: {}); see {}",
+            module.name,
+            if done.stalled {
+                "no output for the stall time"
+            } else {
+                "deadline"
+            },
+            outside.pending.as_deref().unwrap_or("none"),
+            log.display()
+        ));
+    }
     if outside.passed().next().is_none() {
         return Err(format!(
             "{}: no test passed outside (exit {:?}, killed {}); see {}",
