@@ -232,24 +232,11 @@ pub fn run(module: Module, logs: &Path) -> Result<ModuleResult, String> {
         }
     }
 
-    let mut overblocked = Vec::new();
-    let mut allowlisted = Vec::new();
-    let passing: BTreeSet<&str> = outside.passed().collect();
-    for id in &passing {
-        let got = match inside.tests.get(*id) {
-            Some(Outcome::Ok) => continue,
-            Some(o) if hung.iter().any(|h| h == id) => format!("hang ({})", o.label()),
-            Some(o) => o.label(),
-            None => "not run inside".to_owned(),
-        };
-        match allowlist::reason(id) {
-            Some(reason) => allowlisted.push(((*id).to_owned(), got, reason)),
-            None => overblocked.push(((*id).to_owned(), got)),
-        }
-    }
+    let (overblocked, allowlisted) = compare(&outside, &inside, &hung, allowlist::reason);
+    let passing = outside.passed().count();
     Ok(ModuleResult {
         module: module.name.to_owned(),
-        passing_outside: passing.len(),
+        passing_outside: passing,
         outside,
         inside,
         overblocked,
@@ -259,6 +246,34 @@ pub fn run(module: Module, logs: &Path) -> Result<ModuleResult, String> {
         inside_secs,
         inside_turns,
     })
+}
+
+/// Over-blocked (id, what happened inside) and allowlisted (id, what
+/// happened, reason) tests: every test that passed outside and did not pass
+/// inside — failed, errored, was skipped, hung or did not run.
+#[expect(clippy::type_complexity, reason = "two plain lists, named at the call")]
+pub fn compare(
+    outside: &Report,
+    inside: &Report,
+    hung: &[String],
+    allowed: impl Fn(&str) -> Option<&'static str>,
+) -> (Vec<(String, String)>, Vec<(String, String, &'static str)>) {
+    let mut overblocked = Vec::new();
+    let mut allowlisted = Vec::new();
+    let passing: BTreeSet<&str> = outside.passed().collect();
+    for id in passing {
+        let got = match inside.tests.get(id) {
+            Some(Outcome::Ok) => continue,
+            Some(o) if hung.iter().any(|h| h == id) => format!("hang ({})", o.label()),
+            Some(o) => o.label(),
+            None => "not run inside".to_owned(),
+        };
+        match allowed(id) {
+            Some(reason) => allowlisted.push((id.to_owned(), got, reason)),
+            None => overblocked.push((id.to_owned(), got)),
+        }
+    }
+    (overblocked, allowlisted)
 }
 
 fn read_lossy(p: &Path) -> String {
@@ -311,4 +326,42 @@ pub fn table(results: &[ModuleResult]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anything_but_ok_inside_for_a_test_passing_outside_is_over_blocking() {
+        let outside = pyunit::parse(
+            "a (t.C.a) ... ok\nb (t.C.b) ... ok\nc (t.C.c) ... ok\nd (t.C.d) ... ok\n\
+             e (t.C.e) ... ok\nf (t.C.f) ... FAIL\ng (t.C.g) ... skipped 'x'\nh (t.C.h) ... ok\n",
+        );
+        let inside = pyunit::parse(
+            "a (t.C.a) ... ok\nb (t.C.b) ... FAIL\nc (t.C.c) ... skipped 'no tty'\n\
+             d (t.C.d) ... ERROR\nf (t.C.f) ... ERROR\ng (t.C.g) ... FAIL\nh (t.C.h) ... ",
+        );
+        let hung = vec!["t.C.h".to_owned()];
+        let (over, allowed) = compare(&outside, &inside, &hung, |id| {
+            (id == "t.C.d").then_some("a reason")
+        });
+        let over: Vec<String> = over
+            .into_iter()
+            .map(|(id, got)| format!("{id}: {got}"))
+            .collect();
+        assert_eq!(
+            over,
+            [
+                "t.C.b: FAIL",
+                "t.C.c: skipped 'no tty'",
+                "t.C.e: not run inside",
+                "t.C.h: hang (no result (hang or crash))",
+            ]
+        );
+        assert_eq!(
+            allowed,
+            [("t.C.d".to_owned(), "ERROR".to_owned(), "a reason")]
+        );
+    }
 }
