@@ -63,7 +63,7 @@ pub fn by_name(name: &str) -> Module {
     ALL.iter()
         .copied()
         .find(|m| m.name == name)
-        .unwrap_or(Module {
+        .unwrap_or_else(|| Module {
             // Leaked on purpose: a module named on the command line lives
             // for the whole run.
             name: Box::leak(name.to_owned().into_boxed_str()),
