@@ -1360,42 +1360,42 @@ pub fn backend() -> String {
     std::env::var("TURNSTILE_REDTEAM_BACKEND").unwrap_or_else(|_| "native".into())
 }
 
-/// Where a backend legitimately differs from native: (backend, probe, what
-/// it shows instead, why). Printed with the table; everything else must
+/// Where a backend legitimately differs from native: (backend — `oci` for
+/// runc and crun —, probe, what it shows instead, why). Printed with the table; everything else must
 /// hold exactly as natively.
 pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
     (
-        "runc",
+        "oci",
         "proc_1_exe_unopenable",
         ok(&["OK"]),
-        "PID 1 of a runc container is the turn's own command (turnstile's init execs it), not a privileged stage: /proc/1 is the caller itself",
+        "PID 1 of a runc/crun container is the turn's own command (turnstile's init execs it), not a privileged stage: /proc/1 is the caller itself",
     ),
     (
-        "runc",
+        "oci",
         "proc_1_root_unlistable",
         ok(&["OK"]),
         "PID 1 is the turn's own command",
     ),
     (
-        "runc",
+        "oci",
         "proc_1_cwd_unlistable",
         ok(&["OK"]),
         "PID 1 is the turn's own command",
     ),
     (
-        "runc",
+        "oci",
         "proc_1_environ_unreadable",
         ok(&["OK"]),
         "PID 1 is the turn's own command (its environment is the turn's)",
     ),
     (
-        "runc",
+        "oci",
         "signal_pid1_denied",
         ok(&["OK"]),
         "PID 1 is the turn's own command; SIGKILL to a namespace's init from inside is ignored by the kernel",
     ),
     (
-        "runc",
+        "oci",
         "proc_1_exe_unexecutable",
         Expect {
             status: &[0],
@@ -1405,18 +1405,23 @@ pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
         "/proc/1/exe is the command's own binary (python), not the supervisor",
     ),
     (
-        "runc",
+        "oci",
         "real_program_syscalls_work",
         ok(&["OK,OK,ENOSYS"]),
-        "runc names syscalls for its libseccomp 2.5.4, which does not know mseal: it falls to the default ENOSYS (native compiles it by number)",
+        "runc and crun name syscalls for their libseccomp 2.5.4, which does not know mseal: it falls to the default ENOSYS (native compiles it by number)",
     ),
 ];
+
+/// Whether a DIFFERENCES row for `row` applies to `backend`.
+pub fn applies(row: &str, backend: &str) -> bool {
+    row == backend || (row == "oci" && ["runc", "crun"].contains(&backend))
+}
 
 /// The expectation of `probe` on `backend`.
 pub fn expectation(probe: &Probe, backend: &str) -> Expect {
     DIFFERENCES
         .iter()
-        .find(|(b, p, _, _)| *b == backend && *p == probe.name)
+        .find(|(b, p, _, _)| applies(b, backend) && *p == probe.name)
         .map_or(probe.expect, |(_, _, e, _)| *e)
 }
 

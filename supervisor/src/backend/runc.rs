@@ -48,16 +48,18 @@ fn err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
     }
 }
 
-/// An OCI runtime binary driven through its CLI.
+/// An OCI runtime binary driven through its CLI: runc, or crun (the same
+/// command line).
 #[derive(Debug, Clone)]
 pub struct RuncBackend {
+    runtime: &'static str,
     binary: PathBuf,
     cgroup_root: PathBuf,
     json_mode: bool,
 }
 
-/// The runtime's `--root` (its state), per host.
-const RUNC_ROOT: &str = "/run/turnstile/runc";
+/// The runtimes' `--root` (their state), per host: `<this>/<runtime>`.
+const RUNTIME_ROOT: &str = "/run/turnstile";
 
 /// The typed command lines (tested against exact argv).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,40 +111,69 @@ impl RuncCmd<'_> {
 impl RuncBackend {
     /// The runc backend, or E2040 when runc is not installed.
     pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
-        let binary = [
-            "/usr/sbin/runc",
-            "/usr/bin/runc",
-            "/usr/local/sbin/runc",
-            "/usr/local/bin/runc",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or_else(|| SupervisorError::RuntimeUnavailable {
-            runtime: "runc".into(),
-            reason: "runc is not installed (apt-get install runc)".into(),
-        })?;
+        Self::named("runc", cgroup_root, json_mode)
+    }
+
+    /// `runtime` (runc or crun), or E2040 when it is not installed.
+    pub fn named(runtime: &'static str, cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+        let binary = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(runtime))
+            .find(|p| p.is_file())
+            .ok_or_else(|| SupervisorError::RuntimeUnavailable {
+                runtime: runtime.into(),
+                reason: format!("{runtime} is not installed (apt-get install {runtime})"),
+            })?;
         Ok(Self {
+            runtime,
             binary,
             cgroup_root: cgroup_root.to_path_buf(),
             json_mode,
         })
     }
 
+    fn root(&self) -> PathBuf {
+        Path::new(RUNTIME_ROOT).join(self.runtime)
+    }
+
+    /// The runtime's command. crun refuses the hybrid cgroup layout
+    /// (cgroup v1 plus a cgroup2 mount at /sys/fs/cgroup/unified): it runs
+    /// in a private mount namespace where a tmpfs hides that mount (the
+    /// host is unchanged; MACHINE-NOTES).
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        let unified = Path::new("/sys/fs/cgroup/unified");
+        if self.runtime == "crun" && unified.join("cgroup.controllers").exists() {
+            // SAFETY: after fork, only unshare(2) and mount(2) with
+            // arguments prepared before the fork (async-signal-safe).
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+                    mount(Some("tmpfs"), "/sys/fs/cgroup/unified", Some("tmpfs"), MsFlags::empty(), None::<&str>)?;
+                    Ok(())
+                });
+            }
+        }
+        cmd
+    }
+
     fn run(&self, cmd: &RuncCmd<'_>, log: &Path) -> Result<()> {
-        let out = Command::new(&self.binary)
-            .args(cmd.argv(Path::new(RUNC_ROOT), log))
+        let out = self
+            .command()
+            .args(cmd.argv(&self.root(), log))
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| err("run runc", e.to_string()))?;
+            .map_err(|e| err("run runtime", format!("{}: {e}", self.runtime)))?;
         if out.status.success() {
             return Ok(());
         }
         let logged = std::fs::read_to_string(log).unwrap_or_default();
         Err(err(
-            "run runc",
+            "run runtime",
             format!(
-                "{:?}: {}{}",
+                "{} {:?}: {}{}",
+                self.runtime,
                 cmd,
                 String::from_utf8_lossy(&out.stderr).trim(),
                 logged.lines().last().unwrap_or_default()
@@ -151,16 +182,18 @@ impl RuncBackend {
     }
 }
 
-/// Deletes runc's record of container `id` if there is one (recovery of a
-/// turn whose supervisor died).
+/// Deletes a runtime's record of container `id` if there is one (recovery
+/// of a turn whose supervisor died).
 pub fn forget(id: &str) {
-    if !Path::new(RUNC_ROOT).join(id).exists() {
-        return;
-    }
-    if let Ok(b) = RuncBackend::new(Path::new("/sys/fs/cgroup"), false) {
-        let log = std::env::temp_dir().join(format!("turnstile-runc-forget-{id}.log"));
-        let _ = b.run(&RuncCmd::Delete { id }, &log);
-        let _ = std::fs::remove_file(log);
+    for runtime in ["runc", "crun"] {
+        if !Path::new(RUNTIME_ROOT).join(runtime).join(id).exists() {
+            continue;
+        }
+        if let Ok(b) = RuncBackend::named(runtime, Path::new("/sys/fs/cgroup"), false) {
+            let log = std::env::temp_dir().join(format!("turnstile-{runtime}-forget-{id}.log"));
+            let _ = b.run(&RuncCmd::Delete { id }, &log);
+            let _ = std::fs::remove_file(log);
+        }
     }
 }
 
@@ -194,7 +227,7 @@ struct RuncSandbox {
 
 impl Backend for RuncBackend {
     fn name(&self) -> &'static str {
-        "runc"
+        self.runtime
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
@@ -212,7 +245,7 @@ impl Backend for RuncBackend {
             backend: self.clone(),
             id: id.clone(),
             pid: 0,
-            log: turn.path.join("runc.log"),
+            log: turn.path.join(format!("{}.log", self.runtime)),
             cg: Arc::clone(&cg),
             merged: Vec::new(),
             go: None,
@@ -269,7 +302,7 @@ impl Backend for RuncBackend {
         let bundle_dir = turn.path.join("bundle");
         let options = super::bundle::options(
             plan,
-            "runc",
+            self.runtime,
             super::bundle::Place {
                 bundle_dir: bundle_dir.clone(),
                 empty_dir: turn.path.join(init::EMPTY_DIR),
@@ -299,8 +332,8 @@ impl Backend for RuncBackend {
             pid_file: &pid_file,
             id: &id,
         };
-        let mut cmd = Command::new(&self.binary);
-        cmd.args(create.argv(Path::new(RUNC_ROOT), &sb.log))
+        let mut cmd = self.command();
+        cmd.args(create.argv(&self.root(), &sb.log))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -522,10 +555,19 @@ impl Sandbox for RuncSandbox {
             wall: self.started.elapsed(),
             uppers: std::mem::take(&mut self.uppers),
             ephemeral: serde_json::Map::new(),
-            denials: Err("runc: seccomp refusals are plain errnos (no listener), so they are not observed".into()),
+            denials: Err(format!(
+                "{}: seccomp refusals are plain errnos (no listener), so they are not observed",
+                self.backend.runtime
+            )),
             degraded: vec![
-                "runc: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded".into(),
-                "runc: syscalls newer than runc's libseccomp (2.5.4) fall to ENOSYS (the native backend compiles them by number)".into(),
+                format!(
+                    "{}: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded",
+                    self.backend.runtime
+                ),
+                format!(
+                    "{}: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS (the native backend compiles them by number)",
+                    self.backend.runtime
+                ),
             ],
         })
     }
