@@ -60,7 +60,8 @@ fn turn(fx: &Fixture, backend: &str, outputs: &[&str], code: &str) -> (i32, Valu
 
 #[test]
 fn issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write() {
-    if !require_root("issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write") {
+    if !require_root("issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write")
+    {
         return;
     }
     let mut hashes = Vec::new();

@@ -149,8 +149,20 @@ impl RuncBackend {
             unsafe {
                 cmd.pre_exec(|| {
                     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
-                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
-                    mount(Some("tmpfs"), "/sys/fs/cgroup/unified", Some("tmpfs"), MsFlags::empty(), None::<&str>)?;
+                    mount(
+                        None::<&str>,
+                        "/",
+                        None::<&str>,
+                        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                        None::<&str>,
+                    )?;
+                    mount(
+                        Some("tmpfs"),
+                        "/sys/fs/cgroup/unified",
+                        Some("tmpfs"),
+                        MsFlags::empty(),
+                        None::<&str>,
+                    )?;
                     Ok(())
                 });
             }
