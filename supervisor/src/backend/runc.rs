@@ -25,8 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -36,9 +35,7 @@ use turnstile_policy::plan::Plan;
 
 use super::{Backend, Sandbox};
 use crate::error::{Result, SupervisorError};
-use crate::sandbox::{
-    Ending, Execution, KILL_GRACE, StreamRecord, TurnDir, cgroup, init, posture::Posture, pump,
-};
+use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
 
 fn err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
     SupervisorError::Sandbox {
@@ -218,14 +215,7 @@ struct RuncSandbox {
     cg: Arc<cgroup::TurnCgroup>,
     merged: Vec<PathBuf>,
     go: Option<OwnedFd>,
-    streams: Option<(
-        std::thread::JoinHandle<StreamRecord>,
-        std::thread::JoinHandle<StreamRecord>,
-    )>,
-    truncated: Arc<AtomicBool>,
-    timed_out: Arc<AtomicBool>,
-    cancel: Option<mpsc::Sender<()>>,
-    timer: Option<std::thread::JoinHandle<()>>,
+    watch: Option<Watch>,
     posture: Option<Posture>,
     landlock: Option<Value>,
     started: Instant,
@@ -261,11 +251,7 @@ impl Backend for RuncBackend {
             cg: Arc::clone(&cg),
             merged: Vec::new(),
             go: None,
-            streams: None,
-            truncated: Arc::new(AtomicBool::new(false)),
-            timed_out: Arc::new(AtomicBool::new(false)),
-            cancel: None,
-            timer: None,
+            watch: None,
             posture: None,
             landlock: None,
             started,
@@ -364,24 +350,12 @@ impl Backend for RuncBackend {
         let mut child = cmd.spawn().map_err(|e| err("start runc", e.to_string()))?;
         drop(ready_w);
         drop(go_r);
-        let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
         if let (Some(out), Some(errs)) = (child.stdout.take(), child.stderr.take()) {
-            let (b1, t1, b2, t2) = (
-                Arc::clone(&budget),
-                Arc::clone(&sb.truncated),
-                budget,
-                Arc::clone(&sb.truncated),
-            );
-            let json_mode = self.json_mode;
-            sb.streams = Some((
-                std::thread::spawn(move || {
-                    if json_mode {
-                        pump(out, std::io::stderr(), b1, t1)
-                    } else {
-                        pump(out, std::io::stdout(), b1, t1)
-                    }
-                }),
-                std::thread::spawn(move || pump(errs, std::io::stderr(), b2, t2)),
+            sb.watch = Some(Watch::pumps(
+                out,
+                errs,
+                plan.limits.output_bytes,
+                self.json_mode,
             ));
         }
         let status = child
@@ -400,20 +374,13 @@ impl Backend for RuncBackend {
             .ok_or_else(|| err("runc create", "no pid file"))?;
         sb.phases
             .push(("runc_create", started.elapsed().as_micros() as u64));
-        // The timer, from here: SIGTERM, then SIGKILL after the grace.
-        let (cancel, cancelled) = mpsc::channel::<()>();
-        let (cgt, timed_out) = (Arc::clone(&cg), Arc::clone(&sb.timed_out));
-        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
-        sb.timer = Some(std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-                timed_out.store(true, Ordering::SeqCst);
-                cgt.signal_all(Signal::SIGTERM);
-                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
-                    cgt.kill_all();
-                }
-            }
-        }));
-        sb.cancel = Some(cancel);
+        // The timer, from here.
+        if let Some(w) = sb.watch.as_mut() {
+            w.start_timer(
+                Arc::clone(&cg),
+                Duration::from_secs(plan.limits.timeout_seconds),
+            );
+        }
         sb.go = Some(go_w);
         self.run(&RuncCmd::Start { id: &id }, &sb.log)?;
         // Our init applied Landlock and reports before parking.
@@ -450,11 +417,8 @@ impl RuncSandbox {
         self.torn_down = true;
         self.go.take();
         self.cg.kill_all();
-        if let Some(c) = self.cancel.take() {
-            let _ = c.send(());
-        }
-        if let Some(t) = self.timer.take() {
-            let _ = t.join();
+        if let Some(w) = self.watch.as_mut() {
+            w.stop();
         }
         let _ = self
             .backend
@@ -526,10 +490,7 @@ impl Sandbox for RuncSandbox {
         let usage = self.cg.usage();
         let version = self.cg.version;
         self.teardown();
-        let (stdout, stderr) = match self.streams.take() {
-            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
-            None => Default::default(),
-        };
+        let (stdout, stderr) = self.watch.as_mut().map(Watch::streams).unwrap_or_default();
         if !empty {
             return Err(err("teardown", "processes of the turn survived SIGKILL"));
         }
@@ -552,14 +513,14 @@ impl Sandbox for RuncSandbox {
         };
         Ok(Execution {
             ending,
-            timed_out: self.timed_out.load(Ordering::SeqCst),
+            timed_out: self.watch.as_ref().is_some_and(Watch::timed_out),
             usage,
             cgroup_version: version,
             landlock,
             report: Vec::new(),
             stdout,
             stderr,
-            output_truncated: self.truncated.load(Ordering::SeqCst),
+            output_truncated: self.watch.as_ref().is_some_and(Watch::truncated),
             disk_full,
             posture: self.posture.take(),
             phases: std::mem::take(&mut self.phases),

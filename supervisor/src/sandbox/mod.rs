@@ -290,6 +290,99 @@ pub(crate) fn pump(
     }
 }
 
+/// What every backend watches while a turn runs: the command's two output
+/// streams (pumped under one shared byte budget) and the timer (SIGTERM to
+/// every process of the turn at the deadline, SIGKILL after the grace).
+#[derive(Debug)]
+pub struct Watch {
+    streams: Option<(
+        std::thread::JoinHandle<StreamRecord>,
+        std::thread::JoinHandle<StreamRecord>,
+    )>,
+    truncated: Arc<AtomicBool>,
+    timed_out: Arc<AtomicBool>,
+    cancel: Option<mpsc::Sender<()>>,
+    timer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watch {
+    /// Pumps `out` and `err` (stdout goes to our stderr in `json_mode`,
+    /// where stdout carries the one JSON object).
+    pub fn pumps(
+        out: impl Read + Send + 'static,
+        err: impl Read + Send + 'static,
+        output_bytes: u64,
+        json_mode: bool,
+    ) -> Self {
+        let budget = Arc::new(AtomicU64::new(output_bytes));
+        let truncated = Arc::new(AtomicBool::new(false));
+        let out_thread = {
+            let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
+            std::thread::spawn(move || {
+                if json_mode {
+                    pump(out, std::io::stderr(), budget, truncated)
+                } else {
+                    pump(out, std::io::stdout(), budget, truncated)
+                }
+            })
+        };
+        let err_thread = {
+            let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
+            std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
+        };
+        Self {
+            streams: Some((out_thread, err_thread)),
+            truncated,
+            timed_out: Arc::new(AtomicBool::new(false)),
+            cancel: None,
+            timer: None,
+        }
+    }
+
+    /// Starts the turn's timer: SIGTERM to every process of `cg` after
+    /// `timeout`, SIGKILL after [`KILL_GRACE`]; cancelled by [`Watch::stop`].
+    pub fn start_timer(&mut self, cg: Arc<cgroup::TurnCgroup>, timeout: Duration) {
+        let (cancel, cancelled) = mpsc::channel::<()>();
+        let timed_out = Arc::clone(&self.timed_out);
+        self.timer = Some(std::thread::spawn(move || {
+            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+                timed_out.store(true, Ordering::SeqCst);
+                cg.signal_all(Signal::SIGTERM);
+                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
+                    cg.kill_all();
+                }
+            }
+        }));
+        self.cancel = Some(cancel);
+    }
+
+    /// Stops the timer (the command is gone).
+    pub fn stop(&mut self) {
+        if let Some(c) = self.cancel.take() {
+            let _ = c.send(());
+        }
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The streams' records, once every process holding them is gone.
+    pub fn streams(&mut self) -> (StreamRecord, StreamRecord) {
+        match self.streams.take() {
+            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
+            None => Default::default(),
+        }
+    }
+
+    pub fn timed_out(&self) -> bool {
+        self.timed_out.load(Ordering::SeqCst)
+    }
+
+    pub fn truncated(&self) -> bool {
+        self.truncated.load(Ordering::SeqCst)
+    }
+}
+
 /// A sandbox built and parked right before its command's first
 /// instruction (OCI "created"): namespaces, cgroup, the new root, every
 /// restriction but the final `execve` — and the command's posture already
@@ -301,14 +394,7 @@ pub struct Created {
     cg: Arc<cgroup::TurnCgroup>,
     child: Option<std::process::Child>,
     go: Option<std::os::fd::OwnedFd>,
-    streams: Option<(
-        std::thread::JoinHandle<StreamRecord>,
-        std::thread::JoinHandle<StreamRecord>,
-    )>,
-    truncated: Arc<AtomicBool>,
-    timed_out: Arc<AtomicBool>,
-    cancel: Option<mpsc::Sender<()>>,
-    timer: Option<std::thread::JoinHandle<()>>,
+    watch: Watch,
     posture: Option<posture::Posture>,
     phases: Vec<(&'static str, u64)>,
     last: Instant,
@@ -363,18 +449,10 @@ impl Created {
             Some(mut c) => c.wait(),
             None => Err(std::io::Error::other("no sandbox process")),
         };
-        if let Some(c) = self.cancel.take() {
-            let _ = c.send(());
-        }
-        if let Some(t) = self.timer.take() {
-            let _ = t.join();
-        }
+        self.watch.stop();
         // The pipes close once every process holding them is gone.
         self.cg.kill_all();
-        let (stdout, stderr) = match self.streams.take() {
-            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
-            None => Default::default(),
-        };
+        let (stdout, stderr) = self.watch.streams();
         status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
         self.lap("command_and_exit");
 
@@ -430,14 +508,14 @@ impl Created {
         };
         Ok(Execution {
             ending,
-            timed_out: self.timed_out.load(Ordering::SeqCst),
+            timed_out: self.watch.timed_out(),
             usage,
             cgroup_version: self.cg.version,
             landlock,
             report,
             stdout,
             stderr,
-            output_truncated: self.truncated.load(Ordering::SeqCst),
+            output_truncated: self.watch.truncated(),
             disk_full,
             posture: self.posture.take(),
             phases: std::mem::take(&mut self.phases),
@@ -458,9 +536,7 @@ impl Drop for Created {
         if let Some(mut child) = self.child.take() {
             self.cg.kill_all();
             let _ = child.wait();
-            if let Some(c) = self.cancel.take() {
-                let _ = c.send(());
-            }
+            self.watch.stop();
             self.cg.kill_all();
             self.cg.remove();
         }
@@ -517,7 +593,7 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
     )?);
     lap("cgroup_create", &mut phases);
     let spawned = spawn_parked(plan, turn, &cg, json_mode);
-    let (child, ready_r, go_w, streams, truncated) = match spawned {
+    let (child, ready_r, go_w, mut watch) = match spawned {
         Ok(x) => x,
         Err(e) => {
             cg.kill_all();
@@ -526,32 +602,17 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
         }
     };
     lap("spawn", &mut phases);
-    // The timer: SIGTERM to every process of the turn at the deadline, then
-    // SIGKILL after the grace period. Cancelled when the init exits.
-    let timed_out = Arc::new(AtomicBool::new(false));
-    let (cancel, cancelled) = mpsc::channel::<()>();
-    let timer = {
-        let (cg, timed_out) = (Arc::clone(&cg), Arc::clone(&timed_out));
-        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
-        std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-                timed_out.store(true, Ordering::SeqCst);
-                cg.signal_all(Signal::SIGTERM);
-                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
-                    cg.kill_all();
-                }
-            }
-        })
-    };
+    // The timer runs from here: a sandbox that never becomes ready is
+    // killed at the deadline like any turn.
+    watch.start_timer(
+        Arc::clone(&cg),
+        Duration::from_secs(plan.limits.timeout_seconds),
+    );
     let mut created = Created {
         cg: Arc::clone(&cg),
         child: Some(child),
         go: Some(go_w),
-        streams: Some(streams),
-        truncated,
-        timed_out,
-        cancel: Some(cancel),
-        timer: Some(timer),
+        watch,
         posture: None,
         phases,
         last,
@@ -591,11 +652,6 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
     Ok(created)
 }
 
-type Streams = (
-    std::thread::JoinHandle<StreamRecord>,
-    std::thread::JoinHandle<StreamRecord>,
-);
-
 /// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces,
 /// with the posture handshake pipes and the output pumps.
 #[allow(clippy::type_complexity)]
@@ -608,8 +664,7 @@ fn spawn_parked(
     std::process::Child,
     std::os::fd::OwnedFd,
     std::os::fd::OwnedFd,
-    Streams,
-    Arc<AtomicBool>,
+    Watch,
 )> {
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
@@ -692,28 +747,12 @@ fn spawn_parked(
     drop(ready_w);
     drop(go_r);
 
-    let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
-    let truncated = Arc::new(AtomicBool::new(false));
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         let _ = child.kill();
         return Err(sandbox_err("start sandbox init", "no output pipes"));
     };
-    let out_thread = {
-        let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
-        std::thread::spawn(move || {
-            if json_mode {
-                pump(out, std::io::stderr(), budget, truncated)
-            } else {
-                pump(out, std::io::stdout(), budget, truncated)
-            }
-        })
-    };
-    let err_thread = {
-        let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
-        std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
-    };
-
-    Ok((child, ready_r, go_w, (out_thread, err_thread), truncated))
+    let watch = Watch::pumps(out, err, plan.limits.output_bytes, json_mode);
+    Ok((child, ready_r, go_w, watch))
 }
 
 fn ending_from(report: &[Value]) -> Ending {
