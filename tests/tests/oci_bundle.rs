@@ -5,7 +5,6 @@
 //! validator is not vacuous).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use turnstile_tests::Fixture;
@@ -35,22 +34,7 @@ fn validate(docs: &[&Path]) -> Vec<String> {
         "runtime-spec schemas not found at {} (set TURNSTILE_OCI_SCHEMA_DIR)",
         dir.display()
     );
-    let out = Command::new("/usr/bin/python3")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/schema/validate.py"))
-        .arg(&dir)
-        .arg("config-schema.json")
-        .args(docs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "validation needs /usr/bin/python3 with python3-jsonschema: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    turnstile_tests::validate_json(&dir, "config-schema.json", docs)
 }
 
 #[test]
