@@ -135,6 +135,32 @@ fn write_scope(p: &Pattern) -> String {
 
 /// Rules 1–5: everything decidable from the manifest alone.
 pub(crate) fn check_pure(caps: &Capabilities, source: &Path) -> Result<(), PolicyError> {
+    // A read or execute pattern whose static prefix is `/` would put the
+    // whole host into the turn's view (the state dir and every host socket
+    // included): refused, naming the entry.
+    let sid = probe_session();
+    let shown = caps
+        .read
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("capabilities.read[{i}]"), p))
+        .chain(
+            caps.execute
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (format!("capabilities.execute[{i}]"), &e.program)),
+        );
+    for (field, p) in shown {
+        if p.is_absolute() && p.static_prefix(&sid) == "/" {
+            return Err(PolicyError::InvalidManifest {
+                path: source.to_path_buf(),
+                field,
+                reason: format!(
+                    "`{p}` would show the whole host file system to every turn; grant the directories the package needs (e.g. `/usr/**`, `/etc/**`)"
+                ),
+            });
+        }
+    }
     let lists: [(&str, &[Pattern]); 3] = [
         ("read", &caps.read),
         ("write", &caps.write),
@@ -467,6 +493,25 @@ mod tests {
             assert!(err.to_string().contains(needle), "{caps}: {err}");
             assert!(err.to_string().contains("grant nothing"), "{caps}: {err}");
         }
+    }
+
+    #[test]
+    fn issue_9_a_pattern_showing_the_whole_host_is_refused_naming_the_entry() {
+        for (caps, field) in [
+            (r#"{"read":["/usr/**","/**"]}"#, "capabilities.read[1]"),
+            (r#"{"execute":["/*"]}"#, "capabilities.execute[0]"),
+        ] {
+            match load(caps) {
+                Err(PolicyError::InvalidManifest {
+                    field: f, reason, ..
+                }) => {
+                    assert_eq!(f, field, "{caps}");
+                    assert!(reason.contains("whole host"), "{reason}");
+                }
+                other => panic!("{caps}: {other:?}"),
+            }
+        }
+        assert!(load(r#"{"read":["/usr/**","/etc/*.conf"]}"#).is_ok());
     }
 
     #[test]

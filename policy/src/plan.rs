@@ -468,8 +468,16 @@ pub fn compile(
         });
     }
     for path in host {
-        if let Some(m) = show(fs, "/", &path) {
-            if matches!(m, Mount::ReadOnly { .. }) {
+        // sysfs cannot be an overlay's lower layer (and holds no sockets):
+        // bound as it is.
+        let show_host = |p: &str| match show(fs, "/", p) {
+            Some(Mount::ReadOnly { path }) if within(&path, "/sys") => {
+                Some(Mount::SystemReadOnly { path })
+            }
+            other => other,
+        };
+        if let Some(m) = show_host(&path) {
+            if matches!(m, Mount::ReadOnly { .. } | Mount::SystemReadOnly { .. }) {
                 shown.push(path);
             }
             // A symlink of the baseline (`/bin`) is there already.
