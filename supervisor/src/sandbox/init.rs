@@ -32,9 +32,10 @@ use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, chdir, fork, pivot_root};
-use serde_json::{Value, json};
+use serde_json::json;
 use turnstile_policy::plan::{Mount, Plan};
 
+use super::protocol::InitEvent;
 use super::{landlock, sys};
 
 /// Exit status of a stage that failed before the command ran.
@@ -62,14 +63,15 @@ pub const GO_FD: i32 = 4;
 struct Report(File);
 
 impl Report {
-    fn event(&mut self, v: Value) {
-        let mut line = v.to_string();
-        line.push('\n');
-        let _ = self.0.write_all(line.as_bytes());
+    fn event(&mut self, e: InitEvent) {
+        let _ = self.0.write_all(e.to_line().as_bytes());
     }
 
     fn fail(&mut self, stage: &str, detail: impl std::fmt::Display) -> ! {
-        self.event(json!({"event": "error", "stage": stage, "detail": detail.to_string()}));
+        self.event(InitEvent::Error {
+            stage: stage.to_owned(),
+            detail: detail.to_string(),
+        });
         std::process::exit(SETUP_FAILED)
     }
 }
@@ -446,7 +448,9 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
     umount2(&lower, MntFlags::MNT_DETACH).or_fail(report, "detach workspace clone");
     ensure_dir(&new_root.join(".oldroot"), report);
     lap("view", &mut laps);
-    report.event(json!({"event": "init_laps", "us": laps.iter().map(|(k, v)| json!([k, *v as u64])).collect::<Vec<_>>()}));
+    report.event(InitEvent::InitLaps {
+        us: laps.into_iter().map(|(k, v)| (k, v as u64)).collect(),
+    });
 }
 
 fn mask_dir(target: &Path, report: &mut Report) {
@@ -639,9 +643,11 @@ fn report_ephemeral(plan: &Plan, report: &mut Report) {
             }
         }
         if !files.is_empty() {
-            report.event(
-                json!({"event": "ephemeral", "dir": top, "files": files, "truncated": more}),
-            );
+            report.event(InitEvent::Ephemeral {
+                dir: top,
+                files,
+                truncated: more,
+            });
         }
     }
 }
@@ -653,12 +659,16 @@ fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == command => {
                 report_ephemeral(plan, &mut report);
-                report.event(json!({"event": "exit", "code": code}));
+                report.event(InitEvent::Exit { code });
                 std::process::exit(0)
             }
             Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
                 report_ephemeral(plan, &mut report);
-                report.event(json!({"event": "signal", "signal": signal as i32, "name": signal.as_str(), "core": core}));
+                report.event(InitEvent::Signal {
+                    signal: signal as i32,
+                    name: signal.as_str().to_owned(),
+                    core,
+                });
                 std::process::exit(0)
             }
             Ok(_) => {}
@@ -734,7 +744,9 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     }
     // 5. Landlock
     let outcome = landlock::apply(&plan.landlock).or_fail(&mut report, "landlock");
-    report.event(json!({"event": "landlock", "outcome": outcome.to_value()}));
+    report.event(InitEvent::Landlock {
+        outcome: outcome.to_value(),
+    });
     if outcome.status == "not_enforced" {
         report.fail("landlock", "the kernel enforced none of the Landlock rules");
     }
@@ -746,19 +758,27 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
         .collect();
-    report.event(json!({"event": "exec", "pid": std::process::id()}));
+    report.event(InitEvent::Exec {
+        pid: std::process::id(),
+    });
 
     // 6. seccomp
     load_seccomp(bpf).or_fail(&mut report, "load seccomp filter");
     // Fully restricted: let the supervisor inspect us from outside before
     // the command's first instruction; exec only on its go.
     if !handshake() {
-        report.event(json!({"event": "error", "stage": "posture", "detail": "the supervisor did not approve the sandbox posture"}));
+        report.event(InitEvent::Error {
+            stage: "posture".into(),
+            detail: "the supervisor did not approve the sandbox posture".into(),
+        });
         std::process::exit(SETUP_FAILED);
     }
     let err = nix::unistd::execve(&argv[0], &argv, &env).err();
     // seccomp is in force: only write/exit are certain to work now.
-    report.event(json!({"event": "exec_failed", "errno": err.map(|e| e as i32), "error": err.map(|e| e.desc())}));
+    report.event(InitEvent::ExecFailed {
+        errno: err.map(|e| e as i32),
+        error: err.map(|e| e.desc().to_owned()),
+    });
     std::process::exit(if err == Some(nix::errno::Errno::ENOENT) {
         127
     } else {

@@ -9,6 +9,7 @@ pub mod landlock;
 pub mod landlock_exec;
 pub mod notify;
 pub mod posture;
+pub mod protocol;
 pub mod seccomp;
 pub mod sys;
 
@@ -28,6 +29,7 @@ use sha2::{Digest, Sha256};
 use turnstile_policy::plan::Plan;
 
 use crate::error::{Result, SupervisorError};
+use protocol::InitEvent;
 
 /// Grace period between SIGTERM and SIGKILL on timeout.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -95,7 +97,7 @@ pub struct Execution {
     pub usage: cgroup::Usage,
     pub cgroup_version: cgroup::Version,
     pub landlock: Option<Value>,
-    pub report: Vec<Value>,
+    pub report: Vec<InitEvent>,
     pub stdout: StreamRecord,
     pub stderr: StreamRecord,
     pub output_truncated: bool,
@@ -456,41 +458,38 @@ impl Created {
         status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
         self.lap("command_and_exit");
 
-        let report: Vec<Value> = std::fs::read_to_string(&self.report_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+        let report =
+            protocol::parse(&std::fs::read_to_string(&self.report_path).unwrap_or_default());
         let ending = ending_from(&report);
-        // The init's own laps (cumulative µs since it started building).
-        if let Some(laps) = report.iter().find(|e| e["event"] == "init_laps") {
-            let mut prev = 0;
-            for l in laps["us"].as_array().into_iter().flatten() {
-                let at = l[1].as_u64().unwrap_or(prev);
-                let name = match l[0].as_str() {
-                    Some("root_proc_lo") => "init_root_proc_lo",
-                    Some("idmap") => "init_idmap",
-                    Some("view") => "init_view",
-                    _ => continue,
-                };
-                self.phases.push((name, at.saturating_sub(prev)));
-                prev = at;
+        let mut landlock = None;
+        let mut ephemeral = serde_json::Map::new();
+        for e in &report {
+            match e {
+                // The init's own laps (cumulative µs since it started).
+                InitEvent::InitLaps { us } => {
+                    let mut prev = 0;
+                    for (name, at) in us {
+                        let name = match name.as_str() {
+                            "root_proc_lo" => "init_root_proc_lo",
+                            "idmap" => "init_idmap",
+                            "view" => "init_view",
+                            _ => continue,
+                        };
+                        self.phases.push((name, at.saturating_sub(prev)));
+                        prev = *at;
+                    }
+                }
+                InitEvent::Landlock { outcome } => landlock = Some(outcome.clone()),
+                InitEvent::Ephemeral {
+                    dir,
+                    files,
+                    truncated,
+                } => {
+                    ephemeral.insert(dir.clone(), json!({"files": files, "truncated": truncated}));
+                }
+                _ => {}
             }
         }
-        let landlock = report
-            .iter()
-            .find(|e| e["event"] == "landlock")
-            .map(|e| e["outcome"].clone());
-        let ephemeral: serde_json::Map<String, Value> = report
-            .iter()
-            .filter(|e| e["event"] == "ephemeral")
-            .filter_map(|e| {
-                Some((
-                    e["dir"].as_str()?.to_owned(),
-                    json!({"files": e["files"], "truncated": e["truncated"]}),
-                ))
-            })
-            .collect();
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
@@ -755,30 +754,36 @@ fn spawn_parked(
     Ok((child, ready_r, go_w, watch))
 }
 
-fn ending_from(report: &[Value]) -> Ending {
-    let find = |name: &str| report.iter().find(|e| e["event"] == name);
+fn ending_from(report: &[InitEvent]) -> Ending {
     // A setup error or a failed exec explains the exit status that follows
     // it, so they take precedence.
-    if let Some(e) = find("error") {
-        return Ending::SetupFailed {
-            stage: e["stage"].as_str().unwrap_or_default().to_owned(),
-            detail: e["detail"].as_str().unwrap_or_default().to_owned(),
-        };
+    for e in report {
+        if let InitEvent::Error { stage, detail } = e {
+            return Ending::SetupFailed {
+                stage: stage.clone(),
+                detail: detail.clone(),
+            };
+        }
     }
-    if let Some(e) = find("exec_failed") {
-        return Ending::ExecFailed {
-            errno: e["errno"].as_i64().map(|v| v as i32),
-            error: e["error"].as_str().unwrap_or_default().to_owned(),
-        };
+    for e in report {
+        if let InitEvent::ExecFailed { errno, error } = e {
+            return Ending::ExecFailed {
+                errno: *errno,
+                error: error.clone().unwrap_or_default(),
+            };
+        }
     }
-    if let Some(e) = find("signal") {
-        return Ending::Signaled {
-            signal: e["signal"].as_i64().unwrap_or(0) as i32,
-            name: e["name"].as_str().unwrap_or_default().to_owned(),
-        };
-    }
-    if let Some(e) = find("exit") {
-        return Ending::Exited(e["code"].as_i64().unwrap_or(-1) as i32);
+    for e in report {
+        match e {
+            InitEvent::Signal { signal, name, .. } => {
+                return Ending::Signaled {
+                    signal: *signal,
+                    name: name.clone(),
+                };
+            }
+            InitEvent::Exit { code } => return Ending::Exited(*code),
+            _ => {}
+        }
     }
     Ending::SetupFailed {
         stage: "init".into(),
