@@ -701,69 +701,23 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     )
     .or_fail(&mut report, "clear signal mask");
 
-    // 2. capabilities
-    for set in [
-        caps::CapSet::Bounding,
-        caps::CapSet::Ambient,
-        caps::CapSet::Inheritable,
-    ] {
-        caps::clear(None, set).or_fail(&mut report, "drop capabilities");
-    }
-    // 3. no_new_privs
-    nix::sys::prctl::set_no_new_privs().or_fail(&mut report, "set no_new_privs");
-    // 4. identity. The turn's own output pipes become its uid's, so that
-    // `echo x > /dev/stderr` (a reopen through /proc/self/fd) works.
-    for fd in [1, 2] {
-        // SAFETY: descriptors 1 and 2 are open for the life of this process.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        if nix::sys::stat::fstat(borrowed)
-            .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO)
-        {
-            nix::unistd::fchown(
-                borrowed,
-                Some(Uid::from_raw(plan.uid)),
-                Some(Gid::from_raw(plan.gid)),
-            )
-            .or_fail(&mut report, "hand the output pipes to the turn");
-        }
-    }
-    nix::unistd::setgroups(&[]).or_fail(&mut report, "setgroups");
-    let (uid, gid) = (Uid::from_raw(plan.uid), Gid::from_raw(plan.gid));
-    nix::unistd::setresgid(gid, gid, gid).or_fail(&mut report, "setresgid");
-    nix::unistd::setresuid(uid, uid, uid).or_fail(&mut report, "setresuid");
-    for set in [
-        caps::CapSet::Permitted,
-        caps::CapSet::Effective,
-        caps::CapSet::Inheritable,
-        caps::CapSet::Ambient,
-    ] {
-        let held = caps::read(None, set).or_fail(&mut report, "read capabilities");
-        if !held.is_empty() {
-            report.fail("drop capabilities", format!("{set:?} still holds {held:?}"));
-        }
-    }
-    // 5. Landlock
-    let outcome = landlock::apply(&plan.landlock).or_fail(&mut report, "landlock");
-    report.event(InitEvent::Landlock {
-        outcome: outcome.to_value(),
-    });
-    if outcome.status == "not_enforced" {
-        report.fail("landlock", "the kernel enforced none of the Landlock rules");
-    }
-
-    chdir(plan.cwd.as_str()).or_fail(&mut report, "chdir to workspace root");
+    // 2.-6. the restriction order (see sandbox::restrict), seccomp last.
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a, &mut report)).collect();
     let env: Vec<CString> = plan
         .env
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
         .collect();
+    let outcome = match super::restrict::restrict(&mut RealKernel, plan, bpf) {
+        Ok(o) => o,
+        Err((stage, why)) => report.fail(stage, why),
+    };
+    report.event(InitEvent::Landlock {
+        outcome: outcome.to_value(),
+    });
     report.event(InitEvent::Exec {
         pid: std::process::id(),
     });
-
-    // 6. seccomp
-    load_seccomp(bpf).or_fail(&mut report, "load seccomp filter");
     // Fully restricted: let the supervisor inspect us from outside before
     // the command's first instruction; exec only on its go.
     if !handshake() {
@@ -784,6 +738,76 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     } else {
         126
     })
+}
+
+/// The real kernel behind the restriction order.
+struct RealKernel;
+
+impl super::restrict::Kernel for RealKernel {
+    fn drop_capabilities(&mut self) -> Result<(), String> {
+        for set in [
+            caps::CapSet::Bounding,
+            caps::CapSet::Ambient,
+            caps::CapSet::Inheritable,
+        ] {
+            caps::clear(None, set).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn no_new_privs(&mut self) -> Result<(), String> {
+        nix::sys::prctl::set_no_new_privs().map_err(|e| e.to_string())
+    }
+
+    fn become_user(&mut self, uid: u32, gid: u32) -> Result<(), String> {
+        let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+        // The turn's own output pipes become its uid's, so that `echo x >
+        // /dev/stderr` (a reopen through /proc/self/fd) works.
+        for fd in [1, 2] {
+            // SAFETY: descriptors 1 and 2 are open for the life of this
+            // process.
+            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if nix::sys::stat::fstat(borrowed)
+                .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO)
+            {
+                nix::unistd::fchown(borrowed, Some(uid), Some(gid))
+                    .map_err(|e| format!("hand the output pipes to the turn: {e}"))?;
+            }
+        }
+        nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+        nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setresgid: {e}"))?;
+        nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setresuid: {e}"))
+    }
+
+    fn verify_no_capabilities(&mut self) -> Result<(), String> {
+        for set in [
+            caps::CapSet::Permitted,
+            caps::CapSet::Effective,
+            caps::CapSet::Inheritable,
+            caps::CapSet::Ambient,
+        ] {
+            let held = caps::read(None, set).map_err(|e| e.to_string())?;
+            if !held.is_empty() {
+                return Err(format!("{set:?} still holds {held:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn landlock(
+        &mut self,
+        rules: &turnstile_policy::plan::LandlockRules,
+    ) -> Result<landlock::LandlockOutcome, String> {
+        landlock::apply(rules)
+    }
+
+    fn chdir(&mut self, dir: &str) -> Result<(), String> {
+        chdir(dir).map_err(|e| e.to_string())
+    }
+
+    fn seccomp(&mut self, bpf: &[u8]) -> Result<(), String> {
+        load_seccomp(bpf)
+    }
 }
 
 /// Closes the handshake descriptors in a stage that does not use them, so

@@ -10,6 +10,7 @@ pub mod landlock_exec;
 pub mod notify;
 pub mod posture;
 pub mod protocol;
+pub mod restrict;
 pub mod seccomp;
 pub mod sys;
 
