@@ -15,6 +15,7 @@
 
 pub mod canonical;
 pub mod check;
+pub mod envelope;
 pub mod error;
 pub mod grants;
 pub mod input;
@@ -28,6 +29,7 @@ pub mod seccomp;
 pub mod session;
 pub mod strict;
 pub mod timefmt;
+pub mod verdict;
 
 pub use check::{CapabilityViolation, Operation, ViolatedCapability, Violations, check_turn};
 pub use error::{ErrorCode, PolicyError};

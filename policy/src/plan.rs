@@ -48,20 +48,48 @@ pub trait FsView {
     fn head(&self, path: &str, len: usize) -> Vec<u8>;
 }
 
-/// One step of the sandbox's mount plan, in order. Paths are absolute paths
-/// as the sandbox sees them (the workspace keeps its host path).
+/// One step of the sandbox's mount plan, in order (a parent always before
+/// what is mounted inside it). Paths are absolute paths as the sandbox sees
+/// them (the workspace keeps its host path).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Mount {
-    /// Bind a host path read-only at the same path (`nosuid,nodev`).
-    BindReadOnly { path: String },
+    /// A host path shown read-only at the same path (`nosuid,nodev`): a
+    /// directory through a read-only overlay (a pathname unix socket of a
+    /// host process is not connectable through overlayfs), a regular file by
+    /// a bind mount of that very file. Paths under the workspace root come
+    /// through the idmapped workspace (see [`Plan::workspace_owner`]). The
+    /// source is resolved without following any symlink; anything but a
+    /// directory or a regular file is refused.
+    ReadOnly { path: String },
+    /// A system path of the baseline (`/usr`, `/lib`, the /etc set) bound
+    /// read-only at the same path (`nosuid,nodev`): root's system files,
+    /// where no host process keeps a socket. Cheaper than an overlay.
+    SystemReadOnly { path: String },
     /// Recreate a host symlink.
     Symlink { path: String, target: String },
-    /// A minimal `/dev`: null, zero, full, random, urandom, tty and the
-    /// standard symlinks; a private size-limited `/dev/shm`.
+    /// An empty directory owned by root: the workspace root when the grants
+    /// do not show it whole (only what they name is mounted inside).
+    Dir { path: String },
+    /// A read-only file written by the supervisor (`/etc/hosts`,
+    /// `/etc/hostname`).
+    Generated { path: String, contents: String },
+    /// A minimal `/dev`: null, zero, full, random, urandom, tty, the standard
+    /// symlinks, a private devpts instance (`/dev/pts`, `/dev/ptmx`) and a
+    /// private size-limited `/dev/shm`.
     Dev { shm_bytes: u64 },
-    /// A fresh `/proc` for the turn's PID namespace.
-    Proc,
+    /// A private writable tmpfs (mode 1777, `bytes` large) for programs that
+    /// ignore TMPDIR (`tmpfile(3)` uses `/tmp`): what a turn leaves there is
+    /// recorded in the evidence and discarded with the turn. Only where it
+    /// does not contain the workspace (a Landlock grant on it would cover
+    /// the workspace's view).
+    Ephemeral { path: String, bytes: u64 },
+    /// A fresh `/proc` for the turn's PID namespace, with the OCI default
+    /// masked and read-only paths (and the host's kernel command line).
+    Proc {
+        masked: Vec<String>,
+        read_only: Vec<String>,
+    },
     /// A writable overlay over `path` (a directory under the workspace
     /// root): the host directory is the lower layer; every write lands in an
     /// upper dir the supervisor owns.
@@ -76,13 +104,20 @@ pub enum Mount {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockRules {
     pub abi: u32,
+    /// List directories (only): `/`, so every directory of the view lists.
+    /// The view holds only what the grants name; masked paths stay
+    /// unreadable (mode 0000, root's).
+    #[serde(default)]
+    pub list: Vec<String>,
     /// Read files and list directories.
     pub read: Vec<String>,
     /// Read and write (create, remove, rename, truncate, make dirs).
     pub read_write: Vec<String>,
     /// Execute (plus read) — executables and their interpreters only.
     pub execute: Vec<String>,
-    /// Device files that may be read and written but nothing else.
+    /// Device files (and `/proc`'s files) that may be read and written in
+    /// place, with device ioctls, but nothing created: `/dev/pts/N`, `echo x
+    /// > /proc/self/comm`, thread names.
     pub devices: Vec<String>,
 }
 
@@ -113,6 +148,12 @@ pub struct Plan {
     pub env: Vec<(String, String)>,
     pub uid: u32,
     pub gid: u32,
+    /// The workspace root's host owner. The turn sees the workspace through
+    /// an idmapped mount mapping this uid/gid to [`Plan::uid`]/[`Plan::gid`]:
+    /// it has the access the owner has (0700 roots, 0600 granted files),
+    /// never host uid 0, and Landlock and the view narrow it to the grants.
+    pub workspace_owner: (u32, u32),
+    pub hostname: String,
     pub namespaces: Vec<String>,
     /// Host paths every process needs to start (listed so a user sees them).
     pub read_baseline: Vec<String>,
@@ -136,10 +177,17 @@ pub enum PlanError {
     BadScope(String),
     #[error("{0} is not supported by the native backend yet")]
     Unsupported(&'static str),
+    #[error(
+        "pattern `{0}` would show the whole host file system to the turn; grant the directories it needs"
+    )]
+    HostRoot(String),
 }
 
-/// Host paths bound read-only into every sandbox, when they exist. Symlinks
-/// (merged /usr) are recreated as symlinks.
+/// Host paths shown read-only in every sandbox, when they exist. Symlinks
+/// (merged /usr) are recreated as symlinks. The /etc set is what ordinary
+/// programs read at start (loader, users and groups, name service, time
+/// zone, service and protocol names, TLS roots, OS identity); `/etc/hosts`
+/// and `/etc/hostname` are generated ([`HOSTNAME`]).
 pub const READ_BASELINE: &[&str] = &[
     "/usr",
     "/bin",
@@ -152,12 +200,54 @@ pub const READ_BASELINE: &[&str] = &[
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
     "/etc/localtime",
+    "/etc/timezone",
     "/etc/passwd",
     "/etc/group",
     "/etc/nsswitch.conf",
-    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ethertypes",
+    "/etc/mime.types",
+    "/etc/shells",
+    "/etc/os-release",
+    "/etc/debian_version",
     "/etc/alternatives",
     "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+];
+
+/// Private writable tmpfs mounts for programs that ignore TMPDIR.
+pub const EPHEMERAL: &[&str] = &["/tmp", "/var/tmp"];
+
+/// The sandbox's host name (its own UTS namespace); `/etc/hosts` resolves it.
+pub const HOSTNAME: &str = "turnstile";
+
+/// `/proc` paths hidden from a turn: the OCI runtime-spec default masked
+/// paths, plus the host kernel's command line.
+pub const PROC_MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/cmdline",
+    "/proc/interrupts",
+    "/proc/kallsyms",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+];
+
+/// `/proc` paths a turn sees read-only (the OCI default read-only paths).
+pub const PROC_READ_ONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
 ];
 
 /// Dynamic loaders granted execute alongside every executable.
@@ -167,7 +257,8 @@ const LOADERS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
 ];
 
-/// Devices a turn may use.
+/// Devices a turn may use (and `/proc`, whose files a process writes in
+/// place: its own `comm`, thread names, `oom_score_adj`).
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
@@ -175,6 +266,8 @@ const DEVICES: &[&str] = &[
     "/dev/random",
     "/dev/urandom",
     "/dev/tty",
+    "/dev/pts",
+    "/proc",
 ];
 
 /// Host environment variables passed through when set.
@@ -188,6 +281,8 @@ fn join(root: &str, rel: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct PlanContext<'a> {
     pub root: &'a str,
+    /// Host owner (uid, gid) of the workspace root.
+    pub workspace_owner: (u32, u32),
     pub turn_number: u64,
     /// Values of [`ENV_PASSTHROUGH`] variables on the host.
     pub host_env: Vec<(String, String)>,
@@ -278,10 +373,30 @@ pub fn compile(
     execute.sort();
     execute.dedup();
 
-    // --- mounts, in order.
+    // --- the view, in order: system baseline, /dev, /proc, the workspace
+    // as the grants name it, then generated files and masks.
     let mut mounts = Vec::new();
     let mut baseline = Vec::new();
+    let mut shown: Vec<String> = Vec::new(); // every directory or file mounted
+    let within = |path: &str, dir: &str| path == dir || path.starts_with(&format!("{dir}/"));
+    // Host directories the grants name whole (`/etc/**`) replace the
+    // baseline entries inside them.
+    let host_granted: Vec<String> = caps
+        .read
+        .iter()
+        .chain(caps.execute.iter().map(|e| &e.program))
+        .filter(|p| p.is_absolute())
+        .map(|p| p.static_prefix(session))
+        .filter(|p| fs.kind(p) == Some(FileKind::Dir))
+        .collect();
     for path in READ_BASELINE {
+        if host_granted
+            .iter()
+            .any(|g| g.as_str() != *path && within(path, g))
+        {
+            baseline.push((*path).to_owned());
+            continue;
+        }
         match fs.kind(path) {
             Some(FileKind::Symlink) => {
                 if let Some(target) = fs.read_link(path) {
@@ -293,10 +408,11 @@ pub fn compile(
                 }
             }
             Some(FileKind::Dir | FileKind::File) => {
-                mounts.push(Mount::BindReadOnly {
+                mounts.push(Mount::SystemReadOnly {
                     path: (*path).into(),
                 });
                 baseline.push((*path).to_owned());
+                shown.push((*path).to_owned());
             }
             _ => {}
         }
@@ -304,27 +420,126 @@ pub fn compile(
     mounts.push(Mount::Dev {
         shm_bytes: 64 << 20,
     });
-    mounts.push(Mount::Proc);
-    mounts.push(Mount::BindReadOnly {
-        path: root.to_owned(),
-    });
-    for (index, scope) in scopes.iter().enumerate() {
-        mounts.push(Mount::Overlay {
-            path: join(root, scope),
-            index,
+    let ephemeral: Vec<String> = EPHEMERAL
+        .iter()
+        .filter(|e| !(root == **e || root.starts_with(&format!("{e}/"))))
+        .map(|e| (*e).to_owned())
+        .collect();
+    for path in &ephemeral {
+        mounts.push(Mount::Ephemeral {
+            path: path.clone(),
+            bytes: manifest.limits.disk.0,
         });
     }
+    mounts.push(Mount::Proc {
+        masked: PROC_MASKED.iter().map(|p| (*p).to_owned()).collect(),
+        read_only: PROC_READ_ONLY.iter().map(|p| (*p).to_owned()).collect(),
+    });
+
+    // What the grants name: the static prefix of every read and execute
+    // pattern, every executable the turn may start and its interpreter.
+    let mut wanted: Vec<String> = Vec::new();
+    for p in caps
+        .read
+        .iter()
+        .chain(caps.execute.iter().map(|e| &e.program))
+    {
+        let prefix = p.static_prefix(session);
+        if p.is_absolute() {
+            if prefix == "/" {
+                return Err(PlanError::HostRoot(p.to_string()));
+            }
+            wanted.push(prefix);
+        } else if prefix.is_empty() {
+            wanted.push(root.to_owned());
+        } else {
+            wanted.push(join(root, &prefix));
+        }
+    }
+    wanted.extend(execute.iter().cloned());
+    let scope_dirs: Vec<String> = scopes.iter().map(|s| join(root, s)).collect();
+    wanted.sort();
+    wanted.dedup();
+    // Keep the outermost: a path inside another wanted path, a writable
+    // scope, the baseline, /proc or /dev is already shown.
+    let outer = wanted.clone();
+    wanted.retain(|w| {
+        !outer.iter().any(|o| o != w && within(w, o))
+            && !scope_dirs.iter().any(|s| within(w, s))
+            && !shown.iter().any(|b| within(w, b))
+            && !["/proc", "/dev"].iter().any(|d| within(w, d))
+    });
+    // Workspace read-only parts and writable scopes, parents first.
+    let mut ws: Vec<(String, Option<usize>)> = Vec::new();
+    let mut host: Vec<String> = Vec::new();
+    for w in wanted {
+        if within(&w, root) {
+            ws.push((w, None));
+        } else {
+            host.push(w);
+        }
+    }
+    for (i, s) in scope_dirs.iter().enumerate() {
+        ws.push((s.clone(), Some(i)));
+    }
+    ws.sort();
+    if !ws.iter().any(|(p, i)| p == root && i.is_none()) {
+        mounts.push(Mount::Dir {
+            path: root.to_owned(),
+        });
+    }
+    for path in host {
+        if let Some(m) = show(fs, "/", &path) {
+            if matches!(m, Mount::ReadOnly { .. }) {
+                shown.push(path);
+            }
+            // A symlink of the baseline (`/bin`) is there already.
+            if !mounts.contains(&m) {
+                mounts.push(m);
+            }
+        }
+    }
+    for (path, index) in ws {
+        match index {
+            Some(index) => {
+                shown.push(path.clone());
+                mounts.push(Mount::Overlay { path, index });
+            }
+            None => {
+                if let Some(m) = show(fs, root, &path) {
+                    if matches!(m, Mount::ReadOnly { .. }) {
+                        shown.push(path);
+                    }
+                    if !mounts.contains(&m) {
+                        mounts.push(m);
+                    }
+                }
+            }
+        }
+    }
+    for (path, contents) in [
+        (
+            "/etc/hosts",
+            format!(
+                "127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            ),
+        ),
+        ("/etc/hostname", format!("{HOSTNAME}\n")),
+    ] {
+        mounts.push(Mount::Generated {
+            path: path.into(),
+            contents,
+        });
+    }
+
     // Masks go last so nothing mounted later can uncover them: forbidden
-    // paths that exist (under the root and the baseline), and the ledgers
-    // unless a read pattern names them.
+    // paths that exist in the view, and the ledgers unless a read pattern
+    // names them.
     let mut masked: Vec<String> = Vec::new();
-    let forbidden_roots: Vec<String> = std::iter::once(root.to_owned())
-        .chain(
-            baseline
-                .iter()
-                .filter(|b| fs.kind(b) == Some(FileKind::Dir))
-                .cloned(),
-        )
+    let forbidden_roots: Vec<String> = shown
+        .iter()
+        .filter(|b| fs.kind(b) == Some(FileKind::Dir))
+        .cloned()
         .collect();
     for p in &caps.forbidden {
         let start = if p.is_absolute() {
@@ -332,11 +547,10 @@ pub fn compile(
         } else {
             join(root, &p.static_prefix(session))
         };
-        if !forbidden_roots.iter().any(|r| {
-            start == *r
-                || start.starts_with(&format!("{r}/"))
-                || r.starts_with(&format!("{start}/"))
-        }) {
+        if !forbidden_roots
+            .iter()
+            .any(|r| within(&start, r) || r.starts_with(&format!("{start}/")))
+        {
             continue;
         }
         // `dir/**` forbids the directory itself: mask it whole.
@@ -358,6 +572,8 @@ pub fn compile(
     {
         masked.push(planes);
     }
+    // Only what is in the view needs hiding.
+    masked.retain(|m| shown.iter().any(|s| within(m, s)));
     masked.sort();
     masked.dedup();
     // Drop masks nested inside another mask.
@@ -390,6 +606,7 @@ pub fn compile(
     let read_set = PatternSet::compile(&caps.read, session).unwrap_or_else(|_| empty_set(session));
     let mut read: Vec<String> = baseline.iter().filter_map(|b| fs.canonical(b)).collect();
     read.push("/proc".into());
+    read.extend(["/etc/hosts".to_owned(), "/etc/hostname".to_owned()]);
     for p in &caps.read {
         let start = if p.is_absolute() {
             p.static_prefix(session)
@@ -402,8 +619,42 @@ pub fn compile(
     }
     read.sort();
     read.dedup();
-    let mut read_write: Vec<String> = scopes.iter().map(|s| join(root, s)).collect();
+    // Execute on globs and on what the turn creates: Landlock cannot match a
+    // glob, so an execute pattern grants its static prefix (`/usr/bin/*` ->
+    // `/usr/bin`); under a writable scope, the nearest directory of it that
+    // exists when the turn starts (rules need an existing inode; never above
+    // the scope, where the turn may write anyway). Literal entries were
+    // resolved above.
+    for entry in &caps.execute {
+        let raw = entry.program.static_prefix(session);
+        let abs = if raw.starts_with('/') {
+            raw
+        } else {
+            join(root, &raw)
+        };
+        let scope = scope_dirs.iter().find(|s| within(&abs, s));
+        let expanded = entry.program.expand(session);
+        let literal = abs == expanded || abs == join(root, &expanded);
+        if literal && scope.is_none() {
+            continue;
+        }
+        let floor = scope.cloned().unwrap_or_else(|| "/".into());
+        let mut dir = abs.clone();
+        while dir != floor && fs.kind(&dir) != Some(FileKind::Dir) {
+            dir = match dir.rsplit_once('/') {
+                Some((d, _)) => d.to_owned(),
+                None => break,
+            };
+        }
+        if !dir.is_empty() && dir != "/" {
+            execute.push(dir);
+        }
+    }
+    execute.sort();
+    execute.dedup();
+    let mut read_write: Vec<String> = scope_dirs.clone();
     read_write.push("/dev/shm".into());
+    read_write.extend(ephemeral);
 
     // --- environment (FR-RT-012, FR-RT-014).
     let scratch = join(root, &format!("tmp/{sid}"));
@@ -441,6 +692,8 @@ pub fn compile(
         env,
         uid: NOBODY,
         gid: NOBODY,
+        workspace_owner: ctx.workspace_owner,
+        hostname: HOSTNAME.into(),
         namespaces: ["mount", "pid", "ipc", "uts", "net", "cgroup"]
             .iter()
             .map(|s| (*s).to_owned())
@@ -450,6 +703,7 @@ pub fn compile(
         writable_scopes: scopes,
         landlock: LandlockRules {
             abi: LANDLOCK_ABI,
+            list: vec!["/".into()],
             read,
             read_write,
             execute,
@@ -487,6 +741,32 @@ fn shebang(head: &[u8]) -> Option<String> {
     let line = std::str::from_utf8(line).ok()?.trim();
     let interp = line.split_ascii_whitespace().next()?;
     interp.starts_with('/').then(|| interp.to_owned())
+}
+
+/// How `path` (under `base`, `/` or the workspace root) is shown read-only:
+/// walking down from `base`, the first symlink is recreated (never followed:
+/// what it points to is shown only if granted itself); a directory or a
+/// regular file is mounted; anything else, or a missing path, is not shown.
+fn show(fs: &dyn FsView, base: &str, path: &str) -> Option<Mount> {
+    let rest = path.strip_prefix(base)?.trim_start_matches('/');
+    let mut current = base.trim_end_matches('/').to_owned();
+    for segment in rest.split('/').filter(|s| !s.is_empty()) {
+        current = format!("{current}/{segment}");
+        match fs.kind(&current)? {
+            FileKind::Symlink => {
+                return Some(Mount::Symlink {
+                    target: fs.read_link(&current)?,
+                    path: current,
+                });
+            }
+            FileKind::Dir => {}
+            FileKind::File if current == path => {}
+            FileKind::File | FileKind::Other => return None,
+        }
+    }
+    matches!(fs.kind(path)?, FileKind::Dir | FileKind::File).then(|| Mount::ReadOnly {
+        path: path.to_owned(),
+    })
 }
 
 /// Existing paths at or under `start` that `set` matches (hierarchically:
@@ -566,20 +846,34 @@ impl Plan {
             self.execute_entry
         );
         s += &format!(
-            "identity:  uid {} gid {}, no capabilities, no_new_privs\n",
-            self.uid, self.gid
+            "identity:  uid {} gid {}, no capabilities, no_new_privs; the workspace owner {}:{} appears as {}:{}\n",
+            self.uid, self.gid, self.workspace_owner.0, self.workspace_owner.1, self.uid, self.gid
         );
         s += &format!("namespaces: {}\n", self.namespaces.join(", "));
         s += &format!("network:   {}\n", self.network);
         s += "mounts (in order):\n";
         for m in &self.mounts {
             let line = match m {
-                Mount::BindReadOnly { path } => format!("bind ro   {path}"),
+                Mount::ReadOnly { path } => format!("read-only {path}"),
+                Mount::SystemReadOnly { path } => format!("system ro {path}"),
                 Mount::Symlink { path, target } => format!("symlink   {path} -> {target}"),
-                Mount::Dev { shm_bytes } => {
-                    format!("dev       minimal /dev, /dev/shm {} MiB", shm_bytes >> 20)
+                Mount::Dir { path } => format!("empty dir {path} (only the grants inside)"),
+                Mount::Ephemeral { path, bytes } => {
+                    format!(
+                        "tmpfs     {path} ({} MiB, recorded and discarded)",
+                        bytes >> 20
+                    )
                 }
-                Mount::Proc => "proc      /proc (own pid namespace)".into(),
+                Mount::Generated { path, .. } => format!("generated {path}"),
+                Mount::Dev { shm_bytes } => format!(
+                    "dev       minimal /dev, private /dev/pts, /dev/shm {} MiB",
+                    shm_bytes >> 20
+                ),
+                Mount::Proc { masked, read_only } => format!(
+                    "proc      /proc (own pid namespace; {} paths masked, {} read-only)",
+                    masked.len(),
+                    read_only.len()
+                ),
                 Mount::Overlay { path, .. } => format!("overlay   {path} (writes captured)"),
                 Mount::MaskDir { path, reason } | Mount::MaskFile { path, reason } => {
                     format!("mask      {path} ({reason})")
@@ -589,6 +883,7 @@ impl Plan {
         }
         s += &format!("landlock (ABI {}):\n", self.landlock.abi);
         for (label, list) in [
+            ("list", &self.landlock.list),
             ("read", &self.landlock.read),
             ("read+write", &self.landlock.read_write),
             ("execute", &self.landlock.execute),
@@ -696,6 +991,7 @@ mod tests {
         let allowed = crate::check::check_turn("/ws", &m, &req).unwrap().unwrap();
         let ctx = PlanContext {
             root: "/ws",
+            workspace_owner: (1000, 1000),
             turn_number: 1,
             host_env: vec![
                 ("TERM".into(), "xterm".into()),
@@ -761,12 +1057,91 @@ mod tests {
         // Globs are enumerated exactly: a.csv, not b.txt.
         assert!(read.contains(&"/ws/data/a.csv".to_owned()));
         assert!(!read.contains(&"/ws/data/b.txt".to_owned()));
-        // Ledgers are masked when no read pattern names them.
-        assert!(
-            plan.mounts
-                .iter()
-                .any(|m| matches!(m, Mount::MaskDir { path, .. } if path == "/ws/planes"))
+        // The ledgers are not in the view: nothing grants them.
+        assert!(!plan.render_text().contains("/ws/planes"));
+    }
+
+    fn shown(plan: &Plan) -> Vec<String> {
+        plan.mounts
+            .iter()
+            .filter_map(|m| match m {
+                Mount::ReadOnly { path } => Some(format!("ro {path}")),
+                Mount::Dir { path } => Some(format!("dir {path}")),
+                Mount::Overlay { path, .. } => Some(format!("rw {path}")),
+                Mount::Symlink { path, target } => Some(format!("ln {path} -> {target}")),
+                _ => None,
+            })
+            .filter(|m| m.contains("/ws"))
+            .collect()
+    }
+
+    #[test]
+    fn issue_9_the_view_holds_what_the_grants_name_parents_first() {
+        let plan = compile_for(MANIFEST, &["installed/p/run.sh"], &tree()).unwrap();
+        assert_eq!(
+            shown(&plan),
+            vec![
+                "dir /ws".to_owned(),
+                "ro /ws/data".into(),
+                "ro /ws/installed/p".into(),
+                format!("rw /ws/output/{SID}"),
+                format!("rw /ws/reports/{SID}"),
+                format!("rw /ws/tmp/{SID}"),
+            ]
         );
+        // `**` shows the root whole (the ledgers then masked), scopes on top.
+        let m = r#"{"capabilities":{"read":["**"],"execute":["installed/p/run.sh"]}}"#;
+        let plan = compile_for(m, &["installed/p/run.sh"], &tree()).unwrap();
+        assert_eq!(
+            shown(&plan),
+            vec![
+                "ro /ws".to_owned(),
+                format!("rw /ws/output/{SID}"),
+                format!("rw /ws/tmp/{SID}"),
+            ]
+        );
+        assert!(plan.mounts.contains(&Mount::MaskDir {
+            path: "/ws/planes".into(),
+            reason: "reserved (ledgers)".into()
+        }));
+        // Every directory of the view lists; /dev/pts and /proc are
+        // writable in place; hosts resolve the sandbox's name.
+        assert_eq!(plan.landlock.list, vec!["/"]);
+        assert!(plan.landlock.devices.contains(&"/dev/pts".to_owned()));
+        assert!(plan.mounts.iter().any(|m| matches!(m,
+            Mount::Generated { path, contents } if path == "/etc/hosts" && contents.contains(HOSTNAME))));
+        assert!(plan.mounts.iter().any(|m| matches!(m,
+            Mount::Proc { masked, .. } if masked.contains(&"/proc/kcore".to_owned()))));
+    }
+
+    #[test]
+    fn issue_9_symlinks_in_a_granted_prefix_are_recreated_never_followed() {
+        let mut fs = tree();
+        fs.kinds.insert("/ws/link".into(), FileKind::Symlink);
+        fs.links.insert("/ws/link".into(), "/etc".into());
+        let m = r#"{"capabilities":{"read":["link/shadow"],"execute":["installed/p/run.sh"]}}"#;
+        let plan = compile_for(m, &["installed/p/run.sh"], &fs).unwrap();
+        assert!(shown(&plan).contains(&"ln /ws/link -> /etc".to_owned()));
+        assert!(!shown(&plan).iter().any(|s| s.contains("shadow")));
+        let m = r#"{"capabilities":{"read":["/**"],"execute":["installed/p/run.sh"]}}"#;
+        assert_eq!(
+            compile_for(m, &["installed/p/run.sh"], &fs).unwrap_err(),
+            PlanError::HostRoot("/**".into())
+        );
+    }
+
+    #[test]
+    fn issue_9_execute_under_a_writable_scope_grants_what_the_turn_creates() {
+        let m = r#"{"capabilities":{"execute":["installed/p/run.sh","tmp/<session_id>/**","output/<session_id>/bin/*"]}}"#;
+        let mut fs = tree();
+        fs.kinds.insert(format!("/ws/tmp/{SID}"), FileKind::Dir);
+        fs.kinds.insert(format!("/ws/output/{SID}"), FileKind::Dir);
+        let plan = compile_for(m, &["installed/p/run.sh"], &fs).unwrap();
+        let exe = &plan.landlock.execute;
+        assert!(exe.contains(&format!("/ws/tmp/{SID}")), "{exe:?}");
+        // bin/ does not exist yet: its nearest existing directory, the scope.
+        assert!(exe.contains(&format!("/ws/output/{SID}")), "{exe:?}");
+        assert!(!exe.iter().any(|e| e == "/ws/output" || e == "/ws/tmp"));
     }
 
     #[test]
@@ -809,7 +1184,7 @@ mod tests {
             path: "/bin".into(),
             target: "usr/bin".into()
         }));
-        assert!(plan.mounts.contains(&Mount::BindReadOnly {
+        assert!(plan.mounts.contains(&Mount::SystemReadOnly {
             path: "/etc/passwd".into()
         }));
         assert_eq!(plan.read_baseline, vec!["/usr", "/bin", "/etc/passwd"]);

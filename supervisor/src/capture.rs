@@ -10,60 +10,13 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
-use turnstile_policy::request::DeclaredOutput;
+pub use turnstile_policy::verdict::{Kind, RealizedWrite, Verdict, verify};
 
 use crate::error::{Result, SupervisorError};
 use crate::fsx;
 
 /// Deepest directory level enumerated.
 pub const MAX_DEPTH: usize = 256;
-
-/// What kind of change an upper-dir entry records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    File,
-    /// A directory the turn created.
-    Dir,
-    /// A directory the turn replaced (removed and recreated).
-    OpaqueDir,
-    Symlink,
-    /// A deletion (overlay whiteout).
-    Deleted,
-    /// A FIFO, socket or device node.
-    Special,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::File => "file",
-            Self::Dir => "dir",
-            Self::OpaqueDir => "opaque_dir",
-            Self::Symlink => "symlink",
-            Self::Deleted => "deleted",
-            Self::Special => "special",
-        }
-    }
-}
-
-/// One realized write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RealizedWrite {
-    /// Relative to the workspace root.
-    pub path: String,
-    pub kind: Kind,
-    pub size: u64,
-    pub sha256: Option<String>,
-    /// Which writable scope (overlay index) it is in.
-    pub scope: usize,
-}
-
-impl RealizedWrite {
-    pub fn to_value(&self) -> Value {
-        json!({"path": self.path, "kind": self.kind.as_str(), "size": self.size, "sha256": self.sha256})
-    }
-}
 
 /// One writable scope: its path relative to the root, the host directory
 /// (the overlay's lower layer) and its upper dir.
@@ -167,10 +120,10 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                         .lower
                         .join(&rel)
                         .symlink_metadata()
-                        .is_ok_and(|m| m.is_dir())
+                        .is_ok_and(|m| m.is_dir() && m.mode() & 0o7777 == meta.mode() & 0o7777)
                     {
                         // Copied up to hold a change below it: structure,
-                        // not a write of its own.
+                        // not a write of its own (a chmod of it is one).
                         continue;
                     } else {
                         (Kind::Dir, 0, None)
@@ -188,6 +141,11 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                     size,
                     sha256,
                     scope: index,
+                    mode: if ft.is_file() || ft.is_dir() {
+                        meta.mode() & 0o7777
+                    } else {
+                        0
+                    },
                 });
                 if out.len() as u64 > max_entries {
                     return Err(capture_err(format!(
@@ -199,120 +157,4 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
-}
-
-/// Realized writes compared with the declaration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Verdict {
-    /// Declared outputs found as regular files.
-    pub matched: Vec<RealizedWrite>,
-    /// Writes in the session's scratch space (recorded, never a violation).
-    pub scratch: Vec<RealizedWrite>,
-    /// Writes nobody declared (or that can never commit: links, deletions,
-    /// special files outside scratch).
-    pub undeclared: Vec<RealizedWrite>,
-    /// Declared outputs the turn did not produce as regular files.
-    pub missing: Vec<String>,
-}
-
-impl Verdict {
-    pub fn matches(&self) -> bool {
-        self.undeclared.is_empty() && self.missing.is_empty()
-    }
-}
-
-/// Compares realized writes with `declared` (FR-RT-016). `scratch` is
-/// `tmp/<sid>`.
-pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &str) -> Verdict {
-    use std::collections::HashSet;
-    let mut v = Verdict::default();
-    let scratch_prefix = format!("{scratch}/");
-    // Sets, not scans: 10,000 declared outputs must not cost 10^8 compares.
-    let declared_paths: HashSet<&str> = declared.iter().map(|d| d.path.as_str()).collect();
-    let declared_ancestors: HashSet<&str> = declared
-        .iter()
-        .flat_map(|d| d.path.match_indices('/').map(move |(i, _)| &d.path[..i]))
-        .collect();
-    for w in writes {
-        if w.path.starts_with(&scratch_prefix) {
-            v.scratch.push(w.clone());
-            continue;
-        }
-        match w.kind {
-            Kind::File if declared_paths.contains(w.path.as_str()) => v.matched.push(w.clone()),
-            Kind::Dir if declared_ancestors.contains(w.path.as_str()) => {}
-            _ => v.undeclared.push(w.clone()),
-        }
-    }
-    let matched: HashSet<&str> = v.matched.iter().map(|m| m.path.as_str()).collect();
-    let missing: Vec<String> = declared
-        .iter()
-        .filter(|d| !matched.contains(d.path.as_str()))
-        .map(|d| d.path.clone())
-        .collect();
-    v.missing = missing;
-    v
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn w(path: &str, kind: Kind) -> RealizedWrite {
-        RealizedWrite {
-            path: path.into(),
-            kind,
-            size: 1,
-            sha256: None,
-            scope: 0,
-        }
-    }
-
-    fn out(path: &str) -> DeclaredOutput {
-        DeclaredOutput {
-            path: path.into(),
-            role: "r".into(),
-        }
-    }
-
-    #[test]
-    fn fr_rt_016_undeclared_and_missing_block() {
-        let writes = [
-            w("output/S/a.md", Kind::File),
-            w("output/S/b.md", Kind::File),
-            w("tmp/S/x", Kind::File),
-        ];
-        let v = verify(
-            &writes,
-            &[out("output/S/a.md"), out("output/S/c.md")],
-            "tmp/S",
-        );
-        assert_eq!(v.matched.len(), 1);
-        assert_eq!(v.undeclared, vec![w("output/S/b.md", Kind::File)]);
-        assert_eq!(v.missing, vec!["output/S/c.md".to_owned()]);
-        assert_eq!(v.scratch.len(), 1);
-        assert!(!v.matches());
-    }
-
-    #[test]
-    fn fr_rt_016_only_regular_files_commit() {
-        for kind in [Kind::Symlink, Kind::Special, Kind::Deleted, Kind::OpaqueDir] {
-            let v = verify(
-                &[w("output/S/a.md", kind)],
-                &[out("output/S/a.md")],
-                "tmp/S",
-            );
-            assert!(!v.matches(), "{kind:?}");
-            assert_eq!(v.missing, vec!["output/S/a.md".to_owned()]);
-        }
-        // New parent directories of declared outputs are implied.
-        let v = verify(
-            &[w("reports/S", Kind::Dir), w("reports/S/a.md", Kind::File)],
-            &[out("reports/S/a.md")],
-            "tmp/S",
-        );
-        assert!(v.matches());
-        let v = verify(&[w("output/S/empty", Kind::Dir)], &[], "tmp/S");
-        assert!(!v.matches());
-    }
 }

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
-use turnstile_policy::check::CompiledCapabilities;
 use turnstile_policy::path as ppath;
 use turnstile_policy::prompt::{HashedInput, PromptHeader};
 use turnstile_policy::request::{self, DeclaredOutput, RequestDoc, TurnRequest};
@@ -22,7 +21,7 @@ use crate::ledger::{LedgerKind, VerifyReport};
 use crate::session::Session;
 
 /// argv[1] of the sandbox's own init (not a user command).
-pub const SANDBOX_INIT: &str = "__sandbox-init";
+pub use crate::sandbox::init::SANDBOX_INIT;
 
 const EXIT_CODES: &str = "\
 Exit status:
@@ -35,7 +34,8 @@ Exit status:
   12  run: realized writes differ from the declaration (blocked, nothing committed)
   13  run: memory, pids, disk or files limit hit
   14  run: timeout
-  20  run: the sandbox could not be built (E2041) or the runtime is unavailable (E2040)";
+  20  run: the sandbox could not be built (E2041) or the runtime is unavailable (E2040)
+ 128+N run: interrupted by signal N (SIGTERM 143, SIGINT 130, SIGHUP 129); recorded as `interrupted`";
 
 /// turnstile's sandbox supervisor for AI-agent turns.
 #[derive(Debug, Parser)]
@@ -59,8 +59,22 @@ pub enum Command {
     ///
     /// Example: supervise plan --root /ws --package hello-agent -- /usr/bin/python3 installed/hello-agent/main.py
     Plan(PlanArgs),
+    /// Write the OCI bundle a turn would run with a runtime backend
+    /// (config.json, the rootfs skeleton, generated files, scope mount
+    /// points) into a new directory, and nothing else: no session, no
+    /// ledger entry.
+    ///
+    /// Example: supervise bundle --root /ws --package hello-agent --backend kata --out /tmp/b -- /usr/bin/python3 installed/hello-agent/main.py
+    Bundle(BundleArgs),
     /// What this host can enforce: READY, DEGRADED or FAILED, with reasons.
     Doctor(DoctorArgs),
+    /// The host (as `doctor`) and the state directory: free space, sessions
+    /// whose ledgers fail verification (FAILED), what a stopped supervisor
+    /// left unrecovered (DEGRADED). Read-only. Exit 0 READY/DEGRADED, 1
+    /// FAILED.
+    ///
+    /// Example: supervise health --state-dir /var/lib/turnstile --json
+    Health(HealthArgs),
     /// Start and manage sessions.
     #[command(subcommand)]
     Session(SessionCommand),
@@ -76,6 +90,94 @@ pub enum Command {
     ///
     /// Example: supervise prompt-header --root /ws --session SES-... --turn 1 --input registries/users.csv
     PromptHeader(PromptHeaderArgs),
+    /// Re-run a recorded session's turns from clean state in a fresh
+    /// workspace (DIR/root, DIR/state; DIR must not exist) and compare the
+    /// final state with the original: exit 0 identical, exit 3 naming the
+    /// first difference. Deterministic sessions must replay byte for byte.
+    ///
+    /// Example: supervise replay --root /ws --session SES-... --into /tmp/replay
+    Replay(ReplayArgs),
+    /// Write an HO2 checkpoint of a session (FR-RT-009): the context folded
+    /// from its evidence ledger, bound to the last entry's hash, under
+    /// planes/ho2/sessions/<sid>/checkpoints/.
+    ///
+    /// Example: supervise checkpoint --root /ws --session SES-...
+    Checkpoint(SessionArgs),
+    /// Print a session's context as of a time (FR-RT-009): the latest
+    /// checkpoint not after it plus the evidence entries since, merged.
+    ///
+    /// Example: supervise context --root /ws --session SES-... --as-of 2026-11-23T08:00:00Z
+    Context(ContextArgs),
+    /// Explain a turn: what was refused, by which layer, how often, and the
+    /// manifest entry that would allow it (or why none can); which layers'
+    /// refusals could not be observed. Read from the evidence ledger, which
+    /// is verified first.
+    ///
+    /// Example: supervise explain --root /ws --session SES-... --turn 3
+    Explain(ExplainArgs),
+    /// Settle what stopped supervisors left behind, for every session of the
+    /// state directory (of --root only, when given): kill and remove dead
+    /// turns' cgroups, unmount and remove their turn directories, settle
+    /// interrupted ledger appends and commit journals, close unfinished
+    /// turns as `aborted`, remove half-created sessions. For boot scripts;
+    /// every `run` does the same for its own session first.
+    ///
+    /// Example: supervise recover --state-dir /var/lib/turnstile
+    Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Where to replay (created; must not exist).
+    #[arg(long, value_name = "DIR")]
+    pub into: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ContextArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// RFC 3339 UTC time (default: now).
+    #[arg(long, value_name = "TS")]
+    pub as_of: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Turn number (1-based).
+    #[arg(long, value_name = "N")]
+    pub turn: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    /// Only the sessions of this workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Supervisor state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -115,6 +217,49 @@ pub struct SessionNewArgs {
     /// Ledger tier.
     #[arg(long, default_value = TURN_TIER)]
     pub tier: String,
+    #[command(flatten)]
+    pub deterministic: DeterministicArgs,
+}
+
+/// Deterministic mode (a property of the session): ids and timestamps come
+/// from the seed and the clock, wall-clock measurements are left out of the
+/// ledgers, so the same inputs give byte-identical ledgers.
+#[derive(Debug, Args)]
+pub struct DeterministicArgs {
+    /// Start the session in deterministic mode (needs --seed and --clock).
+    #[arg(long, requires_all = ["seed", "clock"])]
+    pub deterministic: bool,
+    /// Seed of the session's ids.
+    #[arg(long, value_name = "N", requires = "deterministic")]
+    pub seed: Option<u64>,
+    /// The session's start time (RFC 3339, UTC); each turn's clock starts
+    /// one hour after the previous one's and advances 1 ms per reading.
+    #[arg(long, value_name = "TS", requires = "deterministic")]
+    pub clock: Option<String>,
+}
+
+impl DeterministicArgs {
+    fn parse(&self) -> Result<Option<crate::ids::Deterministic>> {
+        if !self.deterministic {
+            return Ok(None);
+        }
+        let clock = self.clock.as_deref().unwrap_or_default();
+        let parsed =
+            time::OffsetDateTime::parse(clock, &time::format_description::well_known::Rfc3339)
+                .map_err(|e| {
+                    SupervisorError::invalid("--clock", format!("not an RFC 3339 time: {e}"))
+                })?;
+        if parsed.offset() != time::UtcOffset::UTC {
+            return Err(SupervisorError::invalid(
+                "--clock",
+                "give the time in UTC (ending in Z)",
+            ));
+        }
+        Ok(Some(crate::ids::Deterministic {
+            seed: self.seed.unwrap_or_default(),
+            clock: parsed,
+        }))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +295,11 @@ pub struct RequestArgs {
     /// The whole request as JSON (instead of the flags above and CMD).
     #[arg(long, value_name = "FILE")]
     pub request: Option<PathBuf>,
+    /// The request as an EventEnvelope v1 of type `turn.requested` (its
+    /// payload is the request document; its idempotency_key is the turn's).
+    /// Instead of the flags and CMD.
+    #[arg(long, value_name = "FILE", conflicts_with = "request")]
+    pub envelope: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -183,6 +333,33 @@ pub struct RunArgs {
     pub backend: String,
     #[command(flatten)]
     pub request: RequestArgs,
+    /// Only for the new session `run` starts without --session.
+    #[command(flatten)]
+    pub deterministic: DeterministicArgs,
+    /// Append the turn's events to FILE as EventEnvelope v1 JSON lines
+    /// (canonical): turn.requested, turn.started, one turn.violation per
+    /// violation, turn.finished.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BundleArgs {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// The runtime the bundle is for: runc, crun, runsc or kata.
+    #[arg(long, value_name = "NAME")]
+    pub backend: String,
+    /// The bundle directory to create (must not exist).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Guest kernel for VM runtimes (kata).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/usr/share/kata-containers/vmlinux.container"
+    )]
+    pub vm_kernel: String,
 }
 
 #[derive(Debug, Args)]
@@ -195,6 +372,16 @@ pub struct PlanArgs {
     pub session: Option<String>,
     #[command(flatten)]
     pub request: RequestArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Supervisor state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -245,19 +432,44 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Run(a) => a.common.json,
         Command::Plan(a) => a.common.json,
         Command::Doctor(a) => a.json,
+        Command::Bundle(a) => a.plan.common.json,
+        Command::Health(a) => a.json,
         Command::Session(SessionCommand::New(a)) => a.common.json,
         Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
         Command::Check(a) => a.common.json,
         Command::PromptHeader(a) => a.common.json,
+        Command::Recover(a) => a.json,
+        Command::Explain(a) => a.common.json,
+        Command::Checkpoint(a) => a.common.json,
+        Command::Replay(a) => a.common.json,
+        Command::Context(a) => a.common.json,
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
+        Command::Bundle(a) => bundle_cmd(&a),
+        Command::Health(a) => {
+            let (text, value) = crate::doctor::health(&a.state_dir);
+            Ok(Outcome {
+                status: if value["status"] == "FAILED" {
+                    exit::FAILURE
+                } else {
+                    exit::OK
+                },
+                stdout: if a.json { format!("{value}\n") } else { text },
+                stderr: String::new(),
+            })
+        }
         Command::Session(SessionCommand::New(a)) => session_new(&a),
         Command::Ledger(LedgerCommand::Verify(a)) => ledger_verify(&a),
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
+        Command::Recover(a) => recover_cmd(&a),
+        Command::Explain(a) => explain(&a),
+        Command::Checkpoint(a) => checkpoint_cmd(&a),
+        Command::Replay(a) => replay_cmd(&a),
+        Command::Context(a) => context_cmd(&a),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
 }
@@ -325,8 +537,27 @@ fn session_new(a: &SessionNewArgs) -> Result<Outcome> {
     crate::layout::check_tier(&a.tier)?;
     let ws = Workspace::open(&a.common.root)?;
     let state = StateDir::open(&a.common.state_dir, &ws, true)?;
-    let ids = SessionIdGenerator::new(SystemClock, OsRandom);
-    let session = Session::create(&ws, &state, &a.tier, &ids)?;
+    crate::session::sweep_unfinished(&state, Some(&ws))?;
+    let det = a.deterministic.parse()?;
+    let session = match &det {
+        Some(d) => {
+            let src = d.sources(0);
+            Session::create(
+                &ws,
+                &state,
+                &a.tier,
+                &SessionIdGenerator::new(src.clone(), src),
+                det.clone(),
+            )?
+        }
+        None => Session::create(
+            &ws,
+            &state,
+            &a.tier,
+            &SessionIdGenerator::new(SystemClock, OsRandom),
+            None,
+        )?,
+    };
     let stdout = if a.common.json {
         json!({
             "session_id": session.id.as_str(),
@@ -356,6 +587,172 @@ fn report_value(r: &VerifyReport) -> Value {
         "head_hash": r.head_hash,
         "warnings": r.warnings,
     })
+}
+
+fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    let r = crate::replay::replay(
+        &a.common.root,
+        &a.common.state_dir,
+        &id,
+        &a.into,
+        &cgroup_root(),
+    )?;
+    let stdout = if a.common.json {
+        format!("{}\n", r.to_value())
+    } else {
+        match &r.difference {
+            None => format!(
+                "replay of {} ({} turns) into {}: identical\n",
+                r.original,
+                r.turns,
+                r.root.display()
+            ),
+            Some(d) => format!(
+                "replay of {} ({} turns) into {}: DIFFERS\n  {d}\n",
+                r.original,
+                r.turns,
+                r.root.display()
+            ),
+        }
+    };
+    Ok(Outcome {
+        status: if r.difference.is_none() {
+            exit::OK
+        } else {
+            exit::INTEGRITY
+        },
+        stdout,
+        stderr: String::new(),
+    })
+}
+
+fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    let (lock, _) =
+        crate::recover::lock_for_write(&session, &cgroup_root(), &crate::ids::SystemClock)?;
+    let (path, c) = crate::context::checkpoint(&session, &lock)?;
+    let text = format!(
+        "{}\n",
+        if a.common.json {
+            json!({"path": path.display().to_string(), "checkpoint": c}).to_string()
+        } else {
+            format!(
+                "checkpoint {} covers evidence entry {}",
+                path.display(),
+                c["covers"]["seq"]
+            )
+        }
+    );
+    Ok(Outcome::ok(text))
+}
+
+fn context_cmd(a: &ContextArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    if let Some(t) = &a.as_of {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).map_err(
+            |e| SupervisorError::invalid("--as-of", format!("not an RFC 3339 time: {e}")),
+        )?;
+        if !t.ends_with('Z') {
+            return Err(SupervisorError::invalid(
+                "--as-of",
+                "give the time in UTC (ending in Z)",
+            ));
+        }
+    }
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    let v = crate::context::context(&session, a.as_of.as_deref())?;
+    if a.common.json {
+        return Ok(Outcome::ok(format!("{v}\n")));
+    }
+    let c = &v["context"];
+    let mut text = format!(
+        "context of {id} as of {} ({} entries replayed{})\n",
+        a.as_of.as_deref().unwrap_or("now"),
+        v["entries_replayed"],
+        v["checkpoint"]
+            .as_str()
+            .map(|p| format!(" after checkpoint {p}"))
+            .unwrap_or_default()
+    );
+    for t in c["turns"].as_array().into_iter().flatten() {
+        text += &format!(
+            "turn {}: {}\n",
+            t["turn_number"],
+            t["status"].as_str().unwrap_or("?")
+        );
+    }
+    for (p, o) in c["outputs"].as_object().into_iter().flatten() {
+        text += &format!(
+            "output {p} sha256 {}\n",
+            o["sha256"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(Outcome::ok(text))
+}
+
+fn explain(a: &ExplainArgs) -> Result<Outcome> {
+    let id = SessionId::parse(&a.session)?;
+    if a.turn == 0 {
+        return Err(SupervisorError::InvalidArgument {
+            field: "--turn".into(),
+            reason: "turns are numbered from 1".into(),
+        });
+    }
+    let (ws, state) = open_workspace(&a.common)?;
+    let session = Session::open(&ws, &state, &id, None)?;
+    let ledger = session.ledger(LedgerKind::Evidence);
+    let entry = ledger
+        .verified_entries()?
+        .into_iter()
+        .rev()
+        .find(|e| e["event"] == "turn.finished" && e["turn_number"] == a.turn)
+        .ok_or_else(|| SupervisorError::InvalidArgument {
+            field: "--turn".into(),
+            reason: format!("session {id} has no finished turn {}", a.turn),
+        })?;
+    let violations = entry["violations"].as_array().cloned().unwrap_or_default();
+    let observed = entry["enforcement"]["denials_observed"].clone();
+    if a.common.json {
+        let v = json!({"session_id": id.as_str(), "turn_number": a.turn,
+            "status": entry["status"], "violations": violations, "denials_observed": observed});
+        return Ok(Outcome::ok(format!("{v}\n")));
+    }
+    let mut text = format!(
+        "turn {} of {id}: {}\n",
+        a.turn,
+        entry["status"].as_str().unwrap_or("?")
+    );
+    if violations.is_empty() {
+        text += "no refusal was recorded\n";
+    }
+    for v in &violations {
+        text += &format!(
+            "- [{}] {} {} (x{})\n    {}\n",
+            v["layer"].as_str().unwrap_or("verify"),
+            v["attempted_operation"].as_str().unwrap_or("?"),
+            v["target"].as_str().unwrap_or("?"),
+            v["count"].as_u64().unwrap_or(1),
+            v["details"].as_str().unwrap_or_default()
+        );
+        if let Some(h) = v["hint"].as_str() {
+            text += &format!("    hint: {h}\n");
+        }
+    }
+    if let Some(layers) = observed.as_object() {
+        for (layer, o) in layers {
+            if o["observed"] == false {
+                text += &format!(
+                    "note: {layer} refusals are not observable here: {}\n",
+                    o["why"].as_str().unwrap_or("?")
+                );
+            }
+        }
+    }
+    Ok(Outcome::ok(text))
 }
 
 fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
@@ -422,7 +819,12 @@ fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
 
 /// Builds the turn request from `--request FILE` or from the flags.
 pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
-    if let Some(file) = &r.request {
+    if let Some(file) = r.request.as_ref().or(r.envelope.as_ref()) {
+        let flag = if r.envelope.is_some() {
+            "--envelope"
+        } else {
+            "--request"
+        };
         let mixed = !r.outputs.is_empty()
             || r.no_outputs
             || !r.inputs.is_empty()
@@ -432,15 +834,39 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
             || !r.command.is_empty();
         if mixed {
             return Err(SupervisorError::invalid(
-                "--request",
+                flag,
                 "the request file carries the whole request; do not combine it with --output, --no-outputs, --input, --work-order, --idempotency-key, --timeout or a command",
             ));
         }
+        // A FIFO, device, directory or symlink is refused without blocking.
         let bytes =
-            crate::fsx::read_small(file, request::MAX_REQUEST_BYTES as u64).map_err(|e| {
-                SupervisorError::invalid("--request", format!("{}: {e}", file.display()))
-            })?;
-        return Ok(TurnRequest::from_json(&bytes)?);
+            turnstile_policy::input::read_regular_file(file, request::MAX_REQUEST_BYTES as u64)
+                .map_err(|e| SupervisorError::invalid(flag, format!("{}: {e}", file.display())))?;
+        if r.envelope.is_none() {
+            return Ok(TurnRequest::from_json(&bytes)?);
+        }
+        let env = turnstile_policy::envelope::EventEnvelope::from_json(&bytes)?;
+        if env.kind != "turn.requested" {
+            return Err(SupervisorError::invalid(
+                "envelope.type",
+                format!(
+                    "`{}`: only `turn.requested` envelopes start a turn",
+                    env.kind
+                ),
+            ));
+        }
+        let mut payload = env.payload.clone();
+        match payload.get("idempotency_key") {
+            Some(k) if k != &json!(env.idempotency_key) => {
+                return Err(SupervisorError::invalid(
+                    "envelope.payload.idempotency_key",
+                    "differs from the envelope's idempotency_key; give it once",
+                ));
+            }
+            _ => payload["idempotency_key"] = json!(env.idempotency_key),
+        }
+        let doc = serde_json::to_vec(&payload).unwrap_or_default();
+        return Ok(TurnRequest::from_json(&doc)?);
     }
     if r.no_outputs && !r.outputs.is_empty() {
         return Err(SupervisorError::invalid(
@@ -471,17 +897,22 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
 }
 
 fn check(a: &CheckArgs) -> Result<Outcome> {
-    let package = PackageId::parse(&a.package)?;
     let session = match &a.session {
         Some(s) => SessionId::parse(s)?,
         None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
     };
     let request = request_from_args(&a.request)?;
-    let ws = Workspace::open(&a.common.root)?;
-    let manifest = Manifest::load(ws.root(), &package)?;
-    let bound = request.bind(&session)?;
-    let caps = CompiledCapabilities::compile(ws.root_str(), &manifest, &bound)?;
-    let decision = caps.check(&bound);
+    let admission = crate::admit::admit(
+        crate::admit::Input {
+            root: &a.common.root,
+            state_dir: &a.common.state_dir,
+            package: &a.package,
+            request: &request,
+        },
+        session,
+    )?;
+    let (package, session, bound) = (&admission.package, &admission.session, &admission.request);
+    let decision = admission.check();
     let (status, entry, violations) = match &decision {
         Ok(allowed) => (exit::OK, Some(allowed.execute_entry.clone()), Vec::new()),
         Err(Violations(v)) => (exit::VIOLATION, None, v.clone()),
@@ -578,23 +1009,21 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
-    match a.backend.as_str() {
-        "native" => {}
-        // Known runtimes, not wired yet: never a silent fallback to native.
-        "runc" | "crun" | "runsc" | "kata" => {
-            return Err(SupervisorError::RuntimeUnavailable {
-                runtime: a.backend.clone(),
-                reason: "OCI backends arrive with the containerd shim; use --backend native".into(),
-            });
-        }
-        other => {
-            return Err(SupervisorError::invalid(
-                "--backend",
-                format!("`{other}` is not a backend (native, runc, crun, runsc, kata)"),
-            ));
-        }
-    }
     let request = request_from_args(&a.request)?;
+    let deterministic = a.deterministic.parse()?;
+    if deterministic.is_some() && a.session.is_some() {
+        return Err(SupervisorError::invalid(
+            "--deterministic",
+            "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
+        ));
+    }
+    // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
+    // `interrupted`, exit 128+signal) instead of killing supervise outright.
+    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
+        op: "install signal handlers",
+        path: PathBuf::new(),
+        source,
+    })?;
     let opts = crate::turn::RunOptions {
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
@@ -602,11 +1031,15 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         session: a.session.clone(),
         request,
         json: a.common.json,
-        cgroup_root: std::env::var_os("TURNSTILE_CGROUP_ROOT")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+        cgroup_root: cgroup_root(),
+        sources: crate::ids::Sources::system(),
+        backend: a.backend.clone(),
+        deterministic,
     };
     let r = crate::turn::run_turn(&opts)?;
+    if let Some(path) = &a.events {
+        emit_events(path, &a.package, &opts.request, &r.value)?;
+    }
     Ok(Outcome {
         status: r.exit_status,
         stdout: if a.common.json {
@@ -616,6 +1049,84 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         },
         stderr: format!("supervise: {}\n", r.summary),
     })
+}
+
+/// The turn's events as EventEnvelope v1 lines, appended to `path`
+/// (created 0600; never through a symlink).
+fn emit_events(
+    path: &std::path::Path,
+    package: &str,
+    request: &TurnRequest,
+    v: &Value,
+) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use turnstile_policy::envelope::{EventEnvelope, SCHEMA_VERSION, Source};
+    let sid = v["session_id"].as_str().unwrap_or_default();
+    let turn = v["turn_number"].as_u64().unwrap_or(0);
+    let key = request
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| format!("{sid}/turn-{turn}"));
+    let finished = v["finished_at"].as_str().unwrap_or_default().to_owned();
+    let started = v["started_at"].as_str().unwrap_or(&finished).to_owned();
+    let mut events: Vec<(&str, String, Value)> = vec![
+        (
+            "turn.requested",
+            started.clone(),
+            json!({
+                "command": request.command,
+                "declared_inputs": request.declared_inputs,
+                "declared_outputs": request.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
+                "work_order_id": request.work_order_id,
+                "idempotency_key": request.idempotency_key,
+                "timeout_seconds": request.timeout_seconds,
+            }),
+        ),
+        (
+            "turn.started",
+            started,
+            json!({"session_id": sid, "turn_number": turn}),
+        ),
+    ];
+    for x in v["violations"].as_array().into_iter().flatten() {
+        events.push(("turn.violation", finished.clone(), x.clone()));
+    }
+    // Durations are measurements (floating point), not part of the event.
+    let mut result = v.clone();
+    if let Some(m) = result.as_object_mut() {
+        m.remove("durations");
+    }
+    events.push(("turn.finished", finished, result));
+    let mut out = Vec::new();
+    for (n, (kind, ts, payload)) in events.into_iter().enumerate() {
+        let e = EventEnvelope {
+            id: format!("EVT-{sid}-{turn}-{n}"),
+            ts,
+            kind: kind.into(),
+            schema_version: SCHEMA_VERSION.into(),
+            idempotency_key: key.clone(),
+            source: Source {
+                agent: package.into(),
+                adapter: "supervise-cli".into(),
+            },
+            payload,
+        };
+        out.extend(e.to_canonical()?);
+        out.push(b'\n');
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+        .and_then(|mut f| f.write_all(&out))
+        .map_err(|source| SupervisorError::StateIo {
+            op: "write events",
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// A request for `plan`: the flags, or (without a command) the first execute
@@ -663,16 +1174,85 @@ fn plan_request(a: &PlanArgs) -> Result<TurnRequest> {
 fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
     let request = plan_request(a)?;
     let plan = crate::turn::plan_only(
-        &a.common.root,
-        &a.common.state_dir,
-        &a.package,
+        crate::admit::Input {
+            root: &a.common.root,
+            state_dir: &a.common.state_dir,
+            package: &a.package,
+            request: &request,
+        },
         a.session.as_deref(),
-        &request,
     )?;
     let stdout = if a.common.json {
         format!("{}\n", serde_json::to_value(&plan).unwrap_or(Value::Null))
     } else {
         plan.render_text()
+    };
+    Ok(Outcome::ok(stdout))
+}
+
+fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
+    if !["runc", "crun", "runsc", "kata"].contains(&a.backend.as_str()) {
+        return Err(SupervisorError::invalid(
+            "--backend",
+            format!("`{}`: a bundle is for runc, crun, runsc or kata", a.backend),
+        ));
+    }
+    if a.out.symlink_metadata().is_ok() {
+        return Err(SupervisorError::invalid(
+            "--out",
+            format!("{} exists; give a new directory", a.out.display()),
+        ));
+    }
+    let parent = a
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let parent = std::fs::canonicalize(parent)
+        .map_err(|e| SupervisorError::invalid("--out", format!("{}: {e}", parent.display())))?;
+    let out = parent.join(a.out.file_name().unwrap_or_default());
+    let request = plan_request(&a.plan)?;
+    let plan = crate::turn::plan_only(
+        crate::admit::Input {
+            root: &a.plan.common.root,
+            state_dir: &a.plan.common.state_dir,
+            package: &a.plan.package,
+            request: &request,
+        },
+        a.plan.session.as_deref(),
+    )?;
+    let options = crate::backend::bundle::options(
+        &plan,
+        &a.backend,
+        crate::backend::bundle::Place {
+            bundle_dir: out.clone(),
+            empty_dir: out.join("empty"),
+            scope_sources: (0..plan.writable_scopes.len())
+                .map(|i| out.join("scopes").join(i.to_string()).display().to_string())
+                .collect(),
+            workspace_source: None,
+        },
+        request
+            .declared_outputs
+            .iter()
+            .map(|d| (d.path.clone(), d.role.clone()))
+            .collect(),
+        Some(turnstile_oci::VmKernel {
+            path: a.vm_kernel.clone(),
+            parameters: Vec::new(),
+            initrd: None,
+        }),
+    )?;
+    let bundle = turnstile_oci::build(&plan, &options)
+        .map_err(|e| SupervisorError::invalid("plan", e.to_string()))?;
+    crate::backend::bundle::write(&out, &bundle, plan.writable_scopes.len())?;
+    let stdout = if a.plan.common.json {
+        format!(
+            "{}\n",
+            json!({"bundle": out, "backend": a.backend, "config": out.join("config.json")})
+        )
+    } else {
+        format!("bundle for {} written to {}\n", a.backend, out.display())
     };
     Ok(Outcome::ok(stdout))
 }
@@ -689,4 +1269,59 @@ fn doctor_cmd(a: &DoctorArgs) -> Outcome {
         stdout: if a.json { format!("{value}\n") } else { text },
         stderr: String::new(),
     }
+}
+
+/// The cgroupfs root (`TURNSTILE_CGROUP_ROOT`, for tests on a fake tree).
+fn cgroup_root() -> PathBuf {
+    std::env::var_os("TURNSTILE_CGROUP_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))
+}
+
+fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
+    if !a.state_dir.is_absolute() {
+        return Err(SupervisorError::invalid(
+            "--state-dir",
+            format!("{} must be an absolute path", a.state_dir.display()),
+        ));
+    }
+    let workspace = a.root.as_deref().map(Workspace::open).transpose()?;
+    let state = match &workspace {
+        Some(ws) => StateDir::open(&a.state_dir, ws, false)?,
+        None => StateDir::at(&a.state_dir),
+    };
+    let (swept, sessions) =
+        crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root(), &SystemClock)?;
+    let acted: Vec<&crate::recover::SessionRecovery> =
+        sessions.iter().filter(|r| !r.is_empty()).collect();
+    let stdout = if a.json {
+        format!(
+            "{}\n",
+            json!({
+                "sessions_checked": sessions.len(),
+                "unfinished_creations_removed": swept,
+                "recovered": acted.iter().map(|r| r.to_value()).collect::<Vec<_>>(),
+            })
+        )
+    } else {
+        let mut t = format!(
+            "{} sessions checked, {} recovered, {} unfinished session creations removed\n",
+            sessions.len(),
+            acted.len(),
+            swept.len()
+        );
+        for r in &acted {
+            t += &format!(
+                "{}: {} turn(s) closed, {} journal(s) settled, {} ledger tail(s) settled, {} cgroup(s) and {} turn dir(s) removed\n",
+                r.session_id,
+                r.closed.len(),
+                r.journals.len(),
+                r.tails.len(),
+                r.cgroups.len(),
+                r.turn_dirs.len()
+            );
+        }
+        t
+    };
+    Ok(Outcome::ok(stdout))
 }

@@ -1,22 +1,45 @@
 //! Commit: a verified turn's declared outputs land in the workspace, all or
-//! nothing, and its scratch delta is applied to `tmp/<sid>/`.
+//! nothing, and its scratch delta is applied to `tmp/<sid>/` — across
+//! crashes too.
 //!
-//! Every output is read from its upper dir through one descriptor opened
-//! without following symlinks, hashed while it is copied into a staging file
-//! next to its destination, checked against the hash recorded at capture,
-//! fsync'd, and only when every output is staged are they renamed into place.
-//! Destination directories are created component by component, never
-//! through a symlink. Modes are normalised (0644 files, 0755 dirs); xattrs
-//! are not copied.
+//! The protocol is a journal in the state directory:
+//!
+//! 1. the journal is written (`phase: staging`) listing every operation,
+//!    every staging name and every directory the commit will create;
+//! 2. every output is copied from its upper dir into a staging file next to
+//!    its destination, hashed from the same descriptor and checked against
+//!    the capture; scratch files and symlinks are staged in a private
+//!    directory beside `tmp/<sid>/`; everything staged is made durable;
+//! 3. the journal moves to `phase: staged` — the commit point;
+//! 4. the operations are applied: renames into place, scratch deletions and
+//!    replaced directories moved aside (never removed in place, so applying
+//!    again after a crash is harmless), new directories made;
+//! 5. the journal is removed.
+//!
+//! [`recover`] finishes a journal a crash left behind: `staging` is rolled
+//! back (staging files and created directories removed: nothing lands),
+//! `staged` is rolled forward (every output lands with its recorded hash).
+//! Never a subset; never staging debris left in the workspace.
+//!
+//! Nothing is ever opened through a symlink (openat2 RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS). Normalisation: outputs are 0644, or 0755 when the
+//! turn made them executable; scratch keeps the permission bits the turn set
+//! (never setuid, setgid or sticky), keeps symlinks (their targets as
+//! written: they are only ever followed inside a sandbox), empty directories
+//! and deletions, and drops FIFOs, sockets and device nodes. xattrs are
+//! never copied. Outputs belong to `output_owner` (the workspace's owner),
+//! scratch to `scratch_owner` (who the next turn must be able to change it
+//! as).
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2, renameat};
 use nix::sys::stat::Mode;
 use nix::unistd::unlinkat;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::capture::{Kind, RealizedWrite, Scope};
@@ -24,11 +47,7 @@ use crate::error::{Result, SupervisorError};
 use crate::fsx;
 
 fn commit_err(detail: String) -> SupervisorError {
-    SupervisorError::Sandbox {
-        step: "commit",
-        detail,
-        source: None,
-    }
+    SupervisorError::Commit { detail }
 }
 
 fn beneath(flags: OFlag, mode: Mode) -> OpenHow {
@@ -42,12 +61,16 @@ fn beneath(flags: OFlag, mode: Mode) -> OpenHow {
         )
 }
 
+fn open_root(root: &Path) -> Result<OwnedFd> {
+    Ok(File::open(root)
+        .map_err(|e| commit_err(format!("{}: {e}", root.display())))?
+        .into())
+}
+
 /// Opens (creating as needed, mode 0755) the directory `rel` under `root`,
 /// one component at a time, never through a symlink.
 pub(crate) fn open_dir_creating(root: &Path, rel: &str) -> Result<OwnedFd> {
-    let mut fd: OwnedFd = File::open(root)
-        .map_err(|e| commit_err(format!("{}: {e}", root.display())))?
-        .into();
+    let mut fd = open_root(root)?;
     for part in rel.split('/').filter(|p| !p.is_empty()) {
         match nix::sys::stat::mkdirat(fd.as_fd(), part, Mode::from_bits_truncate(0o755)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
@@ -63,130 +86,107 @@ pub(crate) fn open_dir_creating(root: &Path, rel: &str) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Destination directories opened so far, by workspace-relative path: each
-/// is walked and opened once per commit, however many files land in it.
-type DirCache = std::collections::HashMap<String, std::rc::Rc<OwnedFd>>;
-
-fn cached_dir(root: &Path, dir_rel: &str, cache: &mut DirCache) -> Result<std::rc::Rc<OwnedFd>> {
-    if let Some(fd) = cache.get(dir_rel) {
-        return Ok(std::rc::Rc::clone(fd));
+/// Opens the existing directory `rel` under `root` (no creation, no
+/// symlinks); `None` when it does not exist.
+fn open_dir(root: &Path, rel: &str) -> Result<Option<OwnedFd>> {
+    let root_fd = open_root(root)?;
+    let rel = if rel.is_empty() { "." } else { rel };
+    match openat2(
+        root_fd.as_fd(),
+        rel,
+        beneath(OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()),
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(commit_err(format!("open {rel}: {e}"))),
     }
-    let fd = std::rc::Rc::new(open_dir_creating(root, dir_rel)?);
-    cache.insert(dir_rel.to_owned(), std::rc::Rc::clone(&fd));
-    Ok(fd)
 }
 
-/// A staged file waiting for its rename.
-struct Staged {
-    dir: std::rc::Rc<OwnedFd>,
-    temp: String,
-    name: String,
-    dir_rel: String,
+fn exists_at(dir: &OwnedFd, name: &str) -> bool {
+    nix::sys::stat::fstatat(dir.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
 }
 
-/// Copies `source` (an upper-dir file) into a staging file in `dest_rel`'s
-/// directory, hashing from the same descriptor; checks the hash. Not yet
-/// durable: the caller syncs the file system once for all staged files.
-fn stage(
-    root: &Path,
-    scope: &Scope,
-    source_rel: &str,
-    dest_rel: &str,
-    expected: Option<&str>,
-    dirs: &mut DirCache,
-) -> Result<Staged> {
-    let mut src = File::from(
-        fsx::open_beneath(&scope.upper, source_rel)
-            .map_err(|e| commit_err(format!("{dest_rel}: {e}")))?,
-    );
-    if !src.metadata().map(|m| m.is_file()).unwrap_or(false) {
-        return Err(commit_err(format!("{dest_rel}: not a regular file")));
-    }
-    let (dir_rel, name) = dest_rel.rsplit_once('/').unwrap_or(("", dest_rel));
-    let dir = cached_dir(root, dir_rel, dirs)?;
-    let temp = format!(".{name}.turnstile-{:016x}", getrandom::u64().unwrap_or(0));
-    let mut dst = File::from(
-        openat2(
-            dir.as_fd(),
-            temp.as_str(),
-            beneath(
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
-                Mode::from_bits_truncate(0o644),
-            ),
-        )
-        .map_err(|e| commit_err(format!("stage {dest_rel}: {e}")))?,
-    );
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let copy = (|| -> std::io::Result<()> {
-        loop {
-            let n = src.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            dst.write_all(&buf[..n])?;
-        }
-        Ok(())
-    })();
-    let staged = Staged {
-        dir,
-        temp,
-        name: name.to_owned(),
-        dir_rel: dir_rel.to_owned(),
-    };
-    if let Err(e) = copy {
-        discard(&staged);
-        return Err(commit_err(format!("copy {dest_rel}: {e}")));
-    }
-    let got = hex::encode(hasher.finalize());
-    if let Some(want) = expected {
-        if got != want {
-            discard(&staged);
-            return Err(commit_err(format!(
-                "{dest_rel}: content changed between capture and commit"
-            )));
-        }
-    }
-    Ok(staged)
-}
-
-/// Makes the staged files durable: nothing to do for none, one fsync each
-/// for a few, one syncfs of the workspace's file system for many (10,000
-/// per-file fsyncs cost seconds; a syncfs also flushes unrelated dirty
-/// data, which only pays off in bulk).
-fn make_durable(root: &File, staged: &[Staged]) -> Result<()> {
-    const PER_FILE_MAX: usize = 32;
-    if staged.len() > PER_FILE_MAX {
-        return nix::unistd::syncfs(root).map_err(|e| commit_err(format!("syncfs: {e}")));
-    }
-    for s in staged {
-        let f = openat2(
-            s.dir.as_fd(),
-            s.temp.as_str(),
-            beneath(OFlag::O_RDONLY, Mode::empty()),
-        )
-        .map_err(|e| commit_err(format!("{}/{}: {e}", s.dir_rel, s.name)))?;
-        nix::unistd::fsync(f.as_fd())
-            .map_err(|e| commit_err(format!("fsync {}/{}: {e}", s.dir_rel, s.name)))?;
-    }
-    Ok(())
-}
-
-fn discard(s: &Staged) {
-    let _ = unlinkat(
-        s.dir.as_fd(),
-        s.temp.as_str(),
-        nix::unistd::UnlinkatFlags::NoRemoveDir,
-    );
+fn split(rel: &str) -> (&str, &str) {
+    rel.rsplit_once('/').unwrap_or(("", rel))
 }
 
 /// One committed file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Committed {
     pub path: String,
     pub size: u64,
     pub sha256: String,
+}
+
+/// A declared output: staged next to its destination as `temp`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct OutputOp {
+    path: String,
+    temp: String,
+    sha256: String,
+    size: u64,
+    mode: u32,
+}
+
+/// One step of the scratch delta, applied in order (parents first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum ScratchOp {
+    /// Move the host entry aside (a whiteout).
+    Delete { path: String },
+    /// Move the host entry aside and make an empty directory (opaque dir).
+    ReplaceDir { path: String, mode: u32 },
+    /// Make the directory if missing; set its mode.
+    Dir { path: String, mode: u32 },
+    /// Rename the staged entry `stage/<index>` into place (file or symlink).
+    Place { path: String, index: usize },
+}
+
+/// The commit journal (`state/sessions/<sid>/turn-<n>.commit`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Journal {
+    version: u32,
+    phase: Phase,
+    turn_number: u64,
+    /// Workspace-relative: where scratch entries are staged (`stage/`) and
+    /// where replaced or deleted ones are moved (`trash/`).
+    work_dir: String,
+    output_owner: (u32, u32),
+    scratch_owner: (u32, u32),
+    outputs: Vec<OutputOp>,
+    /// Directories created for outputs, parents first (removed on roll-back
+    /// when empty).
+    created_dirs: Vec<String>,
+    scratch: Vec<ScratchOp>,
+    /// Applying failed after the commit point and the turn was recorded as
+    /// `commit_failed`: recovery completes it and says so.
+    #[serde(default)]
+    failed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Phase {
+    Staging,
+    Staged,
+}
+
+/// What a commit (or its recovery) is asked to do.
+#[derive(Debug)]
+pub struct CommitRequest<'a> {
+    pub root: &'a Path,
+    pub scopes: &'a [Scope],
+    pub matched: &'a [RealizedWrite],
+    pub scratch: &'a [RealizedWrite],
+    pub output_owner: (u32, u32),
+    pub scratch_owner: (u32, u32),
+    pub turn_number: u64,
+    /// The journal's path in the state directory.
+    pub journal: PathBuf,
+    /// Workspace-relative private directory for this commit
+    /// (`tmp/.<sid>.t<n>.commit`).
+    pub work_dir: String,
 }
 
 fn scope_of<'a>(scopes: &'a [Scope], w: &RealizedWrite) -> Result<(&'a Scope, String)> {
@@ -200,118 +200,535 @@ fn scope_of<'a>(scopes: &'a [Scope], w: &RealizedWrite) -> Result<(&'a Scope, St
     Ok((scope, rel.to_owned()))
 }
 
-/// Commits the declared outputs (`matched`), then applies the scratch delta.
-/// Scratch files and directories are owned by `owner` (the turn's uid/gid)
-/// so the session's next turn can change them; outputs stay root's.
-pub fn commit(
-    root: &Path,
-    scopes: &[Scope],
-    matched: &[RealizedWrite],
-    scratch: &[RealizedWrite],
-    owner: (u32, u32),
-) -> Result<Vec<Committed>> {
-    // 1. Stage every output; on any failure discard them all. One syncfs
-    // then makes every staged byte durable (one flush instead of one fsync
-    // per file: 10,000 outputs took 10.7 s with per-file fsync).
-    let mut dirs = DirCache::new();
-    let mut staged = Vec::new();
-    for w in matched {
-        let (scope, rel) = scope_of(scopes, w)?;
-        match stage(root, scope, &rel, &w.path, w.sha256.as_deref(), &mut dirs) {
-            Ok(s) => staged.push(s),
-            Err(e) => {
-                staged.iter().for_each(discard);
-                return Err(e);
-            }
-        }
-    }
-    let root_fd = File::open(root).map_err(|e| commit_err(format!("{}: {e}", root.display())))?;
-    if let Err(e) = make_durable(&root_fd, &staged) {
-        staged.iter().for_each(discard);
-        return Err(e);
-    }
-    // 2. Rename into place, then make the directory entries durable.
-    for s in &staged {
-        renameat(
-            s.dir.as_fd(),
-            s.temp.as_str(),
-            s.dir.as_fd(),
-            s.name.as_str(),
-        )
-        .map_err(|e| commit_err(format!("rename into {}/{}: {e}", s.dir_rel, s.name)))?;
-    }
-    // The directories that received renames (none for a turn that
-    // committed nothing).
-    for s in &staged {
-        if dirs.remove(&s.dir_rel).is_some() {
-            nix::unistd::fsync(s.dir.as_fd())
-                .map_err(|e| commit_err(format!("fsync {}: {e}", s.dir_rel)))?;
-        }
-    }
-    // 3. The scratch delta, in path order (parents before children).
-    for w in scratch {
-        let (scope, rel) = scope_of(scopes, w)?;
-        let host = root.join(&w.path);
-        match w.kind {
-            Kind::Deleted => remove_host(&host)?,
-            Kind::OpaqueDir | Kind::Dir => {
-                if w.kind == Kind::OpaqueDir {
-                    remove_host(&host)?;
-                }
-                let fd = open_dir_creating(root, &w.path)?;
-                chown_fd(fd.as_fd(), owner, &w.path)?;
-            }
-            Kind::File => {
-                let s = stage(root, scope, &rel, &w.path, w.sha256.as_deref(), &mut dirs)?;
-                let staged = openat2(
-                    s.dir.as_fd(),
-                    s.temp.as_str(),
-                    beneath(OFlag::O_RDONLY, Mode::empty()),
-                )
-                .map_err(|e| commit_err(format!("{}: {e}", w.path)))?;
-                chown_fd(staged.as_fd(), owner, &w.path)?;
-                renameat(
-                    s.dir.as_fd(),
-                    s.temp.as_str(),
-                    s.dir.as_fd(),
-                    s.name.as_str(),
-                )
-                .map_err(|e| commit_err(format!("rename {}: {e}", w.path)))?;
-            }
-            // Links and special files never leave the sandbox.
-            Kind::Symlink | Kind::Special => {}
-        }
-    }
-    if scratch
-        .iter()
-        .any(|w| w.kind != Kind::Symlink && w.kind != Kind::Special)
-    {
-        nix::unistd::syncfs(&root_fd).map_err(|e| commit_err(format!("syncfs: {e}")))?;
-    }
-    Ok(matched
-        .iter()
-        .map(|w| Committed {
-            path: w.path.clone(),
-            size: w.size,
-            sha256: w.sha256.clone().unwrap_or_default(),
-        })
-        .collect())
+fn output_mode(turn_mode: u32) -> u32 {
+    if turn_mode & 0o111 != 0 { 0o755 } else { 0o644 }
 }
 
-fn chown_fd(fd: std::os::fd::BorrowedFd<'_>, (uid, gid): (u32, u32), what: &str) -> Result<()> {
+fn write_journal(path: &Path, journal: &Journal) -> Result<()> {
+    let bytes = serde_json::to_vec(journal).map_err(|e| commit_err(format!("journal: {e}")))?;
+    fsx::write_atomic(path, &bytes)
+}
+
+/// Reads a commit journal.
+pub fn read_journal(path: &Path) -> Result<Journal> {
+    let bytes = fsx::read_small(path, 64 << 20).map_err(|source| SupervisorError::StateIo {
+        op: "read commit journal",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| SupervisorError::StateIo {
+        op: "parse commit journal",
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
+}
+
+impl Journal {
+    pub fn turn_number(&self) -> u64 {
+        self.turn_number
+    }
+
+    fn committed(&self) -> Vec<Committed> {
+        self.outputs
+            .iter()
+            .map(|o| Committed {
+                path: o.path.clone(),
+                size: o.size,
+                sha256: o.sha256.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Commits the declared outputs (`matched`) and the scratch delta, through
+/// the journal. A turn with nothing to commit writes no journal.
+pub fn commit(req: &CommitRequest<'_>) -> Result<Vec<Committed>> {
+    let journal = plan_journal(req)?;
+    if journal.outputs.is_empty() && journal.scratch.is_empty() {
+        return Ok(Vec::new());
+    }
+    write_journal(&req.journal, &journal)?;
+    if let Err(e) = stage_all(req, &journal) {
+        let _ = roll_back(req.root, &journal);
+        let _ = std::fs::remove_file(&req.journal);
+        return Err(e);
+    }
+    let staged = Journal {
+        phase: Phase::Staged,
+        ..journal
+    };
+    if let Err(e) = write_journal(&req.journal, &staged) {
+        let _ = roll_back(req.root, &staged);
+        let _ = std::fs::remove_file(&req.journal);
+        return Err(e);
+    }
+    // Past the commit point: a failure from here on leaves the journal,
+    // marked, for recovery to roll forward.
+    if let Err(e) = apply(req.root, &staged, false) {
+        let _ = write_journal(
+            &req.journal,
+            &Journal {
+                failed: true,
+                ..staged
+            },
+        );
+        return Err(e);
+    }
+    // The journal stays until the turn's finish entries are durable
+    // ([`finish`]): a crash in between must not read as "nothing landed".
+    Ok(staged.committed())
+}
+
+/// Removes a commit's private directory and its journal, once the turn's
+/// finish entries are durable. Without a journal (nothing was committed)
+/// it does nothing.
+pub fn finish(root: &Path, journal: &Path) -> Result<()> {
+    match read_journal(journal) {
+        Ok(j) => finish_journal(root, &j, journal),
+        Err(_) if !journal.exists() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
+    let mut outputs = Vec::new();
+    let mut created_dirs: Vec<String> = Vec::new();
+    for w in req.matched {
+        let (dir_rel, name) = split(&w.path);
+        let mut prefix = String::new();
+        for part in dir_rel.split('/').filter(|p| !p.is_empty()) {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+            if !created_dirs.contains(&prefix) && open_dir(req.root, &prefix)?.is_none() {
+                created_dirs.push(prefix.clone());
+            }
+        }
+        outputs.push(OutputOp {
+            path: w.path.clone(),
+            temp: format!(".{name}.turnstile-t{}", req.turn_number),
+            sha256: w.sha256.clone().unwrap_or_default(),
+            size: w.size,
+            mode: output_mode(w.mode),
+        });
+    }
+    let mut scratch = Vec::new();
+    for (index, w) in req.scratch.iter().enumerate() {
+        let path = w.path.clone();
+        let mode = w.mode & 0o777;
+        match w.kind {
+            Kind::Deleted => scratch.push(ScratchOp::Delete { path }),
+            Kind::OpaqueDir => scratch.push(ScratchOp::ReplaceDir { path, mode }),
+            Kind::Dir => scratch.push(ScratchOp::Dir { path, mode }),
+            Kind::File | Kind::Symlink => scratch.push(ScratchOp::Place { path, index }),
+            // FIFOs, sockets and device nodes never leave the sandbox.
+            Kind::Special => {}
+        }
+    }
+    Ok(Journal {
+        version: 1,
+        phase: Phase::Staging,
+        turn_number: req.turn_number,
+        work_dir: req.work_dir.clone(),
+        output_owner: req.output_owner,
+        scratch_owner: req.scratch_owner,
+        outputs,
+        created_dirs,
+        scratch,
+        failed: false,
+    })
+}
+
+/// Copies `source_rel` of `scope`'s upper dir into `temp` in `dir`, hashing
+/// from the same descriptor; checks the hash; sets mode and owner.
+/// How a staged file must end up.
+struct StageAs<'a> {
+    expected: Option<&'a str>,
+    mode: u32,
+    owner: (u32, u32),
+}
+
+fn stage_file(
+    scope: &Scope,
+    source_rel: &str,
+    dir: &OwnedFd,
+    temp: &str,
+    want: StageAs<'_>,
+    what: &str,
+) -> Result<File> {
+    let StageAs {
+        expected,
+        mode,
+        owner: (uid, gid),
+    } = want;
+    let mut src = File::from(
+        fsx::open_beneath(&scope.upper, source_rel)
+            .map_err(|e| commit_err(format!("{what}: {e}")))?,
+    );
+    if !src.metadata().map(|m| m.is_file()).unwrap_or(false) {
+        return Err(commit_err(format!("{what}: not a regular file")));
+    }
+    // A staging file left by an interrupted attempt is ours to replace.
+    let _ = unlinkat(dir.as_fd(), temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    let mut dst = File::from(
+        openat2(
+            dir.as_fd(),
+            temp,
+            beneath(
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                Mode::from_bits_truncate(0o600),
+            ),
+        )
+        .map_err(|e| commit_err(format!("stage {what}: {e}")))?,
+    );
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = src
+            .read(&mut buf)
+            .map_err(|e| commit_err(format!("copy {what}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n])
+            .map_err(|e| commit_err(format!("copy {what}: {e}")))?;
+    }
+    let got = hex::encode(hasher.finalize());
+    if expected.is_some_and(|want| want != got) {
+        return Err(commit_err(format!(
+            "{what}: content changed between capture and commit"
+        )));
+    }
     nix::unistd::fchown(
-        fd,
+        dst.as_fd(),
         Some(nix::unistd::Uid::from_raw(uid)),
         Some(nix::unistd::Gid::from_raw(gid)),
     )
-    .map_err(|e| commit_err(format!("chown {what}: {e}")))
+    .map_err(|e| commit_err(format!("chown {what}: {e}")))?;
+    // After chown, which clears set-id bits anyway: none are ever set.
+    nix::sys::stat::fchmod(dst.as_fd(), Mode::from_bits_truncate(mode & 0o777))
+        .map_err(|e| commit_err(format!("chmod {what}: {e}")))?;
+    Ok(dst)
 }
 
-fn remove_host(path: &Path) -> Result<()> {
-    match path.symlink_metadata() {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
-        Ok(_) => std::fs::remove_file(path),
-        Err(_) => Ok(()),
+fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
+    let mut synced: Vec<File> = Vec::new();
+    let mut dirs: Vec<OwnedFd> = Vec::new();
+    for (op, w) in journal.outputs.iter().zip(req.matched) {
+        let (scope, rel) = scope_of(req.scopes, w)?;
+        let (dir_rel, _) = split(&op.path);
+        let dir = open_dir_creating(req.root, dir_rel)?;
+        let f = stage_file(
+            scope,
+            &rel,
+            &dir,
+            &op.temp,
+            StageAs {
+                expected: Some(&op.sha256),
+                mode: op.mode,
+                owner: journal.output_owner,
+            },
+            &op.path,
+        )?;
+        synced.push(f);
+        dirs.push(dir);
     }
-    .map_err(|e| commit_err(format!("remove {}: {e}", path.display())))
+    if journal
+        .scratch
+        .iter()
+        .any(|op| matches!(op, ScratchOp::Place { .. }))
+    {
+        let stage = open_dir_creating(req.root, &format!("{}/stage", journal.work_dir))?;
+        for op in &journal.scratch {
+            let ScratchOp::Place { path, index } = op else {
+                continue;
+            };
+            let w = req
+                .scratch
+                .get(*index)
+                .ok_or_else(|| commit_err(format!("{path}: unknown scratch entry")))?;
+            let (scope, rel) = scope_of(req.scopes, w)?;
+            let name = index.to_string();
+            match w.kind {
+                Kind::Symlink => {
+                    let (parent, leaf) = split(&rel);
+                    let upper_dir = if parent.is_empty() {
+                        File::open(&scope.upper).map(OwnedFd::from)
+                    } else {
+                        fsx::open_beneath(&scope.upper, parent)
+                    }
+                    .map_err(|e| commit_err(format!("{path}: {e}")))?;
+                    let target = nix::fcntl::readlinkat(upper_dir.as_fd(), leaf)
+                        .map_err(|e| commit_err(format!("readlink {path}: {e}")))?;
+                    let _ = unlinkat(
+                        stage.as_fd(),
+                        name.as_str(),
+                        nix::unistd::UnlinkatFlags::NoRemoveDir,
+                    );
+                    nix::unistd::symlinkat(target.as_os_str(), stage.as_fd(), name.as_str())
+                        .map_err(|e| commit_err(format!("stage symlink {path}: {e}")))?;
+                    nix::unistd::fchownat(
+                        stage.as_fd(),
+                        name.as_str(),
+                        Some(nix::unistd::Uid::from_raw(journal.scratch_owner.0)),
+                        Some(nix::unistd::Gid::from_raw(journal.scratch_owner.1)),
+                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| commit_err(format!("chown {path}: {e}")))?;
+                }
+                _ => {
+                    let f = stage_file(
+                        scope,
+                        &rel,
+                        &stage,
+                        &name,
+                        StageAs {
+                            expected: w.sha256.as_deref(),
+                            mode: w.mode & 0o777,
+                            owner: journal.scratch_owner,
+                        },
+                        path,
+                    )?;
+                    synced.push(f);
+                }
+            }
+        }
+        dirs.push(stage);
+    }
+    make_durable(req.root, &synced)?;
+    for d in &dirs {
+        nix::unistd::fsync(d.as_fd()).map_err(|e| commit_err(format!("fsync: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Makes staged files durable: one fsync each for a few, one syncfs of the
+/// workspace's file system for many (10,000 per-file fsyncs cost seconds).
+fn make_durable(root: &Path, files: &[File]) -> Result<()> {
+    const PER_FILE_MAX: usize = 32;
+    if files.len() > PER_FILE_MAX {
+        let root = File::open(root).map_err(|e| commit_err(format!("{}: {e}", root.display())))?;
+        return nix::unistd::syncfs(&root).map_err(|e| commit_err(format!("syncfs: {e}")));
+    }
+    for f in files {
+        f.sync_all()
+            .map_err(|e| commit_err(format!("fsync staged file: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Applies a staged journal. Idempotent: run again after a crash part-way,
+/// it finishes the job. With `recovering`, an output whose staging file is
+/// gone must already be in place with its recorded hash.
+fn apply(root: &Path, j: &Journal, recovering: bool) -> Result<()> {
+    let mut touched: Vec<OwnedFd> = Vec::new();
+    for o in &j.outputs {
+        let (dir_rel, name) = split(&o.path);
+        let dir = open_dir_creating(root, dir_rel)?;
+        if exists_at(&dir, &o.temp) {
+            if recovering {
+                let (sha, _) = fsx::hash_beneath(root, &format!("{dir_rel}/{}", o.temp))
+                    .map_err(|e| commit_err(format!("{}: {e}", o.path)))?;
+                if sha != o.sha256 {
+                    return Err(commit_err(format!(
+                        "{}: the staged file changed since it was staged",
+                        o.path
+                    )));
+                }
+            }
+            renameat(dir.as_fd(), o.temp.as_str(), dir.as_fd(), name)
+                .map_err(|e| commit_err(format!("rename into {}: {e}", o.path)))?;
+            touched.push(dir);
+        } else {
+            let landed = fsx::hash_beneath(root, &o.path).map(|(sha, _)| sha);
+            if landed.as_deref().ok() != Some(o.sha256.as_str()) {
+                return Err(commit_err(format!(
+                    "{}: neither staged nor in place with its recorded hash",
+                    o.path
+                )));
+            }
+        }
+    }
+    if !j.scratch.is_empty() {
+        let work = open_dir_creating(root, &j.work_dir)?;
+        let stage = open_dir_creating(root, &format!("{}/stage", j.work_dir))?;
+        let trash = open_dir_creating(root, &format!("{}/trash", j.work_dir))?;
+        for (i, op) in j.scratch.iter().enumerate() {
+            apply_scratch(root, j, op, i, &stage, &trash)?;
+        }
+        touched.push(work);
+    }
+    for d in &touched {
+        nix::unistd::fsync(d.as_fd()).map_err(|e| commit_err(format!("fsync: {e}")))?;
+    }
+    Ok(())
+}
+
+fn apply_scratch(
+    root: &Path,
+    j: &Journal,
+    op: &ScratchOp,
+    i: usize,
+    stage: &OwnedFd,
+    trash: &OwnedFd,
+) -> Result<()> {
+    let aside = i.to_string();
+    // Moves `path` into trash/<i> unless that already happened.
+    let move_aside = |path: &str| -> Result<()> {
+        let (dir_rel, name) = split(path);
+        let Some(dir) = open_dir(root, dir_rel)? else {
+            return Ok(());
+        };
+        if exists_at(&dir, name) && !exists_at(trash, &aside) {
+            renameat(dir.as_fd(), name, trash.as_fd(), aside.as_str())
+                .map_err(|e| commit_err(format!("move {path} aside: {e}")))?;
+        }
+        Ok(())
+    };
+    let make_dir = |path: &str, mode: u32| -> Result<()> {
+        let fd = open_dir_creating(root, path)?;
+        nix::unistd::fchown(
+            fd.as_fd(),
+            Some(nix::unistd::Uid::from_raw(j.scratch_owner.0)),
+            Some(nix::unistd::Gid::from_raw(j.scratch_owner.1)),
+        )
+        .map_err(|e| commit_err(format!("chown {path}: {e}")))?;
+        nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(mode & 0o777))
+            .map_err(|e| commit_err(format!("chmod {path}: {e}")))
+    };
+    match op {
+        ScratchOp::Delete { path } => move_aside(path),
+        ScratchOp::ReplaceDir { path, mode } => {
+            move_aside(path)?;
+            make_dir(path, *mode)
+        }
+        ScratchOp::Dir { path, mode } => {
+            // A directory where the host has a file: the file goes aside.
+            let (dir_rel, name) = split(path);
+            if let Some(dir) = open_dir(root, dir_rel)? {
+                let is_dir = nix::sys::stat::fstatat(
+                    dir.as_fd(),
+                    name,
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR);
+                if is_dir == Ok(false) {
+                    move_aside(path)?;
+                }
+            }
+            make_dir(path, *mode)
+        }
+        ScratchOp::Place { path, index } => {
+            let staged = index.to_string();
+            if !exists_at(stage, &staged) {
+                return Ok(()); // placed before the crash
+            }
+            let (dir_rel, name) = split(path);
+            let dir = open_dir_creating(root, dir_rel)?;
+            // A directory in the way (the turn replaced it by a file or a
+            // link): it goes aside first.
+            let in_the_way = nix::sys::stat::fstatat(
+                dir.as_fd(),
+                name,
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR);
+            if in_the_way {
+                move_aside(path)?;
+            }
+            renameat(stage.as_fd(), staged.as_str(), dir.as_fd(), name)
+                .map_err(|e| commit_err(format!("place {path}: {e}")))
+        }
+    }
+}
+
+/// Removes the journal's private directory and the journal itself.
+fn finish_journal(root: &Path, j: &Journal, journal: &Path) -> Result<()> {
+    remove_work_dir(root, j)?;
+    std::fs::remove_file(journal).map_err(|source| SupervisorError::StateIo {
+        op: "remove commit journal",
+        path: journal.to_path_buf(),
+        source,
+    })
+}
+
+fn remove_work_dir(root: &Path, j: &Journal) -> Result<()> {
+    if open_dir(root, &j.work_dir)?.is_some() {
+        // Checked above to be a real directory reached without symlinks;
+        // remove_dir_all does not follow symlinks inside it.
+        std::fs::remove_dir_all(root.join(&j.work_dir))
+            .map_err(|e| commit_err(format!("remove {}: {e}", j.work_dir)))?;
+    }
+    Ok(())
+}
+
+/// Undoes a journal that never reached its commit point: staging files,
+/// the private directory and directories created for outputs go.
+fn roll_back(root: &Path, j: &Journal) -> Result<()> {
+    for o in &j.outputs {
+        let (dir_rel, _) = split(&o.path);
+        if let Some(dir) = open_dir(root, dir_rel)? {
+            let _ = unlinkat(
+                dir.as_fd(),
+                o.temp.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+        }
+    }
+    for d in j.created_dirs.iter().rev() {
+        let (parent, name) = split(d);
+        if let Some(p) = open_dir(root, parent)? {
+            // Only when empty: anything else is not ours.
+            let _ = unlinkat(p.as_fd(), name, nix::unistd::UnlinkatFlags::RemoveDir);
+        }
+    }
+    remove_work_dir(root, j)
+}
+
+/// How recovery settled a commit journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The journal was past its commit point: every output is in place.
+    RolledForward(Vec<Committed>),
+    /// It was not: nothing landed.
+    RolledBack,
+    /// The turn's finish entries were already durable: only the journal
+    /// and the private directory were left to remove.
+    AlreadyRecorded,
+    /// Past the commit point, but the staged files no longer match what
+    /// was recorded (changed by someone else): nothing more is applied.
+    Unrecoverable(String),
+}
+
+/// Settles a commit journal a crash left behind (see the module docs).
+/// `turn_open`: whether the journal's turn still lacks its finish entries.
+/// Never fails on the workspace's state — a journal that cannot be applied
+/// any more is reported, not retried forever. The journal itself stays:
+/// the caller removes it with [`finish`] once the turn's outcome is
+/// recorded (a crash in between must not lose what the journal proves).
+pub fn recover(
+    root: &Path,
+    journal_path: &Path,
+    turn_open: impl Fn(u64) -> bool,
+) -> Result<(u64, Settled)> {
+    let j = read_journal(journal_path)?;
+    let settled = match j.phase {
+        Phase::Staging => {
+            roll_back(root, &j)?;
+            Settled::RolledBack
+        }
+        Phase::Staged if !turn_open(j.turn_number) && !j.failed => Settled::AlreadyRecorded,
+        Phase::Staged => match apply(root, &j, true) {
+            Ok(()) => Settled::RolledForward(j.committed()),
+            Err(e) => Settled::Unrecoverable(e.to_string()),
+        },
+    };
+    if settled == Settled::RolledBack {
+        // Nothing to prove any more; a later pass must not roll it back
+        // again over a newer turn's staging names.
+        finish_journal(root, &j, journal_path)?;
+    }
+    Ok((j.turn_number, settled))
 }

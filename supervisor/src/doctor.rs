@@ -60,6 +60,17 @@ pub fn report() -> (String, Value) {
     if !seccomp {
         failed.push("seccomp filters are unavailable (CONFIG_SECCOMP_FILTER)".into());
     }
+    // Denials explained (issue 11): seccomp's through user notification.
+    let user_notif = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|a| a == "user_notif");
+    let denials = json!({
+        "seccomp": if user_notif { json!({"observed": true, "via": "seccomp user notification"}) }
+            else { json!({"observed": false, "why": "the kernel lacks SECCOMP_RET_USER_NOTIF"}) },
+        "landlock": {"observed": false, "why": crate::denials::LANDLOCK_UNOBSERVED},
+        "mount": {"observed": false, "why": crate::denials::MOUNT_UNOBSERVED},
+    });
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     let overlay = filesystems
         .lines()
@@ -99,6 +110,7 @@ pub fn report() -> (String, Value) {
         "user_namespaces": userns,
         "cgroup": cg.map(cgroup::Version::as_str),
         "runtimes": runtimes,
+        "denials_observed": denials,
     });
     let mut text = format!("turnstile doctor: {status}\n");
     text += &format!("  root:            {}\n", if root { "yes" } else { "no" });
@@ -119,6 +131,14 @@ pub fn report() -> (String, Value) {
         "  cgroups:         {}\n",
         cg.map_or("none", cgroup::Version::as_str)
     );
+    text += &format!(
+        "  denials seen:    seccomp {}; landlock no (audit only); mount layer no\n",
+        if user_notif {
+            "yes (user notification)"
+        } else {
+            "no"
+        }
+    );
     for r in &runtimes {
         text += &format!(
             "  {:<15}  {}\n",
@@ -126,6 +146,114 @@ pub fn report() -> (String, Value) {
             r["path"].as_str().unwrap_or("not installed")
         );
     }
+    for reason in failed.iter().chain(&degraded) {
+        text += &format!("  - {reason}\n");
+    }
+    (text, value)
+}
+
+/// Free space below which the state dir (ledger anchors, journals, turn
+/// dirs) makes the host DEGRADED.
+const STATE_MIN_FREE_BYTES: u64 = 256 << 20;
+
+/// `supervise health`: the host ([`report`]) plus the state directory —
+/// free space, sessions whose ledgers do not verify (FAILED), and what a
+/// stopped supervisor left unrecovered (DEGRADED: run `supervise recover`).
+/// Read-only: nothing is recovered or changed.
+pub fn health(state_dir: &Path) -> (String, Value) {
+    let (_, host) = report();
+    let mut failed: Vec<String> = Vec::new();
+    let mut degraded: Vec<String> = Vec::new();
+    for r in host["reasons"].as_array().into_iter().flatten() {
+        let r = r.as_str().unwrap_or_default().to_owned();
+        if host["status"] == "FAILED" {
+            failed.push(r);
+        } else {
+            degraded.push(r);
+        }
+    }
+    let mut sessions = Vec::new();
+    let free = nix::sys::statvfs::statvfs(state_dir)
+        .ok()
+        .map(|s| s.blocks_available() * s.fragment_size());
+    match free {
+        None => degraded.push(format!(
+            "state dir {} does not exist yet (created by the first session)",
+            state_dir.display()
+        )),
+        Some(f) if f < STATE_MIN_FREE_BYTES => degraded.push(format!(
+            "state dir {}: only {} MiB free (ledger anchors, commit journals and turn dirs live there)",
+            state_dir.display(),
+            f >> 20
+        )),
+        Some(_) => {}
+    }
+    let state = crate::layout::StateDir::at(state_dir);
+    for (id, ws) in crate::recover::known_sessions(&state, None) {
+        let mut entry = json!({"session_id": id.as_str(), "root": ws.root_str()});
+        let session = match crate::session::Session::open(&ws, &state, &id, None) {
+            Ok(s) => s,
+            Err(e) => {
+                failed.push(format!("session {id}: {e}"));
+                entry["error"] = json!(e.to_string());
+                sessions.push(entry);
+                continue;
+            }
+        };
+        let mut warnings = Vec::new();
+        for kind in crate::ledger::LedgerKind::ALL {
+            match session.ledger(kind).verify() {
+                Ok(r) => warnings.extend(r.warnings),
+                Err(e) => {
+                    failed.push(format!("session {id}: {} ledger: {e}", kind.as_str()));
+                    entry["integrity"] = json!(e.to_string());
+                }
+            }
+        }
+        let leftovers: Vec<String> = std::fs::read_dir(state.session_dir(&id))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("turn-"))
+            .collect();
+        if !warnings.is_empty() || !leftovers.is_empty() {
+            degraded.push(format!(
+                "session {id}: unrecovered ({}) — run `supervise recover`",
+                warnings
+                    .iter()
+                    .chain(&leftovers)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+        }
+        entry["warnings"] = json!(warnings);
+        entry["leftovers"] = json!(leftovers);
+        sessions.push(entry);
+    }
+    let status = if !failed.is_empty() {
+        "FAILED"
+    } else if !degraded.is_empty() {
+        "DEGRADED"
+    } else {
+        "READY"
+    };
+    let value = json!({
+        "status": status,
+        "reasons": failed.iter().chain(&degraded).collect::<Vec<_>>(),
+        "host": host,
+        "state_dir": state_dir.display().to_string(),
+        "state_free_bytes": free,
+        "sessions": sessions,
+    });
+    let mut text = format!("turnstile health: {status}\n");
+    text += &format!(
+        "  state dir: {} ({} sessions, {} MiB free)\n",
+        state_dir.display(),
+        value["sessions"].as_array().map_or(0, Vec::len),
+        free.map_or(0, |f| f >> 20)
+    );
     for reason in failed.iter().chain(&degraded) {
         text += &format!("  - {reason}\n");
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use turnstile_policy::error::{ErrorCode, codes};
 use turnstile_policy::{PolicyError, Violations};
 
-use crate::ledger::IntegrityError;
+use crate::integrity::IntegrityError;
 
 /// Exit statuses of `supervise` (DESIGN "Command-line contract").
 pub mod exit {
@@ -72,6 +72,9 @@ pub enum SupervisorError {
         source: Option<std::io::Error>,
     },
 
+    #[error("commit failed: {detail}")]
+    Commit { detail: String },
+
     #[error("capture limit: {0}")]
     CaptureLimit(String),
 
@@ -80,6 +83,15 @@ pub enum SupervisorError {
 
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
+    #[error(
+        "idempotency key `{key}` was used by turn {turn} for a different request (recorded request {recorded}, this request {given}); nothing was run"
+    )]
+    IdempotencyConflict {
+        key: String,
+        turn: u64,
+        recorded: String,
+        given: String,
+    },
 }
 
 pub type Result<T, E = SupervisorError> = std::result::Result<T, E>;
@@ -99,6 +111,8 @@ impl SupervisorError {
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
+            Self::Commit { .. } => codes::COMMIT_FAILED,
+            Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
         }
     }
 
@@ -108,10 +122,11 @@ impl SupervisorError {
             Self::Policy(_)
             | Self::SessionNotFound { .. }
             | Self::InvalidArgument { .. }
-            | Self::InputUnreadable { .. } => exit::BAD_INPUT,
+            | Self::InputUnreadable { .. }
+            | Self::IdempotencyConflict { .. } => exit::BAD_INPUT,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,
-            Self::LedgerIo { .. } | Self::StateIo { .. } => exit::FAILURE,
+            Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
             Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } => exit::SANDBOX,
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
@@ -124,6 +139,7 @@ impl SupervisorError {
             Self::InvalidArgument { field, .. } => Some(field),
             Self::SessionNotFound { .. } => Some("session"),
             Self::InputUnreadable { .. } => Some("declared_inputs"),
+            Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             _ => None,
         }
     }

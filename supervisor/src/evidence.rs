@@ -48,6 +48,7 @@ pub fn session_started(
 #[derive(Debug)]
 pub struct RejectedTurn<'a> {
     pub request: &'a BoundRequest,
+    pub package_id: &'a str,
     pub turn_number: u64,
     pub violations: &'a Violations,
     pub at: OffsetDateTime,
@@ -60,6 +61,9 @@ impl RejectedTurn<'_> {
             .iter()
             .map(|v| {
                 let mut m = object(v.to_value());
+                m.insert("layer".into(), json!("pre-execution"));
+                m.insert("hint".into(), json!(crate::denials::pre_execution_hint(v)));
+                m.insert("count".into(), json!(1));
                 m.insert("session_id".into(), json!(self.request.session.as_str()));
                 m.insert("turn_number".into(), json!(self.turn_number));
                 m.insert("timestamp".into(), json!(rfc3339_micros(self.at)));
@@ -97,7 +101,9 @@ impl RejectedTurn<'_> {
             "session_id": r.session.as_str(),
             "turn_number": self.turn_number,
             "status": "violation",
+            "package_id": self.package_id,
             "command": r.command,
+            "timeout_seconds": r.timeout_seconds,
             "declared_reads": r.declared_inputs,
             "declared_writes": r.declared_outputs.iter().map(|o| o.to_value()).collect::<Vec<_>>(),
             "realized_writes": [],

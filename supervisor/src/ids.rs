@@ -24,6 +24,122 @@ impl RandomSource for OsRandom {
     }
 }
 
+/// The clock and the randomness a turn uses, injected: production passes
+/// [`SystemClock`] and [`OsRandom`]; tests and deterministic runs pass
+/// their own. Nothing in the turn pipeline reads the time or the CSPRNG
+/// any other way (durations come from the monotonic clock and are never
+/// hashed into ids).
+#[derive(Clone)]
+pub struct Sources {
+    pub clock: std::sync::Arc<dyn Clock>,
+    pub random: std::sync::Arc<dyn RandomSource>,
+}
+
+impl Sources {
+    pub fn system() -> Self {
+        Self {
+            clock: std::sync::Arc::new(SystemClock),
+            random: std::sync::Arc::new(OsRandom),
+        }
+    }
+}
+
+/// A session's deterministic mode (issue 13): a seed and a start time,
+/// recorded in the session's state record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deterministic {
+    pub seed: u64,
+    pub clock: OffsetDateTime,
+}
+
+impl Deterministic {
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::json!({"seed": self.seed, "clock": turnstile_policy::timefmt::rfc3339_micros(self.clock)})
+    }
+
+    pub fn from_value(v: &serde_json::Value) -> Option<Self> {
+        let clock = OffsetDateTime::parse(
+            v.get("clock")?.as_str()?,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .ok()?;
+        Some(Self {
+            seed: v.get("seed")?.as_u64()?,
+            clock,
+        })
+    }
+
+    /// The sources of `step` (0: session creation, N: turn N): a clock that
+    /// starts one hour per step after the session's start and advances one
+    /// millisecond per reading, and a SplitMix64 stream of (seed, step).
+    pub fn sources(&self, step: u64) -> Sources {
+        let start = self.clock + time::Duration::hours(step as i64);
+        Sources {
+            clock: std::sync::Arc::new(SteppingClock {
+                start,
+                readings: std::sync::atomic::AtomicU64::new(0),
+            }),
+            random: std::sync::Arc::new(SeededRandom {
+                state: std::sync::atomic::AtomicU64::new(
+                    self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                ),
+            }),
+        }
+    }
+}
+
+/// A clock that advances one millisecond per reading from `start`.
+#[derive(Debug)]
+pub struct SteppingClock {
+    start: OffsetDateTime,
+    readings: std::sync::atomic::AtomicU64,
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> OffsetDateTime {
+        let n = self
+            .readings
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.start + time::Duration::milliseconds(n as i64)
+    }
+}
+
+/// SplitMix64: a seeded, reproducible stream (never for secrets).
+#[derive(Debug)]
+pub struct SeededRandom {
+    state: std::sync::atomic::AtomicU64,
+}
+
+impl RandomSource for SeededRandom {
+    fn next_u64(&self) -> Result<u64, PolicyError> {
+        let mut z = self
+            .state
+            .fetch_add(0x9e37_79b9_7f4a_7c15, std::sync::atomic::Ordering::SeqCst)
+            .wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Ok(z ^ (z >> 31))
+    }
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sources")
+    }
+}
+
+impl Clock for Sources {
+    fn now(&self) -> OffsetDateTime {
+        self.clock.now()
+    }
+}
+
+impl RandomSource for Sources {
+    fn next_u64(&self) -> Result<u64, PolicyError> {
+        self.random.next_u64()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,6 +79,13 @@ impl Workspace {
         self.root.join("tmp").join(session.as_str())
     }
 
+    /// `tmp/.<sid>.t<n>.commit`: a commit's private staging directory,
+    /// beside the scratch dir (same file system, outside the sandbox's
+    /// writable scopes). Workspace-relative.
+    pub fn commit_work_dir(session: &SessionId, turn: u64) -> String {
+        format!("tmp/.{}.t{turn}.commit", session.as_str())
+    }
+
     /// `output/<sid>/`: where committed outputs land.
     pub fn output_dir(&self, session: &SessionId) -> PathBuf {
         self.root.join("output").join(session.as_str())
@@ -119,6 +126,14 @@ impl StateDir {
         Ok(Self { path: resolved })
     }
 
+    /// A state directory without a workspace to check it against (for
+    /// `supervise recover` across every workspace).
+    pub fn at(path: &Path) -> Self {
+        Self {
+            path: resolve_existing_prefix(path),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -133,6 +148,24 @@ impl StateDir {
 
     pub fn session_meta(&self, session: &SessionId) -> PathBuf {
         self.session_dir(session).join("session.json")
+    }
+
+    /// A turn's private directory (mount points, plan, upper dirs).
+    pub fn turn_dir(&self, session: &SessionId, turn: u64) -> PathBuf {
+        self.session_dir(session).join(format!("turn-{turn}"))
+    }
+
+    /// A turn's commit journal.
+    pub fn commit_journal(&self, session: &SessionId, turn: u64) -> PathBuf {
+        self.session_dir(session)
+            .join(format!("turn-{turn}.commit"))
+    }
+
+    /// Where a session is assembled before it is renamed into place.
+    pub fn session_dir_new(&self, session: &SessionId) -> PathBuf {
+        self.path
+            .join("sessions")
+            .join(format!(".new-{}", session.as_str()))
     }
 
     pub fn anchor_path(&self, session: &SessionId, kind: LedgerKind) -> PathBuf {

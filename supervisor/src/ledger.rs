@@ -22,7 +22,6 @@
 //! are accepted only as a prefix, with a warning; one after a hashed entry
 //! would be a downgrade and is an error.
 
-use std::fmt;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -35,7 +34,8 @@ use turnstile_policy::canonical::{self, CanonicalError};
 
 use crate::error::{Result, SupervisorError};
 use crate::fsx;
-use crate::session::SessionLock;
+pub use crate::integrity::{IntegrityError, Problem};
+use crate::lock::SessionLock;
 
 /// Largest ledger line accepted by the reader.
 pub const MAX_ENTRY_BYTES: usize = 16 << 20;
@@ -75,134 +75,23 @@ pub fn genesis_hash(kind: LedgerKind, session: &SessionId) -> String {
     canonical::sha256_hex(format!("turnstile.ledger.v1\n{}\n{}", kind.as_str(), session).as_bytes())
 }
 
-/// What is wrong with a ledger.
+/// An append that was announced in the anchor before its bytes were
+/// written (write-ahead): what the ledger becomes once the bytes land.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
-    FileMissing { acknowledged: u64 },
-    NotRegularFile,
-    AnchorMissing,
-    AnchorInvalid(String),
-    TornLine,
-    EmptyLine,
-    Malformed(String),
-    NotCanonical,
-    NotObject,
-    MissingField(&'static str),
-    SeqMismatch { found: String },
-    WrongSession { found: String },
-    BrokenLink { expected: String, found: String },
-    HashMismatch { recorded: String, computed: String },
-    LegacyAfterHashed,
-    Truncated { acknowledged: u64, found: u64 },
-    BeyondAnchor { acknowledged: u64, found: u64 },
-    AnchorHashMismatch { acknowledged: String, found: String },
-    SizeMismatch { acknowledged: u64, found: u64 },
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::FileMissing { acknowledged } => write!(
-                f,
-                "the ledger file is missing, but {acknowledged} entries were acknowledged (deleted?)"
-            ),
-            Self::NotRegularFile => write!(f, "is not a regular file (symlink or special file)"),
-            Self::AnchorMissing => write!(
-                f,
-                "no head anchor in the state directory: truncation or deletion cannot be ruled out"
-            ),
-            Self::AnchorInvalid(why) => write!(f, "the head anchor is invalid: {why}"),
-            Self::TornLine => write!(f, "torn line: the last line has no terminating newline"),
-            Self::EmptyLine => write!(f, "empty line"),
-            Self::Malformed(why) => write!(f, "malformed JSON: {why}"),
-            Self::NotCanonical => write!(
-                f,
-                "not canonical JSON (whitespace, key order, escapes or number form were changed)"
-            ),
-            Self::NotObject => write!(f, "entry is not a JSON object"),
-            Self::MissingField(name) => write!(f, "missing or mistyped field `{name}`"),
-            Self::SeqMismatch { found } => write!(
-                f,
-                "seq is {found}: an entry was deleted, inserted or reordered before this line"
-            ),
-            Self::WrongSession { found } => write!(
-                f,
-                "entry belongs to session `{found}` (spliced from another session)"
-            ),
-            Self::BrokenLink { expected, found } => write!(
-                f,
-                "previous_hash {found} does not link to the previous entry ({expected}): the previous entry was altered, or this one was spliced in"
-            ),
-            Self::HashMismatch { recorded, computed } => write!(
-                f,
-                "entry_hash {recorded} does not match the content (computed {computed}): the entry was edited"
-            ),
-            Self::LegacyAfterHashed => write!(
-                f,
-                "an entry without hashes follows hashed entries (downgrade): legacy entries may only precede the chain"
-            ),
-            Self::Truncated {
-                acknowledged,
-                found,
-            } => {
-                if *found == 0 {
-                    write!(
-                        f,
-                        "the ledger is empty, but {acknowledged} entries were acknowledged (truncated)"
-                    )
-                } else {
-                    write!(
-                        f,
-                        "the ledger ends at seq {found}, but {acknowledged} entries were acknowledged (tail truncated)"
-                    )
-                }
-            }
-            Self::BeyondAnchor {
-                acknowledged,
-                found,
-            } => write!(
-                f,
-                "the ledger has entries up to seq {found}, but only {acknowledged} were acknowledged (appended outside the supervisor, or an append never completed)"
-            ),
-            Self::AnchorHashMismatch {
-                acknowledged,
-                found,
-            } => write!(
-                f,
-                "the head entry hash {found} differs from the acknowledged head {acknowledged} (the tail was rewritten)"
-            ),
-            Self::SizeMismatch {
-                acknowledged,
-                found,
-            } => write!(
-                f,
-                "the file is {found} bytes, but {acknowledged} bytes were acknowledged (changed outside the supervisor)"
-            ),
-        }
-    }
-}
-
-/// A ledger failed verification. Names the ledger, the entry (line and,
-/// when known, seq) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct IntegrityError {
-    pub ledger: PathBuf,
-    pub line: Option<u64>,
-    pub seq: Option<u64>,
-    pub problem: Problem,
-}
-
-impl fmt::Display for IntegrityError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ledger {}", self.ledger.display())?;
-        match (self.line, self.seq) {
-            (Some(line), Some(seq)) => write!(f, ": entry seq {seq} (line {line})")?,
-            (Some(line), None) => write!(f, ": line {line}")?,
-            (None, Some(seq)) => write!(f, ": entry seq {seq}")?,
-            (None, None) => {}
-        }
-        write!(f, ": {}", self.problem)
-    }
+pub struct Pending {
+    /// The file length once the append is complete.
+    pub len: u64,
+    /// The new head's seq, hash and offset.
+    pub seq: u64,
+    pub entry_hash: String,
+    pub head_offset: u64,
+    pub last_turn: Option<u64>,
+    pub open_turn: Option<u64>,
+    /// sha256 of exactly the bytes being appended.
+    pub tail_sha256: String,
+    /// Appends that must land together (a turn's exec and evidence entries)
+    /// share a group id: recovery completes all of them or none.
+    pub group: String,
 }
 
 /// The acknowledged head of a ledger.
@@ -216,11 +105,26 @@ pub struct Anchor {
     pub head_offset: Option<u64>,
     /// Highest `turn_number` appended so far.
     pub last_turn: Option<u64>,
+    /// A turn whose `turn.started` entry has no `turn.finished` yet: the
+    /// turn in progress, or one a crash left unfinished (exec ledger).
+    pub open_turn: Option<u64>,
+    /// Generation of this anchor state (0 for a single-object legacy
+    /// anchor); selects the newer of the two slots.
+    pub generation: u64,
+    /// An append in progress, announced before its bytes were written.
+    pub pending: Option<Pending>,
 }
 
+/// The anchor file holds two fixed-size slots, written in place in turn
+/// (generation `g` lives in slot `g % 2`) with one `fdatasync` each: a
+/// torn slot fails its checksum and the other slot — the previous state —
+/// stands. No temporary file, rename or directory fsync per append.
+const SLOT_BYTES: usize = 1024;
+const SLOT_MAGIC: &[u8] = b"TSA1 ";
+
 impl Anchor {
-    fn to_bytes(&self, kind: LedgerKind, session: &SessionId) -> Result<Vec<u8>> {
-        canonical::to_vec(&json!({
+    fn to_value(&self, kind: LedgerKind, session: &SessionId) -> Value {
+        let mut v = json!({
             "ledger": kind.as_str(),
             "session_id": session.as_str(),
             "seq": self.seq,
@@ -228,18 +132,76 @@ impl Anchor {
             "len": self.len,
             "head_offset": self.head_offset,
             "last_turn": self.last_turn,
-        }))
-        .map_err(|e| SupervisorError::invalid("anchor", e.to_string()))
+            "open_turn": self.open_turn,
+            "generation": self.generation,
+        });
+        if let (Some(p), Some(m)) = (&self.pending, v.as_object_mut()) {
+            m.insert(
+                "pending".into(),
+                json!({
+                    "len": p.len, "seq": p.seq, "entry_hash": p.entry_hash,
+                    "head_offset": p.head_offset, "last_turn": p.last_turn, "open_turn": p.open_turn,
+                    "tail_sha256": p.tail_sha256, "group": p.group,
+                }),
+            );
+        }
+        v
     }
 
-    fn parse(bytes: &[u8], kind: LedgerKind, session: &SessionId) -> Result<Self, String> {
-        let v = canonical::parse_canonical(bytes).map_err(|e| e.to_string())?;
+    /// One slot: magic, the sha256 of the JSON, the canonical JSON, a
+    /// newline, NUL padding.
+    fn to_slot(&self, kind: LedgerKind, session: &SessionId) -> Result<Vec<u8>> {
+        let body = canonical::to_vec(&self.to_value(kind, session))
+            .map_err(|e| SupervisorError::invalid("anchor", e.to_string()))?;
+        let mut slot = Vec::with_capacity(SLOT_BYTES);
+        slot.extend_from_slice(SLOT_MAGIC);
+        slot.extend_from_slice(canonical::sha256_hex(&body).as_bytes());
+        slot.push(b' ');
+        slot.extend_from_slice(&body);
+        slot.push(b'\n');
+        if slot.len() > SLOT_BYTES {
+            return Err(SupervisorError::invalid(
+                "anchor",
+                format!("anchor state is {} bytes, over {SLOT_BYTES}", slot.len()),
+            ));
+        }
+        slot.resize(SLOT_BYTES, 0);
+        Ok(slot)
+    }
+
+    fn from_value(v: &Value, kind: LedgerKind, session: &SessionId) -> Result<Self, String> {
         let field = |k: &str| v.get(k).ok_or_else(|| format!("missing `{k}`"));
         if field("ledger")?.as_str() != Some(kind.as_str())
             || field("session_id")?.as_str() != Some(session.as_str())
         {
             return Err("belongs to another ledger or session".into());
         }
+        let pending = match v.get("pending") {
+            None | Some(Value::Null) => None,
+            Some(p) => {
+                let u = |k: &str| {
+                    p.get(k)
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| format!("`pending.{k}` is not an integer"))
+                };
+                let s = |k: &str| {
+                    p.get(k)
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("`pending.{k}` is not a string"))
+                };
+                Some(Pending {
+                    len: u("len")?,
+                    seq: u("seq")?,
+                    entry_hash: s("entry_hash")?,
+                    head_offset: u("head_offset")?,
+                    last_turn: p.get("last_turn").and_then(Value::as_u64),
+                    open_turn: p.get("open_turn").and_then(Value::as_u64),
+                    tail_sha256: s("tail_sha256")?,
+                    group: s("group")?,
+                })
+            }
+        };
         Ok(Self {
             seq: field("seq")?.as_u64().ok_or("`seq` is not an integer")?,
             entry_hash: field("entry_hash")?
@@ -249,8 +211,104 @@ impl Anchor {
             len: field("len")?.as_u64().ok_or("`len` is not an integer")?,
             head_offset: v.get("head_offset").and_then(Value::as_u64),
             last_turn: v.get("last_turn").and_then(Value::as_u64),
+            open_turn: v.get("open_turn").and_then(Value::as_u64),
+            generation: v.get("generation").and_then(Value::as_u64).unwrap_or(0),
+            pending,
         })
     }
+
+    /// Parses an anchor file: two slots (the valid one with the higher
+    /// generation wins), or a single canonical JSON object (legacy).
+    fn parse(bytes: &[u8], kind: LedgerKind, session: &SessionId) -> Result<Self, String> {
+        if bytes.first() == Some(&b'{') {
+            let v = canonical::parse_canonical(bytes).map_err(|e| e.to_string())?;
+            return Self::from_value(&v, kind, session);
+        }
+        let mut best: Option<Self> = None;
+        let mut why = String::from("no valid slot");
+        for slot in bytes.chunks(SLOT_BYTES).take(2) {
+            match Self::parse_slot(slot, kind, session) {
+                Ok(Some(a)) if best.as_ref().is_none_or(|b| a.generation > b.generation) => {
+                    best = Some(a);
+                }
+                Ok(_) => {}
+                Err(e) => why = e,
+            }
+        }
+        best.ok_or(why)
+    }
+
+    /// `Ok(None)` for an unused (all-NUL) slot; `Err` for a corrupt or torn
+    /// one.
+    fn parse_slot(
+        slot: &[u8],
+        kind: LedgerKind,
+        session: &SessionId,
+    ) -> Result<Option<Self>, String> {
+        if slot.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        let rest = slot
+            .strip_prefix(SLOT_MAGIC)
+            .ok_or("slot without the anchor magic")?;
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or("slot without an end (torn write)")?;
+        let line = &rest[..end];
+        if line.len() < 66 || line[64] != b' ' {
+            return Err("malformed slot".into());
+        }
+        let (hash, body) = (&line[..64], &line[65..]);
+        if canonical::sha256_hex(body).as_bytes() != hash {
+            return Err("slot checksum mismatch (torn or edited)".into());
+        }
+        let v = canonical::parse_canonical(body).map_err(|e| e.to_string())?;
+        Self::from_value(&v, kind, session).map(Some)
+    }
+
+    /// The state once the pending append is acknowledged.
+    fn completed(&self) -> Self {
+        match &self.pending {
+            Some(p) => Self {
+                seq: p.seq,
+                entry_hash: p.entry_hash.clone(),
+                len: p.len,
+                head_offset: Some(p.head_offset),
+                last_turn: p.last_turn,
+                open_turn: p.open_turn,
+                generation: self.generation,
+                pending: None,
+            },
+            None => self.clone(),
+        }
+    }
+}
+
+/// Where a pending append stands, judged from the file's length and bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TailState {
+    /// No append in progress.
+    Clean,
+    /// Announced, no byte landed.
+    NotStarted,
+    /// Some bytes landed (`bytes` of them, hashing to `sha256`): torn.
+    Partial { bytes: u64, sha256: String },
+    /// Every byte landed and matches the announcement.
+    Complete,
+    /// The file does not fit the announcement (shorter than the
+    /// acknowledged head, or longer than the append): not a crash.
+    Inconsistent,
+}
+
+/// What recovery did to one ledger's tail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TailRecovery {
+    pub kind: LedgerKind,
+    /// `completed` (the append was whole: acknowledged now) or `discarded`.
+    pub action: &'static str,
+    pub bytes: u64,
+    pub sha256: String,
 }
 
 /// Where one ledger and its anchor live.
@@ -315,8 +373,34 @@ impl LedgerFiles {
         }
     }
 
+    /// Writes `anchor` durably. Slot-format files are updated in place (one
+    /// `pwrite` + `fdatasync` of the slot for `anchor.generation`); a new
+    /// file or a legacy single-object anchor is replaced atomically with the
+    /// two-slot layout.
     fn write_anchor(&self, anchor: &Anchor) -> Result<()> {
-        fsx::write_atomic(&self.anchor, &anchor.to_bytes(self.kind, &self.session)?)
+        use std::os::unix::fs::FileExt;
+        let slot = anchor.to_slot(self.kind, &self.session)?;
+        let index = (anchor.generation % 2) as usize;
+        let state_io = |op: &'static str| {
+            let path = self.anchor.clone();
+            move |source| SupervisorError::StateIo { op, path, source }
+        };
+        let in_place = anchor.generation > 1
+            && std::fs::symlink_metadata(&self.anchor)
+                .is_ok_and(|m| m.is_file() && m.len() == 2 * SLOT_BYTES as u64);
+        if !in_place {
+            let mut whole = vec![0u8; 2 * SLOT_BYTES];
+            whole[index * SLOT_BYTES..(index + 1) * SLOT_BYTES].copy_from_slice(&slot);
+            return fsx::write_atomic(&self.anchor, &whole);
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(&self.anchor)
+            .map_err(state_io("open anchor"))?;
+        file.write_all_at(&slot, (index * SLOT_BYTES) as u64)
+            .and_then(|()| file.sync_data())
+            .map_err(state_io("write anchor"))
     }
 
     /// Creates the empty ledger file (it must not exist) and its anchor.
@@ -335,23 +419,29 @@ impl LedgerFiles {
             len: 0,
             head_offset: Some(0),
             last_turn: Some(0),
+            open_turn: None,
+            generation: 1,
+            pending: None,
         })
     }
 
     /// Appends one entry. `body` is the entry's content; the ledger adds
     /// `seq`, `previous_hash` and `entry_hash`. Returns once the entry and
     /// the moved anchor are durable.
-    pub fn append(&self, _lock: &SessionLock, mut body: Map<String, Value>) -> Result<Appended> {
-        if let Some(k) = RESERVED_FIELDS.iter().find(|k| body.contains_key(**k)) {
-            return Err(SupervisorError::invalid(
-                "entry",
-                format!("`{k}` is set by the ledger, not the caller"),
-            ));
+    pub fn append(&self, lock: &SessionLock, body: Map<String, Value>) -> Result<Appended> {
+        let mut out = append_group(lock, vec![(self, vec![body])])?;
+        out.pop()
+            .and_then(|mut v| v.pop())
+            .ok_or_else(|| SupervisorError::invalid("entry", "nothing was appended"))
+    }
+
+    /// Opens the ledger for appending after `anchor` and checks that it is
+    /// exactly as acknowledged.
+    fn open_for_append(&self, anchor: &Anchor) -> Result<std::fs::File> {
+        if anchor.pending.is_some() {
+            return Err(self.integrity(None, None, Problem::PendingAppend));
         }
-        let anchor = self
-            .read_anchor()?
-            .ok_or_else(|| self.integrity(None, None, Problem::AnchorMissing))?;
-        let mut file = match OpenOptions::new()
+        let file = match OpenOptions::new()
             .append(true)
             .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
             .open(&self.path)
@@ -387,50 +477,104 @@ impl LedgerFiles {
                 },
             ));
         }
-
         // The head entry must still be the one acknowledged: re-hash it
         // (O(1); full verification stays on every read).
         if anchor.seq > 0 {
-            self.check_head(&file, &anchor)?;
+            self.check_head(&anchor.clone())?;
         }
-        let turn = body.get("turn_number").and_then(Value::as_u64);
-        let seq = anchor.seq + 1;
-        body.insert("seq".into(), json!(seq));
-        body.insert("previous_hash".into(), json!(anchor.entry_hash));
-        let value = Value::Object(body);
-        let entry_hash = canonical::hash_value(&value).map_err(|e| canon_err("entry", e))?;
-        let Value::Object(mut body) = value else {
-            unreachable!("constructed as an object above")
-        };
-        body.insert("entry_hash".into(), json!(entry_hash));
-        let mut line =
-            canonical::to_vec(&Value::Object(body)).map_err(|e| canon_err("entry", e))?;
-        line.push(b'\n');
+        Ok(file)
+    }
 
-        if let Err(e) = file.write_all(&line).and_then(|()| file.sync_data()) {
-            // Leave the file as it was acknowledged; a torn line would make
-            // every later append refuse.
-            let _ = file.set_len(anchor.len);
-            let _ = file.sync_data();
-            return Err(self.io("append")(e));
+    /// Where this ledger's pending append stands.
+    pub fn tail_state(&self) -> Result<(Option<Anchor>, TailState)> {
+        let Some(anchor) = self.read_anchor()? else {
+            return Ok((None, TailState::Clean));
+        };
+        let len = match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if m.is_file() => m.len(),
+            Ok(_) => return Ok((Some(anchor), TailState::Inconsistent)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((Some(anchor), TailState::Inconsistent));
+            }
+            Err(e) => return Err(self.io("stat")(e)),
+        };
+        let state = self.judge_tail(&anchor, len, || self.read_range(anchor.len, len))?;
+        Ok((Some(anchor), state))
+    }
+
+    fn judge_tail(
+        &self,
+        anchor: &Anchor,
+        len: u64,
+        tail: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<TailState> {
+        let Some(p) = &anchor.pending else {
+            return Ok(if len == anchor.len {
+                TailState::Clean
+            } else {
+                TailState::Inconsistent
+            });
+        };
+        if len == anchor.len {
+            return Ok(TailState::NotStarted);
         }
-        self.write_anchor(&Anchor {
-            seq,
-            entry_hash: entry_hash.clone(),
-            len: anchor.len + line.len() as u64,
-            head_offset: Some(anchor.len),
-            last_turn: match (anchor.last_turn, turn) {
-                (Some(a), Some(t)) => Some(a.max(t)),
-                (a, None) => a,
-                (None, Some(_)) => None,
-            },
-        })?;
-        Ok(Appended { seq, entry_hash })
+        if len < anchor.len || len > p.len {
+            return Ok(TailState::Inconsistent);
+        }
+        let bytes = tail()?;
+        let sha256 = canonical::sha256_hex(&bytes);
+        if len == p.len && sha256 == p.tail_sha256 {
+            Ok(TailState::Complete)
+        } else {
+            Ok(TailState::Partial {
+                bytes: bytes.len() as u64,
+                sha256,
+            })
+        }
+    }
+
+    fn read_range(&self, from: u64, to: u64) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let len = usize::try_from(to.saturating_sub(from))
+            .map_err(|_| SupervisorError::invalid("ledger", "tail too large"))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(&self.path)
+            .map_err(self.io("open for reading"))?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, from)
+            .map_err(self.io("read tail"))?;
+        Ok(buf)
+    }
+
+    /// Acknowledges a complete pending append (`complete`) or cuts the file
+    /// back to the acknowledged head; either way the anchor has no pending
+    /// append afterwards.
+    fn settle(&self, anchor: &Anchor, complete: bool) -> Result<()> {
+        let mut next = if complete {
+            anchor.completed()
+        } else {
+            let f = OpenOptions::new()
+                .write(true)
+                .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+                .open(&self.path)
+                .map_err(self.io("open to discard an unfinished append"))?;
+            f.set_len(anchor.len)
+                .and_then(|()| f.sync_data())
+                .map_err(self.io("discard an unfinished append"))?;
+            Anchor {
+                pending: None,
+                ..anchor.clone()
+            }
+        };
+        next.generation = anchor.generation + 1;
+        self.write_anchor(&next)
     }
 
     /// Re-hashes the head entry (from the anchor's offset to the end) and
     /// compares it with the anchor.
-    fn check_head(&self, file: &std::fs::File, anchor: &Anchor) -> Result<()> {
+    fn check_head(&self, anchor: &Anchor) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let Some(offset) = anchor.head_offset else {
             return self.verify().map(|_| ());
@@ -443,9 +587,8 @@ impl LedgerFiles {
                 Problem::AnchorInvalid("head offset out of range".into()),
             ));
         }
-        // The file is opened O_APPEND|O_WRONLY; read the head through a
-        // second, read-only descriptor.
-        let _ = file;
+        // The append descriptor is O_APPEND|O_WRONLY; read the head through
+        // a second, read-only descriptor.
         let reader = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
@@ -485,6 +628,23 @@ impl LedgerFiles {
         Ok(self.read_anchor()?.and_then(|a| a.last_turn))
     }
 
+    /// The acknowledged head (O(1)).
+    pub fn anchor(&self) -> Result<Option<Anchor>> {
+        self.read_anchor()
+    }
+
+    /// The entries of the verified, acknowledged prefix (the ledger is
+    /// verified first: an IntegrityError rather than unproven entries).
+    pub fn verified_entries(&self) -> Result<Vec<Value>> {
+        let report = self.verify()?;
+        let bytes = std::fs::read(&report.path).map_err(self.io("read"))?;
+        let prefix = bytes.get(..report.bytes as usize).unwrap_or(&bytes);
+        Ok(prefix
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+            .collect())
+    }
+
     /// Verifies every entry and the head against the anchor.
     pub fn verify(&self) -> Result<VerifyReport> {
         let anchor = self.read_anchor()?;
@@ -505,13 +665,41 @@ impl LedgerFiles {
             Err(e) => return Err(self.io("read")(e)),
         };
         let anchor = anchor.ok_or_else(|| self.integrity(None, None, Problem::AnchorMissing))?;
+        let mut warnings = Vec::new();
+        // An announced append that a crash interrupted is not tampering:
+        // report it and verify what it leaves (verification never writes;
+        // the next writer settles it).
+        let acked = anchor.len as usize;
+        let (anchor, content) = match self.judge_tail(&anchor, content.len() as u64, || {
+            Ok(content.get(acked..).unwrap_or_default().to_vec())
+        })? {
+            TailState::Complete => {
+                warnings.push(format!(
+                    "ledger {}: the last append (seq {}) is whole but was never acknowledged (interrupted); the next writer acknowledges it",
+                    self.path.display(),
+                    anchor.pending.as_ref().map_or(0, |p| p.seq)
+                ));
+                (anchor.completed(), content)
+            }
+            TailState::Partial { bytes, sha256 } => {
+                warnings.push(format!(
+                    "ledger {}: {bytes} bytes past the acknowledged head (sha256 {sha256}) are an unfinished append; the next writer discards them",
+                    self.path.display()
+                ));
+                let mut cut = content;
+                cut.truncate(acked);
+                (anchor, cut)
+            }
+            _ => (anchor, content),
+        };
 
         let genesis = genesis_hash(self.kind, &self.session);
         let mut expected_prev = genesis.clone();
         let mut head_seq = 0u64;
         let mut legacy = 0u64;
         let mut last_turn = 0u64;
-        let mut warnings = Vec::new();
+        // Turns with an intent entry and no finish entry (exec ledger).
+        let mut open_turns = std::collections::BTreeSet::new();
 
         let complete_len = content
             .iter()
@@ -545,6 +733,15 @@ impl LedgerFiles {
             }
             if let Some(t) = map.get("turn_number").and_then(Value::as_u64) {
                 last_turn = last_turn.max(t);
+                match map.get("event").and_then(Value::as_str) {
+                    Some("turn.started") => {
+                        open_turns.insert(t);
+                    }
+                    Some("turn.finished") => {
+                        open_turns.remove(&t);
+                    }
+                    _ => {}
+                }
             }
 
             let Some(recorded) = map.remove("entry_hash") else {
@@ -643,6 +840,12 @@ impl LedgerFiles {
                 },
             ));
         }
+        for t in open_turns {
+            warnings.push(format!(
+                "ledger {}: turn {t} started and has no finish entry (unfinished: its supervisor stopped; recovery closes it as aborted)",
+                self.path.display()
+            ));
+        }
         Ok(VerifyReport {
             kind: self.kind,
             path: self.path.clone(),
@@ -654,6 +857,272 @@ impl LedgerFiles {
             warnings,
         })
     }
+}
+
+/// One ledger's part of a group append, rendered and checked.
+struct Prepared<'a> {
+    files: &'a LedgerFiles,
+    anchor: Anchor,
+    file: std::fs::File,
+    bytes: Vec<u8>,
+    appended: Vec<Appended>,
+    pending: Pending,
+}
+
+fn prepare<'a>(
+    files: &'a LedgerFiles,
+    bodies: Vec<Map<String, Value>>,
+    group: &str,
+) -> Result<Prepared<'a>> {
+    let anchor = files
+        .read_anchor()?
+        .ok_or_else(|| files.integrity(None, None, Problem::AnchorMissing))?;
+    let file = files.open_for_append(&anchor)?;
+    let (mut seq, mut prev, mut len) = (anchor.seq, anchor.entry_hash.clone(), anchor.len);
+    let (mut head_offset, mut last_turn) = (anchor.len, anchor.last_turn);
+    let mut open_turn = anchor.open_turn;
+    let mut bytes = Vec::new();
+    let mut appended = Vec::new();
+    for mut body in bodies {
+        if let Some(k) = RESERVED_FIELDS.iter().find(|k| body.contains_key(**k)) {
+            return Err(SupervisorError::invalid(
+                "entry",
+                format!("`{k}` is set by the ledger, not the caller"),
+            ));
+        }
+        let turn = body.get("turn_number").and_then(Value::as_u64);
+        match (body.get("event").and_then(Value::as_str), turn) {
+            (Some("turn.started"), Some(t)) => open_turn = Some(t),
+            (Some("turn.finished"), Some(t)) if open_turn == Some(t) => open_turn = None,
+            _ => {}
+        }
+        seq += 1;
+        body.insert("seq".into(), json!(seq));
+        body.insert("previous_hash".into(), json!(prev));
+        let value = Value::Object(body);
+        let entry_hash = canonical::hash_value(&value).map_err(|e| canon_err("entry", e))?;
+        let Value::Object(mut body) = value else {
+            unreachable!("constructed as an object above")
+        };
+        body.insert("entry_hash".into(), json!(entry_hash));
+        let mut line =
+            canonical::to_vec(&Value::Object(body)).map_err(|e| canon_err("entry", e))?;
+        line.push(b'\n');
+        head_offset = len;
+        len += line.len() as u64;
+        last_turn = match (last_turn, turn) {
+            (Some(a), Some(t)) => Some(a.max(t)),
+            (a, None) => a,
+            (None, Some(_)) => None,
+        };
+        bytes.extend_from_slice(&line);
+        prev = entry_hash.clone();
+        appended.push(Appended { seq, entry_hash });
+    }
+    let pending = Pending {
+        len,
+        seq,
+        entry_hash: prev,
+        head_offset,
+        last_turn,
+        open_turn,
+        tail_sha256: canonical::sha256_hex(&bytes),
+        group: group.to_owned(),
+    };
+    Ok(Prepared {
+        files,
+        anchor,
+        file,
+        bytes,
+        appended,
+        pending,
+    })
+}
+
+/// Appends entries to one or more ledgers of a session as one unit.
+///
+/// Write-ahead protocol, per ledger: (1) the anchor announces the append
+/// (`pending`: new length, new head, sha256 of the bytes, group id);
+/// (2) the bytes are written and `fdatasync`'d; (3) the anchor moves to the
+/// new head. Steps run for every ledger of the group before the next step
+/// starts, so a crash at any instant leaves each ledger either clean, or
+/// with an announced append that recovery completes (every byte of every
+/// member landed) or discards (anything less) — never half a group. Three
+/// `fdatasync`s per ledger, none of them a rename or directory sync.
+pub fn append_group(
+    lock: &SessionLock,
+    parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
+) -> Result<Vec<Vec<Appended>>> {
+    append_group_until(lock, parts, AppendStep::Acknowledged)
+}
+
+/// How far [`append_group_until`] goes: the crash points of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AppendStep {
+    /// Every anchor announces the append; no byte written.
+    Announced,
+    /// Every byte written and synced; anchors still announcing.
+    Written,
+    /// Anchors moved: the append is acknowledged.
+    Acknowledged,
+}
+
+/// [`append_group`], stopping after `until` as if the process died there.
+/// Only crash tests stop early.
+#[doc(hidden)]
+pub fn append_group_until(
+    _lock: &SessionLock,
+    parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
+    until: AppendStep,
+) -> Result<Vec<Vec<Appended>>> {
+    // The group's tag ties its announcements together across ledgers. It
+    // is derived from what is appended where (each ledger's path and
+    // length, and the bodies), not drawn at random: deterministic sessions
+    // stay byte-identical, and two groups can only share a tag if they are
+    // the same append at the same place.
+    let mut tag = <sha2::Sha256 as sha2::Digest>::new();
+    for (files, bodies) in &parts {
+        sha2::Digest::update(&mut tag, files.path.as_os_str().as_encoded_bytes());
+        let len = std::fs::symlink_metadata(&files.path).map_or(0, |m| m.len());
+        sha2::Digest::update(&mut tag, len.to_le_bytes());
+        for b in bodies {
+            sha2::Digest::update(&mut tag, serde_json::to_vec(b).unwrap_or_default());
+        }
+    }
+    let group = hex::encode(&sha2::Digest::finalize(tag)[..8]);
+    let mut prepared = parts
+        .into_iter()
+        .map(|(files, bodies)| prepare(files, bodies, &group))
+        .collect::<Result<Vec<_>>>()?;
+    // (1) announce.
+    for p in &mut prepared {
+        p.anchor.generation += 1;
+        let announced = Anchor {
+            pending: Some(p.pending.clone()),
+            ..p.anchor.clone()
+        };
+        p.files.write_anchor(&announced)?;
+    }
+    if until == AppendStep::Announced {
+        return Ok(Vec::new());
+    }
+    // (2) write the bytes.
+    let mut failure = None;
+    for p in &mut prepared {
+        if let Err(e) = p.file.write_all(&p.bytes).and_then(|()| p.file.sync_data()) {
+            failure = Some(p.files.io("append")(e));
+            break;
+        }
+    }
+    if let Some(e) = failure {
+        // Leave every ledger as acknowledged (best effort: if this fails
+        // too, the next writer's recovery discards the tail).
+        for p in &prepared {
+            let _ = p.files.settle(
+                &Anchor {
+                    pending: Some(p.pending.clone()),
+                    ..p.anchor.clone()
+                },
+                false,
+            );
+        }
+        return Err(e);
+    }
+    if until == AppendStep::Written {
+        return Ok(Vec::new());
+    }
+    // (3) acknowledge.
+    for p in &prepared {
+        let mut head = Anchor {
+            pending: Some(p.pending.clone()),
+            ..p.anchor.clone()
+        }
+        .completed();
+        head.generation = p.anchor.generation + 1;
+        p.files.write_anchor(&head)?;
+    }
+    Ok(prepared.into_iter().map(|p| p.appended).collect())
+}
+
+/// Settles the pending appends of a session's ledgers after a crash:
+/// a group whose every member landed whole is acknowledged; any other is
+/// cut back to the acknowledged heads. Each ledger that had bytes settled
+/// gets a `ledger.recovered` entry naming what was done (with the bytes'
+/// sha256). A ledger that does not fit its anchor at all is left alone for
+/// verification to report: that is not a crash.
+pub fn recover_tails(
+    lock: &SessionLock,
+    ledgers: &[LedgerFiles],
+    now: &str,
+) -> Result<Vec<TailRecovery>> {
+    let mut states = Vec::new();
+    for files in ledgers {
+        let (anchor, state) = files.tail_state()?;
+        if let (Some(anchor), true) = (anchor, anchor_pending(&state)) {
+            states.push((files, anchor, state));
+        }
+    }
+    let mut done = Vec::new();
+    for (files, anchor, state) in &states {
+        let group = anchor.pending.as_ref().map(|p| p.group.clone());
+        let complete = states
+            .iter()
+            .filter(|(_, a, _)| a.pending.as_ref().map(|p| &p.group) == group.as_ref())
+            .all(|(_, _, s)| *s == TailState::Complete);
+        files.settle(anchor, complete)?;
+        let (bytes, sha256) = match state {
+            TailState::Partial { bytes, sha256 } => (*bytes, sha256.clone()),
+            TailState::Complete => {
+                let p = anchor.pending.as_ref();
+                (
+                    p.map_or(0, |p| p.len - anchor.len),
+                    p.map(|p| p.tail_sha256.clone()).unwrap_or_default(),
+                )
+            }
+            _ => (0, canonical::sha256_hex(b"")),
+        };
+        if bytes > 0 {
+            done.push(TailRecovery {
+                kind: files.kind,
+                action: if complete { "completed" } else { "discarded" },
+                bytes,
+                sha256,
+            });
+        }
+    }
+    let entries: Vec<(&LedgerFiles, Vec<Map<String, Value>>)> = done
+        .iter()
+        .filter_map(|r| {
+            let files = ledgers.iter().find(|f| f.kind == r.kind)?;
+            let Value::Object(m) = json!({
+                "event": "ledger.recovered",
+                "session_id": files.session.as_str(),
+                "action": r.action,
+                "bytes": r.bytes,
+                "sha256": r.sha256,
+                "reason": if r.action == "completed" {
+                    "an append was interrupted after every byte landed; acknowledged at recovery"
+                } else {
+                    "an append was interrupted before it was whole; its bytes were discarded"
+                },
+                "ts": now,
+            }) else {
+                return None;
+            };
+            Some((files, vec![m]))
+        })
+        .collect();
+    if !entries.is_empty() {
+        append_group(lock, entries)?;
+    }
+    Ok(done)
+}
+
+fn anchor_pending(state: &TailState) -> bool {
+    matches!(
+        state,
+        TailState::NotStarted | TailState::Partial { .. } | TailState::Complete
+    )
 }
 
 fn canon_err(field: &str, e: CanonicalError) -> SupervisorError {

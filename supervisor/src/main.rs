@@ -10,8 +10,14 @@ fn main() -> ExitCode {
     // The sandbox's own init is a hidden mode of this binary; it runs before
     // anything else (no logging, no clap) and never returns.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.len() == 3 && args[1] == cli::SANDBOX_INIT {
-        turnstile_supervisor::sandbox::init::main(std::path::Path::new(&args[2]));
+    if args.len() == 2 && args[1] == cli::SANDBOX_INIT {
+        use turnstile_supervisor::sandbox::init;
+        let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
+        init::main(std::path::Path::new(&dir));
+    }
+    if args.len() >= 4 && args[1] == "__landlock-exec" && args[3] == "--" {
+        let rules = args[2].to_string_lossy().into_owned();
+        turnstile_supervisor::sandbox::landlock_exec::main(&rules, &args[4..]);
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

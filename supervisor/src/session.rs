@@ -3,6 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde_json::{Value, json};
@@ -17,12 +18,8 @@ use crate::fsx;
 use crate::layout::{StateDir, TURN_TIER, Workspace, check_tier};
 use crate::ledger::{LedgerFiles, LedgerKind, VerifyReport};
 
-/// Proof that the caller holds the session's exclusive lock. Ledger appends
-/// and turns require it; it is released when dropped.
-#[derive(Debug)]
-pub struct SessionLock {
-    _flock: Flock<File>,
-}
+pub use crate::lock::SessionLock;
+use crate::lock::lock_path;
 
 /// A session of one workspace.
 #[derive(Debug, Clone)]
@@ -31,6 +28,8 @@ pub struct Session {
     pub tier: String,
     workspace: Workspace,
     state: StateDir,
+    /// Deterministic mode, as recorded when the session was created.
+    pub deterministic: Option<crate::ids::Deterministic>,
 }
 
 impl Session {
@@ -42,6 +41,7 @@ impl Session {
         state: &StateDir,
         tier: &str,
         ids: &SessionIdGenerator<C, R>,
+        deterministic: Option<crate::ids::Deterministic>,
     ) -> Result<Self> {
         check_tier(tier)?;
         let id = ids.generate()?;
@@ -50,6 +50,7 @@ impl Session {
             tier: tier.to_owned(),
             workspace: workspace.clone(),
             state: state.clone(),
+            deterministic,
         };
         session
             .initialize(ids.clock())
@@ -57,19 +58,91 @@ impl Session {
         Ok(session)
     }
 
+    /// Builds the session under temporary names — the state side in
+    /// `state/sessions/.new-<sid>/`, the ledgers in
+    /// `planes/<tier>/sessions/.new-<sid>/` — and renames both into place,
+    /// the state directory last: that rename is the commit point. A crash
+    /// before it leaves only `.new-*` debris, which is not a session
+    /// ([`Session::open`] refuses it) and which [`sweep_unfinished`] removes;
+    /// a crash after it leaves a complete session.
     fn initialize(&self, clock: &dyn Clock) -> Result<()> {
-        let state_dir = self.state.session_dir(&self.id);
-        fsx::create_private_dir_all(&self.state.path().join("sessions"))?;
+        let sessions = self.state.path().join("sessions");
+        fsx::create_private_dir_all(&sessions)?;
+        let new_state = self.state.session_dir_new(&self.id);
+        // Held for the whole creation: a concurrent sweep leaves a creation
+        // whose lock is held alone.
+        let creating = creation_lock_path(&new_state);
+        let guard = lock_file_stable(&creating, FlockArg::LockExclusive)
+            .map_err(|source| SupervisorError::StateIo {
+                op: "lock session creation",
+                path: creating.clone(),
+                source,
+            })?
+            .ok_or_else(|| SupervisorError::invalid("session", "creation lock unavailable"))?;
         // create_dir_new fails if the id was somehow issued before.
-        fsx::create_dir_new(&state_dir, 0o700)?;
-        fsx::create_dir_new(&state_dir.join("anchors"), 0o700)?;
-        let lock = self.lock()?;
+        fsx::create_dir_new(&new_state, 0o700)?;
+        let built = self.build(&new_state, clock);
+        if built.is_err() {
+            self.remove_partial(&new_state);
+        }
+        let _ = std::fs::remove_file(&creating);
+        drop(guard);
+        built
+    }
+
+    fn build(&self, new_state: &Path, clock: &dyn Clock) -> Result<()> {
+        fsx::create_dir_new(&new_state.join("anchors"), 0o700)?;
+        let lock = lock_path(&new_state.join("lock"), &self.id)?;
+        // The record first: whoever sweeps an unfinished creation learns
+        // from it which workspace to clean.
+        let now = clock.now();
+        let mut meta = json!({
+            "session_id": self.id.as_str(),
+            "tier": self.tier,
+            "root": self.workspace.root_str(),
+            "created_at": rfc3339_micros(now),
+        });
+        if let Some(d) = &self.deterministic {
+            meta["deterministic"] = d.to_value();
+        }
+        let bytes = canonical::to_vec(&meta)
+            .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
+        fsx::write_atomic(&new_state.join("session.json"), &bytes)?;
 
         let ledger_dir = self.workspace.ledger_dir(&self.tier, &self.id);
         let session_dir = ledger_dir.parent().unwrap_or(&ledger_dir).to_path_buf();
-        fsx::create_dir_all(session_dir.parent().unwrap_or(&session_dir))?;
-        fsx::create_dir_new(&session_dir, 0o755)?;
-        fsx::create_dir_new(&ledger_dir, 0o755)?;
+        let ws_sessions = session_dir.parent().unwrap_or(&session_dir).to_path_buf();
+        fsx::create_dir_all(&ws_sessions)?;
+        let new_ws = ws_sessions.join(format!(".new-{}", self.id));
+        fsx::create_dir_new(&new_ws, 0o755)?;
+        fsx::create_dir_new(&new_ws.join("ledger"), 0o755)?;
+        let files: Vec<LedgerFiles> = LedgerKind::ALL
+            .iter()
+            .map(|&kind| LedgerFiles {
+                kind,
+                session: self.id.clone(),
+                path: new_ws.join("ledger").join(kind.file_name()),
+                anchor: new_state
+                    .join("anchors")
+                    .join(format!("{}.json", kind.as_str())),
+            })
+            .collect();
+        for f in &files {
+            f.create(&lock)?;
+        }
+        crate::ledger::append_group(
+            &lock,
+            files
+                .iter()
+                .map(|f| {
+                    (
+                        f,
+                        vec![evidence::session_started(&self.id, &self.tier, f.kind, now)],
+                    )
+                })
+                .collect(),
+        )?;
+        fsx::sync_dir(&new_ws.join("ledger"))?;
         for dir in [
             self.workspace.scratch_dir(&self.id),
             self.workspace.output_dir(&self.id),
@@ -77,27 +150,17 @@ impl Session {
             fsx::create_dir_all(dir.parent().unwrap_or(&dir))?;
             fsx::create_dir_new(&dir, 0o755)?;
         }
+        fsx::sync_dir(new_state)?;
+        rename_durably(&new_ws, &session_dir)?;
+        rename_durably(new_state, &self.state.session_dir(&self.id))?;
+        drop(lock);
+        Ok(())
+    }
 
-        let now = clock.now();
-        for kind in LedgerKind::ALL {
-            let files = self.ledger(kind);
-            files.create(&lock)?;
-            files.append(
-                &lock,
-                evidence::session_started(&self.id, &self.tier, kind, now),
-            )?;
-        }
-        fsx::sync_dir(&ledger_dir)?;
-
-        let meta = json!({
-            "session_id": self.id.as_str(),
-            "tier": self.tier,
-            "root": self.workspace.root_str(),
-            "created_at": rfc3339_micros(now),
-        });
-        let bytes = canonical::to_vec(&meta)
-            .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
-        fsx::write_atomic(&self.state.session_meta(&self.id), &bytes)
+    /// Best-effort removal of what an unfinished creation made.
+    fn remove_partial(&self, new_state: &Path) {
+        remove_partial_session(&self.workspace, &self.tier, &self.id);
+        let _ = std::fs::remove_dir_all(new_state);
     }
 
     /// Opens an existing session. `tier` overrides the tier recorded in the
@@ -151,6 +214,14 @@ impl Session {
                 recorded_tier.to_owned()
             }
             None => {
+                // Still being created, or a creation a crash interrupted:
+                // not a session (yet).
+                if state.session_dir_new(id).symlink_metadata().is_ok() {
+                    return Err(SupervisorError::SessionNotFound {
+                        session: id.to_string(),
+                        path: state.session_dir_new(id),
+                    });
+                }
                 // No state record: the session exists only if its ledger
                 // directory does (then verification reports the missing
                 // anchors as an integrity failure).
@@ -165,44 +236,26 @@ impl Session {
                 t
             }
         };
+        let deterministic = recorded
+            .as_ref()
+            .and_then(|m| m.get("deterministic"))
+            .and_then(crate::ids::Deterministic::from_value);
         Ok(Self {
             id: id.clone(),
             tier,
             workspace: workspace.clone(),
             state: state.clone(),
+            deterministic,
         })
     }
 
     /// Takes the session's exclusive lock, waiting for a concurrent turn.
     pub fn lock(&self) -> Result<SessionLock> {
-        let path = self.state.session_lock(&self.id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
-            .open(&path)
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound => SupervisorError::SessionNotFound {
-                    session: self.id.to_string(),
-                    path: path.clone(),
-                },
-                _ => SupervisorError::StateIo {
-                    op: "open session lock",
-                    path: path.clone(),
-                    source,
-                },
-            })?;
-        let flock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| {
-            SupervisorError::StateIo {
-                op: "lock session",
-                path,
-                source: errno.into(),
-            }
-        })?;
-        Ok(SessionLock { _flock: flock })
+        lock_path(&self.state.session_lock(&self.id), &self.id)
+    }
+
+    pub fn state(&self) -> &StateDir {
+        &self.state
     }
 
     /// The files of one of the session's ledgers.
@@ -246,4 +299,132 @@ impl Session {
     pub fn workspace(&self) -> &Workspace {
         &self.workspace
     }
+}
+
+/// Renames `from` to `to` and syncs the parent directory.
+fn rename_durably(from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|source| SupervisorError::StateIo {
+        op: "rename into place",
+        path: to.to_path_buf(),
+        source,
+    })?;
+    fsx::sync_dir(to.parent().unwrap_or(to))
+}
+
+/// Removes the workspace side of a session whose creation did not finish:
+/// its ledgers (under either name) and its scratch and output directories
+/// when they are still empty.
+fn remove_partial_session(workspace: &Workspace, tier: &str, id: &SessionId) {
+    let ledger_dir = workspace.ledger_dir(tier, id);
+    if let Some(session_dir) = ledger_dir.parent() {
+        let _ = std::fs::remove_dir_all(session_dir);
+        if let Some(parent) = session_dir.parent() {
+            let _ = std::fs::remove_dir_all(parent.join(format!(".new-{id}")));
+        }
+    }
+    for dir in [workspace.scratch_dir(id), workspace.output_dir(id)] {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Removes sessions whose creation a crash interrupted (`.new-*` in the
+/// state directory whose lock nobody holds), in `workspace` only when
+/// given. Returns the ids removed.
+pub fn sweep_unfinished(state: &StateDir, workspace: Option<&Workspace>) -> Result<Vec<String>> {
+    let sessions = state.path().join("sessions");
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&sessions) else {
+        return Ok(removed);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(raw) = name.strip_prefix(".new-") else {
+            continue;
+        };
+        if let Some(dir_name) = name.strip_suffix(".lock") {
+            // A creation that died before its directory existed.
+            if !sessions.join(dir_name).exists() {
+                if let Ok(Some(_held)) =
+                    lock_file_stable(&entry.path(), FlockArg::LockExclusiveNonblock)
+                {
+                    if !sessions.join(dir_name).exists() {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
+                }
+            }
+            continue;
+        }
+        let Ok(id) = SessionId::parse(raw) else {
+            continue;
+        };
+        let dir = entry.path();
+        // A creation in progress holds its creation lock: leave it alone.
+        let creating = creation_lock_path(&dir);
+        let Ok(Some(_held)) = lock_file_stable(&creating, FlockArg::LockExclusiveNonblock) else {
+            continue;
+        };
+        if state.session_dir(&id).exists() {
+            // It finished while we looked: a complete session, not debris.
+            let _ = std::fs::remove_file(&creating);
+            continue;
+        }
+        let meta = fsx::read_small(&dir.join("session.json"), 64 * 1024)
+            .ok()
+            .and_then(|b| canonical::parse_canonical(&b).ok());
+        if let Some(meta) = meta {
+            let root = meta.get("root").and_then(Value::as_str).unwrap_or_default();
+            let tier = meta
+                .get("tier")
+                .and_then(Value::as_str)
+                .unwrap_or(TURN_TIER);
+            let ws = match workspace {
+                Some(w) if w.root_str() == root => Some(w.clone()),
+                Some(_) => continue,
+                None => Workspace::open(Path::new(root)).ok(),
+            };
+            if let Some(ws) = ws {
+                remove_partial_session(&ws, tier, &id);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&creating);
+        removed.push(id.to_string());
+    }
+    Ok(removed)
+}
+
+/// Opens (creating) and flocks `path`, making sure the lock is on the file
+/// the path names *after* locking: lock files are removed once used, and a
+/// lock taken on an unlinked inode would protect nothing. `Ok(None)`: a
+/// non-blocking attempt found it held.
+fn lock_file_stable(path: &Path, mode: FlockArg) -> std::io::Result<Option<Flock<File>>> {
+    use std::os::unix::fs::MetadataExt;
+    loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(path)?;
+        let held = match Flock::lock(file, mode) {
+            Ok(h) => h,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
+            Err((_, e)) => return Err(e.into()),
+        };
+        let ours = held.metadata()?.ino();
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.ino() == ours => return Ok(Some(held)),
+            // Unlinked or replaced between open and lock: try again.
+            _ => continue,
+        }
+    }
+}
+
+/// `sessions/.new-<sid>.lock`: held while a session is being created.
+fn creation_lock_path(new_state: &Path) -> std::path::PathBuf {
+    let mut name = new_state.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    new_state.with_file_name(name)
 }

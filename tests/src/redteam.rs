@@ -212,6 +212,77 @@ fn evidence_last(ctx: &Ctx<'_>) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Every syscall of the deny table, by x86_64 number, with arguments that
+/// are harmless should the filter let it through (invalid pointers or
+/// descriptors, no-op values); prints `name=ERRNO …`.
+const DENIED_SYSCALLS: &str = r#"calls = {
+    'acct': (163, 0), 'add_key': (248, 0, 0, 0, 0, 0), 'adjtimex': (159, 0),
+    'bpf': (321, 0, 0, 0), 'chroot': (161, 0), 'clock_adjtime': (305, 0, 0),
+    'clock_settime': (227, 0, 0), 'delete_module': (176, 0, 0),
+    'fanotify_init': (300, 0, 0), 'finit_module': (313, 0xffffffff, 0, 0),
+    'fsconfig': (431, 0xffffffff, 0, 0, 0, 0), 'fsmount': (432, 0xffffffff, 0, 0),
+    'fsopen': (430, 0, 0), 'fspick': (433, 0xffffffff, 0, 0),
+    'init_module': (175, 0, 0, 0), 'io_uring_enter': (426, 0xffffffff, 0, 0, 0, 0, 0),
+    'io_uring_register': (427, 0xffffffff, 0, 0, 0), 'io_uring_setup': (425, 1, 0),
+    'ioperm': (173, 0, 0, 0), 'iopl': (172, 0), 'kcmp': (312, 0, 0, 99, 0, 0),
+    'kexec_file_load': (320, 0xffffffff, 0xffffffff, 0, 0, 0), 'kexec_load': (246, 0, 0, 0, 0),
+    'keyctl': (250, 0xffff, 0, 0, 0, 0), 'lookup_dcookie': (212, 0, 0, 0),
+    'memfd_secret': (447, 0xffff), 'migrate_pages': (256, 0, 0, 0, 0),
+    'mount': (165, 0, 0, 0, 0, 0), 'mount_setattr': (442, 0xffffffff, 0, 0, 0, 0),
+    'move_mount': (429, 0xffffffff, 0, 0xffffffff, 0, 0), 'move_pages': (279, 0, 0, 0, 0, 0, 0),
+    'name_to_handle_at': (303, 0xffffffff, 0, 0, 0, 0),
+    'open_by_handle_at': (304, 0xffffffff, 0, 0), 'open_tree': (428, 0xffffffff, 0, 0),
+    'perf_event_open': (298, 0, 0, 0, 0, 0), 'pidfd_getfd': (438, 0xffffffff, 0, 0),
+    'pivot_root': (155, 0, 0), 'process_madvise': (440, 0xffffffff, 0, 0, 0, 0),
+    'process_vm_readv': (310, 0, 0, 0, 0, 0, 0), 'process_vm_writev': (311, 0, 0, 0, 0, 0, 0),
+    'ptrace': (101, 0xdead, 0, 0, 0), 'quotactl': (179, 0, 0, 0, 0),
+    'quotactl_fd': (443, 0xffffffff, 0, 0, 0), 'reboot': (169, 0, 0, 0, 0),
+    'request_key': (249, 0, 0, 0, 0), 'setdomainname': (171, 0, 0),
+    'sethostname': (170, 0, 0), 'setns': (308, 0xffffffff, 0), 'settimeofday': (164, 0, 0),
+    'swapoff': (168, 0), 'swapon': (167, 0, 0), 'syslog': (103, 10, 0, 0),
+    'umount2': (166, 0, 0), 'unshare': (272, 0), 'uselib': (134, 0),
+    'userfaultfd': (323, 0xffff), 'ustat': (136, 0, 0), 'vhangup': (153,),
+}
+res(' '.join(f'{n}={sysc(*a)}' for n, a in calls.items()))"#;
+
+/// Every name the policy denies was called, answered EPERM, and recorded
+/// by the seccomp layer (so a policy entry without a probe call, or a
+/// refusal the kernel made instead of the filter, fails).
+fn deny_table_held(ctx: &Ctx<'_>) -> Result<(), String> {
+    let result = ctx
+        .stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .ok_or("no RESULT line")?;
+    let seen: BTreeMap<&str, &str> = result
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let evidence = evidence_last(ctx);
+    let recorded: Vec<&str> = evidence["violations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["layer"] == "seccomp")
+        .filter_map(|v| v["target"].as_str())
+        .collect();
+    let mut wrong = Vec::new();
+    for name in turnstile_policy::seccomp::SeccompProfile::default_profile().deny {
+        match seen.get(name.as_str()) {
+            Some(&"EPERM") if recorded.contains(&name.as_str()) => {}
+            Some(&"EPERM") => wrong.push(format!("{name}: EPERM but not recorded by seccomp")),
+            Some(e) => wrong.push(format!("{name}: {e}")),
+            None => wrong.push(format!("{name}: not called by the probe")),
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
 /// All probes.
 pub fn probes() -> Vec<Probe> {
     vec![
@@ -291,11 +362,29 @@ pub fn probes() -> Vec<Probe> {
             "the supervisor's environment stays private"
         ),
         probe!(
-            "cwd_parent_unlistable",
+            "cwd_parent_shows_only_the_workspace",
             "fd-leak",
-            py("res(err(lambda: os.listdir('..')))"),
-            EACCES,
-            "cwd is the workspace root; Landlock grants nothing above it"
+            py(
+                "names = os.listdir('..')\nres('only-the-root' if names == [os.path.basename(os.getcwd())] else repr(names))"
+            ),
+            ok(&["only-the-root"]),
+            "above the workspace root the view holds only the path to it (an empty root-owned tmpfs dir), nothing of the host"
+        ),
+        probe!(
+            "turn_never_runs_as_host_root",
+            "fd-leak",
+            py(
+                "ids = [l.split()[1:] for l in open('/proc/self/status') if l.startswith(('Uid:', 'Gid:'))]\nres('ok' if all(i == ['65534'] * 4 for i in ids) and os.getgroups() == [] else repr(ids))"
+            ),
+            ok(&["ok"]),
+            "real, effective, saved and fs uid/gid are 65534 and there are no supplementary groups"
+        ),
+        probe!(
+            "workspace_0600_file_readable_through_a_grant",
+            "fd-leak",
+            py("res(open('data/private.txt').read())"),
+            ok(&["mine"]),
+            "a 0600 root-owned file in a 0700 root-owned workspace: the idmapped workspace gives the turn its owner's access, the grant decides"
         ),
         probe!(
             "host_binary_not_executable",
@@ -346,10 +435,10 @@ pub fn probes() -> Vec<Probe> {
             "kallsyms_addresses_masked",
             "procfs-sysfs-dev",
             py(
-                "line = open('/proc/kallsyms').readline().split()\nres('zeroed' if int(line[0], 16) == 0 else 'LEAK')"
+                "try:\n    line = open('/proc/kallsyms').readline().split()\n    res('empty' if not line else 'zeroed' if int(line[0], 16) == 0 else 'LEAK')\nexcept OSError as e:\n    res(errno.errorcode[e.errno])"
             ),
-            ok(&["zeroed", "EACCES"]),
-            "kptr_restrict hides kernel addresses from uid 65534"
+            ok(&["zeroed", "EACCES", "empty"]),
+            "masked like the OCI default /proc paths (and kptr_restrict zeroes addresses for uid 65534)"
         ),
         probe!(
             "dev_mem_absent",
@@ -524,8 +613,8 @@ pub fn probes() -> Vec<Probe> {
             "af_packet_high_bits_denied",
             "seccomp-bypass",
             py("res(sysc(41, (1 << 33) | 17, 3, 0))"),
-            EPERM,
-            "socket domain, low 32 bits"
+            ok(&["EAFNOSUPPORT"]),
+            "socket domain, low 32 bits (allowlist)"
         ),
         probe!(
             "clone3_enosys",
@@ -646,8 +735,8 @@ pub fn probes() -> Vec<Probe> {
             "packet_socket_denied",
             "kernel-interfaces",
             py("res(err(lambda: socket.socket(17, socket.SOCK_RAW, 0)))"),
-            EPERM,
-            "seccomp argument rule"
+            ok(&["EAFNOSUPPORT"]),
+            "seccomp socket-family allowlist"
         ),
         probe!(
             "signal_pid1_denied",
@@ -657,11 +746,135 @@ pub fn probes() -> Vec<Probe> {
             "Landlock signal scoping: the turn can only signal its own domain"
         ),
         probe!(
-            "personality_denied",
+            "personality_read_implies_exec_denied",
             "kernel-interfaces",
-            py("res(sysc(135, 0xffffffff))"),
+            py("res(sysc(135, 0x0400000))"),
             EPERM,
-            "seccomp"
+            "seccomp: only Docker's safe personas (READ_IMPLIES_EXEC makes every mapping executable)"
+        ),
+        probe!(
+            "personality_unsafe_with_high_garbage_denied",
+            "seccomp-bypass",
+            py("res(sysc(135, (0x5a5a << 32) | 0x0400000))"),
+            EPERM,
+            "the persona is compared on its low 32 bits: high garbage neither hides nor blocks it"
+        ),
+        probe!(
+            "personality_safe_personas_work",
+            "kernel-interfaces",
+            py(
+                "res(','.join(sysc(135, p) for p in (0xffffffff, 0, 8, 0x20000, 0x20008, (0x77 << 32) | 0, 0, 0xffffffff)))"
+            ),
+            ok(&["OK,OK,OK,OK,OK,OK,OK,OK"]),
+            "over-blocking is a bug: setarch's personas (PER_LINUX, PER_LINUX32, UNAME26, both; high garbage on PER_LINUX) and the query work"
+        ),
+        probe!(
+            "af_packet_socket_refused",
+            "network",
+            py("res(sysc(41, 17, 3, 0))"),
+            ok(&["EAFNOSUPPORT"]),
+            "socket families by allowlist (raw traffic)"
+        ),
+        probe!(
+            "af_alg_socket_refused",
+            "network",
+            py("res(sysc(41, 38, 5, 0))"),
+            ok(&["EAFNOSUPPORT"]),
+            "socket families by allowlist (kernel crypto API, a frequent exploit surface)"
+        ),
+        probe!(
+            "af_vsock_socket_refused",
+            "network",
+            py("res(sysc(41, 40, 1, 0))"),
+            ok(&["EAFNOSUPPORT"]),
+            "socket families by allowlist (host/VM channels)"
+        ),
+        probe!(
+            "netlink_audit_and_uevent_refused",
+            "network",
+            py("res(sysc(41, 16, 3, 9) + ',' + sysc(41, 16, 3, 15) + ',' + sysc(41, 16, 3, 12))"),
+            ok(&["EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT"]),
+            "netlink for NETLINK_ROUTE only (audit, uevent, netfilter refused)"
+        ),
+        probe!(
+            "socket_family_high_garbage_refused",
+            "seccomp-bypass",
+            py(
+                "res(sysc(41, (1 << 32) | 17, 3, 0) + ',' + sysc(41, (1 << 40) | 16, 3, (1 << 33) | 9))"
+            ),
+            ok(&["EAFNOSUPPORT,EAFNOSUPPORT"]),
+            "family and protocol compared on their low 32 bits"
+        ),
+        probe!(
+            "allowed_socket_families_work",
+            "network",
+            py(
+                "res(','.join(sysc(41, f, t, p) for f, t, p in ((1, 1, 0), (2, 2, 0), (10, 1, 0), (16, 3, 0))))"
+            ),
+            ok(&["OK,OK,OK,OK"]),
+            "over-blocking is a bug: unix, IPv4, IPv6 and route netlink (getifaddrs) work"
+        ),
+        probe!(
+            "allowed_socket_families_with_flags_and_high_garbage_work",
+            "network",
+            py(
+                "res(','.join([sysc(41, 2, 1 | 0x80000 | 0x800, 0), sysc(41, 10, 2 | 0x800, 0), sysc(41, 1, 5 | 0x80000, 0), sysc(41, 16, 3 | 0x80000 | 0x800, 0), sysc(41, (1 << 32) | 2, 1, 0), sysc(41, (0xdead << 32) | 16, 3, (1 << 40) | 0), sysc(53, 1, 1 | 0x80000, 0, ctypes.addressof((ctypes.c_int * 2)())), sysc(53, (1 << 32) | 1, 2, 0, ctypes.addressof((ctypes.c_int * 2)()))]))"
+            ),
+            ok(&["OK,OK,OK,OK,OK,OK,OK,OK"]),
+            "SOCK_CLOEXEC/SOCK_NONBLOCK keep working for allowed families, and garbage in the high 32 bits of an allowed family or protocol is not wrongly refused (the kernel reads an int)"
+        ),
+        probe!(
+            "other_socket_families_refused",
+            "network",
+            py(
+                "res(','.join([sysc(41, 15, 3, 2), sysc(41, 31, 1, 0), sysc(41, 44, 3, 0), sysc(41, 30, 2, 0), sysc(41, 21, 5, 0), sysc(41, 16, 3, 4), sysc(41, 16, 3, 16), sysc(41, 0, 1, 0), sysc(41, 0xffffffff, 1, 0), sysc(53, 2, 1, 0, 0), sysc(53, 16, 3, 0, 0)]))"
+            ),
+            ok(&[
+                "EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT"
+            ]),
+            "AF_KEY, AF_BLUETOOTH, AF_XDP, AF_TIPC, AF_RDS, netlink sock_diag and generic, AF_UNSPEC, -1; socketpair for IPv4 and netlink (the kernel would say EOPNOTSUPP): all refused by the allowlist"
+        ),
+        probe!(
+            "real_program_syscalls_work",
+            "kernel-interfaces",
+            py("res(','.join([sysc(252, 1, 0), sysc(239, 0, 0, 0, 0, 0), sysc(462, 0, 0, 0)]))"),
+            ok(&["OK,OK,OK"]),
+            "over-blocking is a bug: ioprio_get (ionice), get_mempolicy (numa), mseal (newer glibc) reach the kernel"
+        ),
+        probe!(
+            "every_denied_syscall_refused_and_recorded",
+            "kernel-interfaces",
+            py(DENIED_SYSCALLS),
+            ok(&[]),
+            "each syscall of the deny table, with arguments that are harmless if it ran (invalid pointers, no-op values): EPERM, and the seccomp layer recorded it — the kernel's own EPERM (no capabilities) would leave no record",
+            deny_table_held
+        ),
+        probe!(
+            "stacked_seccomp_filter_cannot_loosen",
+            "seccomp-bypass",
+            py(
+                "import struct\nallow = struct.pack('HBBI', 0x06, 0, 0, 0x7fff0000)\nbuf = ctypes.create_string_buffer(allow)\nprog = struct.pack('HxxxxxxQ', 1, ctypes.addressof(buf))\npb = ctypes.create_string_buffer(prog)\nr = [sysc(317, 1, 0, ctypes.addressof(pb)), sysc(272, 0), sysc(317, 1, 8, ctypes.addressof(pb))]\nres(','.join(r))"
+            ),
+            ok(&["OK,EPERM,EBUSY"]),
+            "seccomp(2) is allowed (browsers and nested sandboxes stack filters): an allow-all filter stacked on ours leaves unshare refused, and a second listener is refused"
+        ),
+        probe!(
+            "newer_real_program_syscalls_reach_the_kernel",
+            "kernel-interfaces",
+            py(
+                "a = ctypes.c_uint32(0x7fff0000)\nr = [sysc(251, 1, 0, (2 << 13) | 4), sysc(238, 0, 0, 0), sysc(237, 0, 0, 0, 0, 0, 0), sysc(449, 0, 0, 0, 0, 0), sysc(451, 0, 0, 0, 0), sysc(317, 2, 0, ctypes.addressof(a)), sysc(457, 0, 0, 0, 0), sysc(458, 0, 0, 0, 0), sysc(448, 0xffffffff, 0)]\nres(','.join(r))"
+            ),
+            ok(&["OK,OK,OK,EINVAL,EFAULT,OK,EFAULT,EFAULT,EBADF"]),
+            "over-blocking is a bug: ioprio_set (ionice), set_mempolicy and mbind (numactl), futex_waitv (wine, newer runtimes), cachestat, seccomp, statmount/listmount (findmnt), process_mrelease reach the kernel (its own errors, never EPERM/ENOSYS)"
+        ),
+        probe!(
+            "thread_naming_works",
+            "kernel-interfaces",
+            py(
+                "import threading\nlibc.pthread_self.restype = ctypes.c_ulong\nlibc.pthread_setname_np.argtypes = [ctypes.c_ulong, ctypes.c_char_p]\nlibc.prctl(15, b'worker-1', 0, 0, 0)\na = open('/proc/self/comm').read().strip()\nopen('/proc/self/comm', 'w').write('renamed')\nb = open('/proc/self/comm').read().strip()\nout = []\ndef run():\n    libc.pthread_setname_np(libc.pthread_self(), b't-2')\n    out.append(open(f'/proc/self/task/{threading.get_native_id()}/comm').read().strip())\nt = threading.Thread(target=run); t.start(); t.join()\nres(','.join([a, b] + out))"
+            ),
+            ok(&["worker-1,renamed,t-2"]),
+            "over-blocking is a bug: prctl(PR_SET_NAME), writing /proc/self/comm and pthread_setname_np (thread names) work"
         ),
         probe!(
             "controlling_tty_absent",
@@ -681,20 +894,45 @@ pub fn probes() -> Vec<Probe> {
             "Landlock TCP connect (and an empty network namespace)"
         ),
         probe!(
-            "tcp_localhost_denied",
+            "tcp_host_loopback_listener_unreachable",
             "network",
             py(
-                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('127.0.0.1', 22))))"
+                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('127.0.0.1', @HOSTPORT@))))"
             ),
-            ok(&["EACCES", "ENETUNREACH"]),
-            "Landlock TCP connect"
+            ok(&["ECONNREFUSED"]),
+            "the turn's loopback is its own (own network namespace): the host's listener on 127.0.0.1 is not there"
         ),
         probe!(
-            "tcp_bind_denied",
+            "tcp_loopback_works_inside",
             "network",
-            py("s = socket.socket(); res(err(lambda: s.bind(('0.0.0.0', 8080))))"),
-            ok(&["EACCES", "EADDRNOTAVAIL"]),
-            "Landlock TCP bind"
+            py(
+                "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\nc = socket.create_connection(s.getsockname(), 2); a, _ = s.accept(); c.sendall(b'ok')\nt = socket.socket(socket.AF_INET6); t.bind(('::1', 0)); t.listen()\nd = socket.create_connection(t.getsockname()[:2], 2)\nres(a.recv(2).decode())"
+            ),
+            ok(&["ok"]),
+            "isolated = own network namespace with lo up (IPv4 and IPv6): over-blocking loopback is a bug"
+        ),
+        probe!(
+            "tcp_bind_foreign_address_unavailable",
+            "network",
+            py("s = socket.socket(); res(err(lambda: s.bind(('10.11.12.13', 8080))))"),
+            ok(&["EADDRNOTAVAIL"]),
+            "no interface but lo: nothing to listen on for the outside"
+        ),
+        probe!(
+            "host_unix_socket_in_granted_dir_unconnectable",
+            "network",
+            py("s = socket.socket(socket.AF_UNIX); res(err(lambda: s.connect('data/host.sock')))"),
+            ok(&["ECONNREFUSED", "ENOENT"]),
+            "a host process's socket (mode 0777) in a granted dir: granted dirs are read-only overlays, and overlayfs does not pass a connect through to the host's socket"
+        ),
+        probe!(
+            "host_unix_socket_in_ungranted_dir_absent",
+            "network",
+            py(
+                "s = socket.socket(socket.AF_UNIX); res(err(lambda: s.connect('private/host.sock')))"
+            ),
+            ENOENT,
+            "an ungranted dir is not in the view at all"
         ),
         probe!(
             "udp_egress_unroutable",
@@ -770,8 +1008,8 @@ pub fn probes() -> Vec<Probe> {
             "forbidden_in_allowed_tree_unreadable",
             "landlock-gaps",
             py("res(err(lambda: open('data/secret/key.pem').read()))"),
-            EACCES,
-            "masked mount + no Landlock rule"
+            ok(&["EACCES", "ENOENT"]),
+            "masked mount (native: an empty 0000 tmpfs, EACCES; OCI maskedPaths: an empty tmpfs, ENOENT) + no Landlock rule"
         ),
         probe!(
             "setuid_bit_normalised_at_commit",
@@ -780,7 +1018,7 @@ pub fn probes() -> Vec<Probe> {
                 "p = os.environ['TMPDIR'] + '/tool'; open(p, 'w').write('x'); os.chmod(p, 0o4755); res('chmod-ok')"
             ),
             ok(&["chmod-ok"]),
-            "chmod works inside scratch, but commit writes fresh 0644 files",
+            "chmod works inside scratch; the carry-over keeps the permission bits (0755) and drops set-id bits",
             |c| {
                 let p = session_file(c, "tmp/<sid>/tool").ok_or("no session")?;
                 let mode = std::os::unix::fs::PermissionsExt::mode(
@@ -788,7 +1026,7 @@ pub fn probes() -> Vec<Probe> {
                         .map_err(|e| e.to_string())?
                         .permissions(),
                 );
-                if mode & 0o7777 == 0o644 {
+                if mode & 0o7777 == 0o755 {
                     Ok(())
                 } else {
                     Err(format!("committed mode {mode:o}"))
@@ -1160,8 +1398,8 @@ pub fn probes() -> Vec<Probe> {
             "ledger_unreadable",
             "ledger",
             py("res(err(lambda: os.listdir('planes')))"),
-            EACCES,
-            "ledgers are masked"
+            ok(&["ENOENT", "EACCES"]),
+            "ledgers are not in the view unless a read pattern names them (masked when the root is granted whole)"
         ),
         probe!(
             "ledger_unwritable",
@@ -1220,6 +1458,11 @@ pub struct Outcome {
     pub observed: String,
     pub verdict: Verdict,
     pub note: &'static str,
+    /// Whether the turn's evidence recorded the attempt (issue 11): the
+    /// layers of its violations, a refusing status, or "no" when it was
+    /// refused by a layer whose refusals are not observable (Landlock, the
+    /// mount layer) or not refused at all.
+    pub recorded: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1239,12 +1482,89 @@ impl Verdict {
     }
 }
 
+/// The backend the suite attacks: `TURNSTILE_REDTEAM_BACKEND` (`cargo xtask
+/// redteam --backend NAME`), native by default.
+pub fn backend() -> String {
+    std::env::var("TURNSTILE_REDTEAM_BACKEND").unwrap_or_else(|_| "native".into())
+}
+
+/// Where a backend legitimately differs from native: (backend — `oci` for
+/// runc and crun —, probe, what it shows instead, why). Printed with the table; everything else must
+/// hold exactly as natively.
+pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
+    (
+        "oci",
+        "proc_1_exe_unopenable",
+        ok(&["OK"]),
+        "PID 1 of a runc/crun container is the turn's own command (turnstile's init execs it), not a privileged stage: /proc/1 is the caller itself",
+    ),
+    (
+        "oci",
+        "proc_1_root_unlistable",
+        ok(&["OK"]),
+        "PID 1 is the turn's own command",
+    ),
+    (
+        "oci",
+        "proc_1_cwd_unlistable",
+        ok(&["OK"]),
+        "PID 1 is the turn's own command",
+    ),
+    (
+        "oci",
+        "proc_1_environ_unreadable",
+        ok(&["OK"]),
+        "PID 1 is the turn's own command (its environment is the turn's)",
+    ),
+    (
+        "oci",
+        "signal_pid1_denied",
+        ok(&["OK"]),
+        "PID 1 is the turn's own command; SIGKILL to a namespace's init from inside is ignored by the kernel",
+    ),
+    (
+        "oci",
+        "proc_1_exe_unexecutable",
+        Expect {
+            status: &[0],
+            result: &[],
+            signal: None,
+        },
+        "/proc/1/exe is the command's own binary (python), not the supervisor",
+    ),
+    (
+        "oci",
+        "real_program_syscalls_work",
+        ok(&["OK,OK,ENOSYS"]),
+        "runc and crun name syscalls for their libseccomp 2.5.4, which does not know mseal: it falls to the default ENOSYS (native compiles it by number)",
+    ),
+];
+
+/// Whether a DIFFERENCES row for `row` applies to `backend`.
+pub fn applies(row: &str, backend: &str) -> bool {
+    row == backend || (row == "oci" && ["runc", "crun"].contains(&backend))
+}
+
+/// The expectation of `probe` on `backend`.
+pub fn expectation(probe: &Probe, backend: &str) -> Expect {
+    DIFFERENCES
+        .iter()
+        .find(|(b, p, _, _)| applies(b, backend) && *p == probe.name)
+        .map_or(probe.expect, |(_, _, e, _)| *e)
+}
+
 /// The suite's workspace.
 #[derive(Debug)]
 pub struct Suite {
     pub fx: Fixture,
     pub canary: PathBuf,
     _canary_dir: tempfile::TempDir,
+    /// Host listeners a turn must not reach: unix sockets (mode 0777, root's)
+    /// in a granted and an ungranted workspace dir, and a TCP listener on
+    /// the host's loopback.
+    _host_unix: Vec<std::os::unix::net::UnixListener>,
+    _host_tcp: std::net::TcpListener,
+    host_port: u16,
 }
 
 impl Default for Suite {
@@ -1258,6 +1578,15 @@ impl Suite {
         let fx = Fixture::new();
         fx.install("rt", MANIFEST);
         fx.write("data/users.csv", b"id,name\n1,ada\n");
+        fx.write("data/private.txt", b"mine");
+        // As real workspaces are: a 0700 root, a 0600 file.
+        for (rel, mode) in [("", 0o700), ("data/private.txt", 0o600)] {
+            std::fs::set_permissions(
+                fx.root.join(rel),
+                std::os::unix::fs::PermissionsExt::from_mode(mode),
+            )
+            .unwrap();
+        }
         fx.write("data/secret/key.pem", b"TOPSECRET");
         fx.write("installed/rt/tool.py", b"print('tool')\n");
         let dir = tempfile::Builder::new()
@@ -1266,10 +1595,29 @@ impl Suite {
             .unwrap();
         let canary = std::fs::canonicalize(dir.path()).unwrap();
         std::fs::write(canary.join("canary.txt"), b"").unwrap();
+        let host_unix = ["data/host.sock", "private/host.sock"]
+            .iter()
+            .map(|rel| {
+                let path = fx.root.join(rel);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+                std::fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o777),
+                )
+                .unwrap();
+                l
+            })
+            .collect();
+        let host_tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host_port = host_tcp.local_addr().unwrap().port();
         Self {
             fx,
             canary,
             _canary_dir: dir,
+            _host_unix: host_unix,
+            _host_tcp: host_tcp,
+            host_port,
         }
     }
 
@@ -1296,6 +1644,7 @@ impl Suite {
         code.replace("@STATE@", &self.fx.state.display().to_string())
             .replace("@CANARY@", &self.canary.display().to_string())
             .replace("@ROOT@", &self.fx.root.display().to_string())
+            .replace("@HOSTPORT@", &self.host_port.to_string())
     }
 
     /// `supervise run --root … --state-dir … --package rt --json`.
@@ -1309,6 +1658,8 @@ impl Suite {
             "--package".into(),
             "rt".into(),
             "--json".into(),
+            "--backend".into(),
+            backend(),
         ]
     }
 
@@ -1468,7 +1819,7 @@ impl Suite {
                 escapes.push(e);
             }
         }
-        let e = probe.expect;
+        let e = expectation(probe, &backend());
         if result.as_deref() == Some("OK") && !e.result.is_empty() && !e.result.contains(&"OK") {
             escapes.push("the blocked operation succeeded".into());
         }
@@ -1519,6 +1870,22 @@ impl Suite {
         } else {
             Verdict::Held
         };
+        let evidence = evidence_last(&ctx);
+        let mut layers: Vec<&str> = evidence["violations"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|x| x["layer"].as_str()).collect())
+            .unwrap_or_default();
+        layers.sort_unstable();
+        layers.dedup();
+        let recorded = if !layers.is_empty() {
+            format!("yes: {}", layers.join("+"))
+        } else if [11, 12, 13, 14].contains(&status) {
+            format!("yes: exit {status}")
+        } else if status == 2 {
+            "refused: exit 2".into()
+        } else {
+            "no".into()
+        };
         Outcome {
             name: probe.name,
             family: probe.family,
@@ -1526,6 +1893,7 @@ impl Suite {
             observed,
             verdict,
             note: probe.note,
+            recorded,
         }
     }
 }
@@ -1533,17 +1901,18 @@ impl Suite {
 /// Renders the table `cargo xtask redteam` prints.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut s = format!(
-        "{:<40} {:<20} {:<26} {:<26} {}\n",
-        "probe", "family", "expected", "observed", "verdict"
+        "{:<40} {:<20} {:<26} {:<26} {:<8} {}\n",
+        "probe", "family", "expected", "observed", "verdict", "recorded"
     );
     for o in outcomes {
         s += &format!(
-            "{:<40} {:<20} {:<26} {:<26} {}\n",
+            "{:<40} {:<20} {:<26} {:<26} {:<8} {}\n",
             o.name,
             o.family,
             o.expected,
             o.observed,
-            o.verdict.label()
+            o.verdict.label(),
+            o.recorded
         );
         if let Verdict::Unexpected(why) | Verdict::Escape(why) = &o.verdict {
             s += &format!("    -> {why}\n");
@@ -1561,11 +1930,16 @@ pub fn table(outcomes: &[Outcome]) -> String {
         .iter()
         .filter(|o| matches!(o.verdict, Verdict::Unexpected(_)))
         .count();
+    let recorded = outcomes
+        .iter()
+        .filter(|o| o.recorded.starts_with("yes") || o.recorded.starts_with("refused"))
+        .count();
     s += &format!(
-        "\n{} probes, {} escapes, {} unexpected\n",
+        "\n{} probes, {} escapes, {} unexpected; {} recorded in the evidence (the rest were refused by Landlock or the mount layer, whose refusals are not observable, or are positive probes)\n",
         outcomes.len(),
         escapes,
-        unexpected
+        unexpected,
+        recorded
     );
     for (f, n) in families {
         s += &format!("  {f:<20} {n}\n");

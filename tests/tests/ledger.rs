@@ -46,7 +46,8 @@ fn session_with_turns(fx: &Fixture, turns: usize, work_order: Option<&str>) -> S
             .unwrap()
             .unwrap_err();
         let lock = session.lock().unwrap();
-        let n = record_rejected_turn(&session, &lock, &bound, &violations, &SystemClock).unwrap();
+        let n =
+            record_rejected_turn(&session, &lock, &bound, "p", &violations, &SystemClock).unwrap();
         assert_eq!(n, i as u64 + 1);
     }
     sid

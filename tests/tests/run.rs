@@ -216,7 +216,8 @@ fn fr_rt_003_fr_rt_012_fr_rt_014_enforcement_inside_the_sandbox() {
         ("read_forbidden_in_allowed_tree", "EACCES"),
         ("read_forbidden_file", "EACCES"),
         ("read_sibling_of_forbidden", "OK"),
-        ("read_ledger", "EACCES"),
+        // Not granted, so not in the view at all (issue 9).
+        ("read_ledger", "ENOENT"),
         ("write_workspace", "EROFS"),
         ("write_root_tmp", "EROFS"),
         ("write_usr", "EROFS"),
@@ -594,4 +595,95 @@ fn allow_egress_is_refused_not_silently_isolated() {
         "{v}"
     );
     fx.assert_ledgers_intact(&sid(&v));
+}
+
+#[test]
+fn issue_9_dev_shm_and_tmp_writes_are_recorded_in_the_evidence_and_discarded() {
+    if !require_root("issue_9_dev_shm_and_tmp_writes_are_recorded_in_the_evidence_and_discarded") {
+        return;
+    }
+    // A workspace outside /tmp (as a home directory is): /tmp is then a
+    // private writable tmpfs, for programs that ignore TMPDIR.
+    let home = tempfile::Builder::new()
+        .prefix("ts-home-")
+        .tempdir_in("/var/lib")
+        .unwrap();
+    let root = home.path().join("ws");
+    let state = home.path().join("state");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir_all(root.join("installed/t")).unwrap();
+    std::fs::write(root.join("installed/t/manifest.json"), MANIFEST).unwrap();
+    let run = |session: Option<&str>, code: &str| {
+        let mut cmd = std::process::Command::new(turnstile_tests::supervise_bin());
+        cmd.args(["run", "--json", "--no-outputs", "--package", "t", "--root"])
+            .arg(&root)
+            .arg("--state-dir")
+            .arg(&state);
+        if let Some(s) = session {
+            cmd.args(["--session", s]);
+        }
+        let out = cmd
+            .args(["--", "/usr/bin/python3", "-c", code])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, v, stderr) = run(
+        None,
+        "import ctypes\nopen('/dev/shm/seg', 'w').write('hidden')\nopen('/tmp/t.txt', 'w').write('tmp')\nlibc = ctypes.CDLL(None); libc.tmpfile.restype = ctypes.c_void_p\nassert libc.tmpfile()",
+    );
+    assert_eq!(status, Some(0), "{stderr}");
+    let s = sid(&v);
+    let evidence =
+        read_entries(&root.join(format!("planes/ho1/sessions/{s}/ledger/evidence.jsonl")));
+    let eph = &evidence.last().unwrap()["ephemeral_writes"];
+    let shm = &eph["/dev/shm"]["files"][0];
+    assert_eq!(shm["path"], "/dev/shm/seg", "{eph}");
+    assert_eq!(shm["bytes"], 6);
+    assert_eq!(
+        shm["sha256"],
+        hex::encode(Sha256::digest(b"hidden")),
+        "{eph}"
+    );
+    assert_eq!(eph["/tmp"]["files"][0]["path"], "/tmp/t.txt", "{eph}");
+    // Discarded: the next turn's /dev/shm and /tmp are empty.
+    let (status, _, stderr) = run(
+        Some(&s),
+        "import os; assert os.listdir('/dev/shm') == [] and os.listdir('/tmp') == [], (os.listdir('/dev/shm'), os.listdir('/tmp'))",
+    );
+    assert_eq!(status, Some(0), "{stderr}");
+}
+
+#[test]
+fn issue_9_a_0700_workspace_with_a_0600_granted_file_works_as_uid_65534() {
+    if !require_root("issue_9_a_0700_workspace_with_a_0600_granted_file_works_as_uid_65534") {
+        return;
+    }
+    let fx = fixture();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fx.root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let f = fx.root.join("data/users.csv");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (status, v, stderr) = py(
+        &fx,
+        None,
+        &["output/<session_id>/copy.csv:result"],
+        "import os, shutil\nassert os.getuid() == 65534 and os.geteuid() == 65534\nshutil.copy('data/users.csv', os.environ['TMPDIR'] + '/../../output/' + os.environ['TURNSTILE_SESSION_ID'] + '/copy.csv')",
+    );
+    assert_eq!(status, 0, "{stderr}\n{v}");
+    let s = sid(&v);
+    let out = fx.root.join("output").join(&s).join("copy.csv");
+    assert_eq!(std::fs::read(&out).unwrap(), b"id,name\n1,ada\n");
+    // Committed outputs belong to the workspace's owner.
+    use std::os::unix::fs::MetadataExt;
+    let (m, r) = (
+        std::fs::metadata(&out).unwrap(),
+        std::fs::metadata(&fx.root).unwrap(),
+    );
+    assert_eq!((m.uid(), m.gid()), (r.uid(), r.gid()));
+    fx.assert_ledgers_intact(&s);
 }

@@ -15,12 +15,30 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// Debian packages the workspace needs to build and test.
-const APT_PACKAGES: &[&str] = &["libseccomp-dev", "pkg-config", "python3"];
+/// System packages: the build (libseccomp), the schema tests
+/// (python3-jsonschema), the real-software suite (tests/tests/realsw.rs:
+/// CPython's own test suite, a C toolchain, git, venv, node) and the runc
+/// backend's tests and red-team run.
+const APT_PACKAGES: &[&str] = &[
+    "libseccomp-dev",
+    "pkg-config",
+    "python3",
+    "python3-jsonschema",
+    "libpython3.11-testsuite",
+    "python3-venv",
+    "gcc",
+    "make",
+    "libc6-dev",
+    "git",
+    "nodejs",
+    "runc",
+];
 
 /// Requirements that must each have at least one test whose name contains
 /// `fr_rt_0xx`. Grows as issues land.
-const REQUIRED_FRS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18];
+const REQUIRED_FRS: &[u32] = &[
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+];
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,7 +47,7 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("test") => test(),
         Some("fr-coverage") => fr_coverage(),
-        Some("redteam") => redteam(args.get(1).map(String::as_str)),
+        Some("redteam") => redteam(&args[1..]),
         Some("bench") => bench(),
         _ => {
             eprintln!(
@@ -143,7 +161,10 @@ fn test() -> Result<()> {
     ]))?;
     // --workspace builds `supervise` before any integration test runs.
     run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
-    redteam(None)?;
+    redteam(&[])?;
+    // The same suite through the runc backend (differences in
+    // redteam::DIFFERENCES, each with its reason).
+    redteam(&["--backend".to_owned(), "runc".to_owned()])?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }
@@ -167,10 +188,19 @@ fn build_bins(release: bool) -> Result<()> {
 }
 
 /// Runs the red-team suite (tests/src/redteam.rs) and prints its table.
-fn redteam(filter: Option<&str>) -> Result<()> {
+/// `redteam [--backend NAME] [FILTER]`: the suite against one backend.
+fn redteam(args: &[String]) -> Result<()> {
     build_bins(false)?;
     let mut cmd = Command::new(workspace_root().join("target/debug/redteam"));
-    cmd.args(filter);
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        if a == "--backend" {
+            let name = rest.next().context("--backend needs a name")?;
+            cmd.env("TURNSTILE_REDTEAM_BACKEND", name);
+        } else {
+            cmd.arg(a);
+        }
+    }
     run(&mut cmd)
 }
 

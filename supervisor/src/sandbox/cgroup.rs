@@ -262,6 +262,59 @@ impl TurnCgroup {
         }
     }
 
+    /// The cgroups left by turns whose names start with `prefix` (a dead
+    /// supervisor's turns, found by recovery), one per turn name.
+    pub fn leftovers(root: &Path, prefix: &str) -> Vec<Self> {
+        let Some(version) = detect(root) else {
+            return Vec::new();
+        };
+        let bases: Vec<PathBuf> = match version {
+            Version::V2 => vec![root.join("turnstile")],
+            Version::V1 => ["memory", "pids", "cpu", "cpuacct"]
+                .iter()
+                .map(|c| root.join(c).join("turnstile"))
+                .collect(),
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for base in &bases {
+            for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with(prefix) && entry.path().is_dir() {
+                    names.insert(name);
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|name| {
+                let dirs: Vec<PathBuf> = bases
+                    .iter()
+                    .map(|b| b.join(&name))
+                    .filter(|d| d.is_dir())
+                    .collect();
+                let pick = |controller: &str| {
+                    dirs.iter()
+                        .find(|d| version == Version::V2 || d.starts_with(root.join(controller)))
+                        .cloned()
+                        .unwrap_or_else(|| dirs.first().cloned().unwrap_or_default())
+                };
+                Self {
+                    version,
+                    memory: pick("memory"),
+                    pids: pick("pids"),
+                    cpu: pick("cpu"),
+                    cpuacct: pick("cpuacct"),
+                    dirs,
+                }
+            })
+            .collect()
+    }
+
+    /// The cgroup's directories.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
     /// Removes the cgroup directories (they must be empty).
     pub fn remove(&self) {
         for d in &self.dirs {

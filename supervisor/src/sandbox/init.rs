@@ -8,9 +8,10 @@
 //!
 //! Three stages:
 //! - **S1** (this process; host PID namespace, new mount/IPC/UTS/net/cgroup
-//!   namespaces) builds the new root from the Plan's mount list, then forks
-//! - **S2**, PID 1 of the turn's PID namespace: mounts `/proc`, pivots into
-//!   the new root, and forks
+//!   namespaces) forks and relays the exit status of
+//! - **S2**, PID 1 of the turn's PID namespace: brings up `lo`, builds the
+//!   new root from the Plan's mount list (its `/proc` first, which the
+//!   workspace's idmapping needs), pivots into it, and forks
 //! - **S3**, which drops every privilege in a fixed order (see
 //!   [`restrict_and_exec`]) and execs the command.
 //!
@@ -23,16 +24,18 @@
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, chdir, fork, pivot_root};
 use serde_json::{Value, json};
 use turnstile_policy::plan::{Mount, Plan};
 
-use super::landlock;
+use super::{landlock, sys};
 
 /// Exit status of a stage that failed before the command ran.
 pub const SETUP_FAILED: i32 = 125;
@@ -43,6 +46,11 @@ pub const BPF_FILE: &str = "seccomp.bpf";
 pub const REPORT_FILE: &str = "report.jsonl";
 pub const ROOT_DIR: &str = "root";
 pub const SCRATCH_DIR: &str = "scratch";
+/// Where S1 attaches the idmapped clone of the workspace while it builds
+/// the view (detached again before the command runs).
+pub const LOWER_DIR: &str = "lower";
+/// An empty directory, the second lower layer of read-only overlays.
+pub const EMPTY_DIR: &str = "empty";
 
 /// Descriptors of the posture handshake, placed by the supervisor's
 /// pre_exec hook and marked close-on-exec here: S3 writes one byte on
@@ -100,8 +108,19 @@ fn cloexec_inherited_fds() {
     }
 }
 
+/// argv[1] that makes `supervise` the sandbox's own init (not a user
+/// command).
+pub const SANDBOX_INIT: &str = "__sandbox-init";
+/// argv[0] of the init (its /proc cmdline names no host path).
+pub const INIT_NAME: &str = "turnstile-init";
+/// The environment variable that carries the turn directory to the init.
+pub const TURN_DIR_ENV: &str = "TURNSTILE_TURN_DIR";
+
 /// Entry point of `supervise __sandbox-init TURN_DIR`. Never returns.
 pub fn main(turn_dir: &Path) -> ! {
+    // S1 was given PR_SET_PDEATHSIG(SIGKILL) before exec (the pre_exec hook
+    // of the supervisor): a supervise killed at any instant takes S1, and
+    // through it the whole turn, with it.
     cloexec_inherited_fds();
     let report_file = OpenOptions::new()
         .append(true)
@@ -125,8 +144,6 @@ pub fn main(turn_dir: &Path) -> ! {
     let bpf = std::fs::read(turn_dir.join(BPF_FILE)).or_fail(&mut report, "read seccomp filter");
     let new_root = turn_dir.join(ROOT_DIR);
 
-    build_root(&plan, turn_dir, &new_root, &mut report);
-
     // SAFETY: this process is single-threaded (a fresh exec of `supervise`
     // that has started no threads), so the child may run arbitrary code.
     match unsafe { fork() }.or_fail(&mut report, "fork pid 1") {
@@ -139,7 +156,25 @@ pub fn main(turn_dir: &Path) -> ! {
             };
             std::process::exit(code)
         }
-        ForkResult::Child => pid1(&plan, &new_root, &bpf, report),
+        ForkResult::Child => {
+            // PID 1 dies with S1 (which dies with supervise): the kernel then
+            // kills everything in the turn's PID namespace. If S1 is already
+            // gone, so is the turn.
+            die_with_parent(&mut report);
+            build_root(&plan, turn_dir, &new_root, &mut report);
+            pid1(&plan, &new_root, &bpf, report)
+        }
+    }
+}
+
+/// PR_SET_PDEATHSIG(SIGKILL), then make sure the parent did not die before
+/// it took effect (we would have been reparented already).
+fn die_with_parent(report: &mut Report) {
+    let parent = nix::unistd::getppid();
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .or_fail(report, "set parent-death signal");
+    if nix::unistd::getppid() != parent {
+        std::process::exit(SETUP_FAILED);
     }
 }
 
@@ -179,8 +214,88 @@ fn bind_read_only(source: &Path, target: &Path, report: &mut Report) {
         .or_fail(report, "bind mount");
 }
 
+/// Where S1 finds the sources of the view: the host's `/`, and the
+/// workspace through its idmapped clone.
+struct Sources {
+    host: OwnedFd,
+    workspace: OwnedFd,
+    root: String,
+    /// An empty directory: the second lower layer of read-only overlays.
+    empty: OwnedFd,
+    /// Descriptors named by `/proc/self/fd/N` in mounted overlays' options;
+    /// kept open until the root is built.
+    held: Vec<OwnedFd>,
+}
+
+impl Sources {
+    /// The inode `path` names, resolved without following any symlink.
+    fn open(&self, path: &str) -> std::io::Result<OwnedFd> {
+        match path.strip_prefix(self.root.as_str()) {
+            Some(rel) if rel.is_empty() || rel.starts_with('/') => {
+                sys::open_beneath(&self.workspace, rel)
+            }
+            _ => sys::open_beneath(&self.host, path),
+        }
+    }
+}
+
+fn open_dir(path: &Path, report: &mut Report) -> OwnedFd {
+    nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
+    .or_fail(report, "open view source")
+}
+
+/// Shows `path` read-only: a directory as a read-only overlay (its only
+/// real layer the source; overlayfs makes a host process's unix socket
+/// in it unconnectable), a regular file by a bind mount of that inode.
+fn show_read_only(src: &mut Sources, path: &str, new_root: &Path, report: &mut Report) {
+    let fd = src
+        .open(path)
+        .map_err(|e| format!("{path}: {e} (changed since the plan?)"))
+        .or_fail(report, "open view source");
+    let st = nix::sys::stat::fstat(&fd).or_fail(report, "open view source");
+    let target = under(new_root, path);
+    match st.st_mode & nix::libc::S_IFMT {
+        nix::libc::S_IFDIR => {
+            ensure_dir(&target, report);
+            let options = format!(
+                "lowerdir={}:{},xino=on",
+                sys::fd_path(&fd),
+                sys::fd_path(&src.empty)
+            );
+            mount(
+                Some("overlay"),
+                &target,
+                Some("overlay"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(options.as_str()),
+            )
+            .map_err(|e| format!("{path}: {e}"))
+            .or_fail(report, "mount read-only overlay");
+            src.held.push(fd);
+        }
+        nix::libc::S_IFREG => {
+            ensure_file(&target, report);
+            bind_read_only(Path::new(&sys::fd_path(&fd)), &target, report);
+        }
+        _ => report.fail(
+            "open view source",
+            format!("{path}: neither a directory nor a regular file"),
+        ),
+    }
+}
+
 /// S1: the new root, from the Plan's mount list, in order.
 fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report) {
+    let t0 = std::time::Instant::now();
+    let mut laps: Vec<(String, u128)> = Vec::new();
+    let lap = |name: &str, laps: &mut Vec<(String, u128)>| {
+        laps.push((name.to_owned(), t0.elapsed().as_micros()));
+    };
     // Nothing we mount may propagate back to the host.
     mount(
         None::<&str>,
@@ -190,6 +305,9 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
         None::<&str>,
     )
     .or_fail(report, "make / rprivate");
+    // `isolated`: the empty network namespace is the boundary, its loopback
+    // works (IPv4 and IPv6).
+    sys::loopback_up().or_fail(report, "bring up lo");
     mount(
         Some("tmpfs"),
         new_root,
@@ -198,15 +316,55 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
         Some("mode=0755,size=1m,nr_inodes=4096"),
     )
     .or_fail(report, "mount root tmpfs");
+    // This PID namespace's /proc, first: the idmap helper below is found
+    // there.
+    let proc = new_root.join("proc");
+    ensure_dir(&proc, report);
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .or_fail(report, "mount /proc");
+    lap("root_proc_lo", &mut laps);
+    // The workspace as its owner's: idmapped to the turn's uid/gid.
+    let lower = turn_dir.join(LOWER_DIR);
+    sys::idmapped_clone(
+        &proc,
+        Path::new(&plan.root),
+        &lower,
+        plan.workspace_owner,
+        (plan.uid, plan.gid),
+    )
+    .or_fail(report, "idmap workspace");
+    lap("idmap", &mut laps);
+    let mut src = Sources {
+        host: open_dir(Path::new("/"), report),
+        workspace: open_dir(&lower, report),
+        root: plan.root.clone(),
+        empty: open_dir(&turn_dir.join(EMPTY_DIR), report),
+        held: Vec::new(),
+    };
     // The file masks are bound from, unreadable by the turn's uid.
     let empty = new_root.join(".masked");
     File::create(&empty).or_fail(report, "create mask file");
     std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o000))
         .or_fail(report, "create mask file");
 
-    for m in &plan.mounts {
+    for (n, m) in plan.mounts.iter().enumerate() {
+        let _kind = match m {
+            Mount::ReadOnly { .. } => "read_only",
+            Mount::SystemReadOnly { .. } => "system",
+            Mount::Overlay { .. } => "overlay",
+            Mount::Dev { .. } => "dev",
+            Mount::MaskDir { .. } | Mount::MaskFile { .. } => "mask",
+            _ => "other",
+        };
         match m {
-            Mount::BindReadOnly { path } => {
+            Mount::ReadOnly { path } => show_read_only(&mut src, path, new_root, report),
+            Mount::SystemReadOnly { path } => {
                 let target = under(new_root, path);
                 if Path::new(path).is_dir() {
                     ensure_dir(&target, report);
@@ -222,79 +380,50 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
                 }
                 std::os::unix::fs::symlink(target, &link).or_fail(report, "create symlink");
             }
-            Mount::Dev { shm_bytes } => {
-                let dev = new_root.join("dev");
-                ensure_dir(&dev, report);
-                mount(
-                    Some("tmpfs"),
-                    &dev,
-                    Some("tmpfs"),
-                    MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-                    Some("mode=0755,size=64k,nr_inodes=64"),
+            Mount::Dir { path } => ensure_dir(&under(new_root, path), report),
+            Mount::Generated { path, contents } => {
+                let file = turn_dir.join(format!("generated-{n}"));
+                std::fs::write(&file, contents).or_fail(report, "write generated file");
+                std::fs::set_permissions(
+                    &file,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o644),
                 )
-                .or_fail(report, "mount /dev");
-                for name in ["null", "zero", "full", "random", "urandom", "tty"] {
-                    let target = dev.join(name);
-                    ensure_file(&target, report);
-                    let source = Path::new("/dev").join(name);
-                    mount(
-                        Some(&source),
-                        &target,
-                        None::<&str>,
-                        MsFlags::MS_BIND,
-                        None::<&str>,
-                    )
-                    .map_err(|e| format!("/dev/{name}: {e}"))
-                    .or_fail(report, "bind device");
-                }
-                for (link, to) in [
-                    ("fd", "/proc/self/fd"),
-                    ("stdin", "/proc/self/fd/0"),
-                    ("stdout", "/proc/self/fd/1"),
-                    ("stderr", "/proc/self/fd/2"),
-                ] {
-                    std::os::unix::fs::symlink(to, dev.join(link))
-                        .or_fail(report, "create /dev symlink");
-                }
-                let shm = dev.join("shm");
-                ensure_dir(&shm, report);
-                mount(
-                    Some("tmpfs"),
-                    &shm,
-                    Some("tmpfs"),
-                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                    Some(format!("mode=1777,size={shm_bytes}").as_str()),
-                )
-                .or_fail(report, "mount /dev/shm");
-                // /dev itself read-only: nobody creates nodes there.
-                mount(
-                    None::<&str>,
-                    &dev,
-                    None::<&str>,
-                    MsFlags::MS_REMOUNT
-                        | MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NOEXEC,
-                    None::<&str>,
-                )
-                .or_fail(report, "remount /dev read-only");
+                .or_fail(report, "write generated file");
+                let target = under(new_root, path);
+                ensure_file(&target, report);
+                bind_read_only(&file, &target, report);
             }
-            Mount::Proc => ensure_dir(&new_root.join("proc"), report),
+            Mount::Dev { shm_bytes } => build_dev(new_root, *shm_bytes, report),
+            Mount::Ephemeral { path, bytes } => {
+                let target = under(new_root, path);
+                ensure_dir(&target, report);
+                mount(
+                    Some("tmpfs"),
+                    &target,
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    Some(format!("mode=1777,size={bytes}").as_str()),
+                )
+                .map_err(|e| format!("{path}: {e}"))
+                .or_fail(report, "mount ephemeral tmpfs");
+            }
+            Mount::Proc { .. } => {} // mounted first, hardened by PID 1
             Mount::Overlay { path, index } => {
                 let target = under(new_root, path);
-                let upper = turn_dir
-                    .join(SCRATCH_DIR)
-                    .join("upper")
-                    .join(index.to_string());
-                let work = turn_dir
-                    .join(SCRATCH_DIR)
-                    .join("work")
-                    .join(index.to_string());
+                let lowerdir = src
+                    .open(path)
+                    .map_err(|e| format!("{path}: {e}"))
+                    .or_fail(report, "mount overlay");
+                let scratch = turn_dir.join(SCRATCH_DIR);
+                let upper = open_dir(&scratch.join("upper").join(index.to_string()), report);
+                let work = open_dir(&scratch.join("work").join(index.to_string()), report);
                 let options = format!(
-                    "lowerdir={path},upperdir={},workdir={}",
-                    upper.display(),
-                    work.display()
+                    "lowerdir={},upperdir={},workdir={},xino=on",
+                    sys::fd_path(&lowerdir),
+                    sys::fd_path(&upper),
+                    sys::fd_path(&work)
                 );
+                ensure_dir(&target, report);
                 mount(
                     Some("overlay"),
                     &target,
@@ -304,40 +433,130 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
                 )
                 .map_err(|e| format!("overlay on {path}: {e}"))
                 .or_fail(report, "mount overlay");
+                src.held.extend([lowerdir, upper, work]);
             }
-            Mount::MaskDir { path, .. } => {
-                let target = under(new_root, path);
-                mount(
-                    Some("tmpfs"),
-                    &target,
-                    Some("tmpfs"),
-                    MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NODEV
-                        | MsFlags::MS_NOEXEC,
-                    Some("mode=0000,size=4k,nr_inodes=1"),
-                )
-                .map_err(|e| format!("mask {path}: {e}"))
-                .or_fail(report, "mask directory");
-            }
+            Mount::MaskDir { path, .. } => mask_dir(&under(new_root, path), report),
             Mount::MaskFile { path, .. } => {
                 bind_read_only(&empty, &under(new_root, path), report);
             }
         }
     }
+    // The idmapped clone is only a source: the layers hold what they need.
+    drop(src);
+    umount2(&lower, MntFlags::MNT_DETACH).or_fail(report, "detach workspace clone");
     ensure_dir(&new_root.join(".oldroot"), report);
+    lap("view", &mut laps);
+    report.event(json!({"event": "init_laps", "us": laps.iter().map(|(k, v)| json!([k, *v as u64])).collect::<Vec<_>>()}));
+}
+
+fn mask_dir(target: &Path, report: &mut Report) {
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0000,size=4k,nr_inodes=1"),
+    )
+    .map_err(|e| format!("mask {}: {e}", target.display()))
+    .or_fail(report, "mask directory");
+}
+
+/// The minimal `/dev`: a few host devices, the standard symlinks, a private
+/// devpts instance and `/dev/shm`; read-only once built.
+fn build_dev(new_root: &Path, shm_bytes: u64, report: &mut Report) {
+    let dev = new_root.join("dev");
+    ensure_dir(&dev, report);
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("mode=0755,size=64k,nr_inodes=64"),
+    )
+    .or_fail(report, "mount /dev");
+    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let target = dev.join(name);
+        ensure_file(&target, report);
+        let source = Path::new("/dev").join(name);
+        mount(
+            Some(&source),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("/dev/{name}: {e}"))
+        .or_fail(report, "bind device");
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        std::os::unix::fs::symlink(to, dev.join(link)).or_fail(report, "create /dev symlink");
+    }
+    // A devpts of the turn's own: its ptys are invisible to the host's and
+    // the host's to it.
+    let pts = dev.join("pts");
+    ensure_dir(&pts, report);
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .or_fail(report, "mount /dev/pts");
+    let shm = dev.join("shm");
+    ensure_dir(&shm, report);
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,size={shm_bytes}").as_str()),
+    )
+    .or_fail(report, "mount /dev/shm");
+    // /dev itself read-only: nobody creates nodes there.
+    mount(
+        None::<&str>,
+        &dev,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .or_fail(report, "remount /dev read-only");
+}
+
+/// `/proc`'s masked and read-only paths (those this kernel has).
+fn harden_proc(plan: &Plan, new_root: &Path, report: &mut Report) {
+    let Some(Mount::Proc { masked, read_only }) =
+        plan.mounts.iter().find(|m| matches!(m, Mount::Proc { .. }))
+    else {
+        return;
+    };
+    let empty = new_root.join(".masked");
+    for path in masked {
+        let target = under(new_root, path);
+        match std::fs::symlink_metadata(&target) {
+            Ok(m) if m.is_dir() => mask_dir(&target, report),
+            Ok(_) => bind_read_only(&empty, &target, report),
+            Err(_) => {}
+        }
+    }
+    for path in read_only {
+        let target = under(new_root, path);
+        if std::fs::symlink_metadata(&target).is_ok() {
+            bind_read_only(&target, &target, report);
+        }
+    }
 }
 
 /// S2: PID 1 of the turn.
 fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
-    mount(
-        Some("proc"),
-        &new_root.join("proc"),
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .or_fail(&mut report, "mount /proc");
+    harden_proc(plan, new_root, &mut report);
     chdir(new_root).or_fail(&mut report, "chdir new root");
     pivot_root(".", ".oldroot").or_fail(&mut report, "pivot_root");
     chdir("/").or_fail(&mut report, "chdir /");
@@ -351,28 +570,94 @@ fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
         None::<&str>,
     )
     .or_fail(&mut report, "remount / read-only");
-    let _ = nix::unistd::sethostname("turnstile");
+    let _ = nix::unistd::sethostname(&plan.hostname);
 
     // SAFETY: S2 is single-threaded (forked from single-threaded S1).
     match unsafe { fork() }.or_fail(&mut report, "fork command") {
         ForkResult::Child => restrict_and_exec(plan, bpf, report),
         ForkResult::Parent { child } => {
             close_handshake();
-            reap(child, report)
+            reap(plan, child, report)
+        }
+    }
+}
+
+/// Most files described per ephemeral directory; files up to this size
+/// are hashed.
+const EPHEMERAL_LISTED: usize = 256;
+const EPHEMERAL_HASHED_BYTES: u64 = 16 << 20;
+
+/// What the command left in its private `/dev/shm` and ephemeral tmpfs
+/// mounts (discarded with the turn, never committed — but recorded, so the
+/// evidence shows it): path, kind, size and sha256 (files up to 16 MiB), at
+/// most 256 entries per directory, never crossing into another mount.
+fn report_ephemeral(plan: &Plan, report: &mut Report) {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let mut dirs = vec!["/dev/shm".to_owned()];
+    dirs.extend(plan.mounts.iter().filter_map(|m| match m {
+        Mount::Ephemeral { path, .. } => Some(path.clone()),
+        _ => None,
+    }));
+    for top in dirs {
+        let Ok(dev) = std::fs::symlink_metadata(&top).map(|m| m.dev()) else {
+            continue;
+        };
+        let mut files = Vec::new();
+        let mut stack = vec![PathBuf::from(&top)];
+        let mut more = false;
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(m) = e.path().symlink_metadata() else {
+                    continue;
+                };
+                // A mount point inside (the workspace's path): not ours.
+                if m.dev() != dev {
+                    continue;
+                }
+                if files.len() >= EPHEMERAL_LISTED {
+                    more = true;
+                    break;
+                }
+                let path = e.path();
+                if m.is_dir() {
+                    stack.push(path.clone());
+                }
+                let sha256 = (m.is_file() && m.len() <= EPHEMERAL_HASHED_BYTES)
+                    .then(|| std::fs::read(&path).ok())
+                    .flatten()
+                    .map(|b| hex::encode(Sha256::digest(&b)));
+                files.push(json!({
+                    "path": path.display().to_string(),
+                    "kind": if m.is_dir() { "dir" } else if m.is_file() { "file" } else if m.file_type().is_symlink() { "symlink" } else { "other" },
+                    "bytes": m.len(),
+                    "sha256": sha256,
+                }));
+            }
+        }
+        if !files.is_empty() {
+            report.event(
+                json!({"event": "ephemeral", "dir": top, "files": files, "truncated": more}),
+            );
         }
     }
 }
 
 /// S2's loop: reap every child; when the command exits, report its status
 /// and exit, which makes the kernel kill the rest of the namespace.
-fn reap(command: Pid, mut report: Report) -> ! {
+fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                report_ephemeral(plan, &mut report);
                 report.event(json!({"event": "exit", "code": code}));
                 std::process::exit(0)
             }
             Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
+                report_ephemeral(plan, &mut report);
                 report.event(json!({"event": "signal", "signal": signal as i32, "name": signal.as_str(), "core": core}));
                 std::process::exit(0)
             }
@@ -416,7 +701,22 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     }
     // 3. no_new_privs
     nix::sys::prctl::set_no_new_privs().or_fail(&mut report, "set no_new_privs");
-    // 4. identity
+    // 4. identity. The turn's own output pipes become its uid's, so that
+    // `echo x > /dev/stderr` (a reopen through /proc/self/fd) works.
+    for fd in [1, 2] {
+        // SAFETY: descriptors 1 and 2 are open for the life of this process.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        if nix::sys::stat::fstat(borrowed)
+            .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO)
+        {
+            nix::unistd::fchown(
+                borrowed,
+                Some(Uid::from_raw(plan.uid)),
+                Some(Gid::from_raw(plan.gid)),
+            )
+            .or_fail(&mut report, "hand the output pipes to the turn");
+        }
+    }
     nix::unistd::setgroups(&[]).or_fail(&mut report, "setgroups");
     let (uid, gid) = (Uid::from_raw(plan.uid), Gid::from_raw(plan.gid));
     nix::unistd::setresgid(gid, gid, gid).or_fail(&mut report, "setresgid");
@@ -433,8 +733,7 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
         }
     }
     // 5. Landlock
-    let outcome = landlock::apply(&plan.landlock, plan.network == "isolated")
-        .or_fail(&mut report, "landlock");
+    let outcome = landlock::apply(&plan.landlock).or_fail(&mut report, "landlock");
     report.event(json!({"event": "landlock", "outcome": outcome.to_value()}));
     if outcome.status == "not_enforced" {
         report.fail("landlock", "the kernel enforced none of the Landlock rules");
@@ -525,6 +824,9 @@ fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
         len: insns.len() as u16,
         filter: insns.as_ptr().cast_mut(),
     };
+    // A new listener for the deny list's notifications (see
+    // sandbox::notify), parked close-on-exec at NOTIFY_FD for the
+    // supervisor to take.
     // SAFETY: `prog` points at `insns`, a valid array of `len` sock_filter
     // structs that outlives the call; the kernel copies the program.
     // no_new_privs is already set, as seccomp(2) requires of an unprivileged
@@ -533,12 +835,24 @@ fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
         nix::libc::syscall(
             nix::libc::SYS_seccomp,
             nix::libc::SECCOMP_SET_MODE_FILTER,
-            0,
+            nix::libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
             &prog as *const nix::libc::sock_fprog,
         )
     };
-    if rc != 0 {
+    if rc < 0 {
         return Err(std::io::Error::last_os_error().to_string());
+    }
+    let listener = rc as i32;
+    if listener != super::notify::NOTIFY_FD {
+        // SAFETY: dup3 onto a fixed number this process does not otherwise
+        // use; then the original is closed. Both calls are plain syscalls
+        // seccomp allows.
+        unsafe {
+            if nix::libc::dup3(listener, super::notify::NOTIFY_FD, nix::libc::O_CLOEXEC) < 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            nix::libc::close(listener);
+        }
     }
     Ok(())
 }

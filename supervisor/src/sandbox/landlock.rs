@@ -6,8 +6,8 @@
 //! from `RestrictionStatus` — never branch on the kernel's ABI otherwise.
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde_json::{Value, json};
 use turnstile_policy::plan::{LANDLOCK_ABI, LandlockRules};
@@ -33,9 +33,10 @@ fn pinned_abi() -> ABI {
     ABI::V6
 }
 
-/// Restricts the calling process. `isolated_network`: handle TCP bind and
-/// connect with no port allowed.
-pub fn apply(rules: &LandlockRules, isolated_network: bool) -> Result<LandlockOutcome, String> {
+/// Restricts the calling process. Network rights are not handled: a turn's
+/// network is `isolated`, its own empty network namespace, where loopback
+/// must work (DESIGN "Network"); `allow_egress` will add port rules.
+pub fn apply(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
     let abi = pinned_abi();
     // The crate's `from_read` includes Execute; read rules must not grant
     // it (measured: with it, every binary under /usr ran).
@@ -43,17 +44,14 @@ pub fn apply(rules: &LandlockRules, isolated_network: bool) -> Result<LandlockOu
     let all = AccessFs::from_all(abi);
     let read_write = all & !AccessFs::Execute;
     let execute = AccessFs::from_read(abi);
-    let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+    // In place: `> /proc/self/comm` opens with O_TRUNC.
+    let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
+    let list = landlock::BitFlags::from(AccessFs::ReadDir);
 
-    let mut ruleset = Ruleset::default()
+    let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
         .map_err(|e| e.to_string())?;
-    if isolated_network {
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(abi))
-            .map_err(|e| e.to_string())?;
-    }
     let mut created = ruleset
         .scope(Scope::from_all(abi))
         .map_err(|e| e.to_string())?
@@ -61,7 +59,8 @@ pub fn apply(rules: &LandlockRules, isolated_network: bool) -> Result<LandlockOu
         .map_err(|e| e.to_string())?;
 
     let mut skipped = Vec::new();
-    let groups: [(&Vec<String>, _); 4] = [
+    let groups: [(&Vec<String>, _); 5] = [
+        (&rules.list, list),
         (&rules.read, read),
         (&rules.read_write, read_write),
         (&rules.execute, execute),

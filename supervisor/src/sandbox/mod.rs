@@ -6,8 +6,11 @@
 pub mod cgroup;
 pub mod init;
 pub mod landlock;
+pub mod landlock_exec;
+pub mod notify;
 pub mod posture;
 pub mod seccomp;
+pub mod sys;
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use turnstile_policy::plan::Plan;
 
@@ -105,6 +108,14 @@ pub struct Execution {
     pub wall: Duration,
     /// Upper dirs, in scope order.
     pub uppers: Vec<PathBuf>,
+    /// What the command left in its private `/dev/shm` and ephemeral tmpfs
+    /// mounts, by directory (discarded).
+    pub ephemeral: serde_json::Map<String, Value>,
+    /// The syscalls seccomp denied, or why they could not be observed.
+    pub denials: std::result::Result<notify::Denials, String>,
+    /// What this backend could not do as the native one does (recorded in
+    /// the evidence's `enforcement.degraded`).
+    pub degraded: Vec<String>,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -147,7 +158,12 @@ impl TurnDir {
         )
         .map_err(|e| sandbox_err("mount turn tmpfs", format!("{}: {e}", dir.path.display())))?;
         dir.dir_mounted = true;
-        for sub in [init::ROOT_DIR, init::SCRATCH_DIR] {
+        for sub in [
+            init::ROOT_DIR,
+            init::SCRATCH_DIR,
+            init::LOWER_DIR,
+            init::EMPTY_DIR,
+        ] {
             let p = dir.path.join(sub);
             std::fs::create_dir(&p).map_err(sandbox_io("create turn dir", &p))?;
         }
@@ -234,7 +250,7 @@ impl Drop for TurnDir {
 /// Copies a child's stream to `sink`, forwarding at most the shared budget
 /// and hashing what was forwarded; the rest is read and dropped so the
 /// command never blocks on a full pipe.
-fn pump(
+pub(crate) fn pump(
     mut src: impl Read,
     mut sink: impl Write,
     budget: Arc<AtomicU64>,
@@ -274,23 +290,208 @@ fn pump(
     }
 }
 
+/// A sandbox built and parked right before its command's first
+/// instruction (OCI "created"): namespaces, cgroup, the new root, every
+/// restriction but the final `execve` — and the command's posture already
+/// checked from outside. [`Created::start`] lets it run; [`Created::wait`]
+/// returns once it and every process it started are gone. Dropped without
+/// `wait`, everything of it is killed.
+#[derive(Debug)]
+pub struct Created {
+    cg: Arc<cgroup::TurnCgroup>,
+    child: Option<std::process::Child>,
+    go: Option<std::os::fd::OwnedFd>,
+    streams: Option<(
+        std::thread::JoinHandle<StreamRecord>,
+        std::thread::JoinHandle<StreamRecord>,
+    )>,
+    truncated: Arc<AtomicBool>,
+    timed_out: Arc<AtomicBool>,
+    cancel: Option<mpsc::Sender<()>>,
+    timer: Option<std::thread::JoinHandle<()>>,
+    posture: Option<posture::Posture>,
+    phases: Vec<(&'static str, u64)>,
+    last: Instant,
+    started: Instant,
+    seccomp_unknown: Vec<String>,
+    uppers: Vec<PathBuf>,
+    report_path: PathBuf,
+    scratch: PathBuf,
+    listener: std::result::Result<notify::Listener, String>,
+}
+
+impl Created {
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
+    /// The posture check's result (`None` when the init never got that far).
+    pub fn posture(&self) -> Option<&posture::Posture> {
+        self.posture.as_ref()
+    }
+
+    /// Lets the command run: the parked process execs it. A sandbox whose
+    /// posture check failed (or never happened) is killed instead.
+    pub fn start(&mut self) {
+        match (&self.posture, self.go.take()) {
+            (Some(p), Some(go)) if p.ok() => {
+                let _ = nix::unistd::write(&go, b"G");
+            }
+            _ => {
+                self.cg.kill_all();
+            }
+        }
+    }
+
+    /// Sends `signal` to every process of the turn.
+    pub fn signal(&self, signal: Signal) {
+        self.cg.signal_all(signal);
+    }
+
+    /// Waits for the command and every process of the turn, tears the
+    /// cgroup down and reports what happened. The cgroup is empty on return.
+    pub fn wait(mut self) -> Result<Execution> {
+        // Never started: nothing will ever run.
+        if let Some(go) = self.go.take() {
+            drop(go);
+            self.cg.kill_all();
+        }
+        let status = match self.child.take() {
+            Some(mut c) => c.wait(),
+            None => Err(std::io::Error::other("no sandbox process")),
+        };
+        if let Some(c) = self.cancel.take() {
+            let _ = c.send(());
+        }
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+        // The pipes close once every process holding them is gone.
+        self.cg.kill_all();
+        let (stdout, stderr) = match self.streams.take() {
+            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
+            None => Default::default(),
+        };
+        status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
+        self.lap("command_and_exit");
+
+        let report: Vec<Value> = std::fs::read_to_string(&self.report_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let ending = ending_from(&report);
+        // The init's own laps (cumulative µs since it started building).
+        if let Some(laps) = report.iter().find(|e| e["event"] == "init_laps") {
+            let mut prev = 0;
+            for l in laps["us"].as_array().into_iter().flatten() {
+                let at = l[1].as_u64().unwrap_or(prev);
+                let name = match l[0].as_str() {
+                    Some("root_proc_lo") => "init_root_proc_lo",
+                    Some("idmap") => "init_idmap",
+                    Some("view") => "init_view",
+                    _ => continue,
+                };
+                self.phases.push((name, at.saturating_sub(prev)));
+                prev = at;
+            }
+        }
+        let landlock = report
+            .iter()
+            .find(|e| e["event"] == "landlock")
+            .map(|e| e["outcome"].clone());
+        let ephemeral: serde_json::Map<String, Value> = report
+            .iter()
+            .filter(|e| e["event"] == "ephemeral")
+            .filter_map(|e| {
+                Some((
+                    e["dir"].as_str()?.to_owned(),
+                    json!({"files": e["files"], "truncated": e["truncated"]}),
+                ))
+            })
+            .collect();
+        // Whatever happened: nothing of the turn keeps running.
+        let empty = self.cg.kill_all();
+        let usage = self.cg.usage();
+        self.cg.remove();
+        self.lap("cgroup_teardown");
+        if !empty {
+            return Err(sandbox_err(
+                "teardown",
+                "processes of the turn survived SIGKILL",
+            ));
+        }
+        let disk_full = match nix::sys::statvfs::statvfs(&self.scratch) {
+            Ok(s) => s.blocks_available() == 0 || s.files_available() == 0,
+            Err(_) => false,
+        };
+        Ok(Execution {
+            ending,
+            timed_out: self.timed_out.load(Ordering::SeqCst),
+            usage,
+            cgroup_version: self.cg.version,
+            landlock,
+            report,
+            stdout,
+            stderr,
+            output_truncated: self.truncated.load(Ordering::SeqCst),
+            disk_full,
+            posture: self.posture.take(),
+            phases: std::mem::take(&mut self.phases),
+            seccomp_unknown: std::mem::take(&mut self.seccomp_unknown),
+            wall: self.started.elapsed(),
+            uppers: std::mem::take(&mut self.uppers),
+            ephemeral,
+            denials: std::mem::replace(&mut self.listener, Err(String::new()))
+                .map(notify::Listener::finish),
+            degraded: Vec::new(),
+        })
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        // Only a sandbox abandoned before `wait` still has a child here.
+        if let Some(mut child) = self.child.take() {
+            self.cg.kill_all();
+            let _ = child.wait();
+            if let Some(c) = self.cancel.take() {
+                let _ = c.send(());
+            }
+            self.cg.kill_all();
+            self.cg.remove();
+        }
+    }
+}
+
 /// Runs the plan's command in a fresh sandbox and waits for it and every
-/// process it started to be gone.
+/// process it started to be gone: [`create`], [`Created::start`],
+/// [`Created::wait`].
 pub fn execute(
     plan: &Plan,
     turn: &TurnDir,
     cgroup_root: &Path,
     json_mode: bool,
 ) -> Result<Execution> {
+    let mut created = create(plan, turn, cgroup_root, json_mode)?;
+    created.start();
+    created.wait()
+}
+
+/// Builds the sandbox and parks it before the command's `execve` (see
+/// [`Created`]). The timeout runs from here: a sandbox that never becomes
+/// ready is killed at the deadline like any turn.
+pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) -> Result<Created> {
     let started = Instant::now();
     let mut phases = Vec::new();
-    let mut lap = {
-        let mut last = Instant::now();
-        move |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
-            let now = Instant::now();
-            phases.push((name, now.duration_since(last).as_micros() as u64));
-            last = now;
-        }
+    let mut last = Instant::now();
+    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
+        let now = Instant::now();
+        phases.push((name, now.duration_since(last).as_micros() as u64));
+        last = now;
     };
     let bpf_path = turn.path.join(init::BPF_FILE);
     let cache = turn
@@ -307,7 +508,6 @@ pub fn execute(
         serde_json::to_vec(plan).map_err(|e| sandbox_err("write plan", e.to_string()))?;
     let plan_path = turn.path.join(init::PLAN_FILE);
     std::fs::write(&plan_path, plan_bytes).map_err(sandbox_io("write plan", &plan_path))?;
-
     lap("seccomp_compile", &mut phases);
     let cg_name = format!("{}-t{}", plan.session_id, plan.turn_number);
     let cg = Arc::new(cgroup::TurnCgroup::create(
@@ -316,49 +516,101 @@ pub fn execute(
         &plan.limits,
     )?);
     lap("cgroup_create", &mut phases);
-    let result = run_in_cgroup(plan, turn, &cg, json_mode, filter.unknown_syscalls, started);
-    lap("run", &mut phases);
-    // Whatever happened: nothing of the turn keeps running.
-    let empty = cg.kill_all();
-    let usage = cg.usage();
-    cg.remove();
-    lap("cgroup_teardown", &mut phases);
-    let mut execution = result?;
-    // "run" is itemised by run_in_cgroup.
-    phases.retain(|(name, _)| *name != "run");
-    let inner = std::mem::take(&mut execution.phases);
-    let at = phases
-        .iter()
-        .position(|(n, _)| *n == "cgroup_teardown")
-        .unwrap_or(phases.len());
-    phases.splice(at..at, inner);
-    execution.phases = phases;
-    if !empty {
-        return Err(sandbox_err(
-            "teardown",
-            "processes of the turn survived SIGKILL",
-        ));
+    let spawned = spawn_parked(plan, turn, &cg, json_mode);
+    let (child, ready_r, go_w, streams, truncated) = match spawned {
+        Ok(x) => x,
+        Err(e) => {
+            cg.kill_all();
+            cg.remove();
+            return Err(e);
+        }
+    };
+    lap("spawn", &mut phases);
+    // The timer: SIGTERM to every process of the turn at the deadline, then
+    // SIGKILL after the grace period. Cancelled when the init exits.
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let (cancel, cancelled) = mpsc::channel::<()>();
+    let timer = {
+        let (cg, timed_out) = (Arc::clone(&cg), Arc::clone(&timed_out));
+        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
+        std::thread::spawn(move || {
+            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+                timed_out.store(true, Ordering::SeqCst);
+                cg.signal_all(Signal::SIGTERM);
+                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
+                    cg.kill_all();
+                }
+            }
+        })
+    };
+    let mut created = Created {
+        cg: Arc::clone(&cg),
+        child: Some(child),
+        go: Some(go_w),
+        streams: Some(streams),
+        truncated,
+        timed_out,
+        cancel: Some(cancel),
+        timer: Some(timer),
+        posture: None,
+        phases,
+        last,
+        started,
+        seccomp_unknown: filter.unknown_syscalls,
+        uppers: (0..plan.writable_scopes.len())
+            .map(|i| turn.upper(i))
+            .collect(),
+        report_path: turn.path.join(init::REPORT_FILE),
+        scratch: turn.path.join(init::SCRATCH_DIR),
+        listener: Err("the sandbox never became ready".into()),
+    };
+    // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
+    // killed the turn), inspect it from outside.
+    let mut byte = [0u8; 1];
+    if let Ok(1) = nix::unistd::read(&ready_r, &mut byte) {
+        created.lap("init_until_ready");
+        let proc_root = Path::new("/proc");
+        let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
+        let command = posture::find_command(proc_root, pid);
+        let p = match command {
+            Some(pid) => posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id()),
+            None => posture::Posture {
+                failures: vec!["the command's process was not found".into()],
+                ..posture::Posture::default()
+            },
+        };
+        // The deny list's listener, taken out of the parked command.
+        if let Some(pid) = command {
+            created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
+                .and_then(|fd| notify::Listener::spawn(fd, seccomp::notify_errnos(&plan.seccomp)))
+                .map_err(|e| format!("taking the seccomp listener: {e}"));
+        }
+        created.posture = Some(p);
     }
-    execution.usage = usage;
-    execution.disk_full = turn.scratch_full();
-    Ok(execution)
+    created.lap("posture");
+    Ok(created)
 }
 
-fn run_in_cgroup(
+type Streams = (
+    std::thread::JoinHandle<StreamRecord>,
+    std::thread::JoinHandle<StreamRecord>,
+);
+
+/// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces,
+/// with the posture handshake pipes and the output pumps.
+#[allow(clippy::type_complexity)]
+fn spawn_parked(
     plan: &Plan,
     turn: &TurnDir,
     cg: &Arc<cgroup::TurnCgroup>,
     json_mode: bool,
-    seccomp_unknown: Vec<String>,
-    started: Instant,
-) -> Result<Execution> {
-    let mut phases = Vec::new();
-    let mut last = Instant::now();
-    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
-        let now = Instant::now();
-        phases.push((name, now.duration_since(last).as_micros() as u64));
-        last = now;
-    };
+) -> Result<(
+    std::process::Child,
+    std::os::fd::OwnedFd,
+    std::os::fd::OwnedFd,
+    Streams,
+    Arc<AtomicBool>,
+)> {
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
     let procs = cg.procs_files()?;
@@ -385,20 +637,36 @@ fn run_in_cgroup(
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
     let mut cmd = Command::new(&exe);
-    cmd.arg(crate::cli::SANDBOX_INIT)
-        .arg(&turn.path)
+    // No host path in the sandbox PID 1's command line (world-readable in
+    // its /proc): the turn directory travels in the environment, which only
+    // root may read there.
+    cmd.arg0(init::INIT_NAME)
+        .arg(init::SANDBOX_INIT)
         .env_clear()
+        .env(init::TURN_DIR_ENV, &turn.path)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let supervisor_pid = nix::unistd::getpid();
     // SAFETY: the hook runs after fork in the child, where only
-    // async-signal-safe work is allowed. It makes three kinds of raw syscalls
-    // (write(2) of a static buffer to descriptors opened before the fork,
-    // dup2(2) of descriptors opened before the fork, and unshare(2)),
+    // async-signal-safe work is allowed. It makes a few kinds of raw syscalls
+    // (prctl(2) and getppid(2); write(2) of a static buffer to descriptors
+    // opened before the fork, dup2(2) of descriptors opened before the fork,
+    // and unshare(2)),
     // allocates nothing, and converts errors with io::Error::from(Errno) or
     // last_os_error, which store the raw code without allocating.
     unsafe {
         cmd.pre_exec(move || {
+            // The init dies with this thread of supervise, however it dies
+            // (set before anything else; prctl and getppid are
+            // async-signal-safe). If supervise died before prctl took
+            // effect, give up now.
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if nix::unistd::getppid() != supervisor_pid {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
             // Join the turn's cgroup(s): "0" means the writing process.
             for f in &procs {
                 nix::unistd::write(f, b"0").map_err(std::io::Error::from)?;
@@ -445,93 +713,7 @@ fn run_in_cgroup(
         std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
     };
 
-    // The timer: SIGTERM to every process of the turn at the deadline, then
-    // SIGKILL after the grace period. Cancelled when the init exits.
-    let timed_out = Arc::new(AtomicBool::new(false));
-    let (cancel, cancelled) = mpsc::channel::<()>();
-    let timer = {
-        let (cg, timed_out) = (Arc::clone(cg), Arc::clone(&timed_out));
-        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
-        std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-                timed_out.store(true, Ordering::SeqCst);
-                cg.signal_all(Signal::SIGTERM);
-                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
-                    cg.kill_all();
-                }
-            }
-        })
-    };
-    // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
-    // killed the turn), inspect it from outside, then answer.
-    lap("spawn", &mut phases);
-    let posture = {
-        let mut byte = [0u8; 1];
-        match nix::unistd::read(&ready_r, &mut byte) {
-            Ok(1) => {
-                lap("init_until_ready", &mut phases);
-                let proc_root = Path::new("/proc");
-                let p = match posture::find_command(proc_root, child.id() as i32) {
-                    Some(pid) => {
-                        posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id())
-                    }
-                    None => posture::Posture {
-                        failures: vec!["the command's process was not found".into()],
-                        ..posture::Posture::default()
-                    },
-                };
-                if p.ok() {
-                    let _ = nix::unistd::write(&go_w, b"G");
-                } else {
-                    cg.kill_all();
-                }
-                Some(p)
-            }
-            _ => None,
-        }
-    };
-    drop(go_w);
-    lap("posture", &mut phases);
-    let status = child.wait();
-    let _ = cancel.send(());
-    let _ = timer.join();
-    // The pipes close once every process holding them is gone.
-    cg.kill_all();
-    let stdout = out_thread.join().unwrap_or_default();
-    let stderr = err_thread.join().unwrap_or_default();
-    status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
-    lap("command_and_exit", &mut phases);
-
-    let report_path = turn.path.join(init::REPORT_FILE);
-    let report: Vec<Value> = std::fs::read_to_string(&report_path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let ending = ending_from(&report);
-    let landlock = report
-        .iter()
-        .find(|e| e["event"] == "landlock")
-        .map(|e| e["outcome"].clone());
-    Ok(Execution {
-        ending,
-        timed_out: timed_out.load(Ordering::SeqCst),
-        usage: cgroup::Usage::default(),
-        cgroup_version: cg.version,
-        landlock,
-        report,
-        stdout,
-        stderr,
-        output_truncated: truncated.load(Ordering::SeqCst),
-        disk_full: false,
-        posture,
-        phases,
-        seccomp_unknown,
-        wall: started.elapsed(),
-        uppers: (0..plan.writable_scopes.len())
-            .map(|i| turn.upper(i))
-            .collect(),
-    })
+    Ok((child, ready_r, go_w, (out_thread, err_thread), truncated))
 }
 
 fn ending_from(report: &[Value]) -> Ending {

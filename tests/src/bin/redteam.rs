@@ -19,7 +19,14 @@ fn main() {
         })
         .map(|p| suite.run(p))
         .collect();
+    println!("backend: {}", turnstile_tests::redteam::backend());
     print!("{}", table(&outcomes));
+    let backend = turnstile_tests::redteam::backend();
+    for (b, probe, _, why) in turnstile_tests::redteam::DIFFERENCES {
+        if turnstile_tests::redteam::applies(b, &backend) {
+            println!("  differs on {b}: {probe}: {why}");
+        }
+    }
     let failed = outcomes.iter().any(|o| o.verdict != Verdict::Held);
     std::process::exit(if failed { 1 } else { 0 });
 }

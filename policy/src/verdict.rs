@@ -1,0 +1,172 @@
+//! The verdict (FR-RT-015, FR-RT-016): realized writes, as capture
+//! enumerated them, compared with what the turn declared. Pure: the
+//! supervisor enumerates, this decides.
+
+use serde_json::{Value, json};
+
+use crate::request::DeclaredOutput;
+
+/// What kind of change an upper-dir entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    /// A directory the turn created.
+    Dir,
+    /// A directory the turn replaced (removed and recreated).
+    OpaqueDir,
+    Symlink,
+    /// A deletion (overlay whiteout).
+    Deleted,
+    /// A FIFO, socket or device node.
+    Special,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::File => "file",
+            Self::Dir => "dir",
+            Self::OpaqueDir => "opaque_dir",
+            Self::Symlink => "symlink",
+            Self::Deleted => "deleted",
+            Self::Special => "special",
+        }
+    }
+}
+
+/// One realized write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RealizedWrite {
+    /// Relative to the workspace root.
+    pub path: String,
+    pub kind: Kind,
+    pub size: u64,
+    pub sha256: Option<String>,
+    /// Which writable scope (overlay index) it is in.
+    pub scope: usize,
+    /// Permission bits as the turn left them (files, dirs; 0 otherwise).
+    pub mode: u32,
+}
+
+impl RealizedWrite {
+    pub fn to_value(&self) -> Value {
+        json!({"path": self.path, "kind": self.kind.as_str(), "size": self.size, "sha256": self.sha256})
+    }
+}
+
+/// Realized writes compared with the declaration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Declared outputs found as regular files.
+    pub matched: Vec<RealizedWrite>,
+    /// Writes in the session's scratch space (recorded, never a violation).
+    pub scratch: Vec<RealizedWrite>,
+    /// Writes nobody declared (or that can never commit: links, deletions,
+    /// special files outside scratch).
+    pub undeclared: Vec<RealizedWrite>,
+    /// Declared outputs the turn did not produce as regular files.
+    pub missing: Vec<String>,
+}
+
+impl Verdict {
+    pub fn matches(&self) -> bool {
+        self.undeclared.is_empty() && self.missing.is_empty()
+    }
+}
+
+/// Compares realized writes with `declared` (FR-RT-016). `scratch` is
+/// `tmp/<sid>`.
+pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &str) -> Verdict {
+    use std::collections::HashSet;
+    let mut v = Verdict::default();
+    let scratch_prefix = format!("{scratch}/");
+    // Sets, not scans: 10,000 declared outputs must not cost 10^8 compares.
+    let declared_paths: HashSet<&str> = declared.iter().map(|d| d.path.as_str()).collect();
+    let declared_ancestors: HashSet<&str> = declared
+        .iter()
+        .flat_map(|d| d.path.match_indices('/').map(move |(i, _)| &d.path[..i]))
+        .collect();
+    for w in writes {
+        if w.path.starts_with(&scratch_prefix) {
+            v.scratch.push(w.clone());
+            continue;
+        }
+        match w.kind {
+            Kind::File if declared_paths.contains(w.path.as_str()) => v.matched.push(w.clone()),
+            Kind::Dir if declared_ancestors.contains(w.path.as_str()) => {}
+            _ => v.undeclared.push(w.clone()),
+        }
+    }
+    let matched: HashSet<&str> = v.matched.iter().map(|m| m.path.as_str()).collect();
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|d| !matched.contains(d.path.as_str()))
+        .map(|d| d.path.clone())
+        .collect();
+    v.missing = missing;
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(path: &str, kind: Kind) -> RealizedWrite {
+        RealizedWrite {
+            path: path.into(),
+            kind,
+            size: 1,
+            sha256: None,
+            scope: 0,
+            mode: 0o644,
+        }
+    }
+
+    fn out(path: &str) -> DeclaredOutput {
+        DeclaredOutput {
+            path: path.into(),
+            role: "r".into(),
+        }
+    }
+
+    #[test]
+    fn fr_rt_016_undeclared_and_missing_block() {
+        let writes = [
+            w("output/S/a.md", Kind::File),
+            w("output/S/b.md", Kind::File),
+            w("tmp/S/x", Kind::File),
+        ];
+        let v = verify(
+            &writes,
+            &[out("output/S/a.md"), out("output/S/c.md")],
+            "tmp/S",
+        );
+        assert_eq!(v.matched.len(), 1);
+        assert_eq!(v.undeclared, vec![w("output/S/b.md", Kind::File)]);
+        assert_eq!(v.missing, vec!["output/S/c.md".to_owned()]);
+        assert_eq!(v.scratch.len(), 1);
+        assert!(!v.matches());
+    }
+
+    #[test]
+    fn fr_rt_016_only_regular_files_commit() {
+        for kind in [Kind::Symlink, Kind::Special, Kind::Deleted, Kind::OpaqueDir] {
+            let v = verify(
+                &[w("output/S/a.md", kind)],
+                &[out("output/S/a.md")],
+                "tmp/S",
+            );
+            assert!(!v.matches(), "{kind:?}");
+            assert_eq!(v.missing, vec!["output/S/a.md".to_owned()]);
+        }
+        // New parent directories of declared outputs are implied.
+        let v = verify(
+            &[w("reports/S", Kind::Dir), w("reports/S/a.md", Kind::File)],
+            &[out("reports/S/a.md")],
+            "tmp/S",
+        );
+        assert!(v.matches());
+        let v = verify(&[w("output/S/empty", Kind::Dir)], &[], "tmp/S");
+        assert!(!v.matches());
+    }
+}

@@ -1,0 +1,110 @@
+//! Writes an OCI bundle (from `turnstile_oci::build`) to a directory:
+//! `config.json`, the read-only rootfs skeleton, the generated files, and
+//! `scopes/<i>/`, where a runtime backend mounts each writable scope's
+//! overlay before `create`.
+
+use std::path::Path;
+
+use turnstile_oci::Bundle;
+
+use crate::error::{Result, SupervisorError};
+
+fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let path = p.to_path_buf();
+    move |source| SupervisorError::StateIo { op, path, source }
+}
+
+/// Writes `bundle` into `dir`, which must not exist (its parent must).
+pub fn write(dir: &Path, bundle: &Bundle, scopes: usize) -> Result<()> {
+    std::fs::create_dir(dir).map_err(io("create bundle dir", dir))?;
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir(&rootfs).map_err(io("create rootfs", &rootfs))?;
+    for d in &bundle.rootfs_dirs {
+        let p = rootfs.join(d.trim_start_matches('/'));
+        std::fs::create_dir_all(&p).map_err(io("create rootfs dir", &p))?;
+    }
+    for (path, target) in &bundle.rootfs_symlinks {
+        let p = rootfs.join(path.trim_start_matches('/'));
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).map_err(io("create rootfs dir", parent))?;
+        }
+        std::os::unix::fs::symlink(target, &p).map_err(io("create rootfs symlink", &p))?;
+    }
+    for (name, contents) in &bundle.generated {
+        let p = dir.join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).map_err(io("create bundle dir", parent))?;
+        }
+        std::fs::write(&p, contents).map_err(io("write generated file", &p))?;
+    }
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).map_err(io("create empty dir", &empty))?;
+    for i in 0..scopes {
+        let p = dir.join("scopes").join(i.to_string());
+        std::fs::create_dir_all(&p).map_err(io("create scope mount point", &p))?;
+    }
+    let config = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&bundle.config)
+        .map_err(|e| SupervisorError::invalid("config.json", e.to_string()))?;
+    std::fs::write(&config, text + "\n").map_err(io("write config.json", &config))
+}
+
+/// Where a bundle's pieces are on the host.
+#[derive(Debug, Clone)]
+pub struct Place {
+    pub bundle_dir: std::path::PathBuf,
+    /// An empty directory (second lower layer of read-only overlays).
+    pub empty_dir: std::path::PathBuf,
+    /// The writable scopes' overlay merged dirs, in scope order.
+    pub scope_sources: Vec<String>,
+    /// The idmapped clone of the workspace root, if the backend made one.
+    pub workspace_source: Option<String>,
+}
+
+/// The bundle options for `plan` shared by `supervise bundle` and the
+/// runtime backends: turnstile's init (this binary) applies Landlock, the
+/// Plan's read-only directories become read-only overlays over `empty_dir`.
+pub fn options(
+    plan: &turnstile_policy::plan::Plan,
+    backend: &str,
+    at: Place,
+    declared_outputs: Vec<(String, String)>,
+    vm_kernel: Option<turnstile_oci::VmKernel>,
+) -> Result<turnstile_oci::BundleOptions> {
+    let Place {
+        bundle_dir,
+        empty_dir,
+        scope_sources,
+        workspace_source,
+    } = at;
+    let exe = std::env::current_exe()
+        .map_err(|e| SupervisorError::invalid("supervise", e.to_string()))?;
+    let read_only_dirs = plan
+        .mounts
+        .iter()
+        .filter_map(|m| match m {
+            turnstile_policy::plan::Mount::ReadOnly { path } if Path::new(path).is_dir() => {
+                Some(path.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    Ok(turnstile_oci::BundleOptions {
+        bundle_dir: bundle_dir.display().to_string(),
+        backend: backend.to_owned(),
+        scope_sources,
+        declared_outputs,
+        init: Some(turnstile_oci::InitBinary {
+            host_path: exe.display().to_string(),
+        }),
+        vm_kernel,
+        seccomp_arch: if cfg!(target_arch = "aarch64") {
+            "SCMP_ARCH_AARCH64".into()
+        } else {
+            "SCMP_ARCH_X86_64".into()
+        },
+        read_only_dirs,
+        empty_dir: Some(empty_dir.display().to_string()),
+        workspace_source,
+    })
+}

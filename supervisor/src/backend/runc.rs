@@ -1,0 +1,626 @@
+//! The runc backend: the same turn, run by an OCI runtime (issue 10).
+//!
+//! `create` mounts each writable scope's overlay (lower: the host
+//! directory; upper and work: the turn's scratch tmpfs) under the turn dir,
+//! creates the turn's cgroup (runc joins it through `linux.cgroupsPath`, so
+//! limits, usage, killing and cleanup are the native backend's), writes the
+//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc create`
+//! then `runc start` with the posture handshake passed as fds 3 and 4
+//! (`--preserve-fds 2`). The container's process is turnstile's init
+//! (`supervise __landlock-exec`, bound read-only): it applies the Plan's
+//! Landlock rules, reports the outcome on fd 3 and waits on fd 4; the
+//! supervisor checks its posture from outside (seccomp filter, no_new_privs,
+//! no capability, uid 65534, its own namespaces) and only then lets it exec
+//! the command. The supervisor is the container's child subreaper, so it
+//! waits for the command itself; on return the cgroup is empty, the
+//! container deleted and the overlays unmounted.
+//!
+//! Differences from native, recorded as degradations: the workspace is not
+//! idmapped (runc 1.1 has no idmapped mounts: the owner's DAC bits apply to
+//! uid 65534), and seccomp refusals are plain errnos (no listener: denials
+//! are not observed).
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use turnstile_policy::plan::Plan;
+
+use super::{Backend, Sandbox};
+use crate::error::{Result, SupervisorError};
+use crate::sandbox::{
+    Ending, Execution, KILL_GRACE, StreamRecord, TurnDir, cgroup, init, posture::Posture, pump,
+};
+
+fn err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
+    SupervisorError::Sandbox {
+        step,
+        detail: detail.into(),
+        source: None,
+    }
+}
+
+/// An OCI runtime binary driven through its CLI: runc, or crun (the same
+/// command line).
+#[derive(Debug, Clone)]
+pub struct RuncBackend {
+    runtime: &'static str,
+    binary: PathBuf,
+    cgroup_root: PathBuf,
+    json_mode: bool,
+}
+
+/// The runtimes' `--root` (their state), per host: `<this>/<runtime>`.
+const RUNTIME_ROOT: &str = "/run/turnstile";
+
+/// The typed command lines (tested against exact argv).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuncCmd<'a> {
+    Create {
+        bundle: &'a Path,
+        pid_file: &'a Path,
+        id: &'a str,
+    },
+    Start {
+        id: &'a str,
+    },
+    Delete {
+        id: &'a str,
+    },
+}
+
+impl RuncCmd<'_> {
+    /// The arguments after the binary (`--root` and `--log` first).
+    pub fn argv(&self, root: &Path, log: &Path) -> Vec<String> {
+        let mut v = vec![
+            "--root".to_owned(),
+            root.display().to_string(),
+            "--log".to_owned(),
+            log.display().to_string(),
+        ];
+        match self {
+            Self::Create {
+                bundle,
+                pid_file,
+                id,
+            } => v.extend([
+                "create".into(),
+                "--bundle".into(),
+                bundle.display().to_string(),
+                "--pid-file".into(),
+                pid_file.display().to_string(),
+                "--preserve-fds".into(),
+                "2".into(),
+                (*id).to_owned(),
+            ]),
+            Self::Start { id } => v.extend(["start".into(), (*id).to_owned()]),
+            Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
+        }
+        v
+    }
+}
+
+impl RuncBackend {
+    /// The runc backend, or E2040 when runc is not installed.
+    pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+        Self::named("runc", cgroup_root, json_mode)
+    }
+
+    /// `runtime` (runc or crun), or E2040 when it is not installed.
+    pub fn named(runtime: &'static str, cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+        let binary = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(runtime))
+            .find(|p| p.is_file())
+            .ok_or_else(|| SupervisorError::RuntimeUnavailable {
+                runtime: runtime.into(),
+                reason: format!("{runtime} is not installed (apt-get install {runtime})"),
+            })?;
+        Ok(Self {
+            runtime,
+            binary,
+            cgroup_root: cgroup_root.to_path_buf(),
+            json_mode,
+        })
+    }
+
+    fn root(&self) -> PathBuf {
+        Path::new(RUNTIME_ROOT).join(self.runtime)
+    }
+
+    /// The runtime's command. crun refuses the hybrid cgroup layout
+    /// (cgroup v1 plus a cgroup2 mount at /sys/fs/cgroup/unified): it runs
+    /// in a private mount namespace where a tmpfs hides that mount (the
+    /// host is unchanged; MACHINE-NOTES).
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        let unified = Path::new("/sys/fs/cgroup/unified");
+        if self.runtime == "crun" && unified.join("cgroup.controllers").exists() {
+            // SAFETY: after fork, only unshare(2) and mount(2) with
+            // arguments prepared before the fork (async-signal-safe).
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+                    mount(Some("tmpfs"), "/sys/fs/cgroup/unified", Some("tmpfs"), MsFlags::empty(), None::<&str>)?;
+                    Ok(())
+                });
+            }
+        }
+        cmd
+    }
+
+    fn run(&self, cmd: &RuncCmd<'_>, log: &Path) -> Result<()> {
+        let out = self
+            .command()
+            .args(cmd.argv(&self.root(), log))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| err("run runtime", format!("{}: {e}", self.runtime)))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let logged = std::fs::read_to_string(log).unwrap_or_default();
+        Err(err(
+            "run runtime",
+            format!(
+                "{} {:?}: {}{}",
+                self.runtime,
+                cmd,
+                String::from_utf8_lossy(&out.stderr).trim(),
+                logged.lines().last().unwrap_or_default()
+            ),
+        ))
+    }
+}
+
+/// Deletes a runtime's record of container `id` if there is one (recovery
+/// of a turn whose supervisor died).
+pub fn forget(id: &str) {
+    for runtime in ["runc", "crun"] {
+        if !Path::new(RUNTIME_ROOT).join(runtime).join(id).exists() {
+            continue;
+        }
+        if let Ok(b) = RuncBackend::named(runtime, Path::new("/sys/fs/cgroup"), false) {
+            let log = std::env::temp_dir().join(format!("turnstile-{runtime}-forget-{id}.log"));
+            let _ = b.run(&RuncCmd::Delete { id }, &log);
+            let _ = std::fs::remove_file(log);
+        }
+    }
+}
+
+/// A runc container parked before the command (see the module doc).
+struct RuncSandbox {
+    backend: RuncBackend,
+    id: String,
+    pid: i32,
+    log: PathBuf,
+    cg: Arc<cgroup::TurnCgroup>,
+    merged: Vec<PathBuf>,
+    go: Option<OwnedFd>,
+    streams: Option<(
+        std::thread::JoinHandle<StreamRecord>,
+        std::thread::JoinHandle<StreamRecord>,
+    )>,
+    truncated: Arc<AtomicBool>,
+    timed_out: Arc<AtomicBool>,
+    cancel: Option<mpsc::Sender<()>>,
+    timer: Option<std::thread::JoinHandle<()>>,
+    posture: Option<Posture>,
+    landlock: Option<Value>,
+    started: Instant,
+    phases: Vec<(&'static str, u64)>,
+    uppers: Vec<PathBuf>,
+    scratch: PathBuf,
+    lower: PathBuf,
+    lower_mounted: bool,
+    torn_down: bool,
+}
+
+impl Backend for RuncBackend {
+    fn name(&self) -> &'static str {
+        self.runtime
+    }
+
+    fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
+        let started = Instant::now();
+        // The container's processes become ours when runc exits.
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| err("become subreaper", e.to_string()))?;
+        let id = format!("{}-t{}", plan.session_id, plan.turn_number);
+        let cg = Arc::new(cgroup::TurnCgroup::create(
+            &self.cgroup_root,
+            &id,
+            &plan.limits,
+        )?);
+        let mut sb = RuncSandbox {
+            backend: self.clone(),
+            id: id.clone(),
+            pid: 0,
+            log: turn.path.join(format!("{}.log", self.runtime)),
+            cg: Arc::clone(&cg),
+            merged: Vec::new(),
+            go: None,
+            streams: None,
+            truncated: Arc::new(AtomicBool::new(false)),
+            timed_out: Arc::new(AtomicBool::new(false)),
+            cancel: None,
+            timer: None,
+            posture: None,
+            landlock: None,
+            started,
+            phases: Vec::new(),
+            uppers: (0..plan.writable_scopes.len())
+                .map(|i| turn.upper(i))
+                .collect(),
+            scratch: turn.path.join(init::SCRATCH_DIR),
+            lower: turn.path.join(init::LOWER_DIR),
+            lower_mounted: false,
+            torn_down: false,
+        };
+        // Drop tears down whatever was built if a step below fails.
+        // The workspace as its owner's, idmapped to the turn's uid/gid (as
+        // natively): the source of every workspace mount and overlay.
+        crate::sandbox::sys::idmapped_clone(
+            Path::new("/proc"),
+            Path::new(&plan.root),
+            &sb.lower,
+            plan.workspace_owner,
+            (plan.uid, plan.gid),
+        )
+        .map_err(|e| err("idmap workspace", e.to_string()))?;
+        sb.lower_mounted = true;
+        for (i, scope) in plan.writable_scopes.iter().enumerate() {
+            let merged = turn.path.join("merged").join(i.to_string());
+            std::fs::create_dir_all(&merged)
+                .map_err(|e| err("create overlay dir", e.to_string()))?;
+            let scratch = turn.path.join(init::SCRATCH_DIR);
+            let options = format!(
+                "lowerdir={}/{scope},upperdir={},workdir={},xino=on",
+                sb.lower.display(),
+                scratch.join("upper").join(i.to_string()).display(),
+                scratch.join("work").join(i.to_string()).display()
+            );
+            mount(
+                Some("overlay"),
+                &merged,
+                Some("overlay"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(options.as_str()),
+            )
+            .map_err(|e| err("mount overlay", format!("{scope}: {e}")))?;
+            sb.merged.push(merged);
+        }
+        let bundle_dir = turn.path.join("bundle");
+        let options = super::bundle::options(
+            plan,
+            self.runtime,
+            super::bundle::Place {
+                bundle_dir: bundle_dir.clone(),
+                empty_dir: turn.path.join(init::EMPTY_DIR),
+                scope_sources: sb.merged.iter().map(|m| m.display().to_string()).collect(),
+                workspace_source: Some(sb.lower.display().to_string()),
+            },
+            Vec::new(),
+            None,
+        )?;
+        let mut bundle =
+            turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
+        bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
+        super::bundle::write(&bundle_dir, &bundle, 0)?;
+        sb.phases
+            .push(("bundle", started.elapsed().as_micros() as u64));
+
+        // The handshake: fds 3 (ready) and 4 (go) in the container.
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err("pipe", e.to_string()))
+        };
+        let (ready_r, ready_w) = pipe()?;
+        let (go_r, go_w) = pipe()?;
+        let (rw, gr) = (ready_w.as_raw_fd(), go_r.as_raw_fd());
+        let pid_file = turn.path.join("runc.pid");
+        let create = RuncCmd::Create {
+            bundle: &bundle_dir,
+            pid_file: &pid_file,
+            id: &id,
+        };
+        let mut cmd = self.command();
+        cmd.args(create.argv(&self.root(), &sb.log))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: after fork, only dup2(2) of descriptors opened before the
+        // fork (async-signal-safe); errors are returned as raw errno.
+        unsafe {
+            cmd.pre_exec(move || {
+                for (from, to) in [(rw, 3), (gr, 4)] {
+                    if nix::libc::dup2(from, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| err("start runc", e.to_string()))?;
+        drop(ready_w);
+        drop(go_r);
+        let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
+        if let (Some(out), Some(errs)) = (child.stdout.take(), child.stderr.take()) {
+            let (b1, t1, b2, t2) = (
+                Arc::clone(&budget),
+                Arc::clone(&sb.truncated),
+                budget,
+                Arc::clone(&sb.truncated),
+            );
+            let json_mode = self.json_mode;
+            sb.streams = Some((
+                std::thread::spawn(move || {
+                    if json_mode {
+                        pump(out, std::io::stderr(), b1, t1)
+                    } else {
+                        pump(out, std::io::stdout(), b1, t1)
+                    }
+                }),
+                std::thread::spawn(move || pump(errs, std::io::stderr(), b2, t2)),
+            ));
+        }
+        let status = child
+            .wait()
+            .map_err(|e| err("runc create", e.to_string()))?;
+        if !status.success() {
+            let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
+            return Err(err(
+                "runc create",
+                logged.lines().last().unwrap_or("failed").to_owned(),
+            ));
+        }
+        sb.pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| err("runc create", "no pid file"))?;
+        sb.phases
+            .push(("runc_create", started.elapsed().as_micros() as u64));
+        // The timer, from here: SIGTERM, then SIGKILL after the grace.
+        let (cancel, cancelled) = mpsc::channel::<()>();
+        let (cgt, timed_out) = (Arc::clone(&cg), Arc::clone(&sb.timed_out));
+        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
+        sb.timer = Some(std::thread::spawn(move || {
+            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+                timed_out.store(true, Ordering::SeqCst);
+                cgt.signal_all(Signal::SIGTERM);
+                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
+                    cgt.kill_all();
+                }
+            }
+        }));
+        sb.cancel = Some(cancel);
+        sb.go = Some(go_w);
+        self.run(&RuncCmd::Start { id: &id }, &sb.log)?;
+        // Our init applied Landlock and reports before parking.
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        let mut ready = std::fs::File::from(ready_r);
+        while let Ok(1) = ready.read(&mut byte) {
+            if byte[0] == b'\n' {
+                break;
+            }
+            line.push(byte[0]);
+        }
+        sb.phases
+            .push(("init_until_ready", started.elapsed().as_micros() as u64));
+        if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+            sb.landlock = Some(v);
+            sb.posture = Some(crate::sandbox::posture::check(
+                Path::new("/proc"),
+                sb.pid,
+                plan.uid,
+                plan.gid,
+                std::process::id(),
+            ));
+        }
+        Ok(Box::new(sb))
+    }
+}
+
+impl RuncSandbox {
+    fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        self.go.take();
+        self.cg.kill_all();
+        if let Some(c) = self.cancel.take() {
+            let _ = c.send(());
+        }
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+        let _ = self
+            .backend
+            .run(&RuncCmd::Delete { id: &self.id }, &self.log);
+        for m in &self.merged {
+            let _ = umount2(m, MntFlags::MNT_DETACH);
+        }
+        if self.lower_mounted {
+            let _ = umount2(&self.lower, MntFlags::MNT_DETACH);
+        }
+        self.cg.kill_all();
+        self.cg.remove();
+    }
+}
+
+impl Drop for RuncSandbox {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+impl Sandbox for RuncSandbox {
+    fn posture(&self) -> Option<&Posture> {
+        self.posture.as_ref()
+    }
+
+    fn start(&mut self) {
+        match (&self.posture, self.go.take()) {
+            (Some(p), Some(go)) if p.ok() => {
+                let _ = nix::unistd::write(&go, b"G");
+            }
+            _ => {
+                self.cg.kill_all();
+            }
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        self.cg.signal_all(signal);
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<Execution> {
+        self.go.take();
+        let status = loop {
+            match nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(self.pid),
+                Some(nix::sys::wait::WaitPidFlag::__WALL),
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        };
+        let ending = match status {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => Ending::Exited(code),
+            Ok(nix::sys::wait::WaitStatus::Signaled(_, s, _)) => Ending::Signaled {
+                signal: s as i32,
+                name: s.as_str().to_owned(),
+            },
+            other => Ending::SetupFailed {
+                stage: "runc".into(),
+                detail: format!("waiting for the container: {other:?}"),
+            },
+        };
+        self.phases.push((
+            "command_and_exit",
+            self.started.elapsed().as_micros() as u64,
+        ));
+        let empty = self.cg.kill_all();
+        let usage = self.cg.usage();
+        let version = self.cg.version;
+        self.teardown();
+        let (stdout, stderr) = match self.streams.take() {
+            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
+            None => Default::default(),
+        };
+        if !empty {
+            return Err(err("teardown", "processes of the turn survived SIGKILL"));
+        }
+        let disk_full = nix::sys::statvfs::statvfs(&self.scratch)
+            .map(|s| s.blocks_available() == 0 || s.files_available() == 0)
+            .unwrap_or(false);
+        let landlock = self.landlock.clone();
+        let ending = if landlock.is_none()
+            && matches!(ending, Ending::Exited(_))
+            && self.posture.is_none()
+        {
+            Ending::SetupFailed {
+                stage: "init".into(),
+                detail:
+                    "turnstile's init in the container never reported (runc log: see the turn dir)"
+                        .into(),
+            }
+        } else {
+            ending
+        };
+        Ok(Execution {
+            ending,
+            timed_out: self.timed_out.load(Ordering::SeqCst),
+            usage,
+            cgroup_version: version,
+            landlock,
+            report: Vec::new(),
+            stdout,
+            stderr,
+            output_truncated: self.truncated.load(Ordering::SeqCst),
+            disk_full,
+            posture: self.posture.take(),
+            phases: std::mem::take(&mut self.phases),
+            seccomp_unknown: Vec::new(),
+            wall: self.started.elapsed(),
+            uppers: std::mem::take(&mut self.uppers),
+            ephemeral: serde_json::Map::new(),
+            denials: Err(format!(
+                "{}: seccomp refusals are plain errnos (no listener), so they are not observed",
+                self.backend.runtime
+            )),
+            degraded: vec![
+                format!(
+                    "{}: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded",
+                    self.backend.runtime
+                ),
+                format!(
+                    "{}: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS (the native backend compiles them by number)",
+                    self.backend.runtime
+                ),
+            ],
+        })
+    }
+
+    fn delete(mut self: Box<Self>) {
+        self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runc_command_lines_are_exact() {
+        let (root, log) = (Path::new("/run/t"), Path::new("/s/t/runc.log"));
+        assert_eq!(
+            RuncCmd::Create {
+                bundle: Path::new("/s/t/bundle"),
+                pid_file: Path::new("/s/t/runc.pid"),
+                id: "SES-x-t1"
+            }
+            .argv(root, log),
+            [
+                "--root",
+                "/run/t",
+                "--log",
+                "/s/t/runc.log",
+                "create",
+                "--bundle",
+                "/s/t/bundle",
+                "--pid-file",
+                "/s/t/runc.pid",
+                "--preserve-fds",
+                "2",
+                "SES-x-t1"
+            ]
+        );
+        assert_eq!(
+            RuncCmd::Start { id: "i" }.argv(root, log),
+            ["--root", "/run/t", "--log", "/s/t/runc.log", "start", "i"]
+        );
+        assert_eq!(
+            RuncCmd::Delete { id: "i" }.argv(root, log),
+            [
+                "--root",
+                "/run/t",
+                "--log",
+                "/s/t/runc.log",
+                "delete",
+                "--force",
+                "i"
+            ]
+        );
+    }
+}

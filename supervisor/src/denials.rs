@@ -1,0 +1,163 @@
+//! Denials explained (issue 11, FR-RT-003/010/011): what each layer refused,
+//! in the evidence, in the shape of the pre-execution violations, with the
+//! layer, a count and a hint — and, where a layer's refusals cannot be
+//! observed, a statement saying so instead of an empty list.
+//!
+//! Observed today: seccomp's deny list, exactly, through the filter's user
+//! notification ([`crate::sandbox::notify`]). Not observable: Landlock
+//! (its denials go only to the kernel's audit subsystem, whose
+//! configuration turnstile must not change, and which it does not read) and
+//! the mount layer (EROFS on the read-only view, ENOENT for what is not in
+//! it: no kernel record exists).
+
+use serde_json::{Value, json};
+use turnstile_policy::check::{CapabilityViolation, ViolatedCapability};
+use turnstile_policy::timefmt::rfc3339_micros;
+
+use crate::sandbox::notify::Denials;
+
+/// Why Landlock's refusals are not in the evidence.
+pub const LANDLOCK_UNOBSERVED: &str = "Landlock reports denials only to the kernel audit subsystem; turnstile never changes the host's audit configuration and does not read audit records, so a Landlock EACCES is not recorded";
+/// Why the mount layer's refusals are not in the evidence.
+pub const MOUNT_UNOBSERVED: &str =
+    "the read-only view (EROFS) and what is not in it (ENOENT) leave no kernel record";
+
+/// The name of syscall `nr` of audit architecture `arch`.
+fn syscall_name(arch: u32, nr: i32) -> String {
+    let native = libseccomp::ScmpArch::native();
+    let name = libseccomp::ScmpSyscall::from(nr)
+        .get_name_by_arch(native)
+        .ok();
+    match name {
+        Some(n) if arch == audit_arch(native) => n,
+        _ => format!("syscall {nr} (arch {arch:#x})"),
+    }
+}
+
+fn audit_arch(a: libseccomp::ScmpArch) -> u32 {
+    match a {
+        libseccomp::ScmpArch::X8664 => 0xc000_003e,
+        libseccomp::ScmpArch::Aarch64 => 0xc000_00b7,
+        _ => 0,
+    }
+}
+
+/// The hint for a denied syscall: the baseline denies it, and why.
+fn syscall_hint(name: &str) -> String {
+    let profile = turnstile_policy::seccomp::SeccompProfile::default_profile();
+    let why = turnstile_policy::seccomp::deny_reason(name)
+        .map(str::to_owned)
+        .or_else(|| {
+            let a = profile.allowlists.iter().find(|a| a.syscall == name)?;
+            Some(format!("these arguments are refused: {}", a.why))
+        })
+        .or_else(|| {
+            let r = profile.arg_rules.iter().find(|r| r.syscall == name)?;
+            Some(format!("these arguments are refused ({})", r.why))
+        })
+        .unwrap_or_else(|| {
+            "it can change the kernel's or another process's state beyond the turn".into()
+        });
+    format!(
+        "denied by the sandbox baseline, not by the manifest (no manifest entry allows it): {why}"
+    )
+}
+
+/// When the turn started: its (injected) clock reading and the monotonic
+/// instant, to date the first denials.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnClock {
+    pub at: time::OffsetDateTime,
+    pub instant: std::time::Instant,
+    /// A deterministic session: every denial is dated `at`, without pid.
+    pub deterministic: bool,
+}
+
+/// The evidence violations for the syscalls the listener saw.
+pub fn syscall_violations(d: &Denials, session: &str, turn: u64, clock: TurnClock) -> Vec<Value> {
+    let mut out: Vec<Value> = d
+        .syscalls
+        .iter()
+        .map(|s| {
+            let name = syscall_name(s.arch, s.nr);
+            // Arguments hold pointers (ASLR) and pids vary: a deterministic
+            // session records neither.
+            let first = if clock.deterministic {
+                String::new()
+            } else {
+                format!("; first by pid {} with arguments {:x?}", s.first_pid, s.first_args)
+            };
+            let at = if clock.deterministic {
+                clock.at
+            } else {
+                clock.at + s.first_at.saturating_duration_since(clock.instant)
+            };
+            json!({
+                "attempted_operation": "syscall",
+                "target": name,
+                "violated_capability": {"capability": "sandbox baseline", "kind": "denied_syscall", "pattern": null},
+                "details": format!(
+                    "`{name}` was refused with {} {} time(s){first}",
+                    nix::errno::Errno::from_raw(s.errno),
+                    s.count
+                ),
+                "layer": "seccomp",
+                "hint": syscall_hint(&name),
+                "count": s.count,
+                "session_id": session,
+                "turn_number": turn,
+                "timestamp": rfc3339_micros(at),
+            })
+        })
+        .collect();
+    if d.overflow > 0 {
+        out.push(json!({
+            "attempted_operation": "syscall",
+            "target": "(other syscalls)",
+            "violated_capability": {"capability": "sandbox baseline", "kind": "denied_syscall", "pattern": null},
+            "details": format!("{} more denials of syscalls beyond the first {} distinct ones", d.overflow, crate::sandbox::notify::MAX_DISTINCT),
+            "layer": "seccomp",
+            "hint": "denied by the sandbox baseline",
+            "count": d.overflow,
+            "session_id": session,
+            "turn_number": turn,
+            "timestamp": null,
+        }));
+    }
+    out
+}
+
+/// Which layers' denials this turn's evidence can show.
+pub fn observability(denials: &Result<Denials, String>) -> Value {
+    json!({
+        "seccomp": match denials {
+            Ok(_) => json!({"observed": true, "via": "seccomp user notification (exact, per turn)"}),
+            Err(why) => json!({"observed": false, "why": why}),
+        },
+        "landlock": {"observed": false, "why": LANDLOCK_UNOBSERVED},
+        "mount": {"observed": false, "why": MOUNT_UNOBSERVED},
+    })
+}
+
+/// The hint for a pre-execution violation: the smallest manifest entry that
+/// would allow it, or why none can.
+pub fn pre_execution_hint(v: &CapabilityViolation) -> String {
+    match &v.capability {
+        ViolatedCapability::Forbidden { pattern } => {
+            format!("forbidden beats every grant (`{pattern}`); no entry can allow it")
+        }
+        ViolatedCapability::Reserved { path } => {
+            format!("`{path}` is reserved for the supervisor; no entry can allow it")
+        }
+        ViolatedCapability::NotGranted { capability } => {
+            // An execute target is the command line; the entry names the
+            // program (a fixed argument prefix is optional).
+            let target = if v.operation.as_str() == "execute" {
+                v.target.split(' ').next().unwrap_or(&v.target)
+            } else {
+                v.target.as_str()
+            };
+            format!("add `{target}` to capabilities.{capability}")
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! SIGTERM, SIGINT and SIGHUP to `supervise run`: the turn is killed and
+//! recorded as `interrupted`, and `run` exits 128+signal.
+//!
+//! The handler only stores the signal number and writes one byte to a pipe
+//! (both async-signal-safe). A watcher thread wakes on the byte and, while
+//! a turn is registered, kills its cgroup — repeatedly, until the turn
+//! unregisters, so a sandbox that was being started at that moment is
+//! killed as soon as it exists. The turn checks [`received`] at its
+//! checkpoints (before launch, after the command) and never commits after
+//! an interrupt. Caught signals reset to their default at `execve`, so the
+//! sandbox's processes are unaffected.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+
+use crate::sandbox::cgroup::TurnCgroup;
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+/// The running turn's cgroup: (cgroup root, name).
+static CURRENT: Mutex<Option<(PathBuf, String)>> = Mutex::new(None);
+static INSTALLED: OnceLock<()> = OnceLock::new();
+
+extern "C" fn on_signal(signal: nix::libc::c_int) {
+    SIGNAL.store(signal, Ordering::SeqCst);
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let byte = [1u8];
+        // SAFETY: write(2) is async-signal-safe; `byte` is a valid buffer of
+        // length 1 and `fd` is the pipe's write end, kept open for the life
+        // of the process. A full pipe or an error is harmless: the watcher
+        // is already awake.
+        let _ = unsafe { nix::libc::write(fd, byte.as_ptr().cast(), 1) };
+    }
+}
+
+/// Installs the handlers and starts the watcher (once per process).
+pub fn install() -> std::io::Result<()> {
+    if INSTALLED.get().is_some() {
+        return Ok(());
+    }
+    let (read, write): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+    WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
+    // The write end lives as long as the process.
+    std::mem::forget(write);
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only performs async-signal-safe operations (an
+        // atomic store and write(2)).
+        unsafe { sigaction(signal, &action) }.map_err(std::io::Error::from)?;
+    }
+    std::thread::Builder::new()
+        .name("interrupt".into())
+        .spawn(move || watch(read))?;
+    let _ = INSTALLED.set(());
+    Ok(())
+}
+
+fn watch(read: OwnedFd) {
+    let mut byte = [0u8; 1];
+    while let Ok(n) = nix::unistd::read(&read, &mut byte) {
+        if n == 0 {
+            return;
+        }
+        // Kill the registered turn until it unregisters.
+        loop {
+            let current = CURRENT.lock().map(|c| c.clone()).unwrap_or(None);
+            let Some((root, name)) = current else {
+                break;
+            };
+            for cg in TurnCgroup::leftovers(&root, &name) {
+                cg.kill_all();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// The signal received, if any.
+pub fn received() -> Option<Signal> {
+    match SIGNAL.load(Ordering::SeqCst) {
+        0 => None,
+        n => Signal::try_from(n).ok(),
+    }
+}
+
+/// Registers the running turn's cgroup (`None` unregisters).
+pub fn register(turn: Option<(PathBuf, String)>) {
+    if let Ok(mut c) = CURRENT.lock() {
+        *c = turn;
+    }
+    // A signal that arrived before registration still kills the turn.
+    if received().is_some() {
+        let fd = WAKE_FD.load(Ordering::SeqCst);
+        if fd >= 0 {
+            let _ = nix::unistd::write(
+                // SAFETY: the write end is never closed (forgotten above).
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                &[1u8],
+            );
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! Recovery: what a supervisor killed at any instant leaves behind is
+//! settled by the next writer of the session (every command that opens a
+//! session for writing goes through [`Session::lock_for_write`]) and by
+//! `supervise recover` for every session at once.
+//!
+//! Under the session lock — so no live turn of the session exists — in
+//! this order:
+//!
+//! 1. the dead turns' cgroups are killed and removed (nothing of a turn
+//!    outlives its supervisor for longer than this);
+//! 2. their turn directories are unmounted (the turn tmpfs and the scratch
+//!    tmpfs inside it) and removed;
+//! 3. interrupted ledger appends are settled ([`ledger::recover_tails`]);
+//! 4. commit journals are rolled forward or back ([`commit::recover`]);
+//! 5. a turn whose intent entry has no finish entry (the exec anchor's
+//!    `open_turn`) gets one in both ledgers, in one group append: status
+//!    `aborted`, or `committed` when its journal rolled forward, with what
+//!    recovery found and did.
+//!
+//! Fast when there is nothing to do: a few directory listings and two
+//! anchor reads.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+use turnstile_policy::session::Clock;
+use turnstile_policy::timefmt::rfc3339_micros;
+
+use crate::commit::{self, Settled};
+use crate::error::{Result, SupervisorError};
+use crate::evidence::{SCHEMA_VERSION, object};
+use crate::layout::{StateDir, Workspace};
+use crate::ledger::{self, LedgerKind, TailRecovery};
+use crate::sandbox::cgroup::TurnCgroup;
+use crate::session::{Session, SessionLock};
+use turnstile_policy::error::codes;
+
+/// What recovery found and did for one session.
+#[derive(Debug, Clone, Default)]
+pub struct SessionRecovery {
+    pub session_id: String,
+    /// Cgroups of dead turns killed and removed (by name).
+    pub cgroups: Vec<String>,
+    /// Processes that were still running in them.
+    pub processes_killed: usize,
+    /// Turn directories unmounted and removed.
+    pub turn_dirs: Vec<PathBuf>,
+    pub tails: Vec<TailRecovery>,
+    /// Commit journals settled: (turn, rolled forward?).
+    pub journals: Vec<(u64, bool)>,
+    /// Turns closed with a finish entry (turn, status).
+    pub closed: Vec<(u64, &'static str)>,
+}
+
+impl SessionRecovery {
+    pub fn is_empty(&self) -> bool {
+        self.cgroups.is_empty()
+            && self.turn_dirs.is_empty()
+            && self.tails.is_empty()
+            && self.journals.is_empty()
+            && self.closed.is_empty()
+    }
+
+    pub fn to_value(&self) -> Value {
+        json!({
+            "session_id": self.session_id,
+            "cgroups_removed": self.cgroups,
+            "processes_killed": self.processes_killed,
+            "turn_dirs_removed": self.turn_dirs,
+            "ledger_tails": self.tails.iter().map(|t| json!({
+                "ledger": t.kind.as_str(), "action": t.action, "bytes": t.bytes, "sha256": t.sha256,
+            })).collect::<Vec<_>>(),
+            "commit_journals": self.journals.iter().map(|(t, fwd)| json!({
+                "turn_number": t, "rolled": if *fwd { "forward" } else { "back" },
+            })).collect::<Vec<_>>(),
+            "turns_closed": self.closed.iter().map(|(t, s)| json!({"turn_number": t, "status": s})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let path = path.to_path_buf();
+    move |source| SupervisorError::StateIo { op, path, source }
+}
+
+/// Unmounts everything at or below `dir` (deepest first) and removes it.
+fn remove_turn_dir(dir: &Path) -> Result<()> {
+    use nix::mount::{MntFlags, umount2};
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(state_io(
+        "read mountinfo",
+        Path::new("/proc/self/mountinfo"),
+    ))?;
+    let prefix = dir.to_string_lossy().into_owned();
+    let mut points: Vec<String> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount_path)
+        .filter(|p| p == &prefix || p.starts_with(&format!("{prefix}/")))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        umount2(Path::new(&p), MntFlags::MNT_DETACH).map_err(|e| SupervisorError::StateIo {
+            op: "unmount a dead turn's tmpfs",
+            path: PathBuf::from(&p),
+            source: e.into(),
+        })?;
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(state_io("remove a dead turn's directory", dir)(e)),
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Some(v) = raw
+                .get(i + 1..i + 4)
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Turn numbers of `turn-<n>` directories and `turn-<n>.commit` journals
+/// in a session's state directory.
+fn leftovers(state_dir: &Path) -> (Vec<u64>, Vec<u64>) {
+    let (mut dirs, mut journals) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("turn-") else {
+            continue;
+        };
+        if let Some(n) = rest.strip_suffix(".commit").and_then(|n| n.parse().ok()) {
+            journals.push(n);
+        } else if let Ok(n) = rest.parse() {
+            dirs.push(n);
+        }
+    }
+    dirs.sort_unstable();
+    journals.sort_unstable();
+    (dirs, journals)
+}
+
+/// Takes the session's lock and recovers what a dead supervisor left of it
+/// (see the module docs): every writer of a session goes through here.
+pub fn lock_for_write(
+    session: &Session,
+    cgroup_root: &Path,
+    clock: &dyn Clock,
+) -> Result<(SessionLock, SessionRecovery)> {
+    let lock = session.lock()?;
+    let recovery = recover_session(session, &lock, cgroup_root, clock)?;
+    Ok((lock, recovery))
+}
+
+/// Recovers one session (see the module docs). The caller holds its lock.
+pub fn recover_session(
+    session: &Session,
+    lock: &SessionLock,
+    cgroup_root: &Path,
+    clock: &dyn Clock,
+) -> Result<SessionRecovery> {
+    let sid = session.id.as_str().to_owned();
+    let mut r = SessionRecovery {
+        session_id: sid.clone(),
+        ..SessionRecovery::default()
+    };
+    // 1. Nothing of a dead turn keeps running.
+    for cg in TurnCgroup::leftovers(cgroup_root, &format!("{sid}-t")) {
+        r.processes_killed += cg.pids().len();
+        if !cg.kill_all() {
+            return Err(SupervisorError::Sandbox {
+                step: "recover",
+                detail: format!(
+                    "processes of a dead turn of {sid} survived SIGKILL ({})",
+                    cg.dirs()
+                        .first()
+                        .map(|d| d.display().to_string())
+                        .unwrap_or_default()
+                ),
+                source: None,
+            });
+        }
+        cg.remove();
+        if let Some(name) = cg.dirs().first().and_then(|d| d.file_name()) {
+            r.cgroups.push(name.to_string_lossy().into_owned());
+        }
+    }
+    // 2. Mounts and turn directories.
+    let state_dir = session.state().session_dir(&session.id);
+    let (dirs, journals) = leftovers(&state_dir);
+    for n in dirs {
+        let dir = session.state().turn_dir(&session.id, n);
+        // A runc container of the dead turn: its processes died with the
+        // cgroup above; its record goes too.
+        crate::backend::runc::forget(&format!("{sid}-t{n}"));
+        remove_turn_dir(&dir)?;
+        r.turn_dirs.push(dir);
+    }
+    // 3. Interrupted ledger appends.
+    let now = rfc3339_micros(clock.now());
+    let files: Vec<_> = LedgerKind::ALL.iter().map(|k| session.ledger(*k)).collect();
+    r.tails = ledger::recover_tails(lock, &files, &now)?;
+    // 4. Commit journals, then 5. the turn left open, if any.
+    let open = session
+        .ledger(LedgerKind::Exec)
+        .anchor()?
+        .and_then(|a| a.open_turn);
+    let mut open_outcome: Option<(&'static str, Vec<commit::Committed>, Option<String>)> = None;
+    let mut settled_journals = Vec::new();
+    for n in journals {
+        let path = session.state().commit_journal(&session.id, n);
+        settled_journals.push(path.clone());
+        let (turn, s) = commit::recover(session.workspace().root(), &path, |t| Some(t) == open)?;
+        r.journals
+            .push((turn, matches!(s, Settled::RolledForward(_))));
+        let is_open = Some(turn) == open;
+        match s {
+            Settled::RolledForward(c) if is_open => open_outcome = Some(("committed", c, None)),
+            Settled::Unrecoverable(why) if is_open => {
+                open_outcome = Some(("commit_failed", Vec::new(), Some(why)));
+            }
+            Settled::RolledForward(c) => {
+                // Recorded as commit_failed, then completed here: say so.
+                close_turn(
+                    session,
+                    lock,
+                    turn,
+                    "commit.recovered",
+                    "committed",
+                    &c,
+                    None,
+                    &r,
+                    &now,
+                )?;
+            }
+            Settled::Unrecoverable(why) => {
+                close_turn(
+                    session,
+                    lock,
+                    turn,
+                    "commit.recovered",
+                    "commit_failed",
+                    &[],
+                    Some(why),
+                    &r,
+                    &now,
+                )?;
+            }
+            _ => {}
+        }
+    }
+    if let Some(turn) = open {
+        let (status, committed, why) = open_outcome.unwrap_or(("aborted", Vec::new(), None));
+        r.closed.push((turn, status));
+        close_turn(
+            session,
+            lock,
+            turn,
+            "turn.finished",
+            status,
+            &committed,
+            why,
+            &r,
+            &now,
+        )?;
+    }
+    // The outcomes are recorded: the journals can go.
+    for path in settled_journals {
+        commit::finish(session.workspace().root(), &path)?;
+    }
+    Ok(r)
+}
+
+/// Appends the finish entries of a turn recovery closes (or, for
+/// `commit.recovered`, what became of a commit recorded as failed).
+#[allow(clippy::too_many_arguments)]
+fn close_turn(
+    session: &Session,
+    lock: &SessionLock,
+    turn: u64,
+    event: &str,
+    status: &str,
+    committed: &[commit::Committed],
+    why: Option<String>,
+    r: &SessionRecovery,
+    now: &str,
+) -> Result<()> {
+    let sid = session.id.as_str();
+    let error = match status {
+        "aborted" => Some(json!({
+            "code": codes::TURN_ABORTED.code,
+            "name": codes::TURN_ABORTED.name,
+            "message": "the supervisor stopped before the turn finished; recovery closed it and nothing was committed",
+        })),
+        "commit_failed" => Some(json!({
+            "code": codes::COMMIT_FAILED.code,
+            "name": codes::COMMIT_FAILED.name,
+            "message": format!("recovery could not complete the commit: {}", why.unwrap_or_default()),
+        })),
+        _ => None,
+    };
+    let committed: Vec<Value> = committed
+        .iter()
+        .map(|c| json!({"path": c.path, "size": c.size, "sha256": c.sha256}))
+        .collect();
+    let recovery = r.to_value();
+    let common = |kind: LedgerKind| -> Map<String, Value> {
+        let mut m = object(json!({
+            "event": event,
+            "schema_version": SCHEMA_VERSION,
+            "session_id": sid,
+            "turn_number": turn,
+            "status": status,
+            "error": error,
+            "recovery": recovery,
+            "ts": now,
+        }));
+        if kind == LedgerKind::Evidence {
+            m.insert("committed".into(), json!(committed));
+            m.insert("realized_writes".into(), json!([]));
+            m.insert("violations".into(), json!([]));
+        } else {
+            m.insert("exit_code".into(), Value::Null);
+        }
+        m
+    };
+    let exec = session.ledger(LedgerKind::Exec);
+    let evidence = session.ledger(LedgerKind::Evidence);
+    ledger::append_group(
+        lock,
+        vec![
+            (&exec, vec![common(LedgerKind::Exec)]),
+            (&evidence, vec![common(LedgerKind::Evidence)]),
+        ],
+    )?;
+    Ok(())
+}
+
+/// `supervise recover`: unfinished session creations are swept, then every
+/// session of the state directory (of `workspace` only, when given) is
+/// recovered. Sessions of other workspaces are opened through the root
+/// recorded in their state.
+/// The sessions of the state directory (of `workspace` only, when given),
+/// with their workspaces, as their records name them; sessions whose
+/// workspace is gone are skipped.
+pub fn known_sessions(
+    state: &StateDir,
+    workspace: Option<&Workspace>,
+) -> Vec<(turnstile_policy::SessionId, Workspace)> {
+    let sessions = state.path().join("sessions");
+    let mut names: Vec<String> = std::fs::read_dir(&sessions)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let Ok(id) = turnstile_policy::SessionId::parse(&name) else {
+            continue;
+        };
+        let meta = crate::fsx::read_small(&state.session_meta(&id), 64 * 1024)
+            .ok()
+            .and_then(|b| turnstile_policy::canonical::parse_canonical(&b).ok());
+        let Some(root) = meta
+            .as_ref()
+            .and_then(|m| m.get("root"))
+            .and_then(Value::as_str)
+        else {
+            continue;
+        };
+        let ws = match workspace {
+            Some(w) if w.root_str() == root => w.clone(),
+            Some(_) => continue,
+            None => match Workspace::open(Path::new(root)) {
+                Ok(w) => w,
+                Err(_) => continue,
+            },
+        };
+        out.push((id, ws));
+    }
+    out
+}
+
+pub fn recover_all(
+    state: &StateDir,
+    workspace: Option<&Workspace>,
+    cgroup_root: &Path,
+    clock: &dyn Clock,
+) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
+    let swept = crate::session::sweep_unfinished(state, workspace)?;
+    let mut out = Vec::new();
+    for (id, ws) in known_sessions(state, workspace) {
+        let session = Session::open(&ws, state, &id, None)?;
+        let (_lock, r) = lock_for_write(&session, cgroup_root, clock)?;
+        out.push(r);
+    }
+    Ok((swept, out))
+}

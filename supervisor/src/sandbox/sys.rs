@@ -1,0 +1,213 @@
+//! The few kernel interfaces the sandbox init needs that `nix` does not wrap:
+//! idmapped mounts (`open_tree`, `mount_setattr`, `move_mount`), source
+//! resolution that never follows a symlink (`openat2`), and bringing up the
+//! loopback interface of a fresh network namespace.
+//!
+//! Only the init (a fresh single-threaded process) calls these.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+
+// <linux/mount.h>, not in the libc crate.
+const OPEN_TREE_CLONE: u32 = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `struct mount_attr` (MOUNT_ATTR_SIZE_VER0).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn cpath(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path with NUL"))
+}
+
+fn check(rc: nix::libc::c_long) -> std::io::Result<nix::libc::c_long> {
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// A user namespace whose only mappings are `host_uid -> uid` and
+/// `host_gid -> gid`, as a descriptor for `MOUNT_ATTR_IDMAP`. A helper child
+/// creates it and exits once the descriptor is open.
+/// `proc` is a procfs of the caller's PID namespace for children (the
+/// helper's pid is looked up there).
+fn mapping_userns(proc: &Path, host: (u32, u32), turn: (u32, u32)) -> std::io::Result<OwnedFd> {
+    let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (done_r, done_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    // SAFETY: the caller is single-threaded (the sandbox init); the child
+    // only makes raw syscalls and exits with `_exit`.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            drop(ready_r);
+            drop(done_w);
+            let ok = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok()
+                && nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok()
+                && nix::unistd::write(&ready_w, b"u") == Ok(1);
+            if ok {
+                let mut b = [0u8; 1];
+                let _ = nix::unistd::read(&done_r, &mut b);
+            }
+            // SAFETY: _exit is async-signal-safe and never returns.
+            unsafe { nix::libc::_exit(0) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(ready_w);
+            drop(done_r);
+            let result = (|| {
+                let mut b = [0u8; 1];
+                if nix::unistd::read(&ready_r, &mut b)? != 1 {
+                    return Err(std::io::Error::other("user namespace helper failed"));
+                }
+                let dir = proc.join(child.to_string());
+                std::fs::write(dir.join("uid_map"), format!("{} {} 1\n", host.0, turn.0))?;
+                std::fs::write(dir.join("gid_map"), format!("{} {} 1\n", host.1, turn.1))?;
+                let ns = std::fs::File::open(dir.join("ns/user"))?;
+                Ok(OwnedFd::from(ns))
+            })();
+            drop(done_w);
+            let _ = nix::sys::wait::waitpid(child, None);
+            result
+        }
+    }
+}
+
+/// Mounts a read-only, `nosuid,nodev` clone of `source` (its own mount
+/// only, no submounts) at `target`, idmapped so that files of `host` appear
+/// as `turn`'s and the turn's writes through it (none: it is read-only) would
+/// land as `host`'s.
+pub fn idmapped_clone(
+    proc: &Path,
+    source: &Path,
+    target: &Path,
+    host: (u32, u32),
+    turn: (u32, u32),
+) -> std::io::Result<()> {
+    let userns = mapping_userns(proc, host, turn)?;
+    let src = cpath(source)?;
+    // SAFETY: open_tree(2) with a valid NUL-terminated path; the returned
+    // descriptor is owned below.
+    let tree = check(unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_open_tree,
+            nix::libc::AT_FDCWD,
+            src.as_ptr(),
+            OPEN_TREE_CLONE | nix::libc::O_CLOEXEC as u32,
+        )
+    })?;
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    let empty = c"";
+    // SAFETY: mount_setattr(2) on the detached tree with a valid attr struct
+    // of the size passed.
+    check(unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            nix::libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "idmapping {}: {e} (does its file system support idmapped mounts?)",
+                source.display()
+            ),
+        )
+    })?;
+    let dst = cpath(target)?;
+    // SAFETY: move_mount(2) of the detached tree onto an existing directory.
+    check(unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            nix::libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// Opens `rel` beneath `dir` as an `O_PATH` descriptor without following
+/// any symlink (and without leaving `dir`): the source of a mount is
+/// exactly the inode the plan named, whatever the tree became since.
+pub fn open_beneath(dir: &OwnedFd, rel: &str) -> std::io::Result<OwnedFd> {
+    let rel = rel.trim_start_matches('/');
+    let rel = if rel.is_empty() { "." } else { rel };
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(
+            ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_BENEATH,
+        );
+    Ok(nix::fcntl::openat2(dir, rel, how)?)
+}
+
+/// `/proc/self/fd/N` of a descriptor: a path naming exactly its inode, for
+/// mount sources and overlay layers (and no host path in mountinfo).
+pub fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Sets `lo` up in the calling process's network namespace (the kernel
+/// then assigns 127.0.0.1/8 and, with IPv6, ::1).
+pub fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned
+    // below.
+    let raw = unsafe {
+        nix::libc::socket(
+            nix::libc::AF_INET,
+            nix::libc::SOCK_DGRAM | nix::libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: nix::libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as nix::libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own.
+    unsafe {
+        if nix::libc::ioctl(sock.as_raw_fd(), nix::libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= nix::libc::IFF_UP as i16;
+        if nix::libc::ioctl(sock.as_raw_fd(), nix::libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

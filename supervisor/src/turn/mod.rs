@@ -1,0 +1,530 @@
+//! The turn pipeline (DESIGN "The turn pipeline"):
+//!
+//! validate → compile → pre-execution check → intent entry → sandbox →
+//! capture → verify → commit or block → exec + evidence entries.
+//!
+//! Bad input fails before anything is created. From the intent entry on,
+//! every path — setup failure, command failure, limit, timeout, block,
+//! commit — ends in one exec and one evidence entry (FR-RT-007, FR-RT-018).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use turnstile_policy::plan::{self, Plan, PlanContext};
+use turnstile_policy::request::{BoundRequest, TurnRequest};
+use turnstile_policy::session::{Clock, SessionIdGenerator};
+use turnstile_policy::timefmt::rfc3339_micros;
+use turnstile_policy::{Manifest, SessionId, canonical};
+
+mod record;
+
+pub use record::record_rejected_turn;
+use record::{Outcome, interrupted_message, ledgers};
+
+use crate::admit;
+use crate::backend::Backend;
+use crate::capture::{self, Scope};
+use crate::commit::{self};
+use crate::error::{Result, SupervisorError};
+use crate::evidence::{SCHEMA_VERSION, object};
+use crate::ids::{OsRandom, Sources, SystemClock};
+use crate::layout::{StateDir, TURN_TIER, Workspace};
+use crate::ledger::LedgerKind;
+use crate::realfs::HostFs;
+use crate::sandbox::{Ending, TurnDir};
+use crate::session::{Session, SessionLock};
+use crate::status::{Ended, Observed, TurnStatus, classify};
+use turnstile_policy::error::codes;
+
+/// Everything `supervise run` was asked.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+    pub package: String,
+    pub session: Option<String>,
+    pub request: TurnRequest,
+    pub json: bool,
+    pub cgroup_root: PathBuf,
+    /// Clock and randomness (session ids, timestamps).
+    pub sources: Sources,
+    /// `--backend` (native, runc, crun, runsc, kata).
+    pub backend: String,
+    /// Deterministic mode for the session `run` starts (without --session).
+    pub deterministic: Option<crate::ids::Deterministic>,
+}
+
+/// The outcome of one turn, as `--json` prints it.
+#[derive(Debug, Clone)]
+pub struct TurnResult {
+    pub exit_status: u8,
+    pub value: Value,
+    pub summary: String,
+}
+
+/// Runs one turn.
+pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
+    let input = admit::Input {
+        root: &opts.root,
+        state_dir: &opts.state_dir,
+        package: &opts.package,
+        request: &opts.request,
+    };
+    let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
+    // An unknown or unavailable backend is refused before anything exists.
+    let backend = crate::backend::by_name(&opts.backend, &opts.cgroup_root, opts.json)?;
+    // Everything is validated before a session is created for this turn
+    // (exit 2 creates nothing).
+    let mut admission = admit::admit(input, given.clone().unwrap_or_else(admit::probe_session))?;
+    let session = match &given {
+        Some(id) => Session::open(&admission.workspace, &admission.state, id, None)?,
+        None => {
+            let state = StateDir::open(admission.state.path(), &admission.workspace, true)?;
+            crate::session::sweep_unfinished(&state, Some(&admission.workspace))?;
+            let src = opts
+                .deterministic
+                .as_ref()
+                .map_or_else(|| opts.sources.clone(), |d| d.sources(0));
+            Session::create(
+                &admission.workspace,
+                &state,
+                TURN_TIER,
+                &SessionIdGenerator::new(src.clone(), src),
+                opts.deterministic.clone(),
+            )?
+        }
+    };
+    // Turns of one session are serialized; sessions run concurrently. What
+    // a dead supervisor left of this session is settled first.
+    let (lock, recovery) =
+        crate::recover::lock_for_write(&session, &opts.cgroup_root, &opts.sources)?;
+    if !recovery.is_empty() {
+        tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
+    }
+    admission.rebind(&opts.request, session.id.clone())?;
+    let request = &admission.request;
+    // A deterministic session's turn takes its clock and ids from the seed.
+    let sources = match &session.deterministic {
+        Some(d) => d.sources(session.next_turn_number(&lock)?),
+        None => opts.sources.clone(),
+    };
+    // Exactly once: a key that already ran returns what it returned.
+    let key = request.idempotency_key.clone();
+    let request_hash =
+        crate::idempotency::request_hash(admission.manifest.package_id.as_str(), request);
+    if let Some(key) = &key {
+        if let Some(record) = crate::idempotency::lookup(&session, &lock, key)? {
+            if record.request_hash != request_hash {
+                return Err(SupervisorError::IdempotencyConflict {
+                    key: key.clone(),
+                    turn: record.turn_number,
+                    recorded: record.request_hash,
+                    given: request_hash,
+                });
+            }
+            return crate::idempotency::replay(&session, key, &record);
+        }
+    }
+    let allowed = match admission.check() {
+        Ok(a) => a,
+        Err(violations) => {
+            let turn_number = record_rejected_turn(
+                &session,
+                &lock,
+                request,
+                admission.manifest.package_id.as_str(),
+                &violations,
+                &sources,
+            )?;
+            let value = json!({
+                "session_id": session.id.as_str(),
+                "turn_number": turn_number,
+                "status": TurnStatus::Violation.as_str(),
+                "exit_code": null,
+                "error": {"code": codes::SECURITY_POLICY_VIOLATION.code, "name": codes::SECURITY_POLICY_VIOLATION.name, "message": violations.to_string()},
+                "realized_writes": [],
+                "committed": [],
+                "violations": violations.0.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
+                "ledgers": ledgers(&session),
+            });
+            let result = TurnResult {
+                exit_status: TurnStatus::Violation.exit_status(None),
+                summary: format!("turn {turn_number}: refused before execution: {violations}"),
+                value,
+            };
+            if let Some(key) = &key {
+                crate::idempotency::finish(
+                    &session,
+                    &lock,
+                    key,
+                    &request_hash,
+                    turn_number,
+                    &result,
+                )?;
+            }
+            return Ok(result);
+        }
+    };
+    let turn_number = session.next_turn_number(&lock)?;
+    // Durable before the intent entry, so before any effect of the turn.
+    if let Some(key) = &key {
+        crate::idempotency::begin(&session, &lock, key, &request_hash, turn_number)?;
+    }
+    let result = Turn {
+        opts,
+        backend,
+        session: &session,
+        lock: &lock,
+        request,
+        manifest: &admission.manifest,
+        workspace: &admission.workspace,
+        turn_number,
+        execute_entry: allowed.execute_entry.clone(),
+        started: Instant::now(),
+        started_at: sources.now(),
+        sources: sources.clone(),
+    }
+    .run(&allowed)?;
+    if let Some(key) = &key {
+        crate::idempotency::finish(&session, &lock, key, &request_hash, turn_number, &result)?;
+    }
+    Ok(result)
+}
+
+struct Turn<'a> {
+    opts: &'a RunOptions,
+    backend: Box<dyn Backend>,
+    session: &'a Session,
+    lock: &'a SessionLock,
+    request: &'a BoundRequest,
+    manifest: &'a Manifest,
+    workspace: &'a Workspace,
+    turn_number: u64,
+    execute_entry: String,
+    started: Instant,
+    started_at: OffsetDateTime,
+    /// The turn's clock and ids (the session's deterministic ones, or the
+    /// system's).
+    sources: Sources,
+}
+
+/// Rewrites every string under `v` that is `root` or starts with `root/`
+/// to start with `<root>` instead.
+fn root_relative(v: &mut Value, root: &str) {
+    match v {
+        Value::String(s) if s == root || s.starts_with(&format!("{root}/")) => {
+            *s = format!("<root>{}", &s[root.len()..]);
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| root_relative(x, root)),
+        Value::Object(m) => m.values_mut().for_each(|x| root_relative(x, root)),
+        _ => {}
+    }
+}
+
+/// Microseconds since `since`, restarting it.
+fn lap(since: &mut Instant) -> u64 {
+    let now = Instant::now();
+    let us = now.duration_since(*since).as_micros() as u64;
+    *since = now;
+    us
+}
+
+impl Turn<'_> {
+    fn run(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
+        let sid = self.session.id.as_str().to_owned();
+        let query_hash = canonical::hash_value(&self.request.to_value()).unwrap_or_default();
+        let ctx = PlanContext {
+            root: self.workspace.root_str(),
+            workspace_owner: workspace_owner(self.workspace.root()),
+            turn_number: self.turn_number,
+            host_env: ["LANG", "LC_ALL", "TZ", "TERM"]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+                .collect(),
+        };
+        let mut clock = Instant::now();
+        let plan = plan::compile(&ctx, self.manifest, self.request, allowed, &HostFs);
+        let plan_us = lap(&mut clock);
+        // The plan's hash does not depend on where the workspace is: its
+        // root is hashed as `<root>` (replay into another directory, and
+        // deterministic sessions, give the same hash).
+        let plan_hash = plan
+            .as_ref()
+            .ok()
+            .and_then(|p| serde_json::to_value(p).ok())
+            .map(|mut v| {
+                root_relative(&mut v, self.workspace.root_str());
+                v
+            })
+            .and_then(|v| canonical::hash_value(&v).ok());
+
+        // Intent, before anything runs: a crash from here on is visible.
+        self.session.ledger(LedgerKind::Exec).append(
+            self.lock,
+            object(json!({
+                "event": "turn.started",
+                "schema_version": SCHEMA_VERSION,
+                "session_id": sid,
+                "turn_number": self.turn_number,
+                "query_hash": query_hash,
+                "plan_hash": plan_hash,
+                "backend": self.backend.name(),
+                "ts": rfc3339_micros(self.started_at),
+            })),
+        )?;
+
+        let intent_us = lap(&mut clock);
+        let mut outcome = match plan {
+            Ok(plan) if crate::interrupt::received().is_some() => Outcome::interrupted(Some(plan)),
+            Ok(plan) => self.execute(plan),
+            Err(e) => Outcome::failed(
+                TurnStatus::SandboxError,
+                format!("cannot build the plan: {e}"),
+                None,
+            ),
+        };
+        outcome
+            .phases
+            .splice(0..0, [("plan", plan_us), ("intent_entry", intent_us)]);
+        let cleanup = outcome.cleanup.take();
+        let result = self.finish(&query_hash, outcome);
+        // The finish entries are durable: the commit journal can go (a
+        // crash before this point is settled by recovery, idempotently).
+        if result.is_ok() {
+            let journal = self
+                .session
+                .state()
+                .commit_journal(&self.session.id, self.turn_number);
+            if let Err(e) = commit::finish(self.workspace.root(), &journal) {
+                tracing::warn!(error = %e, "commit journal left for recovery");
+            }
+        }
+        if let Some(c) = cleanup {
+            let _ = c.join();
+        }
+        result
+    }
+
+    fn execute(&self, plan: Plan) -> Outcome {
+        let mut clock = Instant::now();
+        let mut phases = Vec::new();
+        let mut outcome = self.execute_timed(plan, &mut clock, &mut phases);
+        phases.push(("teardown", lap(&mut clock)));
+        outcome.phases = phases;
+        outcome
+    }
+
+    fn execute_timed(
+        &self,
+        plan: Plan,
+        clock: &mut Instant,
+        phases: &mut Vec<(&'static str, u64)>,
+    ) -> Outcome {
+        let turn_path = self
+            .session
+            .state()
+            .turn_dir(&self.session.id, self.turn_number);
+        // Writable scopes must exist as mount points: create the missing
+        // ones (empty directories, never through a symlink), as session
+        // start does for tmp/<sid>/ and output/<sid>/.
+        for scope in &plan.writable_scopes {
+            if let Err(e) = commit::open_dir_creating(self.workspace.root(), scope) {
+                return Outcome::from_error(&e, Some(plan));
+            }
+        }
+        let turn_dir = match TurnDir::create(turn_path, &plan) {
+            Ok(d) => d,
+            Err(e) => return Outcome::from_error(&e, Some(plan)),
+        };
+        phases.push(("prepare", lap(clock)));
+        // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
+        crate::interrupt::register(Some((
+            self.opts.cgroup_root.clone(),
+            format!("{}-t{}", plan.session_id, plan.turn_number),
+        )));
+        let executed = self
+            .backend
+            .create(&plan, &turn_dir)
+            .and_then(|mut sandbox| {
+                sandbox.start();
+                sandbox.wait()
+            });
+        crate::interrupt::register(None);
+        let execution = match executed {
+            Ok(x) => x,
+            Err(_) if crate::interrupt::received().is_some() => {
+                return Outcome::interrupted(Some(plan));
+            }
+            Err(e) => return Outcome::from_error(&e, Some(plan)),
+        };
+        let scopes: Vec<Scope> = plan
+            .writable_scopes
+            .iter()
+            .zip(&execution.uppers)
+            .map(|(rel, upper)| Scope {
+                relative: rel.clone(),
+                lower: self.workspace.root().join(rel),
+                upper: upper.clone(),
+            })
+            .collect();
+        let _ = lap(clock);
+        phases.extend(execution.phases.iter().copied());
+        let writes =
+            match capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes) {
+                Ok(w) => w,
+                Err(e) => {
+                    let mut o = Outcome::from_error(&e, Some(plan));
+                    if let SupervisorError::CaptureLimit(_) = e {
+                        o.status = TurnStatus::DiskLimit;
+                    }
+                    o.execution = Some(execution);
+                    return o;
+                }
+            };
+
+        let verdict = capture::verify(
+            &writes,
+            &self.request.declared_outputs,
+            &format!("tmp/{}", self.session.id),
+        );
+        // "capture" = enumerate + hash + compare with the declaration.
+        phases.push(("capture", lap(clock)));
+        let u = &execution.usage;
+        let posture_failure = execution
+            .posture
+            .as_ref()
+            .filter(|p| !p.ok())
+            .map(|p| p.failures.join("; "));
+        let observed = Observed {
+            ended: match &execution.ending {
+                Ending::Exited(c) => Ended::Exited(*c),
+                Ending::SetupFailed { .. } => Ended::SetupFailed,
+                Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
+            },
+            interrupted: crate::interrupt::received().is_some(),
+            posture_failed: posture_failure.is_some(),
+            timed_out: execution.timed_out,
+            oom_killed: u.oom_kills > 0,
+            pids_limited: u.pids_limit_hits > 0,
+            disk_full: execution.disk_full,
+            writes_match: verdict.matches(),
+        };
+        let status = classify(&observed);
+        let limits = &plan.limits;
+        let message = match status {
+            TurnStatus::Interrupted => interrupted_message(),
+            TurnStatus::PostureFailed => {
+                format!(
+                    "posture check failed: {}",
+                    posture_failure.unwrap_or_default()
+                )
+            }
+            TurnStatus::Timeout => format!("the turn exceeded {} s", limits.timeout_seconds),
+            TurnStatus::SandboxError => match &execution.ending {
+                Ending::SetupFailed { stage, detail } => format!("{stage}: {detail}"),
+                _ => "the sandbox failed".into(),
+            },
+            TurnStatus::MemoryLimit => {
+                format!("the memory limit ({} bytes) was hit", limits.memory_bytes)
+            }
+            TurnStatus::Blocked => {
+                "realized writes differ from the declared outputs; nothing was committed".into()
+            }
+            TurnStatus::PidsLimit => format!("the process limit ({}) was hit", limits.pids),
+            TurnStatus::DiskLimit => format!(
+                "the disk ({} bytes) or files ({}) limit was hit",
+                limits.disk_bytes, limits.files
+            ),
+            _ => String::new(),
+        };
+        let mut verdict = verdict;
+        if !matches!(status, TurnStatus::Committed | TurnStatus::Blocked) {
+            // The declaration only decides a turn whose command exited 0;
+            // otherwise the realized writes are recorded, not judged.
+            verdict.undeclared.clear();
+            verdict.missing.clear();
+        }
+        let mut outcome = Outcome {
+            status,
+            message,
+            execution: None,
+            writes,
+            verdict,
+            committed: Vec::new(),
+            plan: None,
+            phases: Vec::new(),
+            cleanup: None,
+        };
+        if status == TurnStatus::Committed && crate::interrupt::received().is_some() {
+            // Interrupted after the command, before the commit point.
+            outcome.status = TurnStatus::Interrupted;
+            outcome.message = interrupted_message();
+        } else if status == TurnStatus::Committed {
+            let request = commit::CommitRequest {
+                root: self.workspace.root(),
+                scopes: &scopes,
+                matched: &outcome.verdict.matched,
+                scratch: &outcome.verdict.scratch,
+                output_owner: plan.workspace_owner,
+                scratch_owner: plan.workspace_owner,
+                turn_number: self.turn_number,
+                journal: self
+                    .session
+                    .state()
+                    .commit_journal(&self.session.id, self.turn_number),
+                work_dir: Workspace::commit_work_dir(&self.session.id, self.turn_number),
+            };
+            match commit::commit(&request) {
+                Ok(c) => outcome.committed = c,
+                Err(e) => {
+                    // Host I/O (a full disk, EIO): exit 1, nothing landed —
+                    // or, past the commit point, the journal stays for
+                    // recovery to finish.
+                    outcome.status = TurnStatus::CommitFailed;
+                    outcome.message = e.to_string();
+                }
+            }
+        }
+        phases.push(("commit", lap(clock)));
+        outcome.execution = Some(execution);
+        outcome.plan = Some(plan);
+        outcome.cleanup = Some(turn_dir.remove_in_background());
+        outcome
+    }
+}
+
+/// `supervise plan`: the Plan a turn would get, without running anything.
+pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan> {
+    let session = match session {
+        Some(s) => SessionId::parse(s)?,
+        None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
+    };
+    let admission = admit::admit(input, session)?;
+    let allowed = admission.check()?;
+    let ctx = PlanContext {
+        root: admission.workspace.root_str(),
+        workspace_owner: workspace_owner(admission.workspace.root()),
+        turn_number: 0,
+        host_env: Vec::new(),
+    };
+    plan::compile(
+        &ctx,
+        &admission.manifest,
+        &admission.request,
+        &allowed,
+        &HostFs,
+    )
+    .map_err(|e| SupervisorError::Sandbox {
+        step: "compile plan",
+        detail: e.to_string(),
+        source: None,
+    })
+}
+
+/// The owner of the workspace root: committed outputs belong to it.
+fn workspace_owner(root: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(root).map_or((0, 0), |m| (m.uid(), m.gid()))
+}

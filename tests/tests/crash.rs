@@ -1,0 +1,764 @@
+//! Crash injection (root): `supervise run` and `supervise session new` are
+//! killed with SIGKILL — the supervise process alone, or its whole process
+//! group — at many moments spread over a turn with 1 and with 200 declared
+//! outputs; interrupted with SIGTERM/SIGINT/SIGHUP; and run against a full
+//! state directory. After each, the session must recover: the next turn
+//! exits 0, both ledgers verify, the killed turn is finished exactly once
+//! (`aborted` unless it committed), its outputs are all there with exact
+//! bytes or none is, and no mount, cgroup, process, turn dir or staging file
+//! of it remains.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use turnstile_tests::{Fixture, read_entries, require_root, supervise_bin};
+
+const MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": ["installed/c/**"],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/usr/bin/python3", "/bin/sh", "/bin/true", "/bin/sleep"]
+  },
+  "limits": {"memory": "256Mi", "pids": 64, "timeout_seconds": 30}
+}"#;
+
+/// Python that writes `n` outputs `output/<sid>/f<i>.txt` with content
+/// `"<i>\n" * (i + 1)`, and a scratch file.
+fn writer(n: usize) -> String {
+    format!(
+        "import os\nsid=os.environ['TMPDIR'].rstrip('/').split('/')[-1]\n\
+         for i in range({n}):\n    open(f'output/{{sid}}/f{{i}}.txt','w').write(f'{{i}}\\n'*(i+1))\n\
+         open(os.environ['TMPDIR']+'/scratch.txt','w').write('s')\n"
+    )
+}
+
+fn expected(i: usize) -> String {
+    format!("{i}\n").repeat(i + 1)
+}
+
+fn outputs(n: usize) -> Vec<String> {
+    (0..n)
+        .flat_map(|i| {
+            [
+                "--output".to_owned(),
+                format!("output/<session_id>/f{i}.txt:data"),
+            ]
+        })
+        .collect()
+}
+
+fn spawn(fx: &Fixture, args: &[String], own_group: bool) -> Child {
+    let mut cmd = Command::new(supervise_bin());
+    cmd.arg("run")
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if own_group {
+        cmd.process_group(0);
+    }
+    cmd.spawn().expect("spawn supervise")
+}
+
+fn turn_args(sid: &str, n: usize) -> Vec<String> {
+    let mut a = vec![
+        "--package".to_owned(),
+        "c".into(),
+        "--session".into(),
+        sid.into(),
+    ];
+    a.extend(outputs(n));
+    a.extend([
+        "--".into(),
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        writer(n),
+    ]);
+    a
+}
+
+fn kill(child: &mut Child, group: bool, signal: i32) {
+    let pid = child.id() as i32;
+    signal_to(if group { -pid } else { pid }, signal);
+    let _ = child.wait();
+}
+
+/// kill(2) to a pid, or to a process group when negative.
+fn signal_to(pid: i32, signal: i32) {
+    let signal = nix::sys::signal::Signal::try_from(signal).unwrap();
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+}
+
+/// Everything a killed turn must not leave behind, once recovery ran.
+fn assert_nothing_left(fx: &Fixture, sid: &str) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let state = format!("{}/", fx.state.display());
+    assert!(
+        !mounts.lines().any(|l| l.contains(state.as_str())),
+        "a mount under the state dir survived:\n{mounts}"
+    );
+    for controller in ["memory", "pids", "cpu", "cpuacct", "unified", ""] {
+        let base = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("turnstile");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.starts_with(sid),
+                "cgroup {} survived",
+                e.path().display()
+            );
+        }
+    }
+    let session_state = fx.state.join("sessions").join(sid);
+    for e in std::fs::read_dir(&session_state).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with("turn-"),
+            "{name} survived in the state dir"
+        );
+    }
+    let mut stack = vec![fx.root.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.contains(".turnstile-") && !name.ends_with(".commit"),
+                "staging debris left: {}",
+                e.path().display()
+            );
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+}
+
+/// exec-ledger entries of one turn.
+fn turn_entries(fx: &Fixture, sid: &str, turn: u64) -> Vec<Value> {
+    read_entries(&fx.ledger(sid, "exec"))
+        .into_iter()
+        .filter(|e| e["turn_number"] == turn)
+        .collect()
+}
+
+/// The highest turn number in the exec ledger (as it is on disk now).
+fn last_turn(fx: &Fixture, sid: &str) -> u64 {
+    read_entries(&fx.ledger(sid, "exec"))
+        .iter()
+        .filter_map(|e| e["turn_number"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// After a kill of the turn that followed turn `before` (with `n`
+/// outputs): recovery through the next turn, then every promise checked.
+/// Returns the killed turn's final status (`None`: it never started).
+fn check_after_kill(fx: &Fixture, sid: &str, before: u64, n: usize, what: &str) -> Option<String> {
+    let next = fx.run(
+        "c",
+        &[
+            "--session",
+            sid,
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(
+        next.status, 0,
+        "{what}: the next turn failed:\n{}{}",
+        next.stdout, next.stderr
+    );
+    let next_turn = next.json()["turn_number"].as_u64().unwrap();
+    fx.assert_ledgers_intact(sid);
+    let killed = match next_turn - before {
+        1 => None,
+        2 => Some(before + 1),
+        d => panic!("{what}: turn numbers jumped by {d}"),
+    };
+    let mut status = None;
+    if let Some(turn) = killed {
+        let entries = turn_entries(fx, sid, turn);
+        let started = entries
+            .iter()
+            .filter(|e| e["event"] == "turn.started")
+            .count();
+        let finished: Vec<&Value> = entries
+            .iter()
+            .filter(|e| e["event"] == "turn.finished")
+            .collect();
+        assert_eq!(started, 1, "{what}: turn {turn} entries: {entries:?}");
+        assert_eq!(
+            finished.len(),
+            1,
+            "{what}: turn {turn} must finish exactly once: {entries:?}"
+        );
+        let s = finished[0]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            ["committed", "aborted", "interrupted"].contains(&s.as_str()),
+            "{what}: killed turn ended as {s}"
+        );
+        // The evidence ledger agrees.
+        let ev: Vec<Value> = read_entries(&fx.ledger(sid, "evidence"))
+            .into_iter()
+            .filter(|e| e["turn_number"] == turn && e["event"] == "turn.finished")
+            .collect();
+        assert_eq!(
+            ev.len(),
+            1,
+            "{what}: evidence has {} finish entries",
+            ev.len()
+        );
+        assert_eq!(ev[0]["status"], finished[0]["status"], "{what}");
+        status = Some(s);
+    }
+    // All or nothing, exact bytes.
+    let out = fx.root.join("output").join(sid);
+    let present: Vec<usize> = (0..n)
+        .filter(|i| out.join(format!("f{i}.txt")).exists())
+        .collect();
+    if status.as_deref() == Some("committed") {
+        assert_eq!(present.len(), n, "{what}: committed but outputs missing");
+        for i in 0..n {
+            assert_eq!(
+                std::fs::read_to_string(out.join(format!("f{i}.txt"))).unwrap(),
+                expected(i),
+                "{what}: f{i}.txt"
+            );
+        }
+    } else {
+        assert!(
+            present.is_empty(),
+            "{what}: not committed, yet {} of {n} outputs landed",
+            present.len()
+        );
+    }
+    assert_nothing_left(fx, sid);
+    status
+}
+
+/// One uninterrupted turn's wall time, to spread the kill points over.
+fn measure(fx: &Fixture, sid: &str, n: usize) -> Duration {
+    let t = Instant::now();
+    let mut child = spawn(fx, &turn_args(sid, n), false);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "uninterrupted turn failed: {status}");
+    t.elapsed()
+}
+
+fn kill_sweep(n: usize, points: usize, group: bool) {
+    // `TURNSTILE_CRASH_POINTS=K` multiplies the kill points (a longer
+    // sweep for local runs; CI keeps the default).
+    let points = points
+        * std::env::var("TURNSTILE_CRASH_POINTS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1)
+            .max(1);
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    let whole = measure(&fx, &sid, n);
+    let mut committed_kills = 0;
+    let mut never_started = 0;
+    for k in 0..points {
+        // Spread over [0, 1.15 × whole], finer at the end where commit and
+        // the final appends happen.
+        let frac = (k as f64 / points as f64).sqrt() * 1.15;
+        let delay = whole.mul_f64(frac);
+        // Each attempt starts from an empty output dir so "all or nothing"
+        // is about this turn alone.
+        let out = fx.root.join("output").join(&sid);
+        for e in std::fs::read_dir(&out).unwrap().flatten() {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+        let before = last_turn(&fx, &sid);
+        let mut child = spawn(&fx, &turn_args(&sid, n), group);
+        std::thread::sleep(delay);
+        kill(&mut child, group, nix::libc::SIGKILL);
+        let what = format!(
+            "{n} outputs, kill {} at {:?} ({k}/{points})",
+            if group { "group" } else { "pid" },
+            delay
+        );
+        match check_after_kill(&fx, &sid, before, n, &what).as_deref() {
+            Some("committed") => committed_kills += 1,
+            None => never_started += 1,
+            _ => {}
+        }
+    }
+    eprintln!(
+        "{n} outputs: {points} kills: {never_started} before the intent entry, {committed_kills} after the commit point"
+    );
+}
+
+#[test]
+fn crash_sigkill_pid_at_many_points_of_a_one_output_turn() {
+    if !require_root("crash_sigkill_pid_at_many_points_of_a_one_output_turn") {
+        return;
+    }
+    kill_sweep(1, 24, false);
+}
+
+#[test]
+fn crash_sigkill_group_at_many_points_of_a_one_output_turn() {
+    if !require_root("crash_sigkill_group_at_many_points_of_a_one_output_turn") {
+        return;
+    }
+    kill_sweep(1, 16, true);
+}
+
+#[test]
+fn crash_sigkill_pid_at_many_points_of_a_200_output_turn() {
+    if !require_root("crash_sigkill_pid_at_many_points_of_a_200_output_turn") {
+        return;
+    }
+    kill_sweep(200, 24, false);
+}
+
+#[test]
+fn crash_sigkill_group_at_many_points_of_a_200_output_turn() {
+    if !require_root("crash_sigkill_group_at_many_points_of_a_200_output_turn") {
+        return;
+    }
+    kill_sweep(200, 12, true);
+}
+
+/// A turn killed while its command runs: the command does not outlive
+/// supervise (PID 1 of the turn dies with it), and recovery closes the turn
+/// as aborted.
+#[test]
+fn crash_a_killed_supervisor_takes_its_turn_with_it() {
+    if !require_root("crash_a_killed_supervisor_takes_its_turn_with_it") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    let args: Vec<String> = [
+        "--package",
+        "c",
+        "--session",
+        &sid,
+        "--no-outputs",
+        "--",
+        "/bin/sleep",
+        "1001",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut child = spawn(&fx, &args, false);
+    std::thread::sleep(Duration::from_millis(700));
+    let before = 0;
+    kill(&mut child, false, nix::libc::SIGKILL);
+    // Without any recovery yet, no process of the turn may remain.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let alive = Command::new("pgrep")
+            .args(["-f", "/bin/sleep 1001"])
+            .output()
+            .expect("pgrep (procps) is required")
+            .stdout;
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the turn's command outlived supervise: {}",
+            String::from_utf8_lossy(&alive)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check_after_kill(&fx, &sid, before, 0, "kill during the command");
+    let finished: Vec<Value> = turn_entries(&fx, &sid, 1)
+        .into_iter()
+        .filter(|e| e["event"] == "turn.finished")
+        .collect();
+    assert_eq!(finished[0]["status"], "aborted");
+    assert_eq!(finished[0]["error"]["code"], "TS1023");
+}
+
+#[test]
+fn crash_sigterm_sigint_sighup_interrupt_the_turn() {
+    if !require_root("crash_sigterm_sigint_sighup_interrupt_the_turn") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    for (turn, signal) in [
+        (1u64, nix::libc::SIGTERM),
+        (2, nix::libc::SIGINT),
+        (3, nix::libc::SIGHUP),
+    ] {
+        let args: Vec<String> = [
+            "--package",
+            "c",
+            "--session",
+            &sid,
+            "--output",
+            "output/<session_id>/x.txt:x",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo x > output/$(basename $TMPDIR)/x.txt; exec /bin/sleep 1000",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let mut child = spawn(&fx, &args, false);
+        std::thread::sleep(Duration::from_millis(800));
+        let t = Instant::now();
+        signal_to(child.id() as i32, signal);
+        let status = child.wait().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "interrupt took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            status.code(),
+            Some(128 + signal),
+            "signal {signal}: {status}"
+        );
+        fx.assert_ledgers_intact(&sid);
+        let finished: Vec<Value> = turn_entries(&fx, &sid, turn)
+            .into_iter()
+            .filter(|e| e["event"] == "turn.finished")
+            .collect();
+        assert_eq!(finished.len(), 1, "signal {signal}");
+        assert_eq!(finished[0]["status"], "interrupted");
+        assert_eq!(finished[0]["error"]["code"], "TS1024");
+        assert!(!fx.root.join("output").join(&sid).join("x.txt").exists());
+        assert_nothing_left(&fx, &sid);
+    }
+}
+
+#[test]
+fn crash_timeout_of_a_command_that_ignores_sigterm_is_exit_14() {
+    if !require_root("crash_timeout_of_a_command_that_ignores_sigterm_is_exit_14") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let r = fx.run(
+        "c",
+        &[
+            "--no-outputs",
+            "--timeout",
+            "1",
+            "--json",
+            "--",
+            "/bin/sh",
+            "-c",
+            "trap '' TERM; while :; do :; done",
+        ],
+    );
+    assert_eq!(r.status, 14, "{}{}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["status"], "timeout");
+    assert_eq!(v["error"]["code"], "E2002");
+}
+
+#[test]
+fn crash_killed_session_new_leaves_no_session_or_a_complete_one() {
+    if !require_root("crash_killed_session_new_leaves_no_session_or_a_complete_one") {
+        return;
+    }
+    let fx = Fixture::new();
+    // How long a session new takes, then kills spread over it.
+    let t = Instant::now();
+    fx.new_session();
+    let whole = t.elapsed();
+    for k in 0..30 {
+        let delay = whole.mul_f64(k as f64 / 30.0 * 1.2);
+        let mut child = Command::new(supervise_bin())
+            .args(["session", "new", "--root"])
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        kill(&mut child, false, nix::libc::SIGKILL);
+    }
+    let r = Fixture::raw(&[
+        "recover",
+        "--root",
+        fx.root.to_str().unwrap(),
+        "--state-dir",
+        fx.state.to_str().unwrap(),
+    ]);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    // Every session left is complete and verifies; nothing half-made.
+    let sessions = fx.root.join("planes/ho1/sessions");
+    for e in std::fs::read_dir(&sessions).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.starts_with('.'), "unfinished session left: {name}");
+        fx.assert_ledgers_intact(&name);
+        assert!(fx.root.join("tmp").join(&name).is_dir());
+        assert!(fx.root.join("output").join(&name).is_dir());
+    }
+    for e in std::fs::read_dir(fx.state.join("sessions"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.starts_with('.'), "unfinished state left: {name}");
+        assert!(
+            sessions.join(&name).is_dir(),
+            "state without ledgers: {name}"
+        );
+    }
+    for dir in ["tmp", "output"] {
+        for e in std::fs::read_dir(fx.root.join(dir)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(
+                sessions.join(&name).is_dir(),
+                "{dir}/{name} belongs to no session"
+            );
+        }
+    }
+}
+
+/// A full state directory: turns fail cleanly (no panic, nothing half
+/// done); once space is back, the session continues and verifies.
+#[test]
+fn crash_full_state_dir_never_corrupts_the_session() {
+    if !require_root("crash_full_state_dir_never_corrupts_the_session") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    std::fs::create_dir_all(&fx.state).unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&fx.state)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(&fx.state);
+    let sid = fx.new_session();
+    // Fill the state dir to the last byte.
+    let filler = fx.state.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 4 << 20]);
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let r = fx.run(
+            "c",
+            &[
+                "--session",
+                &sid,
+                "--output",
+                "output/<session_id>/f0.txt:data",
+                "--json",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                &writer(1),
+            ],
+        );
+        assert!(
+            [0, 1, 20].contains(&r.status),
+            "full state dir: exit {}\n{}{}",
+            r.status,
+            r.stdout,
+            r.stderr
+        );
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        outcomes.push(r.status);
+        // Whatever happened, the session is never tampered.
+        fx.assert_ledgers_intact(&sid);
+    }
+    std::fs::remove_file(&filler).unwrap();
+    let next = fx.run("c", &["--session", &sid, "--no-outputs", "--", "/bin/true"]);
+    assert_eq!(next.status, 0, "{}", next.stderr);
+    fx.assert_ledgers_intact(&sid);
+    assert_nothing_left(&fx, &sid);
+    eprintln!("full state dir outcomes: {outcomes:?}");
+}
+
+/// Every started turn finished exactly once, in both ledgers.
+fn assert_every_turn_finished_once(fx: &Fixture, sid: &str) {
+    let exec = read_entries(&fx.ledger(sid, "exec"));
+    let evidence = read_entries(&fx.ledger(sid, "evidence"));
+    let max = exec
+        .iter()
+        .filter_map(|e| e["turn_number"].as_u64())
+        .max()
+        .unwrap_or(0);
+    for t in 1..=max {
+        let count = |entries: &[Value], event: &str| {
+            entries
+                .iter()
+                .filter(|e| e["turn_number"] == t && e["event"] == event)
+                .count()
+        };
+        assert_eq!(count(&exec, "turn.started"), 1, "turn {t} started");
+        assert_eq!(count(&exec, "turn.finished"), 1, "turn {t} finished (exec)");
+        assert_eq!(
+            count(&evidence, "turn.finished"),
+            1,
+            "turn {t} finished (evidence)"
+        );
+    }
+}
+
+/// Recovery itself killed at points spread over it, repeatedly: the
+/// session still converges.
+#[test]
+fn crash_a_killed_recovery_is_recovered_too() {
+    if !require_root("crash_a_killed_recovery_is_recovered_too") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    let n = 50;
+    let whole = measure(&fx, &sid, n);
+    for k in 0..12 {
+        let out = fx.root.join("output").join(&sid);
+        for e in std::fs::read_dir(&out).unwrap().flatten() {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+        // Kill a writer late (commit or final appends), then kill the
+        // recovering run early, twice.
+        let mut writer_turn = spawn(&fx, &turn_args(&sid, n), false);
+        std::thread::sleep(whole.mul_f64(0.6 + 0.04 * k as f64));
+        kill(&mut writer_turn, false, nix::libc::SIGKILL);
+        for d in [k as u64 % 4, 3 + k as u64 % 7] {
+            let args: Vec<String> = [
+                "--package",
+                "c",
+                "--session",
+                &sid,
+                "--no-outputs",
+                "--",
+                "/bin/true",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+            let mut recovering = spawn(&fx, &args, false);
+            std::thread::sleep(Duration::from_millis(d));
+            kill(&mut recovering, false, nix::libc::SIGKILL);
+        }
+        let next = fx.run("c", &["--session", &sid, "--no-outputs", "--", "/bin/true"]);
+        assert_eq!(next.status, 0, "round {k}: {}", next.stderr);
+        fx.assert_ledgers_intact(&sid);
+        assert_every_turn_finished_once(&fx, &sid);
+        // The last writer turn: committed ⇔ all outputs, exact bytes.
+        let exec = read_entries(&fx.ledger(&sid, "exec"));
+        let writer_committed = exec
+            .iter()
+            .rev()
+            .filter(|e| e["event"] == "turn.finished")
+            .find(|e| {
+                let t = &e["turn_number"];
+                exec.iter().any(|s| {
+                    s["turn_number"] == *t
+                        && s["event"] == "turn.started"
+                        && s["query_hash"]
+                            == exec.iter().find(|x| x["event"] == "turn.started").unwrap()["query_hash"]
+                })
+            })
+            .is_some_and(|e| e["status"] == "committed");
+        let present = (0..n)
+            .filter(|i| out.join(format!("f{i}.txt")).exists())
+            .count();
+        if writer_committed && present > 0 {
+            assert_eq!(present, n, "round {k}: partial commit");
+        } else if !writer_committed {
+            assert_eq!(present, 0, "round {k}: outputs of an uncommitted turn");
+        }
+        assert_nothing_left(&fx, &sid);
+    }
+}
+
+/// The workspace's disk fills up during a turn: the commit fails cleanly
+/// (exit 1, TS1022 or a ledger I/O error), nothing lands, no staging file
+/// remains, and once space is back the session continues and verifies.
+#[test]
+fn crash_full_workspace_disk_at_commit_is_exit_1_and_nothing_lands() {
+    if !require_root("crash_full_workspace_disk_at_commit_is_exit_1_and_nothing_lands") {
+        return;
+    }
+    let fx = Fixture::new();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m"])
+        .arg("tmpfs")
+        .arg(&fx.root)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(&fx.root);
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    // Leave ~300 KiB free, then write a 1 MiB output.
+    let filler = fx.root.join("filler");
+    let free = nix::sys::statvfs::statvfs(&fx.root).unwrap();
+    let avail = free.blocks_available() * free.fragment_size();
+    std::fs::write(&filler, vec![0u8; (avail - 300 * 1024) as usize]).unwrap();
+    let r = fx.run(
+        "c",
+        &[
+            "--session",
+            &sid,
+            "--output",
+            "output/<session_id>/big.bin:data",
+            "--json",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "import os; open('output/'+os.environ['TMPDIR'].rstrip('/').split('/')[-1]+'/big.bin','wb').write(b'x'*(1<<20))",
+        ],
+    );
+    assert_eq!(r.status, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("TS1022") || r.stdout.contains("TS1011"),
+        "{}",
+        r.stdout
+    );
+    assert!(!fx.root.join("output").join(&sid).join("big.bin").exists());
+    std::fs::remove_file(&filler).unwrap();
+    let next = fx.run("c", &["--session", &sid, "--no-outputs", "--", "/bin/true"]);
+    assert_eq!(next.status, 0, "{}", next.stderr);
+    fx.assert_ledgers_intact(&sid);
+    assert_every_turn_finished_once(&fx, &sid);
+    let finished: Vec<Value> = turn_entries(&fx, &sid, 1)
+        .into_iter()
+        .filter(|e| e["event"] == "turn.finished")
+        .collect();
+    assert!(
+        ["commit_failed", "aborted"].contains(&finished[0]["status"].as_str().unwrap()),
+        "{finished:?}"
+    );
+    assert_nothing_left(&fx, &sid);
+}

@@ -1,0 +1,127 @@
+//! EventEnvelope v1 on the real binary (issue 13 item 2, seed 001): `run
+//! --events` emits canonical envelopes that validate against
+//! schemas/event-envelope-v1.schema.json; `run --envelope` receives one, and
+//! the same envelope received again is not run again (idempotency).
+
+use std::process::Command;
+
+use serde_json::Value;
+use turnstile_tests::{Fixture, require_root};
+
+/// Validates JSON documents against the repo's schema with the system's
+/// python3-jsonschema (Draft 2020-12). Returns the error lines.
+fn schema_errors(docs: &[Value]) -> Vec<String> {
+    let schema = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../schemas/event-envelope-v1.schema.json"
+    );
+    let script = "import json, sys, jsonschema\nv = jsonschema.Draft202012Validator(json.load(open(sys.argv[1])))\nfor i, l in enumerate(sys.stdin):\n    for e in v.iter_errors(json.loads(l)):\n        print(i, e.message)\n";
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", script, schema])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        for d in docs {
+            writeln!(stdin, "{d}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "schema validation needs /usr/bin/python3 with python3-jsonschema (`cargo xtask setup`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn issue_13_envelopes_are_emitted_canonical_valid_and_received_exactly_once() {
+    if !require_root("issue_13_envelopes_are_emitted_canonical_valid_and_received_exactly_once") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "e",
+        r#"{"capabilities":{"write":["output/<session_id>/**"],"execute":["/bin/sh"]}}"#,
+    );
+    let sid = fx.new_session();
+    let events = fx.state.parent().unwrap().join("events.jsonl");
+    let ev = events.display().to_string();
+    let r = fx.run(
+        "e",
+        &[
+            "--session",
+            &sid,
+            "--events",
+            &ev,
+            "--idempotency-key",
+            "IDEM-123",
+            "--output",
+            "output/<session_id>/a.txt:a",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo hi > output/$TURNSTILE_SESSION_ID/a.txt",
+        ],
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let text = std::fs::read_to_string(&events).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let docs: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = docs.iter().map(|d| d["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["turn.requested", "turn.started", "turn.finished"]);
+    assert!(docs.iter().all(|d| d["idempotency_key"] == "IDEM-123"));
+    assert_eq!(docs[2]["payload"]["status"], "committed");
+    // Canonical: re-serializing with sorted keys gives the same bytes.
+    for (l, d) in lines.iter().zip(&docs) {
+        let again = turnstile_policy::canonical::to_vec(d).unwrap();
+        assert_eq!(l.as_bytes(), again.as_slice());
+    }
+    assert_eq!(schema_errors(&docs), Vec::<String>::new());
+    // The schema is not vacuous.
+    let mut bad = docs[0].clone();
+    bad.as_object_mut().unwrap().remove("idempotency_key");
+    let mut extra = docs[0].clone();
+    extra["surprise"] = Value::Bool(true);
+    let mut version = docs[0].clone();
+    version["schema_version"] = Value::String("2".into());
+    assert_eq!(schema_errors(&[bad, extra, version]).len(), 3);
+
+    // The requested event received again: not run again.
+    let req = fx.state.parent().unwrap().join("req.json");
+    std::fs::write(&req, lines[0]).unwrap();
+    let again = fx.run(
+        "e",
+        &[
+            "--session",
+            &sid,
+            "--json",
+            "--envelope",
+            &req.display().to_string(),
+        ],
+    );
+    assert_eq!(again.status, 0, "{}", again.stderr);
+    assert_eq!(again.json()["replayed"], true);
+
+    // An envelope that does not request a turn is refused, naming the field.
+    std::fs::write(&req, lines[2]).unwrap();
+    let before = fx.snapshot();
+    let wrong = fx.run(
+        "e",
+        &["--session", &sid, "--envelope", &req.display().to_string()],
+    );
+    assert_eq!(wrong.status, 2, "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("envelope.type"), "{}", wrong.stderr);
+    assert_eq!(before, fx.snapshot());
+}

@@ -1,0 +1,99 @@
+//! `supervise health` (issue 13 item 6): READY on a clean state dir,
+//! DEGRADED when a stopped supervisor left something unrecovered, FAILED
+//! (exit 1) naming the session whose ledger does not verify. Read-only.
+
+use turnstile_tests::{Fixture, require_root, supervise_bin};
+
+fn health(fx: &Fixture) -> (i32, serde_json::Value) {
+    let out = std::process::Command::new(supervise_bin())
+        .args(["health", "--json", "--state-dir"])
+        .arg(&fx.state)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_slice(&out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn issue_13_health_reports_ready_degraded_and_failed_state() {
+    if !require_root("issue_13_health_reports_ready_degraded_and_failed_state") {
+        return;
+    }
+    let fx = Fixture::new();
+    let sid = fx.new_session();
+    let (s, v) = health(&fx);
+    assert_eq!((s, v["status"].as_str()), (0, Some("READY")), "{v}");
+    assert_eq!(v["sessions"][0]["session_id"], sid.as_str());
+
+    // A supervisor killed mid-turn: a started turn with no finish entry.
+    fx.install(
+        "h",
+        r#"{"capabilities":{"execute":["/bin/sleep"]},"limits":{"timeout_seconds":60}}"#,
+    );
+    let mut child = std::process::Command::new(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "h",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "30",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let exec = fx.ledger(&sid, "exec");
+    for _ in 0..200 {
+        if std::fs::read_to_string(&exec)
+            .unwrap()
+            .contains("turn.started")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = fx.snapshot();
+    let (s, v) = health(&fx);
+    assert_eq!((s, v["status"].as_str()), (0, Some("DEGRADED")), "{v}");
+    assert!(
+        v["reasons"].to_string().contains("supervise recover"),
+        "{v}"
+    );
+    assert_eq!(before, fx.snapshot(), "health changed something");
+    // Recovery settles it, and leaves no mount, cgroup or turn dir.
+    let r = std::process::Command::new(supervise_bin())
+        .args(["recover", "--state-dir"])
+        .arg(&fx.state)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let (s, v) = health(&fx);
+    assert_eq!((s, v["status"].as_str()), (0, Some("READY")), "{v}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(fx.state.to_str().unwrap()),
+        "mounts left under the state dir"
+    );
+
+    // Tampering: an acknowledged entry edited.
+    let text = std::fs::read_to_string(&exec).unwrap();
+    std::fs::write(
+        &exec,
+        text.replacen("session.started", "session.startex", 1),
+    )
+    .unwrap();
+    let (s, v) = health(&fx);
+    assert_eq!((s, v["status"].as_str()), (1, Some("FAILED")), "{v}");
+    assert!(v["reasons"].to_string().contains(&sid), "{v}");
+}
