@@ -149,8 +149,20 @@ impl RuncBackend {
             unsafe {
                 cmd.pre_exec(|| {
                     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
-                    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
-                    mount(Some("tmpfs"), "/sys/fs/cgroup/unified", Some("tmpfs"), MsFlags::empty(), None::<&str>)?;
+                    mount(
+                        None::<&str>,
+                        "/",
+                        None::<&str>,
+                        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                        None::<&str>,
+                    )?;
+                    mount(
+                        Some("tmpfs"),
+                        "/sys/fs/cgroup/unified",
+                        Some("tmpfs"),
+                        MsFlags::empty(),
+                        None::<&str>,
+                    )?;
                     Ok(())
                 });
             }
@@ -217,6 +229,9 @@ struct RuncSandbox {
     posture: Option<Posture>,
     landlock: Option<Value>,
     started: Instant,
+    /// When the last phase ended: phases are laps (durations), as the
+    /// native backend and the turn pipeline record them.
+    last: Instant,
     phases: Vec<(&'static str, u64)>,
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
@@ -257,6 +272,7 @@ impl Backend for RuncBackend {
             posture: None,
             landlock: None,
             started,
+            last: started,
             phases: Vec::new(),
             uppers: (0..plan.writable_scopes.len())
                 .map(|i| turn.upper(i))
@@ -316,8 +332,7 @@ impl Backend for RuncBackend {
             turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
         bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
         super::bundle::write(&bundle_dir, &bundle, 0)?;
-        sb.phases
-            .push(("bundle", started.elapsed().as_micros() as u64));
+        sb.lap("bundle");
 
         // The handshake: fds 3 (ready) and 4 (go) in the container.
         let pipe = || {
@@ -386,8 +401,7 @@ impl Backend for RuncBackend {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| err("runc create", "no pid file"))?;
-        sb.phases
-            .push(("runc_create", started.elapsed().as_micros() as u64));
+        sb.lap("runc_create");
         // The timer, from here: SIGTERM, then SIGKILL after the grace.
         let (cancel, cancelled) = mpsc::channel::<()>();
         let (cgt, timed_out) = (Arc::clone(&cg), Arc::clone(&sb.timed_out));
@@ -414,8 +428,7 @@ impl Backend for RuncBackend {
             }
             line.push(byte[0]);
         }
-        sb.phases
-            .push(("init_until_ready", started.elapsed().as_micros() as u64));
+        sb.lap("init_until_ready");
         if let Ok(v) = serde_json::from_slice::<Value>(&line) {
             sb.landlock = Some(v);
             sb.posture = Some(crate::sandbox::posture::check(
@@ -431,6 +444,14 @@ impl Backend for RuncBackend {
 }
 
 impl RuncSandbox {
+    /// Records the time since the previous phase ended as phase `name`.
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
     fn teardown(&mut self) {
         if self.torn_down {
             return;
@@ -506,10 +527,7 @@ impl Sandbox for RuncSandbox {
                 detail: format!("waiting for the container: {other:?}"),
             },
         };
-        self.phases.push((
-            "command_and_exit",
-            self.started.elapsed().as_micros() as u64,
-        ));
+        self.lap("command_and_exit");
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
         let version = self.cg.version;
