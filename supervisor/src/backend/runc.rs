@@ -4,9 +4,12 @@
 //! directory; upper and work: the turn's scratch tmpfs) under the turn dir,
 //! creates the turn's cgroup (runc joins it through `linux.cgroupsPath`, so
 //! limits, usage, killing and cleanup are the native backend's), writes the
-//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc create`
-//! then `runc start` with the posture handshake passed as fds 3 and 4
-//! (`--preserve-fds 2`). The container's process is turnstile's init
+//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc run
+//! --detach` with the posture handshake passed as fds 3 and 4
+//! (`--preserve-fds 2`). One runtime invocation, not `create` then `start`:
+//! the command cannot start before the supervisor's go anyway (turnstile's
+//! init parks on fd 4), and each invocation of the runtime costs about
+//! 10 ms (bench/RESULTS.md). The container's process is turnstile's init
 //! (`supervise __landlock-exec`, bound read-only): it applies the Plan's
 //! Landlock rules, reports the outcome on fd 3 and waits on fd 4; the
 //! supervisor checks its posture from outside (seccomp filter, no_new_privs,
@@ -64,12 +67,11 @@ const RUNTIME_ROOT: &str = "/run/turnstile";
 /// The typed command lines (tested against exact argv).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuncCmd<'a> {
-    Create {
+    /// `run --detach`: create and start; the container's process is
+    /// turnstile's init, which parks until the supervisor's go.
+    RunDetached {
         bundle: &'a Path,
         pid_file: &'a Path,
-        id: &'a str,
-    },
-    Start {
         id: &'a str,
     },
     Delete {
@@ -87,12 +89,13 @@ impl RuncCmd<'_> {
             log.display().to_string(),
         ];
         match self {
-            Self::Create {
+            Self::RunDetached {
                 bundle,
                 pid_file,
                 id,
             } => v.extend([
-                "create".into(),
+                "run".into(),
+                "--detach".into(),
                 "--bundle".into(),
                 bundle.display().to_string(),
                 "--pid-file".into(),
@@ -101,7 +104,6 @@ impl RuncCmd<'_> {
                 "2".into(),
                 (*id).to_owned(),
             ]),
-            Self::Start { id } => v.extend(["start".into(), (*id).to_owned()]),
             Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
         }
         v
@@ -342,7 +344,7 @@ impl Backend for RuncBackend {
         let (go_r, go_w) = pipe()?;
         let (rw, gr) = (ready_w.as_raw_fd(), go_r.as_raw_fd());
         let pid_file = turn.path.join("runc.pid");
-        let create = RuncCmd::Create {
+        let create = RuncCmd::RunDetached {
             bundle: &bundle_dir,
             pid_file: &pid_file,
             id: &id,
@@ -387,21 +389,19 @@ impl Backend for RuncBackend {
                 std::thread::spawn(move || pump(errs, std::io::stderr(), b2, t2)),
             ));
         }
-        let status = child
-            .wait()
-            .map_err(|e| err("runc create", e.to_string()))?;
+        let status = child.wait().map_err(|e| err("runc run", e.to_string()))?;
         if !status.success() {
             let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
             return Err(err(
-                "runc create",
+                "runc run",
                 logged.lines().last().unwrap_or("failed").to_owned(),
             ));
         }
         sb.pid = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| err("runc create", "no pid file"))?;
-        sb.lap("runc_create");
+            .ok_or_else(|| err("runc run", "no pid file"))?;
+        sb.lap("runtime_run");
         // The timer, from here: SIGTERM, then SIGKILL after the grace.
         let (cancel, cancelled) = mpsc::channel::<()>();
         let (cgt, timed_out) = (Arc::clone(&cg), Arc::clone(&sb.timed_out));
@@ -417,7 +417,6 @@ impl Backend for RuncBackend {
         }));
         sb.cancel = Some(cancel);
         sb.go = Some(go_w);
-        self.run(&RuncCmd::Start { id: &id }, &sb.log)?;
         // Our init applied Landlock and reports before parking.
         let mut line = Vec::new();
         let mut byte = [0u8; 1];
@@ -603,7 +602,7 @@ mod tests {
     fn runc_command_lines_are_exact() {
         let (root, log) = (Path::new("/run/t"), Path::new("/s/t/runc.log"));
         assert_eq!(
-            RuncCmd::Create {
+            RuncCmd::RunDetached {
                 bundle: Path::new("/s/t/bundle"),
                 pid_file: Path::new("/s/t/runc.pid"),
                 id: "SES-x-t1"
@@ -614,7 +613,8 @@ mod tests {
                 "/run/t",
                 "--log",
                 "/s/t/runc.log",
-                "create",
+                "run",
+                "--detach",
                 "--bundle",
                 "/s/t/bundle",
                 "--pid-file",
@@ -623,10 +623,6 @@ mod tests {
                 "2",
                 "SES-x-t1"
             ]
-        );
-        assert_eq!(
-            RuncCmd::Start { id: "i" }.argv(root, log),
-            ["--root", "/run/t", "--log", "/s/t/runc.log", "start", "i"]
         );
         assert_eq!(
             RuncCmd::Delete { id: "i" }.argv(root, log),
