@@ -4,9 +4,12 @@
 //! directory; upper and work: the turn's scratch tmpfs) under the turn dir,
 //! creates the turn's cgroup (runc joins it through `linux.cgroupsPath`, so
 //! limits, usage, killing and cleanup are the native backend's), writes the
-//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc create`
-//! then `runc start` with the posture handshake passed as fds 3 and 4
-//! (`--preserve-fds 2`). The container's process is turnstile's init
+//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc run
+//! --detach` with the posture handshake passed as fds 3 and 4
+//! (`--preserve-fds 2`). One runtime invocation, not `create` then `start`:
+//! the command cannot start before the supervisor's go anyway (turnstile's
+//! init parks on fd 4), and each invocation of the runtime costs about
+//! 10 ms (bench/RESULTS.md). The container's process is turnstile's init
 //! (`supervise __landlock-exec`, bound read-only): it applies the Plan's
 //! Landlock rules, reports the outcome on fd 3 and waits on fd 4; the
 //! supervisor checks its posture from outside (seccomp filter, no_new_privs,
@@ -61,12 +64,11 @@ const RUNTIME_ROOT: &str = "/run/turnstile";
 /// The typed command lines (tested against exact argv).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuncCmd<'a> {
-    Create {
+    /// `run --detach`: create and start; the container's process is
+    /// turnstile's init, which parks until the supervisor's go.
+    RunDetached {
         bundle: &'a Path,
         pid_file: &'a Path,
-        id: &'a str,
-    },
-    Start {
         id: &'a str,
     },
     Delete {
@@ -84,12 +86,13 @@ impl RuncCmd<'_> {
             log.display().to_string(),
         ];
         match self {
-            Self::Create {
+            Self::RunDetached {
                 bundle,
                 pid_file,
                 id,
             } => v.extend([
-                "create".into(),
+                "run".into(),
+                "--detach".into(),
                 "--bundle".into(),
                 bundle.display().to_string(),
                 "--pid-file".into(),
@@ -98,7 +101,6 @@ impl RuncCmd<'_> {
                 "2".into(),
                 (*id).to_owned(),
             ]),
-            Self::Start { id } => v.extend(["start".into(), (*id).to_owned()]),
             Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
         }
         v
@@ -206,6 +208,14 @@ pub fn forget(id: &str) {
     }
 }
 
+/// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
+/// command name, which may itself contain `)`).
+fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// A runc container parked before the command (see the module doc).
 struct RuncSandbox {
     backend: RuncBackend,
@@ -219,6 +229,9 @@ struct RuncSandbox {
     posture: Option<Posture>,
     landlock: Option<Value>,
     started: Instant,
+    /// When the last phase ended: phases are laps (durations), as the
+    /// native backend and the turn pipeline record them.
+    last: Instant,
     phases: Vec<(&'static str, u64)>,
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
@@ -255,6 +268,7 @@ impl Backend for RuncBackend {
             posture: None,
             landlock: None,
             started,
+            last: started,
             phases: Vec::new(),
             uppers: (0..plan.writable_scopes.len())
                 .map(|i| turn.upper(i))
@@ -314,8 +328,7 @@ impl Backend for RuncBackend {
             turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
         bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
         super::bundle::write(&bundle_dir, &bundle, 0)?;
-        sb.phases
-            .push(("bundle", started.elapsed().as_micros() as u64));
+        sb.lap("bundle");
 
         // The handshake: fds 3 (ready) and 4 (go) in the container.
         let pipe = || {
@@ -325,7 +338,7 @@ impl Backend for RuncBackend {
         let (go_r, go_w) = pipe()?;
         let (rw, gr) = (ready_w.as_raw_fd(), go_r.as_raw_fd());
         let pid_file = turn.path.join("runc.pid");
-        let create = RuncCmd::Create {
+        let create = RuncCmd::RunDetached {
             bundle: &bundle_dir,
             pid_file: &pid_file,
             id: &id,
@@ -358,22 +371,19 @@ impl Backend for RuncBackend {
                 self.json_mode,
             ));
         }
-        let status = child
-            .wait()
-            .map_err(|e| err("runc create", e.to_string()))?;
+        let status = child.wait().map_err(|e| err("runc run", e.to_string()))?;
         if !status.success() {
             let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
             return Err(err(
-                "runc create",
+                "runc run",
                 logged.lines().last().unwrap_or("failed").to_owned(),
             ));
         }
         sb.pid = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| err("runc create", "no pid file"))?;
-        sb.phases
-            .push(("runc_create", started.elapsed().as_micros() as u64));
+            .ok_or_else(|| err("runc run", "no pid file"))?;
+        sb.lap("runtime_run");
         // The timer, from here.
         if let Some(w) = sb.watch.as_mut() {
             w.start_timer(
@@ -382,7 +392,6 @@ impl Backend for RuncBackend {
             );
         }
         sb.go = Some(go_w);
-        self.run(&RuncCmd::Start { id: &id }, &sb.log)?;
         // Our init applied Landlock and reports before parking.
         let mut line = Vec::new();
         let mut byte = [0u8; 1];
@@ -393,8 +402,25 @@ impl Backend for RuncBackend {
             }
             line.push(byte[0]);
         }
-        sb.phases
-            .push(("init_until_ready", started.elapsed().as_micros() as u64));
+        sb.lap("init_until_ready");
+        // `crun run --detach` can return while the container's process is
+        // still the child of an intermediate crun process (seen in about 1
+        // turn in 10): it must be ours (we are the subreaper) before the
+        // command may run, or another process reaps its exit status. Our
+        // init is parked on fd 4, so it is alive while we wait here.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while parent_of(Path::new("/proc"), sb.pid) != Some(std::process::id()) {
+            if Instant::now() > deadline {
+                return Err(err(
+                    "runc run",
+                    format!(
+                        "the container's process {} never became the supervisor's child",
+                        sb.pid
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
         if let Ok(v) = serde_json::from_slice::<Value>(&line) {
             sb.landlock = Some(v);
             sb.posture = Some(crate::sandbox::posture::check(
@@ -410,6 +436,14 @@ impl Backend for RuncBackend {
 }
 
 impl RuncSandbox {
+    /// Records the time since the previous phase ended as phase `name`.
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
     fn teardown(&mut self) {
         if self.torn_down {
             return;
@@ -482,10 +516,7 @@ impl Sandbox for RuncSandbox {
                 detail: format!("waiting for the container: {other:?}"),
             },
         };
-        self.phases.push((
-            "command_and_exit",
-            self.started.elapsed().as_micros() as u64,
-        ));
+        self.lap("command_and_exit");
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
         let version = self.cg.version;
@@ -555,10 +586,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_parent_pid_is_read_past_a_command_name_with_parentheses() {
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc.path().join("42")).unwrap();
+        std::fs::write(
+            proc.path().join("42/stat"),
+            "42 (a) b (c)) S 7 42 42 0 -1 4194560 0 0 0 0\n",
+        )
+        .unwrap();
+        assert_eq!(parent_of(proc.path(), 42), Some(7));
+        assert_eq!(parent_of(proc.path(), 43), None);
+    }
+
+    #[test]
     fn runc_command_lines_are_exact() {
         let (root, log) = (Path::new("/run/t"), Path::new("/s/t/runc.log"));
         assert_eq!(
-            RuncCmd::Create {
+            RuncCmd::RunDetached {
                 bundle: Path::new("/s/t/bundle"),
                 pid_file: Path::new("/s/t/runc.pid"),
                 id: "SES-x-t1"
@@ -569,7 +613,8 @@ mod tests {
                 "/run/t",
                 "--log",
                 "/s/t/runc.log",
-                "create",
+                "run",
+                "--detach",
                 "--bundle",
                 "/s/t/bundle",
                 "--pid-file",
@@ -578,10 +623,6 @@ mod tests {
                 "2",
                 "SES-x-t1"
             ]
-        );
-        assert_eq!(
-            RuncCmd::Start { id: "i" }.argv(root, log),
-            ["--root", "/run/t", "--log", "/s/t/runc.log", "start", "i"]
         );
         assert_eq!(
             RuncCmd::Delete { id: "i" }.argv(root, log),
