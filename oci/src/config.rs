@@ -227,7 +227,10 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
             }
         })?;
     let config = json!({
-        "ociVersion": "1.3.0",
+        // The spec version the runtime implements: only VM runtimes need
+        // 1.3 (vm.hwConfig); crun 1.8 refuses versions it does not know,
+        // and nothing else emitted here is newer than 1.0.2.
+        "ociVersion": if o.backend == "kata" { "1.3.0" } else { "1.0.2" },
         "root": {"path": "rootfs", "readonly": true},
         "hostname": plan.hostname,
         "process": {

@@ -38,11 +38,11 @@
 
 use std::path::Path;
 
+use crate::capabilities::Capabilities;
 use crate::error::PolicyError;
-use crate::manifest::{Capabilities, Manifest};
+use crate::fsview::{FileKind, FsView};
 use crate::path::SESSION_PLACEHOLDER;
 use crate::pattern::{Pattern, probe_session};
-use crate::plan::{FileKind, FsView};
 
 const GLOB_META: [char; 6] = ['*', '?', '[', ']', '{', '}'];
 
@@ -135,6 +135,32 @@ fn write_scope(p: &Pattern) -> String {
 
 /// Rules 1–5: everything decidable from the manifest alone.
 pub(crate) fn check_pure(caps: &Capabilities, source: &Path) -> Result<(), PolicyError> {
+    // A read or execute pattern whose static prefix is `/` would put the
+    // whole host into the turn's view (the state dir and every host socket
+    // included): refused, naming the entry.
+    let sid = probe_session();
+    let shown = caps
+        .read
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("capabilities.read[{i}]"), p))
+        .chain(
+            caps.execute
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (format!("capabilities.execute[{i}]"), &e.program)),
+        );
+    for (field, p) in shown {
+        if p.is_absolute() && p.static_prefix(&sid) == "/" {
+            return Err(PolicyError::InvalidManifest {
+                path: source.to_path_buf(),
+                field,
+                reason: format!(
+                    "`{p}` would show the whole host file system to every turn; grant the directories the package needs (e.g. `/usr/**`, `/etc/**`)"
+                ),
+            });
+        }
+    }
     let lists: [(&str, &[Pattern]); 3] = [
         ("read", &caps.read),
         ("write", &caps.write),
@@ -297,8 +323,12 @@ fn nearest(fs: &dyn FsView, path: &str) -> Option<String> {
 /// Rule 6: literal executables must exist on this host (or be creatable by
 /// a turn). `root` is the absolute workspace root. Call it right after
 /// loading the manifest, before a session or anything else is created.
-pub fn check_on_host(manifest: &Manifest, root: &str, fs: &dyn FsView) -> Result<(), PolicyError> {
-    let caps = &manifest.capabilities;
+pub fn check_on_host(
+    caps: &Capabilities,
+    source: &Path,
+    root: &str,
+    fs: &dyn FsView,
+) -> Result<(), PolicyError> {
     let root = root.trim_end_matches('/');
     let writable: Vec<&str> = ALWAYS_WRITABLE
         .iter()
@@ -336,7 +366,7 @@ pub fn check_on_host(manifest: &Manifest, root: &str, fs: &dyn FsView) -> Result
                 .map(|n| format!(" — did you mean `{n}`?"))
                 .unwrap_or_default();
             return Err(grants_nothing(
-                &manifest.source,
+                source,
                 format!("capabilities.execute[{i}]"),
                 e.as_str(),
                 format!("`{absolute}` {what}{hint}"),
@@ -349,7 +379,7 @@ pub fn check_on_host(manifest: &Manifest, root: &str, fs: &dyn FsView) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::PackageId;
+    use crate::manifest::{Manifest, PackageId};
     use std::collections::BTreeMap;
     use std::path::PathBuf;
 
@@ -466,6 +496,25 @@ mod tests {
     }
 
     #[test]
+    fn issue_9_a_pattern_showing_the_whole_host_is_refused_naming_the_entry() {
+        for (caps, field) in [
+            (r#"{"read":["/usr/**","/**"]}"#, "capabilities.read[1]"),
+            (r#"{"execute":["/*"]}"#, "capabilities.execute[0]"),
+        ] {
+            match load(caps) {
+                Err(PolicyError::InvalidManifest {
+                    field: f, reason, ..
+                }) => {
+                    assert_eq!(f, field, "{caps}");
+                    assert!(reason.contains("whole host"), "{reason}");
+                }
+                other => panic!("{caps}: {other:?}"),
+            }
+        }
+        assert!(load(r#"{"read":["/usr/**","/etc/*.conf"]}"#).is_ok());
+    }
+
+    #[test]
     fn entries_that_can_grant_are_accepted() {
         for caps in [
             // Executables the turn creates in its writable scopes.
@@ -556,7 +605,7 @@ mod tests {
     #[test]
     fn issue_9_a_typo_in_a_literal_executable_is_refused_with_a_suggestion() {
         let m = load(r#"{"execute":["/usr/bin/python3","/usr/bin/pythno3 -u"]}"#).unwrap();
-        let err = check_on_host(&m, "/ws", &tree()).unwrap_err();
+        let err = check_on_host(&m.capabilities, &m.source, "/ws", &tree()).unwrap_err();
         assert_eq!(err.field(), Some("capabilities.execute[1]"));
         assert_eq!(err.code().code, "TS1007");
         let msg = err.to_string();
@@ -564,14 +613,18 @@ mod tests {
         assert!(msg.contains("did you mean `/usr/bin/python3`?"), "{msg}");
 
         let m = load(r#"{"execute":["installed/p/bin/rnu.sh"]}"#).unwrap();
-        let msg = check_on_host(&m, "/ws/", &tree()).unwrap_err().to_string();
+        let msg = check_on_host(&m.capabilities, &m.source, "/ws/", &tree())
+            .unwrap_err()
+            .to_string();
         assert!(
             msg.contains("did you mean `/ws/installed/p/bin/run.sh`?"),
             "{msg}"
         );
 
         let m = load(r#"{"execute":["/usr/bin"]}"#).unwrap();
-        let msg = check_on_host(&m, "/ws", &tree()).unwrap_err().to_string();
+        let msg = check_on_host(&m.capabilities, &m.source, "/ws", &tree())
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("is a directory"), "{msg}");
     }
 
@@ -583,6 +636,6 @@ mod tests {
                 "write":["out/*"]}"#,
         )
         .unwrap();
-        check_on_host(&m, "/ws", &tree()).unwrap();
+        check_on_host(&m.capabilities, &m.source, "/ws", &tree()).unwrap();
     }
 }

@@ -14,9 +14,11 @@
 #![forbid(unsafe_code)]
 
 pub mod canonical;
+pub mod capabilities;
 pub mod check;
 pub mod envelope;
 pub mod error;
+pub mod fsview;
 pub mod grants;
 pub mod input;
 pub mod manifest;

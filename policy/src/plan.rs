@@ -25,28 +25,7 @@ pub const NOBODY: u32 = 65534;
 /// Most paths a single pattern may expand to when the compiler enumerates it.
 pub const MAX_ENUMERATED: usize = 10_000;
 
-/// What a path is, as `lstat` sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileKind {
-    File,
-    Dir,
-    Symlink,
-    Other,
-}
-
-/// Read-only questions the compiler asks about the host's file system.
-pub trait FsView {
-    /// `lstat` kind of an absolute path, `None` if it does not exist.
-    fn kind(&self, path: &str) -> Option<FileKind>;
-    /// Entry names of a directory (empty when unreadable).
-    fn list(&self, path: &str) -> Vec<String>;
-    /// The path with every symlink resolved (`realpath`).
-    fn canonical(&self, path: &str) -> Option<String>;
-    /// Target of a symlink.
-    fn read_link(&self, path: &str) -> Option<String>;
-    /// The first bytes of a file (to find a `#!` interpreter).
-    fn head(&self, path: &str, len: usize) -> Vec<u8>;
-}
+pub use crate::fsview::{FileKind, FsView};
 
 /// One step of the sandbox's mount plan, in order (a parent always before
 /// what is mounted inside it). Paths are absolute paths as the sandbox sees
@@ -489,8 +468,16 @@ pub fn compile(
         });
     }
     for path in host {
-        if let Some(m) = show(fs, "/", &path) {
-            if matches!(m, Mount::ReadOnly { .. }) {
+        // sysfs cannot be an overlay's lower layer (and holds no sockets):
+        // bound as it is.
+        let show_host = |p: &str| match show(fs, "/", p) {
+            Some(Mount::ReadOnly { path }) if within(&path, "/sys") => {
+                Some(Mount::SystemReadOnly { path })
+            }
+            other => other,
+        };
+        if let Some(m) = show_host(&path) {
+            if matches!(m, Mount::ReadOnly { .. } | Mount::SystemReadOnly { .. }) {
                 shown.push(path);
             }
             // A symlink of the baseline (`/bin`) is there already.
@@ -1123,11 +1110,8 @@ mod tests {
         let plan = compile_for(m, &["installed/p/run.sh"], &fs).unwrap();
         assert!(shown(&plan).contains(&"ln /ws/link -> /etc".to_owned()));
         assert!(!shown(&plan).iter().any(|s| s.contains("shadow")));
-        let m = r#"{"capabilities":{"read":["/**"],"execute":["installed/p/run.sh"]}}"#;
-        assert_eq!(
-            compile_for(m, &["installed/p/run.sh"], &fs).unwrap_err(),
-            PlanError::HostRoot("/**".into())
-        );
+        // `/**` is refused at manifest load (grants::check_pure); the plan
+        // compiler refuses it again (PlanError::HostRoot) as defense in depth.
     }
 
     #[test]

@@ -45,7 +45,8 @@ pub fn admit(input: Input<'_>, session: SessionId) -> Result<Admission> {
     // Entries that can grant nothing on this host (a missing absolute
     // executable, a read of a path that does not exist) are refused here.
     turnstile_policy::grants::check_on_host(
-        &manifest,
+        &manifest.capabilities,
+        &manifest.source,
         workspace.root_str(),
         &crate::realfs::HostFs,
     )?;

@@ -92,13 +92,7 @@ pub fn report() -> (String, Value) {
         .iter()
         .map(|r| json!({"name": r, "path": which(r)}))
         .collect();
-    let status = if !failed.is_empty() {
-        "FAILED"
-    } else if !degraded.is_empty() {
-        "DEGRADED"
-    } else {
-        "READY"
-    };
+    let status = status_of(&failed, &degraded);
     let value = json!({
         "status": status,
         "reasons": failed.iter().chain(&degraded).collect::<Vec<_>>(),
@@ -150,6 +144,17 @@ pub fn report() -> (String, Value) {
         text += &format!("  - {reason}\n");
     }
     (text, value)
+}
+
+/// READY, DEGRADED (something recorded as degraded) or FAILED.
+fn status_of(failed: &[String], degraded: &[String]) -> &'static str {
+    if !failed.is_empty() {
+        "FAILED"
+    } else if !degraded.is_empty() {
+        "DEGRADED"
+    } else {
+        "READY"
+    }
 }
 
 /// Free space below which the state dir (ledger anchors, journals, turn
@@ -232,13 +237,7 @@ pub fn health(state_dir: &Path) -> (String, Value) {
         entry["leftovers"] = json!(leftovers);
         sessions.push(entry);
     }
-    let status = if !failed.is_empty() {
-        "FAILED"
-    } else if !degraded.is_empty() {
-        "DEGRADED"
-    } else {
-        "READY"
-    };
+    let status = status_of(&failed, &degraded);
     let value = json!({
         "status": status,
         "reasons": failed.iter().chain(&degraded).collect::<Vec<_>>(),

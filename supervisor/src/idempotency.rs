@@ -26,8 +26,7 @@ use turnstile_policy::request::BoundRequest;
 use crate::error::{Result, SupervisorError};
 use crate::ledger::LedgerKind;
 use crate::session::{Session, SessionLock};
-use crate::status::TurnStatus;
-use crate::turn::TurnResult;
+use crate::status::{TurnResult, TurnStatus};
 
 /// The request as the key binds it: what would make a different turn.
 pub fn request_hash(package: &str, request: &BoundRequest) -> String {

@@ -7,6 +7,15 @@ use turnstile_policy::error::{ErrorCode, codes};
 
 use crate::error::exit;
 
+/// The outcome of one turn, as `--json` prints it: the exit status of
+/// `supervise run`, the `--json` object and the one-line summary.
+#[derive(Debug, Clone)]
+pub struct TurnResult {
+    pub exit_status: u8,
+    pub value: serde_json::Value,
+    pub summary: String,
+}
+
 /// The status a turn is recorded with, in both ledgers and in `--json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TurnStatus {

@@ -262,3 +262,27 @@ impl Fixture {
 pub fn sha256_file(path: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(path).unwrap_or_default()))
 }
+
+/// Validates JSON files against `schema_file` in `schema_dir` (whose
+/// `$ref`s are files of the same directory) with the system's
+/// python3-jsonschema through `tests/schema/validate.py`; one line per
+/// document, `valid PATH` or `invalid PATH: reason`. A missing validator
+/// fails the test (`cargo xtask setup` installs it).
+pub fn validate_json(schema_dir: &Path, schema_file: &str, docs: &[&Path]) -> Vec<String> {
+    let out = Command::new("/usr/bin/python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/schema/validate.py"))
+        .arg(schema_dir)
+        .arg(schema_file)
+        .args(docs)
+        .output()
+        .expect("run /usr/bin/python3");
+    assert!(
+        out.status.success(),
+        "validation needs /usr/bin/python3 with python3-jsonschema (`cargo xtask setup`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

@@ -3,42 +3,26 @@
 //! schemas/event-envelope-v1.schema.json; `run --envelope` receives one, and
 //! the same envelope received again is not run again (idempotency).
 
-use std::process::Command;
-
 use serde_json::Value;
 use turnstile_tests::{Fixture, require_root};
 
-/// Validates JSON documents against the repo's schema with the system's
-/// python3-jsonschema (Draft 2020-12). Returns the error lines.
+/// Schema errors of `docs` (one line per invalid document).
 fn schema_errors(docs: &[Value]) -> Vec<String> {
-    let schema = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../schemas/event-envelope-v1.schema.json"
-    );
-    let script = "import json, sys, jsonschema\nv = jsonschema.Draft202012Validator(json.load(open(sys.argv[1])))\nfor i, l in enumerate(sys.stdin):\n    for e in v.iter_errors(json.loads(l)):\n        print(i, e.message)\n";
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", script, schema])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        for d in docs {
-            writeln!(stdin, "{d}").unwrap();
-        }
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "schema validation needs /usr/bin/python3 with python3-jsonschema (`cargo xtask setup`): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<std::path::PathBuf> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let p = dir.path().join(format!("{i}.json"));
+            std::fs::write(&p, d.to_string()).unwrap();
+            p
+        })
+        .collect();
+    let refs: Vec<&std::path::Path> = paths.iter().map(|p| p.as_path()).collect();
+    let schemas = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../schemas"));
+    turnstile_tests::validate_json(schemas, "event-envelope-v1.schema.json", &refs)
+        .into_iter()
+        .filter(|l| !l.starts_with("valid "))
         .collect()
 }
 

@@ -687,3 +687,35 @@ fn issue_9_a_0700_workspace_with_a_0600_granted_file_works_as_uid_65534() {
     assert_eq!((m.uid(), m.gid()), (r.uid(), r.gid()));
     fx.assert_ledgers_intact(&s);
 }
+
+/// The command's stage reports a failed execve after seccomp is loaded (the
+/// report must survive the seccomp listener being parked: they once shared
+/// a descriptor number and the report was silently lost).
+#[test]
+fn fr_rt_007_a_failed_exec_is_reported_with_its_errno_and_landlock_outcome() {
+    if !require_root("fr_rt_007_a_failed_exec_is_reported_with_its_errno_and_landlock_outcome") {
+        return;
+    }
+    let fx = fixture();
+    fx.write("installed/t/not-executable.sh", b"#!/bin/sh\necho hi\n");
+    let manifest = MANIFEST.replace(
+        r#""execute": ["/usr/bin/python3","#,
+        r#""execute": ["installed/t/not-executable.sh", "/usr/bin/python3","#,
+    );
+    assert_ne!(manifest, MANIFEST, "the manifest fixture changed");
+    fx.install("t", &manifest);
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--no-outputs",
+            "--",
+            "installed/t/not-executable.sh",
+        ],
+    );
+    let v = r.json();
+    assert_eq!(v["termination"]["errno"], 13, "{v}\n{}", r.stderr);
+    assert_eq!(v["termination"]["exec_failed"], "Permission denied");
+    assert_eq!(v["enforcement"]["landlock_status"], "fully_enforced", "{v}");
+    fx.assert_ledgers_intact(v["session_id"].as_str().unwrap());
+}

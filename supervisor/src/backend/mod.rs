@@ -64,7 +64,8 @@ pub fn by_name(
     match name {
         "native" => Ok(Box::new(NativeBackend::new(cgroup_root, json_mode))),
         "runc" => Ok(Box::new(runc::RuncBackend::new(cgroup_root, json_mode)?)),
-        "crun" | "runsc" | "kata" => Err(SupervisorError::RuntimeUnavailable {
+        "crun" => Ok(Box::new(runc::RuncBackend::named("crun", cgroup_root, json_mode)?)),
+        "runsc" | "kata" => Err(SupervisorError::RuntimeUnavailable {
             runtime: name.to_owned(),
             reason: "not wired yet (runc is; see `supervise bundle` for this runtime's bundle); never a fallback".into(),
         }),

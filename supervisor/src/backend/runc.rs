@@ -4,9 +4,12 @@
 //! directory; upper and work: the turn's scratch tmpfs) under the turn dir,
 //! creates the turn's cgroup (runc joins it through `linux.cgroupsPath`, so
 //! limits, usage, killing and cleanup are the native backend's), writes the
-//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc create`
-//! then `runc start` with the posture handshake passed as fds 3 and 4
-//! (`--preserve-fds 2`). The container's process is turnstile's init
+//! bundle (`turnstile_oci::build`) into the turn dir and runs `runc run
+//! --detach` with the posture handshake passed as fds 3 and 4
+//! (`--preserve-fds 2`). One runtime invocation, not `create` then `start`:
+//! the command cannot start before the supervisor's go anyway (turnstile's
+//! init parks on fd 4), and each invocation of the runtime costs about
+//! 10 ms (bench/RESULTS.md). The container's process is turnstile's init
 //! (`supervise __landlock-exec`, bound read-only): it applies the Plan's
 //! Landlock rules, reports the outcome on fd 3 and waits on fd 4; the
 //! supervisor checks its posture from outside (seccomp filter, no_new_privs,
@@ -25,8 +28,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -36,9 +38,7 @@ use turnstile_policy::plan::Plan;
 
 use super::{Backend, Sandbox};
 use crate::error::{Result, SupervisorError};
-use crate::sandbox::{
-    Ending, Execution, KILL_GRACE, StreamRecord, TurnDir, cgroup, init, posture::Posture, pump,
-};
+use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
 
 fn err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
     SupervisorError::Sandbox {
@@ -48,26 +48,27 @@ fn err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
     }
 }
 
-/// An OCI runtime binary driven through its CLI.
+/// An OCI runtime binary driven through its CLI: runc, or crun (the same
+/// command line).
 #[derive(Debug, Clone)]
 pub struct RuncBackend {
+    runtime: &'static str,
     binary: PathBuf,
     cgroup_root: PathBuf,
     json_mode: bool,
 }
 
-/// The runtime's `--root` (its state), per host.
-const RUNC_ROOT: &str = "/run/turnstile/runc";
+/// The runtimes' `--root` (their state), per host: `<this>/<runtime>`.
+const RUNTIME_ROOT: &str = "/run/turnstile";
 
 /// The typed command lines (tested against exact argv).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuncCmd<'a> {
-    Create {
+    /// `run --detach`: create and start; the container's process is
+    /// turnstile's init, which parks until the supervisor's go.
+    RunDetached {
         bundle: &'a Path,
         pid_file: &'a Path,
-        id: &'a str,
-    },
-    Start {
         id: &'a str,
     },
     Delete {
@@ -85,12 +86,13 @@ impl RuncCmd<'_> {
             log.display().to_string(),
         ];
         match self {
-            Self::Create {
+            Self::RunDetached {
                 bundle,
                 pid_file,
                 id,
             } => v.extend([
-                "create".into(),
+                "run".into(),
+                "--detach".into(),
                 "--bundle".into(),
                 bundle.display().to_string(),
                 "--pid-file".into(),
@@ -99,7 +101,6 @@ impl RuncCmd<'_> {
                 "2".into(),
                 (*id).to_owned(),
             ]),
-            Self::Start { id } => v.extend(["start".into(), (*id).to_owned()]),
             Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
         }
         v
@@ -109,40 +110,81 @@ impl RuncCmd<'_> {
 impl RuncBackend {
     /// The runc backend, or E2040 when runc is not installed.
     pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
-        let binary = [
-            "/usr/sbin/runc",
-            "/usr/bin/runc",
-            "/usr/local/sbin/runc",
-            "/usr/local/bin/runc",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or_else(|| SupervisorError::RuntimeUnavailable {
-            runtime: "runc".into(),
-            reason: "runc is not installed (apt-get install runc)".into(),
-        })?;
+        Self::named("runc", cgroup_root, json_mode)
+    }
+
+    /// `runtime` (runc or crun), or E2040 when it is not installed.
+    pub fn named(runtime: &'static str, cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+        let binary = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(runtime))
+            .find(|p| p.is_file())
+            .ok_or_else(|| SupervisorError::RuntimeUnavailable {
+                runtime: runtime.into(),
+                reason: format!("{runtime} is not installed (apt-get install {runtime})"),
+            })?;
         Ok(Self {
+            runtime,
             binary,
             cgroup_root: cgroup_root.to_path_buf(),
             json_mode,
         })
     }
 
+    fn root(&self) -> PathBuf {
+        Path::new(RUNTIME_ROOT).join(self.runtime)
+    }
+
+    /// The runtime's command. crun refuses the hybrid cgroup layout
+    /// (cgroup v1 plus a cgroup2 mount at /sys/fs/cgroup/unified): it runs
+    /// in a private mount namespace where a tmpfs hides that mount (the
+    /// host is unchanged; MACHINE-NOTES).
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        let unified = Path::new("/sys/fs/cgroup/unified");
+        if self.runtime == "crun" && unified.join("cgroup.controllers").exists() {
+            // SAFETY: after fork, only unshare(2) and mount(2) with
+            // arguments prepared before the fork (async-signal-safe).
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+                    mount(
+                        None::<&str>,
+                        "/",
+                        None::<&str>,
+                        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                        None::<&str>,
+                    )?;
+                    mount(
+                        Some("tmpfs"),
+                        "/sys/fs/cgroup/unified",
+                        Some("tmpfs"),
+                        MsFlags::empty(),
+                        None::<&str>,
+                    )?;
+                    Ok(())
+                });
+            }
+        }
+        cmd
+    }
+
     fn run(&self, cmd: &RuncCmd<'_>, log: &Path) -> Result<()> {
-        let out = Command::new(&self.binary)
-            .args(cmd.argv(Path::new(RUNC_ROOT), log))
+        let out = self
+            .command()
+            .args(cmd.argv(&self.root(), log))
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| err("run runc", e.to_string()))?;
+            .map_err(|e| err("run runtime", format!("{}: {e}", self.runtime)))?;
         if out.status.success() {
             return Ok(());
         }
         let logged = std::fs::read_to_string(log).unwrap_or_default();
         Err(err(
-            "run runc",
+            "run runtime",
             format!(
-                "{:?}: {}{}",
+                "{} {:?}: {}{}",
+                self.runtime,
                 cmd,
                 String::from_utf8_lossy(&out.stderr).trim(),
                 logged.lines().last().unwrap_or_default()
@@ -151,17 +193,27 @@ impl RuncBackend {
     }
 }
 
-/// Deletes runc's record of container `id` if there is one (recovery of a
-/// turn whose supervisor died).
+/// Deletes a runtime's record of container `id` if there is one (recovery
+/// of a turn whose supervisor died).
 pub fn forget(id: &str) {
-    if !Path::new(RUNC_ROOT).join(id).exists() {
-        return;
+    for runtime in ["runc", "crun"] {
+        if !Path::new(RUNTIME_ROOT).join(runtime).join(id).exists() {
+            continue;
+        }
+        if let Ok(b) = RuncBackend::named(runtime, Path::new("/sys/fs/cgroup"), false) {
+            let log = std::env::temp_dir().join(format!("turnstile-{runtime}-forget-{id}.log"));
+            let _ = b.run(&RuncCmd::Delete { id }, &log);
+            let _ = std::fs::remove_file(log);
+        }
     }
-    if let Ok(b) = RuncBackend::new(Path::new("/sys/fs/cgroup"), false) {
-        let log = std::env::temp_dir().join(format!("turnstile-runc-forget-{id}.log"));
-        let _ = b.run(&RuncCmd::Delete { id }, &log);
-        let _ = std::fs::remove_file(log);
-    }
+}
+
+/// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
+/// command name, which may itself contain `)`).
+fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A runc container parked before the command (see the module doc).
@@ -173,17 +225,13 @@ struct RuncSandbox {
     cg: Arc<cgroup::TurnCgroup>,
     merged: Vec<PathBuf>,
     go: Option<OwnedFd>,
-    streams: Option<(
-        std::thread::JoinHandle<StreamRecord>,
-        std::thread::JoinHandle<StreamRecord>,
-    )>,
-    truncated: Arc<AtomicBool>,
-    timed_out: Arc<AtomicBool>,
-    cancel: Option<mpsc::Sender<()>>,
-    timer: Option<std::thread::JoinHandle<()>>,
+    watch: Option<Watch>,
     posture: Option<Posture>,
     landlock: Option<Value>,
     started: Instant,
+    /// When the last phase ended: phases are laps (durations), as the
+    /// native backend and the turn pipeline record them.
+    last: Instant,
     phases: Vec<(&'static str, u64)>,
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
@@ -194,7 +242,7 @@ struct RuncSandbox {
 
 impl Backend for RuncBackend {
     fn name(&self) -> &'static str {
-        "runc"
+        self.runtime
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
@@ -212,18 +260,15 @@ impl Backend for RuncBackend {
             backend: self.clone(),
             id: id.clone(),
             pid: 0,
-            log: turn.path.join("runc.log"),
+            log: turn.path.join(format!("{}.log", self.runtime)),
             cg: Arc::clone(&cg),
             merged: Vec::new(),
             go: None,
-            streams: None,
-            truncated: Arc::new(AtomicBool::new(false)),
-            timed_out: Arc::new(AtomicBool::new(false)),
-            cancel: None,
-            timer: None,
+            watch: None,
             posture: None,
             landlock: None,
             started,
+            last: started,
             phases: Vec::new(),
             uppers: (0..plan.writable_scopes.len())
                 .map(|i| turn.upper(i))
@@ -269,7 +314,7 @@ impl Backend for RuncBackend {
         let bundle_dir = turn.path.join("bundle");
         let options = super::bundle::options(
             plan,
-            "runc",
+            self.runtime,
             super::bundle::Place {
                 bundle_dir: bundle_dir.clone(),
                 empty_dir: turn.path.join(init::EMPTY_DIR),
@@ -283,8 +328,7 @@ impl Backend for RuncBackend {
             turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
         bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
         super::bundle::write(&bundle_dir, &bundle, 0)?;
-        sb.phases
-            .push(("bundle", started.elapsed().as_micros() as u64));
+        sb.lap("bundle");
 
         // The handshake: fds 3 (ready) and 4 (go) in the container.
         let pipe = || {
@@ -294,13 +338,13 @@ impl Backend for RuncBackend {
         let (go_r, go_w) = pipe()?;
         let (rw, gr) = (ready_w.as_raw_fd(), go_r.as_raw_fd());
         let pid_file = turn.path.join("runc.pid");
-        let create = RuncCmd::Create {
+        let create = RuncCmd::RunDetached {
             bundle: &bundle_dir,
             pid_file: &pid_file,
             id: &id,
         };
-        let mut cmd = Command::new(&self.binary);
-        cmd.args(create.argv(Path::new(RUNC_ROOT), &sb.log))
+        let mut cmd = self.command();
+        cmd.args(create.argv(&self.root(), &sb.log))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -319,58 +363,35 @@ impl Backend for RuncBackend {
         let mut child = cmd.spawn().map_err(|e| err("start runc", e.to_string()))?;
         drop(ready_w);
         drop(go_r);
-        let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
         if let (Some(out), Some(errs)) = (child.stdout.take(), child.stderr.take()) {
-            let (b1, t1, b2, t2) = (
-                Arc::clone(&budget),
-                Arc::clone(&sb.truncated),
-                budget,
-                Arc::clone(&sb.truncated),
-            );
-            let json_mode = self.json_mode;
-            sb.streams = Some((
-                std::thread::spawn(move || {
-                    if json_mode {
-                        pump(out, std::io::stderr(), b1, t1)
-                    } else {
-                        pump(out, std::io::stdout(), b1, t1)
-                    }
-                }),
-                std::thread::spawn(move || pump(errs, std::io::stderr(), b2, t2)),
+            sb.watch = Some(Watch::pumps(
+                out,
+                errs,
+                plan.limits.output_bytes,
+                self.json_mode,
             ));
         }
-        let status = child
-            .wait()
-            .map_err(|e| err("runc create", e.to_string()))?;
+        let status = child.wait().map_err(|e| err("runc run", e.to_string()))?;
         if !status.success() {
             let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
             return Err(err(
-                "runc create",
+                "runc run",
                 logged.lines().last().unwrap_or("failed").to_owned(),
             ));
         }
         sb.pid = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| err("runc create", "no pid file"))?;
-        sb.phases
-            .push(("runc_create", started.elapsed().as_micros() as u64));
-        // The timer, from here: SIGTERM, then SIGKILL after the grace.
-        let (cancel, cancelled) = mpsc::channel::<()>();
-        let (cgt, timed_out) = (Arc::clone(&cg), Arc::clone(&sb.timed_out));
-        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
-        sb.timer = Some(std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-                timed_out.store(true, Ordering::SeqCst);
-                cgt.signal_all(Signal::SIGTERM);
-                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
-                    cgt.kill_all();
-                }
-            }
-        }));
-        sb.cancel = Some(cancel);
+            .ok_or_else(|| err("runc run", "no pid file"))?;
+        sb.lap("runtime_run");
+        // The timer, from here.
+        if let Some(w) = sb.watch.as_mut() {
+            w.start_timer(
+                Arc::clone(&cg),
+                Duration::from_secs(plan.limits.timeout_seconds),
+            );
+        }
         sb.go = Some(go_w);
-        self.run(&RuncCmd::Start { id: &id }, &sb.log)?;
         // Our init applied Landlock and reports before parking.
         let mut line = Vec::new();
         let mut byte = [0u8; 1];
@@ -381,8 +402,25 @@ impl Backend for RuncBackend {
             }
             line.push(byte[0]);
         }
-        sb.phases
-            .push(("init_until_ready", started.elapsed().as_micros() as u64));
+        sb.lap("init_until_ready");
+        // `crun run --detach` can return while the container's process is
+        // still the child of an intermediate crun process (seen in about 1
+        // turn in 10): it must be ours (we are the subreaper) before the
+        // command may run, or another process reaps its exit status. Our
+        // init is parked on fd 4, so it is alive while we wait here.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while parent_of(Path::new("/proc"), sb.pid) != Some(std::process::id()) {
+            if Instant::now() > deadline {
+                return Err(err(
+                    "runc run",
+                    format!(
+                        "the container's process {} never became the supervisor's child",
+                        sb.pid
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
         if let Ok(v) = serde_json::from_slice::<Value>(&line) {
             sb.landlock = Some(v);
             sb.posture = Some(crate::sandbox::posture::check(
@@ -398,6 +436,14 @@ impl Backend for RuncBackend {
 }
 
 impl RuncSandbox {
+    /// Records the time since the previous phase ended as phase `name`.
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
     fn teardown(&mut self) {
         if self.torn_down {
             return;
@@ -405,11 +451,8 @@ impl RuncSandbox {
         self.torn_down = true;
         self.go.take();
         self.cg.kill_all();
-        if let Some(c) = self.cancel.take() {
-            let _ = c.send(());
-        }
-        if let Some(t) = self.timer.take() {
-            let _ = t.join();
+        if let Some(w) = self.watch.as_mut() {
+            w.stop();
         }
         let _ = self
             .backend
@@ -473,18 +516,12 @@ impl Sandbox for RuncSandbox {
                 detail: format!("waiting for the container: {other:?}"),
             },
         };
-        self.phases.push((
-            "command_and_exit",
-            self.started.elapsed().as_micros() as u64,
-        ));
+        self.lap("command_and_exit");
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
         let version = self.cg.version;
         self.teardown();
-        let (stdout, stderr) = match self.streams.take() {
-            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
-            None => Default::default(),
-        };
+        let (stdout, stderr) = self.watch.as_mut().map(Watch::streams).unwrap_or_default();
         if !empty {
             return Err(err("teardown", "processes of the turn survived SIGKILL"));
         }
@@ -507,14 +544,14 @@ impl Sandbox for RuncSandbox {
         };
         Ok(Execution {
             ending,
-            timed_out: self.timed_out.load(Ordering::SeqCst),
+            timed_out: self.watch.as_ref().is_some_and(Watch::timed_out),
             usage,
             cgroup_version: version,
             landlock,
             report: Vec::new(),
             stdout,
             stderr,
-            output_truncated: self.truncated.load(Ordering::SeqCst),
+            output_truncated: self.watch.as_ref().is_some_and(Watch::truncated),
             disk_full,
             posture: self.posture.take(),
             phases: std::mem::take(&mut self.phases),
@@ -522,10 +559,19 @@ impl Sandbox for RuncSandbox {
             wall: self.started.elapsed(),
             uppers: std::mem::take(&mut self.uppers),
             ephemeral: serde_json::Map::new(),
-            denials: Err("runc: seccomp refusals are plain errnos (no listener), so they are not observed".into()),
+            denials: Err(format!(
+                "{}: seccomp refusals are plain errnos (no listener), so they are not observed",
+                self.backend.runtime
+            )),
             degraded: vec![
-                "runc: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded".into(),
-                "runc: syscalls newer than runc's libseccomp (2.5.4) fall to ENOSYS (the native backend compiles them by number)".into(),
+                format!(
+                    "{}: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded",
+                    self.backend.runtime
+                ),
+                format!(
+                    "{}: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS (the native backend compiles them by number)",
+                    self.backend.runtime
+                ),
             ],
         })
     }
@@ -540,10 +586,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_parent_pid_is_read_past_a_command_name_with_parentheses() {
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc.path().join("42")).unwrap();
+        std::fs::write(
+            proc.path().join("42/stat"),
+            "42 (a) b (c)) S 7 42 42 0 -1 4194560 0 0 0 0\n",
+        )
+        .unwrap();
+        assert_eq!(parent_of(proc.path(), 42), Some(7));
+        assert_eq!(parent_of(proc.path(), 43), None);
+    }
+
+    #[test]
     fn runc_command_lines_are_exact() {
         let (root, log) = (Path::new("/run/t"), Path::new("/s/t/runc.log"));
         assert_eq!(
-            RuncCmd::Create {
+            RuncCmd::RunDetached {
                 bundle: Path::new("/s/t/bundle"),
                 pid_file: Path::new("/s/t/runc.pid"),
                 id: "SES-x-t1"
@@ -554,7 +613,8 @@ mod tests {
                 "/run/t",
                 "--log",
                 "/s/t/runc.log",
-                "create",
+                "run",
+                "--detach",
                 "--bundle",
                 "/s/t/bundle",
                 "--pid-file",
@@ -563,10 +623,6 @@ mod tests {
                 "2",
                 "SES-x-t1"
             ]
-        );
-        assert_eq!(
-            RuncCmd::Start { id: "i" }.argv(root, log),
-            ["--root", "/run/t", "--log", "/s/t/runc.log", "start", "i"]
         );
         assert_eq!(
             RuncCmd::Delete { id: "i" }.argv(root, log),

@@ -318,7 +318,16 @@ impl TurnCgroup {
     /// Removes the cgroup directories (they must be empty).
     pub fn remove(&self) {
         for d in &self.dirs {
-            let _ = std::fs::remove_dir(d);
+            // A task that has just been killed can keep the cgroup busy for
+            // a moment after it left cgroup.procs (EBUSY): retry briefly.
+            for _ in 0..400 {
+                match std::fs::remove_dir(d) {
+                    Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_micros(500));
+                    }
+                    _ => break,
+                }
+            }
         }
     }
 }

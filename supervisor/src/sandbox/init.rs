@@ -32,9 +32,10 @@ use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, chdir, fork, pivot_root};
-use serde_json::{Value, json};
+use serde_json::json;
 use turnstile_policy::plan::{Mount, Plan};
 
+use super::protocol::InitEvent;
 use super::{landlock, sys};
 
 /// Exit status of a stage that failed before the command ran.
@@ -62,14 +63,15 @@ pub const GO_FD: i32 = 4;
 struct Report(File);
 
 impl Report {
-    fn event(&mut self, v: Value) {
-        let mut line = v.to_string();
-        line.push('\n');
-        let _ = self.0.write_all(line.as_bytes());
+    fn event(&mut self, e: InitEvent) {
+        let _ = self.0.write_all(e.to_line().as_bytes());
     }
 
     fn fail(&mut self, stage: &str, detail: impl std::fmt::Display) -> ! {
-        self.event(json!({"event": "error", "stage": stage, "detail": detail.to_string()}));
+        self.event(InitEvent::Error {
+            stage: stage.to_owned(),
+            detail: detail.to_string(),
+        });
         std::process::exit(SETUP_FAILED)
     }
 }
@@ -446,7 +448,9 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
     umount2(&lower, MntFlags::MNT_DETACH).or_fail(report, "detach workspace clone");
     ensure_dir(&new_root.join(".oldroot"), report);
     lap("view", &mut laps);
-    report.event(json!({"event": "init_laps", "us": laps.iter().map(|(k, v)| json!([k, *v as u64])).collect::<Vec<_>>()}));
+    report.event(InitEvent::InitLaps {
+        us: laps.into_iter().map(|(k, v)| (k, v as u64)).collect(),
+    });
 }
 
 fn mask_dir(target: &Path, report: &mut Report) {
@@ -639,9 +643,11 @@ fn report_ephemeral(plan: &Plan, report: &mut Report) {
             }
         }
         if !files.is_empty() {
-            report.event(
-                json!({"event": "ephemeral", "dir": top, "files": files, "truncated": more}),
-            );
+            report.event(InitEvent::Ephemeral {
+                dir: top,
+                files,
+                truncated: more,
+            });
         }
     }
 }
@@ -653,12 +659,16 @@ fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == command => {
                 report_ephemeral(plan, &mut report);
-                report.event(json!({"event": "exit", "code": code}));
+                report.event(InitEvent::Exit { code });
                 std::process::exit(0)
             }
             Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
                 report_ephemeral(plan, &mut report);
-                report.event(json!({"event": "signal", "signal": signal as i32, "name": signal.as_str(), "core": core}));
+                report.event(InitEvent::Signal {
+                    signal: signal as i32,
+                    name: signal.as_str().to_owned(),
+                    core,
+                });
                 std::process::exit(0)
             }
             Ok(_) => {}
@@ -691,79 +701,113 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     )
     .or_fail(&mut report, "clear signal mask");
 
-    // 2. capabilities
-    for set in [
-        caps::CapSet::Bounding,
-        caps::CapSet::Ambient,
-        caps::CapSet::Inheritable,
-    ] {
-        caps::clear(None, set).or_fail(&mut report, "drop capabilities");
-    }
-    // 3. no_new_privs
-    nix::sys::prctl::set_no_new_privs().or_fail(&mut report, "set no_new_privs");
-    // 4. identity. The turn's own output pipes become its uid's, so that
-    // `echo x > /dev/stderr` (a reopen through /proc/self/fd) works.
-    for fd in [1, 2] {
-        // SAFETY: descriptors 1 and 2 are open for the life of this process.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        if nix::sys::stat::fstat(borrowed)
-            .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO)
-        {
-            nix::unistd::fchown(
-                borrowed,
-                Some(Uid::from_raw(plan.uid)),
-                Some(Gid::from_raw(plan.gid)),
-            )
-            .or_fail(&mut report, "hand the output pipes to the turn");
-        }
-    }
-    nix::unistd::setgroups(&[]).or_fail(&mut report, "setgroups");
-    let (uid, gid) = (Uid::from_raw(plan.uid), Gid::from_raw(plan.gid));
-    nix::unistd::setresgid(gid, gid, gid).or_fail(&mut report, "setresgid");
-    nix::unistd::setresuid(uid, uid, uid).or_fail(&mut report, "setresuid");
-    for set in [
-        caps::CapSet::Permitted,
-        caps::CapSet::Effective,
-        caps::CapSet::Inheritable,
-        caps::CapSet::Ambient,
-    ] {
-        let held = caps::read(None, set).or_fail(&mut report, "read capabilities");
-        if !held.is_empty() {
-            report.fail("drop capabilities", format!("{set:?} still holds {held:?}"));
-        }
-    }
-    // 5. Landlock
-    let outcome = landlock::apply(&plan.landlock).or_fail(&mut report, "landlock");
-    report.event(json!({"event": "landlock", "outcome": outcome.to_value()}));
-    if outcome.status == "not_enforced" {
-        report.fail("landlock", "the kernel enforced none of the Landlock rules");
-    }
-
-    chdir(plan.cwd.as_str()).or_fail(&mut report, "chdir to workspace root");
+    // 2.-6. the restriction order (see sandbox::restrict), seccomp last.
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a, &mut report)).collect();
     let env: Vec<CString> = plan
         .env
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
         .collect();
-    report.event(json!({"event": "exec", "pid": std::process::id()}));
-
-    // 6. seccomp
-    load_seccomp(bpf).or_fail(&mut report, "load seccomp filter");
+    let outcome = match super::restrict::restrict(&mut RealKernel, plan, bpf) {
+        Ok(o) => o,
+        Err((stage, why)) => report.fail(stage, why),
+    };
+    report.event(InitEvent::Landlock {
+        outcome: outcome.to_value(),
+    });
+    report.event(InitEvent::Exec {
+        pid: std::process::id(),
+    });
     // Fully restricted: let the supervisor inspect us from outside before
     // the command's first instruction; exec only on its go.
     if !handshake() {
-        report.event(json!({"event": "error", "stage": "posture", "detail": "the supervisor did not approve the sandbox posture"}));
+        report.event(InitEvent::Error {
+            stage: "posture".into(),
+            detail: "the supervisor did not approve the sandbox posture".into(),
+        });
         std::process::exit(SETUP_FAILED);
     }
     let err = nix::unistd::execve(&argv[0], &argv, &env).err();
     // seccomp is in force: only write/exit are certain to work now.
-    report.event(json!({"event": "exec_failed", "errno": err.map(|e| e as i32), "error": err.map(|e| e.desc())}));
+    report.event(InitEvent::ExecFailed {
+        errno: err.map(|e| e as i32),
+        error: err.map(|e| e.desc().to_owned()),
+    });
     std::process::exit(if err == Some(nix::errno::Errno::ENOENT) {
         127
     } else {
         126
     })
+}
+
+/// The real kernel behind the restriction order.
+struct RealKernel;
+
+impl super::restrict::Kernel for RealKernel {
+    fn drop_capabilities(&mut self) -> Result<(), String> {
+        for set in [
+            caps::CapSet::Bounding,
+            caps::CapSet::Ambient,
+            caps::CapSet::Inheritable,
+        ] {
+            caps::clear(None, set).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn no_new_privs(&mut self) -> Result<(), String> {
+        nix::sys::prctl::set_no_new_privs().map_err(|e| e.to_string())
+    }
+
+    fn become_user(&mut self, uid: u32, gid: u32) -> Result<(), String> {
+        let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+        // The turn's own output pipes become its uid's, so that `echo x >
+        // /dev/stderr` (a reopen through /proc/self/fd) works.
+        for fd in [1, 2] {
+            // SAFETY: descriptors 1 and 2 are open for the life of this
+            // process.
+            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if nix::sys::stat::fstat(borrowed)
+                .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO)
+            {
+                nix::unistd::fchown(borrowed, Some(uid), Some(gid))
+                    .map_err(|e| format!("hand the output pipes to the turn: {e}"))?;
+            }
+        }
+        nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+        nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setresgid: {e}"))?;
+        nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setresuid: {e}"))
+    }
+
+    fn verify_no_capabilities(&mut self) -> Result<(), String> {
+        for set in [
+            caps::CapSet::Permitted,
+            caps::CapSet::Effective,
+            caps::CapSet::Inheritable,
+            caps::CapSet::Ambient,
+        ] {
+            let held = caps::read(None, set).map_err(|e| e.to_string())?;
+            if !held.is_empty() {
+                return Err(format!("{set:?} still holds {held:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn landlock(
+        &mut self,
+        rules: &turnstile_policy::plan::LandlockRules,
+    ) -> Result<landlock::LandlockOutcome, String> {
+        landlock::apply(rules)
+    }
+
+    fn chdir(&mut self, dir: &str) -> Result<(), String> {
+        chdir(dir).map_err(|e| e.to_string())
+    }
+
+    fn seccomp(&mut self, bpf: &[u8]) -> Result<(), String> {
+        load_seccomp(bpf)
+    }
 }
 
 /// Closes the handshake descriptors in a stage that does not use them, so

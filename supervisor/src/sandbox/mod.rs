@@ -9,6 +9,8 @@ pub mod landlock;
 pub mod landlock_exec;
 pub mod notify;
 pub mod posture;
+pub mod protocol;
+pub mod restrict;
 pub mod seccomp;
 pub mod sys;
 
@@ -28,6 +30,7 @@ use sha2::{Digest, Sha256};
 use turnstile_policy::plan::Plan;
 
 use crate::error::{Result, SupervisorError};
+use protocol::InitEvent;
 
 /// Grace period between SIGTERM and SIGKILL on timeout.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -95,7 +98,7 @@ pub struct Execution {
     pub usage: cgroup::Usage,
     pub cgroup_version: cgroup::Version,
     pub landlock: Option<Value>,
-    pub report: Vec<Value>,
+    pub report: Vec<InitEvent>,
     pub stdout: StreamRecord,
     pub stderr: StreamRecord,
     pub output_truncated: bool,
@@ -290,6 +293,99 @@ pub(crate) fn pump(
     }
 }
 
+/// What every backend watches while a turn runs: the command's two output
+/// streams (pumped under one shared byte budget) and the timer (SIGTERM to
+/// every process of the turn at the deadline, SIGKILL after the grace).
+#[derive(Debug)]
+pub struct Watch {
+    streams: Option<(
+        std::thread::JoinHandle<StreamRecord>,
+        std::thread::JoinHandle<StreamRecord>,
+    )>,
+    truncated: Arc<AtomicBool>,
+    timed_out: Arc<AtomicBool>,
+    cancel: Option<mpsc::Sender<()>>,
+    timer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watch {
+    /// Pumps `out` and `err` (stdout goes to our stderr in `json_mode`,
+    /// where stdout carries the one JSON object).
+    pub fn pumps(
+        out: impl Read + Send + 'static,
+        err: impl Read + Send + 'static,
+        output_bytes: u64,
+        json_mode: bool,
+    ) -> Self {
+        let budget = Arc::new(AtomicU64::new(output_bytes));
+        let truncated = Arc::new(AtomicBool::new(false));
+        let out_thread = {
+            let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
+            std::thread::spawn(move || {
+                if json_mode {
+                    pump(out, std::io::stderr(), budget, truncated)
+                } else {
+                    pump(out, std::io::stdout(), budget, truncated)
+                }
+            })
+        };
+        let err_thread = {
+            let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
+            std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
+        };
+        Self {
+            streams: Some((out_thread, err_thread)),
+            truncated,
+            timed_out: Arc::new(AtomicBool::new(false)),
+            cancel: None,
+            timer: None,
+        }
+    }
+
+    /// Starts the turn's timer: SIGTERM to every process of `cg` after
+    /// `timeout`, SIGKILL after [`KILL_GRACE`]; cancelled by [`Watch::stop`].
+    pub fn start_timer(&mut self, cg: Arc<cgroup::TurnCgroup>, timeout: Duration) {
+        let (cancel, cancelled) = mpsc::channel::<()>();
+        let timed_out = Arc::clone(&self.timed_out);
+        self.timer = Some(std::thread::spawn(move || {
+            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+                timed_out.store(true, Ordering::SeqCst);
+                cg.signal_all(Signal::SIGTERM);
+                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
+                    cg.kill_all();
+                }
+            }
+        }));
+        self.cancel = Some(cancel);
+    }
+
+    /// Stops the timer (the command is gone).
+    pub fn stop(&mut self) {
+        if let Some(c) = self.cancel.take() {
+            let _ = c.send(());
+        }
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The streams' records, once every process holding them is gone.
+    pub fn streams(&mut self) -> (StreamRecord, StreamRecord) {
+        match self.streams.take() {
+            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
+            None => Default::default(),
+        }
+    }
+
+    pub fn timed_out(&self) -> bool {
+        self.timed_out.load(Ordering::SeqCst)
+    }
+
+    pub fn truncated(&self) -> bool {
+        self.truncated.load(Ordering::SeqCst)
+    }
+}
+
 /// A sandbox built and parked right before its command's first
 /// instruction (OCI "created"): namespaces, cgroup, the new root, every
 /// restriction but the final `execve` — and the command's posture already
@@ -301,14 +397,7 @@ pub struct Created {
     cg: Arc<cgroup::TurnCgroup>,
     child: Option<std::process::Child>,
     go: Option<std::os::fd::OwnedFd>,
-    streams: Option<(
-        std::thread::JoinHandle<StreamRecord>,
-        std::thread::JoinHandle<StreamRecord>,
-    )>,
-    truncated: Arc<AtomicBool>,
-    timed_out: Arc<AtomicBool>,
-    cancel: Option<mpsc::Sender<()>>,
-    timer: Option<std::thread::JoinHandle<()>>,
+    watch: Watch,
     posture: Option<posture::Posture>,
     phases: Vec<(&'static str, u64)>,
     last: Instant,
@@ -363,56 +452,45 @@ impl Created {
             Some(mut c) => c.wait(),
             None => Err(std::io::Error::other("no sandbox process")),
         };
-        if let Some(c) = self.cancel.take() {
-            let _ = c.send(());
-        }
-        if let Some(t) = self.timer.take() {
-            let _ = t.join();
-        }
+        self.watch.stop();
         // The pipes close once every process holding them is gone.
         self.cg.kill_all();
-        let (stdout, stderr) = match self.streams.take() {
-            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
-            None => Default::default(),
-        };
+        let (stdout, stderr) = self.watch.streams();
         status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
         self.lap("command_and_exit");
 
-        let report: Vec<Value> = std::fs::read_to_string(&self.report_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+        let report =
+            protocol::parse(&std::fs::read_to_string(&self.report_path).unwrap_or_default());
         let ending = ending_from(&report);
-        // The init's own laps (cumulative µs since it started building).
-        if let Some(laps) = report.iter().find(|e| e["event"] == "init_laps") {
-            let mut prev = 0;
-            for l in laps["us"].as_array().into_iter().flatten() {
-                let at = l[1].as_u64().unwrap_or(prev);
-                let name = match l[0].as_str() {
-                    Some("root_proc_lo") => "init_root_proc_lo",
-                    Some("idmap") => "init_idmap",
-                    Some("view") => "init_view",
-                    _ => continue,
-                };
-                self.phases.push((name, at.saturating_sub(prev)));
-                prev = at;
+        let mut landlock = None;
+        let mut ephemeral = serde_json::Map::new();
+        for e in &report {
+            match e {
+                // The init's own laps (cumulative µs since it started).
+                InitEvent::InitLaps { us } => {
+                    let mut prev = 0;
+                    for (name, at) in us {
+                        let name = match name.as_str() {
+                            "root_proc_lo" => "init_root_proc_lo",
+                            "idmap" => "init_idmap",
+                            "view" => "init_view",
+                            _ => continue,
+                        };
+                        self.phases.push((name, at.saturating_sub(prev)));
+                        prev = *at;
+                    }
+                }
+                InitEvent::Landlock { outcome } => landlock = Some(outcome.clone()),
+                InitEvent::Ephemeral {
+                    dir,
+                    files,
+                    truncated,
+                } => {
+                    ephemeral.insert(dir.clone(), json!({"files": files, "truncated": truncated}));
+                }
+                _ => {}
             }
         }
-        let landlock = report
-            .iter()
-            .find(|e| e["event"] == "landlock")
-            .map(|e| e["outcome"].clone());
-        let ephemeral: serde_json::Map<String, Value> = report
-            .iter()
-            .filter(|e| e["event"] == "ephemeral")
-            .filter_map(|e| {
-                Some((
-                    e["dir"].as_str()?.to_owned(),
-                    json!({"files": e["files"], "truncated": e["truncated"]}),
-                ))
-            })
-            .collect();
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
@@ -430,14 +508,14 @@ impl Created {
         };
         Ok(Execution {
             ending,
-            timed_out: self.timed_out.load(Ordering::SeqCst),
+            timed_out: self.watch.timed_out(),
             usage,
             cgroup_version: self.cg.version,
             landlock,
             report,
             stdout,
             stderr,
-            output_truncated: self.truncated.load(Ordering::SeqCst),
+            output_truncated: self.watch.truncated(),
             disk_full,
             posture: self.posture.take(),
             phases: std::mem::take(&mut self.phases),
@@ -458,9 +536,7 @@ impl Drop for Created {
         if let Some(mut child) = self.child.take() {
             self.cg.kill_all();
             let _ = child.wait();
-            if let Some(c) = self.cancel.take() {
-                let _ = c.send(());
-            }
+            self.watch.stop();
             self.cg.kill_all();
             self.cg.remove();
         }
@@ -517,7 +593,7 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
     )?);
     lap("cgroup_create", &mut phases);
     let spawned = spawn_parked(plan, turn, &cg, json_mode);
-    let (child, ready_r, go_w, streams, truncated) = match spawned {
+    let (child, ready_r, go_w, mut watch) = match spawned {
         Ok(x) => x,
         Err(e) => {
             cg.kill_all();
@@ -526,32 +602,17 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
         }
     };
     lap("spawn", &mut phases);
-    // The timer: SIGTERM to every process of the turn at the deadline, then
-    // SIGKILL after the grace period. Cancelled when the init exits.
-    let timed_out = Arc::new(AtomicBool::new(false));
-    let (cancel, cancelled) = mpsc::channel::<()>();
-    let timer = {
-        let (cg, timed_out) = (Arc::clone(&cg), Arc::clone(&timed_out));
-        let timeout = Duration::from_secs(plan.limits.timeout_seconds);
-        std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-                timed_out.store(true, Ordering::SeqCst);
-                cg.signal_all(Signal::SIGTERM);
-                if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
-                    cg.kill_all();
-                }
-            }
-        })
-    };
+    // The timer runs from here: a sandbox that never becomes ready is
+    // killed at the deadline like any turn.
+    watch.start_timer(
+        Arc::clone(&cg),
+        Duration::from_secs(plan.limits.timeout_seconds),
+    );
     let mut created = Created {
         cg: Arc::clone(&cg),
         child: Some(child),
         go: Some(go_w),
-        streams: Some(streams),
-        truncated,
-        timed_out,
-        cancel: Some(cancel),
-        timer: Some(timer),
+        watch,
         posture: None,
         phases,
         last,
@@ -591,11 +652,6 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
     Ok(created)
 }
 
-type Streams = (
-    std::thread::JoinHandle<StreamRecord>,
-    std::thread::JoinHandle<StreamRecord>,
-);
-
 /// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces,
 /// with the posture handshake pipes and the output pumps.
 #[allow(clippy::type_complexity)]
@@ -608,8 +664,7 @@ fn spawn_parked(
     std::process::Child,
     std::os::fd::OwnedFd,
     std::os::fd::OwnedFd,
-    Streams,
-    Arc<AtomicBool>,
+    Watch,
 )> {
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
@@ -692,54 +747,44 @@ fn spawn_parked(
     drop(ready_w);
     drop(go_r);
 
-    let budget = Arc::new(AtomicU64::new(plan.limits.output_bytes));
-    let truncated = Arc::new(AtomicBool::new(false));
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         let _ = child.kill();
         return Err(sandbox_err("start sandbox init", "no output pipes"));
     };
-    let out_thread = {
-        let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
-        std::thread::spawn(move || {
-            if json_mode {
-                pump(out, std::io::stderr(), budget, truncated)
-            } else {
-                pump(out, std::io::stdout(), budget, truncated)
-            }
-        })
-    };
-    let err_thread = {
-        let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
-        std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
-    };
-
-    Ok((child, ready_r, go_w, (out_thread, err_thread), truncated))
+    let watch = Watch::pumps(out, err, plan.limits.output_bytes, json_mode);
+    Ok((child, ready_r, go_w, watch))
 }
 
-fn ending_from(report: &[Value]) -> Ending {
-    let find = |name: &str| report.iter().find(|e| e["event"] == name);
+fn ending_from(report: &[InitEvent]) -> Ending {
     // A setup error or a failed exec explains the exit status that follows
     // it, so they take precedence.
-    if let Some(e) = find("error") {
-        return Ending::SetupFailed {
-            stage: e["stage"].as_str().unwrap_or_default().to_owned(),
-            detail: e["detail"].as_str().unwrap_or_default().to_owned(),
-        };
+    for e in report {
+        if let InitEvent::Error { stage, detail } = e {
+            return Ending::SetupFailed {
+                stage: stage.clone(),
+                detail: detail.clone(),
+            };
+        }
     }
-    if let Some(e) = find("exec_failed") {
-        return Ending::ExecFailed {
-            errno: e["errno"].as_i64().map(|v| v as i32),
-            error: e["error"].as_str().unwrap_or_default().to_owned(),
-        };
+    for e in report {
+        if let InitEvent::ExecFailed { errno, error } = e {
+            return Ending::ExecFailed {
+                errno: *errno,
+                error: error.clone().unwrap_or_default(),
+            };
+        }
     }
-    if let Some(e) = find("signal") {
-        return Ending::Signaled {
-            signal: e["signal"].as_i64().unwrap_or(0) as i32,
-            name: e["name"].as_str().unwrap_or_default().to_owned(),
-        };
-    }
-    if let Some(e) = find("exit") {
-        return Ending::Exited(e["code"].as_i64().unwrap_or(-1) as i32);
+    for e in report {
+        match e {
+            InitEvent::Signal { signal, name, .. } => {
+                return Ending::Signaled {
+                    signal: *signal,
+                    name: name.clone(),
+                };
+            }
+            InitEvent::Exit { code } => return Ending::Exited(*code),
+            _ => {}
+        }
     }
     Ending::SetupFailed {
         stage: "init".into(),

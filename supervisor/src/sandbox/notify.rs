@@ -22,7 +22,10 @@ use std::time::Instant;
 
 /// Where the command's stage parks the listener until the supervisor takes
 /// it (close-on-exec: the command never holds it).
-pub const NOTIFY_FD: i32 = 5;
+/// Above every descriptor the init holds when it loads the filter (0-2
+/// stdio, 3-4 the handshake, 5 the report file): fd 5 was measured to be the
+/// report, which the listener must not replace.
+pub const NOTIFY_FD: i32 = 77;
 
 /// Most distinct (arch, syscall) pairs recorded; the rest are only counted.
 pub const MAX_DISTINCT: usize = 64;

@@ -56,13 +56,7 @@ pub struct RunOptions {
     pub deterministic: Option<crate::ids::Deterministic>,
 }
 
-/// The outcome of one turn, as `--json` prints it.
-#[derive(Debug, Clone)]
-pub struct TurnResult {
-    pub exit_status: u8,
-    pub value: Value,
-    pub summary: String,
-}
+pub use crate::status::TurnResult;
 
 /// Runs one turn.
 pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {

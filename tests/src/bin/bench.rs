@@ -362,6 +362,10 @@ fn main() {
         .unwrap();
     }
 
+    // 1b. Each OCI backend's turn against the bare runtime running the same
+    // bundle (issue 10 item 5), interleaved in one run.
+    let oci = oci_backends(&env, rounds, &mut report);
+
     // 2. Cost curves: capture + hash + commit against files and bytes.
     writeln!(report, "\n## Capture, hash and commit\n\n| turn writes | wall ms | capture ms | commit ms | MB/s (capture) |\n|---|---:|---:|---:|---:|").unwrap();
     let mut curve = Vec::new();
@@ -451,6 +455,16 @@ fn main() {
             ratio(crun).map(|r| r <= 0.5),
         ),
         (
+            "turnstile --backend runc ≤ 1.1× bare runc (same bundle)",
+            oci.runc.map(|r| format!("{r:.2}×")),
+            oci.runc.map(|r| r <= 1.1),
+        ),
+        (
+            "turnstile --backend crun ≤ 1.1× bare crun (same bundle)",
+            oci.crun.map(|r| format!("{r:.2}×")),
+            oci.crun.map(|r| r <= 1.1),
+        ),
+        (
             "capture hashing ≥ 0.8× sha256",
             Some(format!("{:.2}×", gib / sha_mbps)),
             Some(gib / sha_mbps >= 0.8),
@@ -493,6 +507,207 @@ fn main() {
     );
     std::fs::write(out_dir.join("RESULTS.md"), format!("{header}{report}")).unwrap();
     print!("{header}{report}");
+}
+
+/// turnstile-over-bare ratios of the median wall time, per OCI runtime.
+struct OciRatios {
+    runc: Option<f64>,
+    crun: Option<f64>,
+}
+
+/// The bundle `supervise bundle` writes for this turn, made runnable by the
+/// bare runtime: everything as turnstile would hand it to the runtime
+/// (rootfs skeleton, mounts, namespaces, seccomp, resources, uid) except
+/// the process, which is the command itself instead of turnstile's init
+/// (that one waits for the supervisor's posture check on fds 3 and 4).
+/// The writable scopes stay binds of the bundle's empty `scopes/<i>` dirs,
+/// where turnstile mounts overlays.
+fn same_bundle(env: &Env, sid: &str, runtime: &str, argv: &[&str]) -> Result<PathBuf, String> {
+    let out = env.dir.join(format!("{runtime}-same-bundle"));
+    let status = env
+        .supervise()
+        .args(["bundle", "--root"])
+        .arg(&env.ws)
+        .arg("--state-dir")
+        .arg(&env.state)
+        .args([
+            "--package",
+            "bench",
+            "--session",
+            sid,
+            "--backend",
+            runtime,
+            "--out",
+        ])
+        .arg(&out)
+        .args(["--no-outputs", "--"])
+        .args(argv)
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !status.status.success() {
+        return Err(format!(
+            "supervise bundle --backend {runtime}: {}",
+            String::from_utf8_lossy(&status.stderr).trim()
+        ));
+    }
+    let path = out.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    cfg["process"]["args"] = json!(argv);
+    std::fs::write(&path, serde_json::to_vec(&cfg).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// `/bin/true` as a turn through `supervise run --backend R` and as
+/// `R run` of the same bundle, for runc and crun, interleaved (order
+/// rotated each round); appends the table and the runc turn's phases.
+fn oci_backends(env: &Env, rounds: usize, report: &mut String) -> OciRatios {
+    eprintln!("bench: {rounds} interleaved rounds, OCI backends vs the bare runtime");
+    let sid = env.new_session();
+    let mut systems: Vec<System> = Vec::new();
+    for runtime in ["runc", "crun"] {
+        let installed = which(runtime);
+        let bundle = match installed {
+            None => Err(format!("{runtime} is not installed")),
+            Some(_) => same_bundle(env, &sid, runtime, &["/bin/true"]),
+        };
+        let missing = bundle.as_ref().err().cloned();
+        let b = bundle.unwrap_or_default();
+        let root = env.dir.join(format!("{runtime}-bare-root"));
+        systems.push(System {
+            name: if runtime == "runc" {
+                "bare runc, same bundle"
+            } else {
+                "bare crun, same bundle"
+            },
+            make: Box::new(move |i| {
+                let mut c = quiet(Command::new(runtime));
+                c.arg("--root")
+                    .arg(&root)
+                    .args(["run", "-b"])
+                    .arg(&b)
+                    .arg(format!("same{i}"));
+                c
+            }),
+            missing: missing.clone(),
+        });
+        let (args, sup) = (env.run_args(&sid), env.supervise.clone());
+        systems.push(System {
+            name: if runtime == "runc" {
+                "turnstile --backend runc"
+            } else {
+                "turnstile --backend crun"
+            },
+            make: Box::new(move |_| {
+                let mut c = quiet(Command::new(&sup));
+                c.args(&args)
+                    .args([
+                        "--backend",
+                        runtime,
+                        "--json",
+                        "--no-outputs",
+                        "--",
+                        "/bin/true",
+                    ])
+                    .stdout(Stdio::piped());
+                c
+            }),
+            missing,
+        });
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+    let mut failures = vec![0usize; systems.len()];
+    let mut phases: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for round in 0..(rounds + 5) {
+        for k in 0..systems.len() {
+            let i = (k + round) % systems.len();
+            let s = &systems[i];
+            if s.missing.is_some() {
+                continue;
+            }
+            match time_once((s.make)(round)) {
+                Some((ms, stdout)) if round >= 5 => {
+                    samples[i].push(ms);
+                    if s.name == "turnstile --backend runc" {
+                        if let Ok(v) = serde_json::from_slice::<Value>(&stdout) {
+                            if let Some(m) = v["durations"]["phases_ms"].as_object() {
+                                for (k, x) in m {
+                                    phases
+                                        .entry(k.clone())
+                                        .or_default()
+                                        .push(x.as_f64().unwrap_or(0.0));
+                                }
+                            }
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => failures[i] += 1,
+            }
+        }
+    }
+    writeln!(
+        report,
+        "\n## OCI backends: a turn against the bare runtime running the same bundle ({rounds} interleaved rounds, order rotated, 5 warm-up)\n\n\
+         The bare run is `R run` of the bundle `supervise bundle --backend R` writes for the same turn (rootfs skeleton, mounts, namespaces, seccomp, resources, uid 65534), \
+         with the process replaced by the command itself; the turn adds the idmapped workspace, the scope overlays, turnstile's init (Landlock, posture handshake), capture, verify and the ledger entries.\n\n\
+         | system | median ms | p95 ms | min–max ms | failed runs | × bare runtime |\n|---|---:|---:|---|---:|---:|"
+    )
+    .unwrap();
+    let mut medians = Vec::new();
+    for (i, s) in systems.iter().enumerate() {
+        let st = (!samples[i].is_empty()).then(|| stats(&samples[i]));
+        medians.push(st.as_ref().map(|x| x.median));
+        let bare = if i % 2 == 1 {
+            medians[i - 1]
+        } else {
+            st.as_ref().map(|x| x.median)
+        };
+        match (&st, &s.missing) {
+            (Some(x), _) => writeln!(
+                report,
+                "| {} | {:.2} | {:.2} | {:.2}–{:.2} | {} | {:.2} |",
+                s.name,
+                x.median,
+                x.p95,
+                x.min,
+                x.max,
+                failures[i],
+                bare.map_or(f64::NAN, |b| x.median / b)
+            )
+            .unwrap(),
+            (None, Some(why)) => {
+                writeln!(report, "| {} | missing: {why} | | | | |", s.name).unwrap()
+            }
+            (None, None) => writeln!(
+                report,
+                "| {} | every run failed ({} failures) | | | | |",
+                s.name, failures[i]
+            )
+            .unwrap(),
+        }
+    }
+    if !phases.is_empty() {
+        writeln!(report, "\n### Where a `--backend runc` turn's time goes (medians over the same rounds, from each turn's own `--json` durations)\n\n| phase | median ms |\n|---|---:|").unwrap();
+        let mut order: Vec<(String, f64)> = phases
+            .iter()
+            .map(|(k, v)| (k.clone(), stats(v).median))
+            .collect();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (k, m) in &order {
+            writeln!(report, "| {k} | {m:.3} |").unwrap();
+        }
+    }
+    let ratio = |t: usize| match (medians[t - 1], medians[t]) {
+        (Some(b), Some(x)) => Some(x / b),
+        _ => None,
+    };
+    OciRatios {
+        runc: ratio(1),
+        crun: ratio(3),
+    }
 }
 
 fn date() -> String {
