@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 /// System packages: the build (libseccomp), the schema tests
 /// (python3-jsonschema), the real-software suite (tests/tests/realsw.rs:
 /// CPython's own test suite, a C toolchain, git, venv, node) and the runc
-/// backend's tests and red-team run.
+/// and crun backends' tests and red-team runs.
 const APT_PACKAGES: &[&str] = &[
     "libseccomp-dev",
     "pkg-config",
@@ -34,6 +34,7 @@ const APT_PACKAGES: &[&str] = &[
     "git",
     "nodejs",
     "runc",
+    "crun",
 ];
 
 /// Requirements that must each have at least one test whose name contains
@@ -169,6 +170,7 @@ fn test() -> Result<()> {
     // The same suite through the runc backend (differences in
     // redteam::DIFFERENCES, each with its reason).
     redteam(&["--backend".to_owned(), "runc".to_owned()])?;
+    redteam(&["--backend".to_owned(), "crun".to_owned()])?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }
