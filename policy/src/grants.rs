@@ -49,6 +49,16 @@ const GLOB_META: [char; 6] = ['*', '?', '[', ']', '{', '}'];
 /// Where a turn may always write, besides the write patterns.
 const ALWAYS_WRITABLE: [&str; 2] = ["tmp/<session_id>/**", "output/<session_id>/**"];
 
+/// Where a turn may write: always its scratch and outputs, and every write
+/// pattern.
+fn writable_patterns(caps: &Capabilities) -> Vec<&str> {
+    ALWAYS_WRITABLE
+        .iter()
+        .copied()
+        .chain(caps.write.iter().map(Pattern::as_str))
+        .collect()
+}
+
 fn grants_nothing(source: &Path, field: String, entry: &str, reason: String) -> PolicyError {
     PolicyError::EntryGrantsNothing {
         path: source.to_path_buf(),
@@ -244,11 +254,7 @@ pub(crate) fn check_pure(caps: &Capabilities, source: &Path) -> Result<(), Polic
     }
 
     // Rules 4 and 5: execute entries a turn can never find an executable in.
-    let writable: Vec<&str> = ALWAYS_WRITABLE
-        .iter()
-        .copied()
-        .chain(caps.write.iter().map(Pattern::as_str))
-        .collect();
+    let writable = writable_patterns(caps);
     for (i, e) in caps.execute.iter().enumerate() {
         let program = e.program.as_str();
         if e.program.is_absolute() {
@@ -330,11 +336,7 @@ pub fn check_on_host(
     fs: &dyn FsView,
 ) -> Result<(), PolicyError> {
     let root = root.trim_end_matches('/');
-    let writable: Vec<&str> = ALWAYS_WRITABLE
-        .iter()
-        .copied()
-        .chain(caps.write.iter().map(Pattern::as_str))
-        .collect();
+    let writable = writable_patterns(caps);
     for (i, e) in caps.execute.iter().enumerate() {
         let program = e.program.as_str();
         if program.contains(GLOB_META) || program.contains(SESSION_PLACEHOLDER) {

@@ -12,6 +12,7 @@
 
 use serde_json::{Value, json};
 use turnstile_policy::check::{CapabilityViolation, ViolatedCapability};
+use turnstile_policy::seccomp::SeccompProfile;
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use crate::sandbox::notify::Denials;
@@ -42,9 +43,8 @@ fn audit_arch(a: libseccomp::ScmpArch) -> u32 {
     }
 }
 
-/// The hint for a denied syscall: the baseline denies it, and why.
-fn syscall_hint(name: &str) -> String {
-    let profile = turnstile_policy::seccomp::SeccompProfile::default_profile();
+/// The hint for a syscall the turn's `profile` refused: why.
+fn syscall_hint(profile: &SeccompProfile, name: &str) -> String {
     let why = turnstile_policy::seccomp::deny_reason(name)
         .map(str::to_owned)
         .or_else(|| {
@@ -73,8 +73,15 @@ pub struct TurnClock {
     pub deterministic: bool,
 }
 
-/// The evidence violations for the syscalls the listener saw.
-pub fn syscall_violations(d: &Denials, session: &str, turn: u64, clock: TurnClock) -> Vec<Value> {
+/// The evidence violations for the syscalls the listener saw, explained
+/// from the profile the turn ran with.
+pub fn syscall_violations(
+    d: &Denials,
+    profile: &SeccompProfile,
+    session: &str,
+    turn: u64,
+    clock: TurnClock,
+) -> Vec<Value> {
     let mut out: Vec<Value> = d
         .syscalls
         .iter()
@@ -102,7 +109,7 @@ pub fn syscall_violations(d: &Denials, session: &str, turn: u64, clock: TurnCloc
                     s.count
                 ),
                 "layer": "seccomp",
-                "hint": syscall_hint(&name),
+                "hint": syscall_hint(profile, &name),
                 "count": s.count,
                 "session_id": session,
                 "turn_number": turn,

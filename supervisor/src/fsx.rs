@@ -13,7 +13,12 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Result, SupervisorError};
 
-fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+/// Maps an I/O error on `path` in the state dir (or another supervisor-owned
+/// place) to `SupervisorError::StateIo`.
+pub(crate) fn state_io(
+    op: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> SupervisorError {
     let path = path.to_path_buf();
     move |source| SupervisorError::StateIo { op, path, source }
 }

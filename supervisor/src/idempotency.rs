@@ -47,10 +47,7 @@ fn path(session: &Session, key: &str) -> PathBuf {
         .join(format!("{digest}.json"))
 }
 
-fn io(op: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
-    let path = path.to_path_buf();
-    move |source| SupervisorError::StateIo { op, path, source }
-}
+use crate::fsx::state_io as io;
 
 /// A recorded key: what it ran, and (once finished) what it returned.
 #[derive(Debug, Clone)]

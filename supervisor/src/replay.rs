@@ -188,10 +188,7 @@ pub fn replay(
             ),
         ));
     }
-    let io = |op: &'static str, p: &Path| {
-        let path = p.to_path_buf();
-        move |source| SupervisorError::StateIo { op, path, source }
-    };
+    use crate::fsx::state_io as io;
     let new_root = into.join("root");
     let new_state = into.join("state");
     std::fs::create_dir_all(&new_root).map_err(io("create replay root", &new_root))?;

@@ -719,3 +719,43 @@ fn fr_rt_007_a_failed_exec_is_reported_with_its_errno_and_landlock_outcome() {
     assert_eq!(v["enforcement"]["landlock_status"], "fully_enforced", "{v}");
     fx.assert_ledgers_intact(v["session_id"].as_str().unwrap());
 }
+
+/// A workspace whose path holds `:` and `,` (which overlay options cannot
+/// carry) works natively: every layer is named by a descriptor.
+#[test]
+fn fr_rt_015_a_workspace_path_with_colon_and_comma_commits() {
+    if !require_root("fr_rt_015_a_workspace_path_with_colon_and_comma_commits") {
+        return;
+    }
+    let base = tempfile::Builder::new()
+        .prefix("ts-odd-")
+        .tempdir()
+        .unwrap();
+    let root = base.path().join("ws:odd,name");
+    std::fs::create_dir_all(root.join("installed/t")).unwrap();
+    std::fs::write(root.join("installed/t/manifest.json"), MANIFEST).unwrap();
+    let out = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["run", "--json", "--package", "t", "--root"])
+        .arg(&root)
+        .arg("--state-dir")
+        .arg(base.path().join("state"))
+        .args([
+            "--output",
+            "output/<session_id>/r.md:report",
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg("echo ok > output/$TURNSTILE_SESSION_ID/r.md")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = root.join("output").join(sid(&v)).join("r.md");
+    assert_eq!(std::fs::read(r).unwrap(), b"ok\n");
+}

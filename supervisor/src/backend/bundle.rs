@@ -9,10 +9,7 @@ use turnstile_oci::Bundle;
 
 use crate::error::{Result, SupervisorError};
 
-fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
-    let path = p.to_path_buf();
-    move |source| SupervisorError::StateIo { op, path, source }
-}
+use crate::fsx::state_io as io;
 
 /// Writes `bundle` into `dir`, which must not exist (its parent must).
 pub fn write(dir: &Path, bundle: &Bundle, scopes: usize) -> Result<()> {

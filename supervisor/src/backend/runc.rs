@@ -40,13 +40,7 @@ use super::{Backend, Sandbox};
 use crate::error::{Result, SupervisorError};
 use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
 
-fn err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
-    SupervisorError::Sandbox {
-        step,
-        detail: detail.into(),
-        source: None,
-    }
-}
+use crate::sandbox::sandbox_err as err;
 
 /// An OCI runtime binary driven through its CLI: runc, or crun (the same
 /// command line).

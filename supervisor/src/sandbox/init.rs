@@ -356,14 +356,6 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
         .or_fail(report, "create mask file");
 
     for (n, m) in plan.mounts.iter().enumerate() {
-        let _kind = match m {
-            Mount::ReadOnly { .. } => "read_only",
-            Mount::SystemReadOnly { .. } => "system",
-            Mount::Overlay { .. } => "overlay",
-            Mount::Dev { .. } => "dev",
-            Mount::MaskDir { .. } | Mount::MaskFile { .. } => "mask",
-            _ => "other",
-        };
         match m {
             Mount::ReadOnly { path } => show_read_only(&mut src, path, new_root, report),
             Mount::SystemReadOnly { path } => {

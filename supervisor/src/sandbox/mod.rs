@@ -45,7 +45,7 @@ pub const NAMESPACES: [(&str, CloneFlags); 6] = [
     ("cgroup", CloneFlags::CLONE_NEWCGROUP),
 ];
 
-fn sandbox_err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
+pub(crate) fn sandbox_err(step: &'static str, detail: impl Into<String>) -> SupervisorError {
     SupervisorError::Sandbox {
         step,
         detail: detail.into(),
@@ -135,13 +135,15 @@ impl TurnDir {
     /// inodes = files limit: the kernel enforces both with ENOSPC) and the
     /// per-scope upper/work dirs.
     pub fn create(path: PathBuf, plan: &Plan) -> Result<Self> {
-        for s in [&path.display().to_string(), &plan.root] {
-            if s.contains([',', ':', '\\']) {
-                return Err(sandbox_err(
-                    "prepare turn",
-                    format!("{s}: paths with `,`, `:` or `\\` cannot be overlay layers"),
-                ));
-            }
+        // Overlay options name layers by /proc/self/fd/N natively, so the
+        // workspace's path may hold any character; the OCI backends name the
+        // turn dir's layers by path.
+        let p = path.display().to_string();
+        if p.contains([',', ':', '\\']) {
+            return Err(sandbox_err(
+                "prepare turn",
+                format!("{p}: paths with `,`, `:` or `\\` cannot be overlay layers"),
+            ));
         }
         std::fs::create_dir(&path).map_err(sandbox_io("create turn dir", &path))?;
         let mut dir = Self {

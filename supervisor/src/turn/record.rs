@@ -120,9 +120,10 @@ impl Turn<'_> {
         }
         // Denials observed inside the sandbox (FR-RT-011): they do not
         // change the status (a program may handle EPERM), they are listed.
-        if let Some(Ok(d)) = x.map(|x| &x.denials) {
+        if let (Some(Ok(d)), Some(plan)) = (x.map(|x| &x.denials), o.plan.as_ref()) {
             violations.extend(crate::denials::syscall_violations(
                 d,
+                &plan.seccomp,
                 sid,
                 self.turn_number,
                 crate::denials::TurnClock {
