@@ -50,8 +50,11 @@ fn check(rc: nix::libc::c_long) -> std::io::Result<nix::libc::c_long> {
 fn mapping_userns(proc: &Path, host: (u32, u32), turn: (u32, u32)) -> std::io::Result<OwnedFd> {
     let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
     let (done_r, done_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-    // SAFETY: the caller is single-threaded (the sandbox init); the child
-    // only makes raw syscalls and exits with `_exit`.
+    // SAFETY: the caller may be multi-threaded (the runc backend calls this
+    // from the supervisor), so the child does only async-signal-safe work:
+    // close(2) of the unused pipe ends, prctl(2), unshare(2), write(2) and
+    // read(2) of one byte through nix's thin wrappers (no allocation, no
+    // lock), then `_exit`.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
             drop(ready_r);
