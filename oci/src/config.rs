@@ -36,7 +36,33 @@ use crate::vm::{VmConfig, VmKernel};
 pub struct InitBinary {
     /// Host path of the `supervise` binary (bound read-only).
     pub host_path: String,
+    /// How the init reports to the supervisor.
+    pub report: InitReport,
 }
+
+/// How turnstile's init in the container reports and waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitReport {
+    /// Reports on fd 3 and waits for the go on fd 4 (the supervisor checks
+    /// the posture from outside first): runc, crun (`--preserve-fds 2`).
+    Handshake,
+    /// Checks its own posture, reports as the first line of stderr, and
+    /// execs without waiting (a runtime that cannot pass descriptors and
+    /// whose processes the host cannot inspect: runsc). `allow_unenforced`:
+    /// the manifest's `allow_degraded` lists Landlock, so a kernel that
+    /// enforces none of its rules does not stop the turn.
+    Stderr { allow_unenforced: bool },
+}
+
+/// argv flags of `__landlock-exec` for [`InitReport::Stderr`].
+pub const REPORT_STDERR_FLAG: &str = "--report-stderr";
+pub const ALLOW_UNENFORCED_FLAG: &str = "--allow-unenforced";
+/// The first bytes of the init's stderr report line.
+pub const REPORT_PREFIX: &str = "\u{1}turnstile-init ";
+
+/// The bundle file every masked file is bound from: empty, mode 0000
+/// (a read by the turn's uid fails EACCES, as natively).
+pub const MASK_FILE: &str = "generated/masked";
 
 /// Container paths of the init and its rules file.
 pub const INIT_PATH: &str = "/.turnstile/init";
@@ -174,7 +200,21 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                         })?;
                 mounts.push(bind(path, source, true));
             }
-            Mount::MaskDir { path, .. } | Mount::MaskFile { path, .. } => masked.push(path.clone()),
+            // Explicit mounts, not only `maskedPaths`: gVisor honours
+            // maskedPaths under /proc alone (measured: a forbidden
+            // directory stayed readable under runsc). Listed in maskedPaths
+            // too, for readers of the bundle.
+            Mount::MaskDir { path, .. } => {
+                mounts.push(tmpfs(
+                    path,
+                    &["ro", "nosuid", "nodev", "noexec", "mode=000", "size=4k", "nr_inodes=1"],
+                ));
+                masked.push(path.clone());
+            }
+            Mount::MaskFile { path, .. } => {
+                mounts.push(bind(path, &gen_path(MASK_FILE), false));
+                masked.push(path.clone());
+            }
         }
     }
     let mut args: Vec<String> = Vec::new();
@@ -191,8 +231,14 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
             INIT_PATH.to_owned(),
             LANDLOCK_EXEC.to_owned(),
             LANDLOCK_RULES_PATH.to_owned(),
-            "--".to_owned(),
         ]);
+        if let InitReport::Stderr { allow_unenforced } = init.report {
+            args.push(REPORT_STDERR_FLAG.to_owned());
+            if allow_unenforced {
+                args.push(ALLOW_UNENFORCED_FLAG.to_owned());
+            }
+        }
+        args.push("--".to_owned());
     }
     args.extend(plan.argv.iter().cloned());
     let env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();

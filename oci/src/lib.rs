@@ -19,6 +19,9 @@ pub mod error;
 pub mod seccomp;
 pub mod vm;
 
-pub use config::{Bundle, BundleOptions, InitBinary, build};
+pub use config::{
+    ALLOW_UNENFORCED_FLAG, Bundle, BundleOptions, InitBinary, InitReport, MASK_FILE, REPORT_PREFIX,
+    REPORT_STDERR_FLAG, build,
+};
 pub use error::OciError;
 pub use vm::{VmConfig, VmHwConfig, VmKernel};

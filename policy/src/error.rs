@@ -51,6 +51,7 @@ codes! {
     COMMIT_FAILED = "TS1022", "COMMIT_FAILED";
     TURN_ABORTED = "TS1023", "TURN_ABORTED";
     TURN_INTERRUPTED = "TS1024", "TURN_INTERRUPTED";
+    LAYER_UNENFORCEABLE = "TS1025", "LAYER_UNENFORCEABLE";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

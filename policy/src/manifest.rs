@@ -78,6 +78,26 @@ impl TrustLevel {
     }
 }
 
+/// An enforcement layer a manifest may let a backend lack
+/// (`allow_degraded`): without it listed, a turn on a backend or kernel
+/// that cannot enforce the layer is refused (exit 20), never run as if
+/// enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DegradableLayer {
+    /// Landlock, wholly or in part (gVisor has none; older kernels lack
+    /// newer rights): the view, seccomp and the other layers still hold.
+    Landlock,
+}
+
+impl DegradableLayer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Landlock => "landlock",
+        }
+    }
+}
+
 /// Network policy for a turn.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -196,6 +216,8 @@ pub struct Manifest {
     pub capabilities: Capabilities,
     pub limits: Limits,
     pub network: Network,
+    /// Layers the package accepts running without (see [`DegradableLayer`]).
+    pub allow_degraded: Vec<DegradableLayer>,
     /// The file it was loaded from.
     pub source: PathBuf,
 }
@@ -214,6 +236,8 @@ struct ManifestDoc {
     limits: LimitsDoc,
     #[serde(default)]
     network: Network,
+    #[serde(default)]
+    allow_degraded: Vec<DegradableLayer>,
 }
 
 #[derive(Deserialize)]
@@ -371,6 +395,14 @@ impl Manifest {
             }
         }
 
+        for (i, layer) in doc.allow_degraded.iter().enumerate() {
+            if doc.allow_degraded[..i].contains(layer) {
+                return Err(invalid(
+                    &format!("allow_degraded[{i}]"),
+                    format!("`{}` is listed twice", layer.as_str()),
+                ));
+            }
+        }
         let limits = limits_from(doc.limits).map_err(|(field, reason)| invalid(&field, reason))?;
         let capabilities = Capabilities {
             read,
@@ -388,6 +420,7 @@ impl Manifest {
             capabilities,
             limits,
             network: doc.network,
+            allow_degraded: doc.allow_degraded,
             source,
         })
     }
@@ -483,6 +516,9 @@ mod tests {
         assert_eq!(m.limits, Limits::default());
         assert_eq!(m.trust_level, TrustLevel::Standard);
         assert_eq!(m.network, Network::Isolated);
+        assert!(m.allow_degraded.is_empty());
+        let m = parse(r#"{"capabilities":{},"allow_degraded":["landlock"]}"#).unwrap();
+        assert_eq!(m.allow_degraded, [DegradableLayer::Landlock]);
     }
 
     #[test]
@@ -534,6 +570,16 @@ mod tests {
                 r#"{"capabilities":{},"package_id":"other"}"#,
                 "package_id",
                 "does not match",
+            ),
+            (
+                r#"{"capabilities":{},"allow_degraded":["seccomp"]}"#,
+                "allow_degraded[0]",
+                "unknown variant",
+            ),
+            (
+                r#"{"capabilities":{},"allow_degraded":["landlock","landlock"]}"#,
+                "allow_degraded[1]",
+                "listed twice",
             ),
         ];
         for (json, field, needle) in cases {

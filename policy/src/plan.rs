@@ -143,6 +143,10 @@ pub struct Plan {
     pub seccomp: SeccompProfile,
     pub limits: PlanLimits,
     pub network: String,
+    /// Layers the manifest lets a backend or kernel lack
+    /// (`allow_degraded`, e.g. `landlock`).
+    #[serde(default)]
+    pub allow_degraded: Vec<String>,
 }
 
 /// Why a plan could not be compiled.
@@ -710,6 +714,11 @@ pub fn compile(
             Network::Isolated => "isolated".into(),
             Network::AllowEgress => "allow_egress".into(),
         },
+        allow_degraded: manifest
+            .allow_degraded
+            .iter()
+            .map(|l| l.as_str().to_owned())
+            .collect(),
     })
 }
 

@@ -328,9 +328,14 @@ pub struct RunArgs {
     /// Run in this session (default: start a new one).
     #[arg(long, value_name = "SID")]
     pub session: Option<String>,
-    /// Execution backend.
-    #[arg(long, default_value = "native", value_name = "NAME")]
-    pub backend: String,
+    /// Execution backend: native, runc, crun, runsc or kata (default: the
+    /// manifest's trust level through the `backends` table of --config).
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<String>,
+    /// System configuration (the trust level -> backend table); a missing
+    /// file means the built-in table.
+    #[arg(long, value_name = "FILE", default_value = crate::backend::select::DEFAULT_CONFIG)]
+    pub config: PathBuf,
     #[command(flatten)]
     pub request: RequestArgs,
     /// Only for the new session `run` starts without --session.
@@ -1034,6 +1039,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         cgroup_root: cgroup_root(),
         sources: crate::ids::Sources::system(),
         backend: a.backend.clone(),
+        config: a.config.clone(),
         deterministic,
     };
     let r = crate::turn::run_turn(&opts)?;

@@ -81,6 +81,16 @@ pub enum SupervisorError {
     #[error("runtime `{runtime}` is unavailable: {reason}")]
     RuntimeUnavailable { runtime: String, reason: String },
 
+    #[error(
+        "backend `{backend}` cannot enforce {}: {why}; the manifest's `allow_degraded` does not list {}, so nothing was run",
+        missing.join(", "), if missing.len() == 1 { "it" } else { "them" }
+    )]
+    Unenforceable {
+        backend: String,
+        missing: Vec<String>,
+        why: String,
+    },
+
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
     #[error(
@@ -110,6 +120,7 @@ impl SupervisorError {
             Self::SessionStart(_) => codes::SESSION_START_FAILED,
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
+            Self::Unenforceable { .. } => codes::LAYER_UNENFORCEABLE,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
             Self::Commit { .. } => codes::COMMIT_FAILED,
             Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
@@ -128,7 +139,9 @@ impl SupervisorError {
             Self::Integrity(_) => exit::INTEGRITY,
             Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
-            Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } => exit::SANDBOX,
+            Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } | Self::Unenforceable { .. } => {
+                exit::SANDBOX
+            }
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
         }
     }
@@ -140,6 +153,7 @@ impl SupervisorError {
             Self::SessionNotFound { .. } => Some("session"),
             Self::InputUnreadable { .. } => Some("declared_inputs"),
             Self::IdempotencyConflict { .. } => Some("idempotency_key"),
+            Self::Unenforceable { .. } => Some("allow_degraded"),
             _ => None,
         }
     }

@@ -15,9 +15,21 @@ fn main() -> ExitCode {
         let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
         init::main(std::path::Path::new(&dir));
     }
-    if args.len() >= 4 && args[1] == "__landlock-exec" && args[3] == "--" {
+    if args.len() >= 4 && args[1] == "__landlock-exec" {
+        use turnstile_supervisor::sandbox::landlock_exec;
         let rules = args[2].to_string_lossy().into_owned();
-        turnstile_supervisor::sandbox::landlock_exec::main(&rules, &args[4..]);
+        let dashes = args.iter().skip(3).position(|a| a == "--").map(|i| i + 3);
+        let Some(dashes) = dashes else {
+            eprintln!("turnstile-init: usage: __landlock-exec RULES [FLAGS] -- CMD");
+            return ExitCode::from(landlock_exec::SETUP_FAILED as u8);
+        };
+        match landlock_exec::Mode::parse(&args[3..dashes]) {
+            Ok(mode) => landlock_exec::main(&rules, mode, &args[dashes + 1..]),
+            Err(e) => {
+                eprintln!("turnstile-init: {e}");
+                return ExitCode::from(landlock_exec::SETUP_FAILED as u8);
+            }
+        }
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

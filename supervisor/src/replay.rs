@@ -228,7 +228,10 @@ pub fn replay(
             json: true,
             cgroup_root: cgroup_root.to_path_buf(),
             sources: Sources::system(),
-            backend: "native".into(),
+            // The backend the turn ran on (entries from before backends
+            // were recorded ran natively).
+            backend: Some(e["backend"].as_str().unwrap_or("native").to_owned()),
+            config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
         };
         crate::turn::run_turn(&opts)?;

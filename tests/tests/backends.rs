@@ -1,9 +1,11 @@
-//! One pipeline, many backends (issue 10): the same turn through `native`
-//! and `runc` — a declared output commits with the same hash, an
-//! undeclared write blocks, a forbidden read fails, a 0600 file in a 0700
-//! workspace reads (idmapped on both), the ledgers verify and name the
-//! backend — and a runtime that is not wired or not installed is exit 20
-//! E2040, never a fallback.
+//! One pipeline, many backends (issue 10): the same turn through `native`,
+//! `runc`, `crun` and `runsc` — a declared output commits with the same
+//! hash, an undeclared write blocks, a forbidden read fails, a 0600 file in
+//! a 0700 workspace reads (idmapped on each), the ledgers verify and name
+//! the backend — a layer a backend cannot enforce (Landlock under gVisor)
+//! refuses the turn unless the manifest's `allow_degraded` lists it, a
+//! runtime that is not installed is exit 20 E2040, never a fallback, and
+//! without `--backend` the manifest's trust level picks the backend.
 
 use serde_json::Value;
 use turnstile_tests::{Fixture, read_entries, require_root};
@@ -15,8 +17,16 @@ const MANIFEST: &str = r#"{
     "execute": ["/usr/bin/python3"],
     "forbidden": ["data/secret/**"]
   },
-  "limits": {"timeout_seconds": 60}
+  "limits": {"timeout_seconds": 60},
+  "allow_degraded": ["landlock"]
 }"#;
+
+/// The same package without `allow_degraded`, at a trust level.
+fn strict(trust: &str) -> String {
+    MANIFEST
+        .replace(",\n  \"allow_degraded\": [\"landlock\"]", "")
+        .replacen('{', &format!("{{\n  \"trust_level\": \"{trust}\","), 1)
+}
 
 const CODE: &str = r#"
 import os, errno
@@ -59,13 +69,14 @@ fn turn(fx: &Fixture, backend: &str, outputs: &[&str], code: &str) -> (i32, Valu
 }
 
 #[test]
-fn issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write() {
-    if !require_root("issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write")
-    {
+fn issue_10_native_runc_crun_and_runsc_commit_the_same_hash_and_block_the_same_write() {
+    if !require_root(
+        "issue_10_native_runc_crun_and_runsc_commit_the_same_hash_and_block_the_same_write",
+    ) {
         return;
     }
     let mut hashes = Vec::new();
-    for backend in ["native", "runc", "crun"] {
+    for backend in ["native", "runc", "crun", "runsc"] {
         let fx = fixture();
         let (status, v, stderr) = turn(&fx, backend, &["output/<session_id>/r.txt:result"], CODE);
         assert_eq!(status, 0, "{backend}: {stderr}");
@@ -97,7 +108,20 @@ fn issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write()
         let out = std::fs::read(fx.root.join(format!("output/{sid}/r.txt"))).unwrap();
         assert_eq!(out, b"HELLO\n");
         let ev = read_entries(&fx.ledger(&sid, "evidence"));
-        assert_eq!(ev.last().unwrap()["enforcement"]["backend"], backend);
+        let enforcement = &ev.last().unwrap()["enforcement"];
+        assert_eq!(enforcement["backend"], backend);
+        assert_eq!(enforcement["backend_chosen_by"], "--backend");
+        assert_eq!(enforcement["posture"]["ok"], true, "{backend}: {enforcement}");
+        // Landlock holds everywhere but behind gVisor, where the evidence
+        // says it did not (the manifest allowed that).
+        let degraded = enforcement["degraded"].to_string();
+        if backend == "runsc" {
+            assert_eq!(enforcement["landlock_status"], "not_enforced");
+            assert!(degraded.contains("landlock not_enforced"), "{degraded}");
+        } else {
+            assert_eq!(enforcement["landlock_status"], "fully_enforced");
+            assert!(!degraded.contains("landlock"), "{degraded}");
+        }
         fx.assert_ledgers_intact(&sid);
 
         // An undeclared write blocks, nothing reaches the workspace.
@@ -109,18 +133,97 @@ fn issue_10_native_runc_and_crun_commit_the_same_hash_and_block_the_same_write()
     }
     assert!(
         hashes.iter().all(|h| *h == hashes[0]),
-        "native, runc and crun committed different bytes: {hashes:?}"
+        "native, runc, crun and runsc committed different bytes: {hashes:?}"
     );
 }
 
 #[test]
-fn issue_10_a_runtime_not_wired_or_not_installed_is_e2040_never_a_fallback() {
+fn issue_10_a_runtime_not_installed_is_e2040_never_a_fallback() {
     let fx = fixture();
-    for backend in ["kata", "runsc"] {
-        let before = fx.snapshot();
-        let (status, v, stderr) = turn(&fx, backend, &[], "print(1)");
-        assert_eq!(status, 20, "{backend}: {stderr}");
-        assert_eq!(v["error"]["code"], "E2040", "{backend}: {v}");
-        assert_eq!(before, fx.snapshot(), "{backend}: something was created");
+    let before = fx.snapshot();
+    let (status, v, stderr) = turn(&fx, "kata", &[], "print(1)");
+    assert_eq!(status, 20, "{stderr}");
+    assert_eq!(v["error"]["code"], "E2040", "{v}");
+    assert_eq!(before, fx.snapshot(), "something was created");
+    assert!(!fx.state.exists(), "the state dir was created");
+}
+
+#[test]
+fn issue_10_a_layer_the_backend_cannot_enforce_refuses_the_turn_unless_allowed() {
+    if !require_root("issue_10_a_layer_the_backend_cannot_enforce_refuses_the_turn_unless_allowed")
+    {
+        return;
     }
+    let fx = fixture();
+    fx.install("strict", &strict("standard"));
+    let before = fx.snapshot();
+    let r = fx.run(
+        "strict",
+        &["--json", "--backend", "runsc", "--no-outputs", "--", "/usr/bin/python3", "-c", "print(1)"],
+    );
+    assert_eq!(r.status, 20, "{}", r.stderr);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "TS1025", "{v}");
+    assert_eq!(v["error"]["field"], "allow_degraded", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("landlock"),
+        "{v}"
+    );
+    assert!(!r.stdout.contains("print(1)") && !r.stderr.contains("\n1\n"));
+    assert_eq!(before, fx.snapshot(), "something was created");
+    assert!(!fx.state.exists(), "the state dir was created");
+}
+
+#[test]
+fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() {
+    if !require_root("issue_10_without_backend_the_trust_level_picks_it_through_the_config_table") {
+        return;
+    }
+    let fx = fixture();
+    fx.install("trusted", &strict("trusted"));
+    fx.install("untrusted", &strict("untrusted"));
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.json");
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, r#"{"backends": {"untrusted": "runc"}}"#).unwrap();
+    let run = |pkg: &str, config: &std::path::Path| {
+        let cfg = config.display().to_string();
+        let r = fx.run(
+            pkg,
+            &["--json", "--config", &cfg, "--no-outputs", "--", "/usr/bin/python3", "-c", "print(1)"],
+        );
+        let v = r.json();
+        (r.status, v, r.stderr)
+    };
+    // Built-in table: trusted -> native, untrusted -> kata (not installed:
+    // exit 20, never a fallback).
+    let (status, v, stderr) = run("trusted", &missing);
+    assert_eq!(status, 0, "{stderr}");
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+    let ev = read_entries(&fx.ledger(&sid, "evidence"));
+    let e = &ev.last().unwrap()["enforcement"];
+    assert_eq!(e["backend"], "native");
+    assert_eq!(e["backend_chosen_by"], "trust_level trusted (built-in table)");
+    let (status, v, stderr) = run("untrusted", &missing);
+    assert_eq!(status, 20, "{stderr}");
+    assert_eq!(v["error"]["code"], "E2040", "{v}");
+    // The operator's table: untrusted -> runc.
+    let (status, v, stderr) = run("untrusted", &config);
+    assert_eq!(status, 0, "{stderr}");
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+    let ev = read_entries(&fx.ledger(&sid, "evidence"));
+    let e = &ev.last().unwrap()["enforcement"];
+    assert_eq!(e["backend"], "runc");
+    assert!(
+        e["backend_chosen_by"].as_str().unwrap().starts_with("trust_level untrusted ("),
+        "{e}"
+    );
+    // A bad table is bad input (exit 2) naming the entry; nothing runs.
+    std::fs::write(&config, r#"{"backends": {"untrusted": "docker"}}"#).unwrap();
+    let (status, v, _) = run("untrusted", &config);
+    assert_eq!(status, 2);
+    assert!(
+        v["error"]["field"].as_str().unwrap().ends_with("backends.untrusted"),
+        "{v}"
+    );
 }

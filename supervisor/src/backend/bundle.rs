@@ -34,6 +34,14 @@ pub fn write(dir: &Path, bundle: &Bundle, scopes: usize) -> Result<()> {
         }
         std::fs::write(&p, contents).map_err(io("write generated file", &p))?;
     }
+    // What masked files are bound from: empty and unreadable (0000).
+    let mask = dir.join(turnstile_oci::MASK_FILE);
+    if let Some(parent) = mask.parent() {
+        std::fs::create_dir_all(parent).map_err(io("create bundle dir", parent))?;
+    }
+    std::fs::write(&mask, b"").map_err(io("write mask file", &mask))?;
+    std::fs::set_permissions(&mask, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+        .map_err(io("write mask file", &mask))?;
     let empty = dir.join("empty");
     std::fs::create_dir(&empty).map_err(io("create empty dir", &empty))?;
     for i in 0..scopes {
@@ -60,7 +68,9 @@ pub struct Place {
 
 /// The bundle options for `plan` shared by `supervise bundle` and the
 /// runtime backends: turnstile's init (this binary) applies Landlock, the
-/// Plan's read-only directories become read-only overlays over `empty_dir`.
+/// Plan's read-only directories become read-only overlays over `empty_dir`
+/// (binds under runsc: gVisor does not mount overlayfs from a bundle, and
+/// its gofer refuses host unix sockets anyway).
 pub fn options(
     plan: &turnstile_policy::plan::Plan,
     backend: &str,
@@ -76,7 +86,8 @@ pub fn options(
     } = at;
     let exe = std::env::current_exe()
         .map_err(|e| SupervisorError::invalid("supervise", e.to_string()))?;
-    let read_only_dirs = plan
+    let runsc = backend == "runsc";
+    let read_only_dirs = if runsc { Vec::new() } else { plan
         .mounts
         .iter()
         .filter_map(|m| match m {
@@ -85,7 +96,7 @@ pub fn options(
             }
             _ => None,
         })
-        .collect();
+        .collect() };
     Ok(turnstile_oci::BundleOptions {
         bundle_dir: bundle_dir.display().to_string(),
         backend: backend.to_owned(),
@@ -93,6 +104,13 @@ pub fn options(
         declared_outputs,
         init: Some(turnstile_oci::InitBinary {
             host_path: exe.display().to_string(),
+            report: if runsc {
+                turnstile_oci::InitReport::Stderr {
+                    allow_unenforced: plan.allow_degraded.iter().any(|l| l == "landlock"),
+                }
+            } else {
+                turnstile_oci::InitReport::Handshake
+            },
         }),
         vm_kernel,
         seccomp_arch: if cfg!(target_arch = "aarch64") {

@@ -4,14 +4,18 @@
 //! delete — and every backend returns the same [`Execution`], so capture,
 //! verify, commit and the ledgers never know which backend ran.
 //!
-//! Today: `native` (the supervisor builds the sandbox itself from kernel
-//! primitives). The OCI runtimes (runc, crun, runsc, kata) are named here so
-//! `--backend` can refuse them explicitly (E2040, never a fallback) until
-//! they are wired.
+//! `native` (the supervisor builds the sandbox itself from kernel
+//! primitives), `runc` and `crun` (`runc.rs`), `runsc` (`runsc.rs`, gVisor).
+//! `kata` is named so `--backend kata` is refused explicitly (E2040, never a
+//! fallback); `supervise bundle --backend kata` writes its bundle.
+//! Without `--backend`, the manifest's trust level picks one (`select.rs`).
 
 pub mod bundle;
+mod hostview;
 mod native;
 pub mod runc;
+pub mod runsc;
+pub mod select;
 
 use nix::sys::signal::Signal;
 use turnstile_policy::plan::Plan;
@@ -25,6 +29,13 @@ pub use native::NativeBackend;
 pub trait Backend {
     /// The name recorded in the ledgers (`backend`).
     fn name(&self) -> &'static str;
+
+    /// Layers (manifest `allow_degraded` names) this backend cannot enforce
+    /// on any turn, each with the reason: a turn whose manifest does not
+    /// list one is refused before anything runs (exit 20).
+    fn cannot_enforce(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
 
     /// Builds the sandbox for `plan` in `turn` and parks it before the
     /// command runs.
@@ -54,8 +65,8 @@ pub trait Sandbox {
 /// The backends `--backend` knows.
 pub const NAMES: [&str; 5] = ["native", "runc", "crun", "runsc", "kata"];
 
-/// The backend called `name`: native, or E2040 for a known runtime that is
-/// not wired (never a silent fallback), or bad input for anything else.
+/// The backend called `name`, or E2040 for a known runtime that is not
+/// installed (never a silent fallback), or bad input for anything else.
 pub fn by_name(
     name: &str,
     cgroup_root: &std::path::Path,
@@ -65,13 +76,32 @@ pub fn by_name(
         "native" => Ok(Box::new(NativeBackend::new(cgroup_root, json_mode))),
         "runc" => Ok(Box::new(runc::RuncBackend::new(cgroup_root, json_mode)?)),
         "crun" => Ok(Box::new(runc::RuncBackend::named("crun", cgroup_root, json_mode)?)),
-        "runsc" | "kata" => Err(SupervisorError::RuntimeUnavailable {
+        "runsc" => Ok(Box::new(runsc::RunscBackend::new(cgroup_root, json_mode)?)),
+        "kata" => Err(SupervisorError::RuntimeUnavailable {
             runtime: name.to_owned(),
-            reason: "not wired yet (runc is; see `supervise bundle` for this runtime's bundle); never a fallback".into(),
+            reason: "Kata Containers is not installed on this host (it has no Debian package); `supervise bundle --backend kata` writes the bundle it would run; never a fallback".into(),
         }),
         other => Err(SupervisorError::invalid(
             "--backend",
             format!("`{other}` is not a backend ({})", NAMES.join(", ")),
         )),
     }
+}
+
+/// Refuses (exit 20, nothing run) a turn on `backend` whose manifest does
+/// not list, in `allow_degraded`, a layer the backend cannot enforce.
+pub fn check_enforceable(backend: &dyn Backend, allowed: &[String]) -> Result<()> {
+    let missing: Vec<(&str, &str)> = backend
+        .cannot_enforce()
+        .into_iter()
+        .filter(|(layer, _)| !allowed.iter().any(|a| a == layer))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(SupervisorError::Unenforceable {
+        backend: backend.name().to_owned(),
+        missing: missing.iter().map(|(l, _)| (*l).to_owned()).collect(),
+        why: missing.iter().map(|(_, w)| *w).collect::<Vec<_>>().join("; "),
+    })
 }

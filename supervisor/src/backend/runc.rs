@@ -31,7 +31,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::mount::{MsFlags, mount};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use turnstile_policy::plan::Plan;
@@ -217,7 +217,7 @@ struct RuncSandbox {
     pid: i32,
     log: PathBuf,
     cg: Arc<cgroup::TurnCgroup>,
-    merged: Vec<PathBuf>,
+    view: Option<super::hostview::HostView>,
     go: Option<OwnedFd>,
     watch: Option<Watch>,
     posture: Option<Posture>,
@@ -229,8 +229,6 @@ struct RuncSandbox {
     phases: Vec<(&'static str, u64)>,
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
-    lower: PathBuf,
-    lower_mounted: bool,
     torn_down: bool,
 }
 
@@ -256,7 +254,7 @@ impl Backend for RuncBackend {
             pid: 0,
             log: turn.path.join(format!("{}.log", self.runtime)),
             cg: Arc::clone(&cg),
-            merged: Vec::new(),
+            view: None,
             go: None,
             watch: None,
             posture: None,
@@ -268,43 +266,10 @@ impl Backend for RuncBackend {
                 .map(|i| turn.upper(i))
                 .collect(),
             scratch: turn.path.join(init::SCRATCH_DIR),
-            lower: turn.path.join(init::LOWER_DIR),
-            lower_mounted: false,
             torn_down: false,
         };
         // Drop tears down whatever was built if a step below fails.
-        // The workspace as its owner's, idmapped to the turn's uid/gid (as
-        // natively): the source of every workspace mount and overlay.
-        crate::sandbox::sys::idmapped_clone(
-            Path::new("/proc"),
-            Path::new(&plan.root),
-            &sb.lower,
-            plan.workspace_owner,
-            (plan.uid, plan.gid),
-        )
-        .map_err(|e| err("idmap workspace", e.to_string()))?;
-        sb.lower_mounted = true;
-        for (i, scope) in plan.writable_scopes.iter().enumerate() {
-            let merged = turn.path.join("merged").join(i.to_string());
-            std::fs::create_dir_all(&merged)
-                .map_err(|e| err("create overlay dir", e.to_string()))?;
-            let scratch = turn.path.join(init::SCRATCH_DIR);
-            let options = format!(
-                "lowerdir={}/{scope},upperdir={},workdir={},xino=on",
-                sb.lower.display(),
-                scratch.join("upper").join(i.to_string()).display(),
-                scratch.join("work").join(i.to_string()).display()
-            );
-            mount(
-                Some("overlay"),
-                &merged,
-                Some("overlay"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some(options.as_str()),
-            )
-            .map_err(|e| err("mount overlay", format!("{scope}: {e}")))?;
-            sb.merged.push(merged);
-        }
+        let view = sb.view.insert(super::hostview::HostView::mount(plan, turn)?);
         let bundle_dir = turn.path.join("bundle");
         let options = super::bundle::options(
             plan,
@@ -312,8 +277,8 @@ impl Backend for RuncBackend {
             super::bundle::Place {
                 bundle_dir: bundle_dir.clone(),
                 empty_dir: turn.path.join(init::EMPTY_DIR),
-                scope_sources: sb.merged.iter().map(|m| m.display().to_string()).collect(),
-                workspace_source: Some(sb.lower.display().to_string()),
+                scope_sources: view.scope_sources(),
+                workspace_source: Some(view.lower.display().to_string()),
             },
             Vec::new(),
             None,
@@ -451,11 +416,8 @@ impl RuncSandbox {
         let _ = self
             .backend
             .run(&RuncCmd::Delete { id: &self.id }, &self.log);
-        for m in &self.merged {
-            let _ = umount2(m, MntFlags::MNT_DETACH);
-        }
-        if self.lower_mounted {
-            let _ = umount2(&self.lower, MntFlags::MNT_DETACH);
+        if let Some(view) = self.view.as_mut() {
+            view.unmount();
         }
         self.cg.kill_all();
         self.cg.remove();

@@ -45,7 +45,7 @@ pub fn restrict(k: &mut dyn Kernel, plan: &Plan, bpf: &[u8]) -> Result<LandlockO
     k.verify_no_capabilities()
         .map_err(|e| ("drop capabilities", e))?;
     let outcome = k.landlock(&plan.landlock).map_err(|e| ("landlock", e))?;
-    if outcome.status == "not_enforced" {
+    if outcome.status == "not_enforced" && !plan.allow_degraded.iter().any(|l| l == "landlock") {
         return Err((
             "landlock",
             "the kernel enforced none of the Landlock rules".into(),
@@ -173,5 +173,18 @@ mod tests {
         };
         assert_eq!(restrict(&mut k, &plan(), &[]).unwrap_err().0, "landlock");
         assert_eq!(k.calls.len(), 5);
+        // ... unless the manifest's `allow_degraded` lists Landlock: then
+        // everything else still runs, seccomp last, and the outcome says
+        // what Landlock enforced (the evidence records the degradation).
+        let mut k = Recording {
+            landlock_status: Some("not_enforced"),
+            ..Recording::default()
+        };
+        let mut allowing = plan();
+        allowing.allow_degraded = vec!["landlock".into()];
+        let outcome = restrict(&mut k, &allowing, &[]).unwrap();
+        assert_eq!(outcome.status, "not_enforced");
+        assert_eq!(k.calls.len(), 7);
+        assert!(k.calls[6].starts_with("seccomp"));
     }
 }

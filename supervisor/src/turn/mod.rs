@@ -50,8 +50,11 @@ pub struct RunOptions {
     pub cgroup_root: PathBuf,
     /// Clock and randomness (session ids, timestamps).
     pub sources: Sources,
-    /// `--backend` (native, runc, crun, runsc, kata).
-    pub backend: String,
+    /// `--backend` (native, runc, crun, runsc, kata); `None`: the
+    /// manifest's trust level picks it through `config`'s table.
+    pub backend: Option<String>,
+    /// The system configuration file (`--config`).
+    pub config: PathBuf,
     /// Deterministic mode for the session `run` starts (without --session).
     pub deterministic: Option<crate::ids::Deterministic>,
 }
@@ -68,10 +71,27 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     };
     let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
     // An unknown or unavailable backend is refused before anything exists.
-    let backend = crate::backend::by_name(&opts.backend, &opts.cgroup_root, opts.json)?;
+    if let Some(name) = &opts.backend {
+        crate::backend::by_name(name, &opts.cgroup_root, opts.json)?;
+    }
     // Everything is validated before a session is created for this turn
     // (exit 2 creates nothing).
     let mut admission = admit::admit(input, given.clone().unwrap_or_else(admit::probe_session))?;
+    let choice = crate::backend::select::choose(
+        opts.backend.as_deref(),
+        admission.manifest.trust_level,
+        &opts.config,
+    )?;
+    let backend = crate::backend::by_name(&choice.name, &opts.cgroup_root, opts.json)?;
+    // A layer the backend cannot enforce refuses the turn (exit 20) unless
+    // the manifest accepts running without it; nothing exists yet.
+    let allowed_degraded: Vec<String> = admission
+        .manifest
+        .allow_degraded
+        .iter()
+        .map(|l| l.as_str().to_owned())
+        .collect();
+    crate::backend::check_enforceable(backend.as_ref(), &allowed_degraded)?;
     let session = match &given {
         Some(id) => Session::open(&admission.workspace, &admission.state, id, None)?,
         None => {
@@ -169,6 +189,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     let result = Turn {
         opts,
         backend,
+        backend_chosen_by: choice.by,
         session: &session,
         lock: &lock,
         request,
@@ -190,6 +211,8 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
 struct Turn<'a> {
     opts: &'a RunOptions,
     backend: Box<dyn Backend>,
+    /// `--backend`, or the trust level's table entry.
+    backend_chosen_by: String,
     session: &'a Session,
     lock: &'a SessionLock,
     request: &'a BoundRequest,

@@ -1,0 +1,639 @@
+//! The runsc (gVisor) backend: the same turn, behind gVisor's sentry.
+//!
+//! The host side is the runc backend's ([`super::hostview`]: the
+//! idmapped workspace and one overlay per writable scope, captured the
+//! same way) and the bundle is the same Plan's, with two differences
+//! gVisor imposes: read-only directories are binds (gVisor mounts no
+//! overlayfs from a bundle; its gofer refuses host unix sockets instead),
+//! and turnstile's init reports through stderr (runsc cannot pass extra
+//! descriptors in, and the host sees only the sentry, so the init checks
+//! its own posture — what gVisor's kernel reports — before it execs the
+//! command; see `sandbox::landlock_exec`).
+//!
+//! The lifecycle maps one to one: `runsc create` (sandbox and gofer up,
+//! the command not started), `runsc start`, `runsc wait` (the exit
+//! status), `runsc delete --force`. The sandbox joins the turn's cgroup
+//! through `linux.cgroupsPath`, so limits, usage, the timer's kill and the
+//! final sweep are the native backend's. The command's exit status comes
+//! from `runsc wait`, which reports death by signal N as 128+N: statuses
+//! 129..=192 are recorded as that signal.
+//!
+//! gVisor has no Landlock (ENOSYS): the layer is reported unenforceable
+//! ([`Backend::cannot_enforce`]), so the turn is refused before anything
+//! runs unless the manifest's `allow_degraded` lists `landlock`; then the
+//! init runs without it and the evidence says so.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use turnstile_oci::REPORT_PREFIX;
+use turnstile_policy::plan::Plan;
+
+use super::{Backend, Sandbox};
+use crate::error::{Result, SupervisorError};
+use crate::sandbox::sandbox_err as err;
+use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
+
+/// The runtime's `--root` (its state).
+const ROOT: &str = "/run/turnstile/runsc";
+
+#[derive(Debug, Clone)]
+pub struct RunscBackend {
+    binary: PathBuf,
+    cgroup_root: PathBuf,
+    json_mode: bool,
+}
+
+/// The typed command lines (tested against exact argv).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunscCmd<'a> {
+    Create {
+        bundle: &'a Path,
+        pid_file: &'a Path,
+        id: &'a str,
+    },
+    Start {
+        id: &'a str,
+    },
+    Wait {
+        id: &'a str,
+    },
+    Delete {
+        id: &'a str,
+    },
+}
+
+impl RunscCmd<'_> {
+    /// The arguments after the binary: the global flags, then the command.
+    /// `ptrace`: the only platform that works on these hosts (kvm hangs,
+    /// systrap is newer than Debian's runsc); `--network=none`: the
+    /// sandbox's loopback only (`isolated`); `--oci-seccomp`: the bundle's
+    /// seccomp filter is installed inside the sandbox (off by default).
+    pub fn argv(&self, root: &Path, log: &Path) -> Vec<String> {
+        let mut v: Vec<String> = vec![
+            "--root".into(),
+            root.display().to_string(),
+            "--log".into(),
+            log.display().to_string(),
+            "--platform=ptrace".into(),
+            "--network=none".into(),
+            "--oci-seccomp".into(),
+        ];
+        match self {
+            Self::Create {
+                bundle,
+                pid_file,
+                id,
+            } => v.extend([
+                "create".into(),
+                "--bundle".into(),
+                bundle.display().to_string(),
+                "--pid-file".into(),
+                pid_file.display().to_string(),
+                (*id).to_owned(),
+            ]),
+            Self::Start { id } => v.extend(["start".into(), (*id).to_owned()]),
+            Self::Wait { id } => v.extend(["wait".into(), (*id).to_owned()]),
+            Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
+        }
+        v
+    }
+}
+
+impl RunscBackend {
+    /// The runsc backend, or E2040 when runsc is not installed.
+    pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+        let binary = ["/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .ok_or_else(|| SupervisorError::RuntimeUnavailable {
+                runtime: "runsc".into(),
+                reason: "runsc (gVisor) is not installed (apt-get install runsc)".into(),
+            })?;
+        Ok(Self {
+            binary,
+            cgroup_root: cgroup_root.to_path_buf(),
+            json_mode,
+        })
+    }
+
+    fn output(&self, cmd: &RunscCmd<'_>, log: &Path) -> Result<Vec<u8>> {
+        let out = Command::new(&self.binary)
+            .args(cmd.argv(Path::new(ROOT), log))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| err("run runsc", e.to_string()))?;
+        if out.status.success() {
+            return Ok(out.stdout);
+        }
+        Err(err(
+            "run runsc",
+            format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        ))
+    }
+}
+
+/// Deletes runsc's record of container `id` if there is one (recovery of
+/// a turn whose supervisor died).
+pub fn forget(id: &str) {
+    if !Path::new(ROOT).join(format!("{id}_sandbox:{id}.state")).exists()
+        && !Path::new(ROOT).join(id).exists()
+    {
+        // runsc names its state files after the sandbox; ask it instead of
+        // guessing when anything of this id may exist.
+        let listed = std::fs::read_dir(ROOT)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .any(|e| e.file_name().to_string_lossy().contains(id))
+            })
+            .unwrap_or(false);
+        if !listed {
+            return;
+        }
+    }
+    if let Ok(b) = RunscBackend::new(Path::new("/sys/fs/cgroup"), false) {
+        let log = std::env::temp_dir().join(format!("turnstile-runsc-forget-{id}.log"));
+        let _ = b.output(&RunscCmd::Delete { id }, &log);
+        let _ = std::fs::remove_file(log);
+    }
+}
+
+/// stderr of the sandbox, with the init's report line taken out of it:
+/// the first line, if it starts with [`REPORT_PREFIX`], goes to `slot`;
+/// everything else passes through unchanged.
+struct ReportReader<R> {
+    inner: R,
+    scanning: Option<Vec<u8>>,
+    pending: Vec<u8>,
+    slot: Arc<Mutex<Option<Value>>>,
+}
+
+/// The longest report line accepted (the rest passes through as output).
+const REPORT_MAX: usize = 64 * 1024;
+
+impl<R: Read> ReportReader<R> {
+    fn scan(&mut self) -> std::io::Result<()> {
+        let Some(mut seen) = self.scanning.take() else {
+            return Ok(());
+        };
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(nl) = seen.iter().position(|b| *b == b'\n') {
+                let line = &seen[..nl];
+                match line
+                    .strip_prefix(REPORT_PREFIX.as_bytes())
+                    .and_then(|j| serde_json::from_slice::<Value>(j).ok())
+                {
+                    Some(report) => {
+                        if let Ok(mut s) = self.slot.lock() {
+                            *s = Some(report);
+                        }
+                        self.pending = seen[nl + 1..].to_vec();
+                    }
+                    None => self.pending = seen,
+                }
+                return Ok(());
+            }
+            if seen.len() > REPORT_MAX {
+                self.pending = seen;
+                return Ok(());
+            }
+            match self.inner.read(&mut buf) {
+                Ok(0) => {
+                    self.pending = seen;
+                    return Ok(());
+                }
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.pending = seen;
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl<R: Read> Read for ReportReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.scan()?;
+        if !self.pending.is_empty() {
+            let n = buf.len().min(self.pending.len());
+            buf[..n].copy_from_slice(&self.pending[..n]);
+            self.pending.drain(..n);
+            return Ok(n);
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// A runsc sandbox, created (sentry and gofer up), the command not started.
+struct RunscSandbox {
+    backend: RunscBackend,
+    id: String,
+    log: PathBuf,
+    cg: Arc<cgroup::TurnCgroup>,
+    view: Option<super::hostview::HostView>,
+    watch: Option<Watch>,
+    report: Arc<Mutex<Option<Value>>>,
+    timeout: Duration,
+    start_failed: Option<String>,
+    started: Instant,
+    last: Instant,
+    phases: Vec<(&'static str, u64)>,
+    uppers: Vec<PathBuf>,
+    scratch: PathBuf,
+    created: bool,
+    torn_down: bool,
+}
+
+impl Backend for RunscBackend {
+    fn name(&self) -> &'static str {
+        "runsc"
+    }
+
+    fn cannot_enforce(&self) -> Vec<(&'static str, &'static str)> {
+        vec![(
+            "landlock",
+            "gVisor's kernel has no Landlock (its syscalls return ENOSYS)",
+        )]
+    }
+
+    fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
+        let started = Instant::now();
+        let id = format!("{}-t{}", plan.session_id, plan.turn_number);
+        let cg = Arc::new(cgroup::TurnCgroup::create(
+            &self.cgroup_root,
+            &id,
+            &plan.limits,
+        )?);
+        let mut sb = RunscSandbox {
+            backend: self.clone(),
+            id: id.clone(),
+            log: turn.path.join("runsc.log"),
+            cg,
+            view: None,
+            watch: None,
+            report: Arc::new(Mutex::new(None)),
+            timeout: Duration::from_secs(plan.limits.timeout_seconds),
+            start_failed: None,
+            started,
+            last: started,
+            phases: Vec::new(),
+            uppers: (0..plan.writable_scopes.len())
+                .map(|i| turn.upper(i))
+                .collect(),
+            scratch: turn.path.join(init::SCRATCH_DIR),
+            created: false,
+            torn_down: false,
+        };
+        // Drop tears down whatever was built if a step below fails.
+        let view = sb
+            .view
+            .insert(super::hostview::HostView::mount(plan, turn)?);
+        let bundle_dir = turn.path.join("bundle");
+        let options = super::bundle::options(
+            plan,
+            "runsc",
+            super::bundle::Place {
+                bundle_dir: bundle_dir.clone(),
+                empty_dir: turn.path.join(init::EMPTY_DIR),
+                scope_sources: view.scope_sources(),
+                workspace_source: Some(view.lower.display().to_string()),
+            },
+            Vec::new(),
+            None,
+        )?;
+        let mut bundle =
+            turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
+        bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
+        super::bundle::write(&bundle_dir, &bundle, 0)?;
+        sb.lap("bundle");
+
+        let pid_file = turn.path.join("runsc.pid");
+        let create = RunscCmd::Create {
+            bundle: &bundle_dir,
+            pid_file: &pid_file,
+            id: &id,
+        };
+        // The sandbox inherits these pipes: the command's stdout and stderr.
+        let mut child = Command::new(&self.binary)
+            .args(create.argv(Path::new(ROOT), &sb.log))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| err("start runsc", e.to_string()))?;
+        sb.created = true;
+        if let (Some(out), Some(errs)) = (child.stdout.take(), child.stderr.take()) {
+            let errs = ReportReader {
+                inner: errs,
+                scanning: Some(Vec::new()),
+                pending: Vec::new(),
+                slot: Arc::clone(&sb.report),
+            };
+            sb.watch = Some(Watch::pumps(
+                out,
+                errs,
+                plan.limits.output_bytes,
+                self.json_mode,
+            ));
+        }
+        let status = child.wait().map_err(|e| err("runsc create", e.to_string()))?;
+        if !status.success() {
+            let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
+            return Err(err(
+                "runsc create",
+                logged
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("failed")
+                    .to_owned(),
+            ));
+        }
+        sb.lap("runtime_create");
+        Ok(Box::new(sb))
+    }
+}
+
+impl RunscSandbox {
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
+    fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        self.cg.kill_all();
+        if let Some(w) = self.watch.as_mut() {
+            w.stop();
+        }
+        if self.created {
+            let _ = self
+                .backend
+                .output(&RunscCmd::Delete { id: &self.id }, &self.log);
+        }
+        if let Some(view) = self.view.as_mut() {
+            view.unmount();
+        }
+        self.cg.kill_all();
+        self.cg.remove();
+    }
+
+    /// The command's ending from `runsc wait`'s `{"exitStatus": N}`.
+    fn ending(waited: Result<Vec<u8>>) -> Ending {
+        let status = waited.ok().and_then(|out| {
+            serde_json::from_slice::<Value>(&out)
+                .ok()?
+                .get("exitStatus")?
+                .as_i64()
+        });
+        match status {
+            Some(s @ 129..=192) => {
+                let signal = (s - 128) as i32;
+                Ending::Signaled {
+                    signal,
+                    name: Signal::try_from(signal)
+                        .map(|s| s.as_str().to_owned())
+                        .unwrap_or_else(|_| format!("signal {signal}")),
+                }
+            }
+            Some(s) => Ending::Exited(s as i32),
+            None => Ending::SetupFailed {
+                stage: "runsc".into(),
+                detail: "`runsc wait` reported no exit status".into(),
+            },
+        }
+    }
+}
+
+impl Drop for RunscSandbox {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+impl Sandbox for RunscSandbox {
+    fn posture(&self) -> Option<&Posture> {
+        // Checked inside, by the init (module doc); known after `wait`.
+        None
+    }
+
+    fn start(&mut self) {
+        if let Err(e) = self
+            .backend
+            .output(&RunscCmd::Start { id: &self.id }, &self.log)
+        {
+            self.start_failed = Some(e.to_string());
+            self.cg.kill_all();
+            return;
+        }
+        self.lap("runtime_start");
+        if let Some(w) = self.watch.as_mut() {
+            w.start_timer(Arc::clone(&self.cg), self.timeout);
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        self.cg.signal_all(signal);
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<Execution> {
+        let ending = match self.start_failed.take() {
+            Some(detail) => Ending::SetupFailed {
+                stage: "runsc start".into(),
+                detail,
+            },
+            None => Self::ending(
+                self.backend
+                    .output(&RunscCmd::Wait { id: &self.id }, &self.log),
+            ),
+        };
+        self.lap("command_and_exit");
+        let empty = self.cg.kill_all();
+        let usage = self.cg.usage();
+        let version = self.cg.version;
+        self.teardown();
+        let (stdout, stderr) = self.watch.as_mut().map(Watch::streams).unwrap_or_default();
+        if !empty {
+            return Err(err("teardown", "processes of the turn survived SIGKILL"));
+        }
+        let report = self.report.lock().ok().and_then(|mut r| r.take());
+        let (landlock, posture) = match &report {
+            Some(r) => (
+                Some(r["landlock"].clone()),
+                Some(Posture {
+                    pid: 0,
+                    threads: 1,
+                    failures: r["posture"]["failures"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .map(|f| format!("(inside gVisor) {}", f.as_str().unwrap_or("?")))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    namespaces: Vec::new(),
+                }),
+            ),
+            None => (None, None),
+        };
+        let ending = match (&report, ending) {
+            (None, Ending::Exited(_) | Ending::Signaled { .. }) => Ending::SetupFailed {
+                stage: "init".into(),
+                detail: "turnstile's init in the sandbox never reported (its reason, if it gave one, is on the turn's stderr)".into(),
+            },
+            (_, e) => e,
+        };
+        let disk_full = nix::sys::statvfs::statvfs(&self.scratch)
+            .map(|s| s.blocks_available() == 0 || s.files_available() == 0)
+            .unwrap_or(false);
+        Ok(Execution {
+            ending,
+            timed_out: self.watch.as_ref().is_some_and(Watch::timed_out),
+            usage,
+            cgroup_version: version,
+            landlock,
+            report: Vec::new(),
+            stdout,
+            stderr,
+            output_truncated: self.watch.as_ref().is_some_and(Watch::truncated),
+            disk_full,
+            posture,
+            phases: std::mem::take(&mut self.phases),
+            seccomp_unknown: Vec::new(),
+            wall: self.started.elapsed(),
+            uppers: std::mem::take(&mut self.uppers),
+            ephemeral: serde_json::Map::new(),
+            denials: Err(
+                "runsc: seccomp refusals are plain errnos inside gVisor, so they are not observed"
+                    .into(),
+            ),
+            degraded: vec![
+                "runsc: the posture was checked by turnstile's init inside gVisor (no_new_privs, seccomp mode, capabilities, ids as gVisor's kernel reports them); the host sees only the sentry".into(),
+                "runsc: the workspace's read-only directories are bind mounts, not overlays (gVisor's gofer refuses host unix sockets instead)".into(),
+                "runsc: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded".into(),
+                "runsc: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS".into(),
+            ],
+        })
+    }
+
+    fn delete(mut self: Box<Self>) {
+        self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runsc_command_lines_are_exact() {
+        let (root, log) = (Path::new("/run/t"), Path::new("/s/runsc.log"));
+        let global = [
+            "--root",
+            "/run/t",
+            "--log",
+            "/s/runsc.log",
+            "--platform=ptrace",
+            "--network=none",
+            "--oci-seccomp",
+        ];
+        let with = |tail: &[&str]| -> Vec<String> {
+            global.iter().chain(tail).map(|s| (*s).to_owned()).collect()
+        };
+        assert_eq!(
+            RunscCmd::Create {
+                bundle: Path::new("/s/bundle"),
+                pid_file: Path::new("/s/runsc.pid"),
+                id: "S-t1"
+            }
+            .argv(root, log),
+            with(&[
+                "create",
+                "--bundle",
+                "/s/bundle",
+                "--pid-file",
+                "/s/runsc.pid",
+                "S-t1"
+            ])
+        );
+        assert_eq!(
+            RunscCmd::Start { id: "i" }.argv(root, log),
+            with(&["start", "i"])
+        );
+        assert_eq!(
+            RunscCmd::Wait { id: "i" }.argv(root, log),
+            with(&["wait", "i"])
+        );
+        assert_eq!(
+            RunscCmd::Delete { id: "i" }.argv(root, log),
+            with(&["delete", "--force", "i"])
+        );
+    }
+
+    fn split(input: &[u8]) -> (Vec<u8>, Option<Value>) {
+        let slot = Arc::new(Mutex::new(None));
+        let mut r = ReportReader {
+            inner: input,
+            scanning: Some(Vec::new()),
+            pending: Vec::new(),
+            slot: Arc::clone(&slot),
+        };
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        let report = slot.lock().unwrap().take();
+        (rest, report)
+    }
+
+    #[test]
+    fn the_init_report_is_taken_out_of_stderr_and_nothing_else() {
+        let line = format!("{REPORT_PREFIX}{{\"landlock\":{{\"status\":\"x\"}}}}\nafter\n");
+        let (rest, report) = split(line.as_bytes());
+        assert_eq!(rest, b"after\n");
+        assert_eq!(report.unwrap()["landlock"]["status"], "x");
+        // A first line that is not a report (the init failed before it, or
+        // a command imitates it later: it cannot come first) passes through.
+        for text in [
+            "turnstile-init: landlock: boom\n".to_owned(),
+            format!("out\n{REPORT_PREFIX}{{}}\n"),
+            format!("{REPORT_PREFIX}not json\n"),
+            String::new(),
+            "no newline".to_owned(),
+        ] {
+            let (rest, report) = split(text.as_bytes());
+            assert_eq!(rest, text.as_bytes());
+            assert!(report.is_none(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn runsc_wait_statuses_become_endings() {
+        let ending = |s: &str| RunscSandbox::ending(Ok(s.as_bytes().to_vec()));
+        assert_eq!(ending(r#"{"id":"i","exitStatus":3}"#), Ending::Exited(3));
+        assert_eq!(
+            ending(r#"{"id":"i","exitStatus":137}"#),
+            Ending::Signaled {
+                signal: 9,
+                name: "SIGKILL".into()
+            }
+        );
+        assert!(matches!(ending("{}"), Ending::SetupFailed { .. }));
+        assert!(matches!(
+            RunscSandbox::ending(Err(err("x", "y"))),
+            Ending::SetupFailed { .. }
+        ));
+    }
+}
