@@ -230,6 +230,7 @@ pub fn replay(
             sources: Sources::system(),
             backend: "native".into(),
             deterministic: None,
+            rootfs: None,
         };
         crate::turn::run_turn(&opts)?;
     }

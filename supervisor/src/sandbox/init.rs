@@ -216,8 +216,9 @@ fn bind_read_only(source: &Path, target: &Path, report: &mut Report) {
         .or_fail(report, "bind mount");
 }
 
-/// Where S1 finds the sources of the view: the host's `/`, and the
-/// workspace through its idmapped clone.
+/// Where S1 finds the sources of the view: the host's `/` (or the image
+/// rootfs of `Plan::system_root`), and the workspace through its idmapped
+/// clone.
 struct Sources {
     host: OwnedFd,
     workspace: OwnedFd,
@@ -342,8 +343,10 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
     )
     .or_fail(report, "idmap workspace");
     lap("idmap", &mut laps);
+    // The system view's sources: the host's `/`, or an image rootfs.
+    let system = plan.system_root.as_deref().unwrap_or("/");
     let mut src = Sources {
-        host: open_dir(Path::new("/"), report),
+        host: open_dir(Path::new(system), report),
         workspace: open_dir(&lower, report),
         root: plan.root.clone(),
         empty: open_dir(&turn_dir.join(EMPTY_DIR), report),
@@ -358,6 +361,22 @@ fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report
     for (n, m) in plan.mounts.iter().enumerate() {
         match m {
             Mount::ReadOnly { path } => show_read_only(&mut src, path, new_root, report),
+            Mount::SystemReadOnly { path } if plan.system_root.is_some() => {
+                // An image's file: opened beneath the image without
+                // following any symlink (its links must not reach the host).
+                let fd = src
+                    .open(path)
+                    .map_err(|e| format!("{path}: {e} (in the image rootfs)"))
+                    .or_fail(report, "open view source");
+                let st = nix::sys::stat::fstat(&fd).or_fail(report, "open view source");
+                let target = under(new_root, path);
+                if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR {
+                    ensure_dir(&target, report);
+                } else {
+                    ensure_file(&target, report);
+                }
+                bind_read_only(Path::new(&sys::fd_path(&fd)), &target, report);
+            }
             Mount::SystemReadOnly { path } => {
                 let target = under(new_root, path);
                 if Path::new(path).is_dir() {
