@@ -21,6 +21,7 @@
 //! anywhere but through `supervise run`.
 
 use std::fs::OpenOptions;
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -66,7 +67,20 @@ impl containerd_shim::Shim for Shim {
         let grouping = opts.id.clone();
         let (_pid, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
         containerd_shim::synchronous::util::write_address(&address)?;
-        Ok(address)
+        // containerd 1.6 (Debian's 1.6.20) reads the start reply as the bare
+        // socket address; the library answers with the JSON of 1.7's
+        // protocol, which 1.6 dials verbatim and fails. A bare address is
+        // understood by both, so the reply is written here and the start
+        // action ends (nothing follows it in the library but that reply).
+        let mut out = std::io::stdout().lock();
+        let written = out.write_all(address.as_bytes()).and_then(|()| out.flush());
+        if let Err(e) = written {
+            return Err(containerd_shim::Error::IoError {
+                context: "write the start reply".into(),
+                err: e,
+            });
+        }
+        std::process::exit(0)
     }
 
     /// `containerd-shim-turnstile-v2 delete`, run in the bundle after the
@@ -148,6 +162,54 @@ fn now() -> Timestamp {
     t.seconds = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
     t.nanos = i32::try_from(d.subsec_nanos()).unwrap_or_default();
     t
+}
+
+/// Mounts one of the rootfs mounts containerd hands over (the snapshot:
+/// overlay, or a bind for the native snapshotter) at `target`. Done here,
+/// not by the library's `mount_rootfs`, which waits for a helper child
+/// through the library's reaper (this shim waits for its children itself).
+fn mount_one(kind: &str, source: &str, options: &[String], target: &Path) -> Result<(), ShimError> {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::empty();
+    let mut data: Vec<&str> = Vec::new();
+    for o in options {
+        match o.as_str() {
+            "ro" => flags |= MsFlags::MS_RDONLY,
+            "rw" | "defaults" => {}
+            "bind" => flags |= MsFlags::MS_BIND,
+            "rbind" => flags |= MsFlags::MS_BIND | MsFlags::MS_REC,
+            "nosuid" => flags |= MsFlags::MS_NOSUID,
+            "nodev" => flags |= MsFlags::MS_NODEV,
+            "noexec" => flags |= MsFlags::MS_NOEXEC,
+            other => data.push(other),
+        }
+    }
+    let data = data.join(",");
+    let fstype = (!flags.contains(MsFlags::MS_BIND)).then_some(kind);
+    let fail = |e: nix::errno::Errno| ShimError::Io {
+        op: "mount the image rootfs at",
+        path: target.to_path_buf(),
+        source: std::io::Error::other(format!("{kind} from {source}: {e}")),
+    };
+    nix::mount::mount(
+        Some(source),
+        target,
+        fstype,
+        flags,
+        (!data.is_empty()).then_some(data.as_str()),
+    )
+    .map_err(fail)?;
+    if flags.contains(MsFlags::MS_BIND) && flags.contains(MsFlags::MS_RDONLY) {
+        nix::mount::mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            flags | MsFlags::MS_REMOUNT,
+            None::<&str>,
+        )
+        .map_err(fail)?;
+    }
+    Ok(())
 }
 
 fn unmount_rootfs(bundle: &Path) {
@@ -240,31 +302,22 @@ impl TaskService {
             reason: e.to_string(),
         })?;
         let options = load_options(req)?;
-        let turn = contract::turn_from_spec(&spec, &bundle)?;
         let supervise = supervise_binary(&options);
         let rootfs = bundle.join("rootfs");
         for m in &req.rootfs {
-            containerd_shim::mount::mount_rootfs(
-                Some(m.type_.as_str()),
-                Some(m.source.as_str()),
-                &m.options,
-                &rootfs,
-            )
-            .map_err(|e| ShimError::Io {
-                op: "mount the image rootfs at",
-                path: rootfs.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })?;
+            mount_one(&m.type_, &m.source, &m.options, &rootfs)?;
         }
         // From here on a refusal unmounts what it mounted.
         let admitted = (|| {
+            // argv[0] is resolved in the mounted image.
+            let turn = contract::turn_from_spec(&spec, &bundle)?;
             let check = output(
                 Command::new(&supervise).args(turn.check_args(&options)),
                 "run",
                 &supervise,
             )?;
             match check.status.code() {
-                Some(0) => Ok(()),
+                Some(0) => Ok(turn),
                 Some(11) => {
                     let violations = serde_json::from_slice::<serde_json::Value>(&check.stdout)
                         .ok()
@@ -298,10 +351,13 @@ impl TaskService {
                 _ => Err(ShimError::Refused(text(&check))),
             }
         })();
-        if let Err(e) = admitted {
-            unmount_rootfs(&bundle);
-            return Err(e);
-        }
+        let turn = match admitted {
+            Ok(t) => t,
+            Err(e) => {
+                unmount_rootfs(&bundle);
+                return Err(e);
+            }
+        };
         Ok(TaskState {
             id: req.id.clone(),
             bundle,
