@@ -38,6 +38,13 @@ pub struct InitBinary {
     pub host_path: String,
     /// How the init reports to the supervisor.
     pub report: InitReport,
+    /// The host's dynamic loader (its path), whose directory also holds the
+    /// init's shared libraries. Used when the system view is an image
+    /// rootfs (`Plan::system_root`), which may have no (or another) libc:
+    /// the directory is bound read-only at [`INIT_LIB_DIR`] and the init is
+    /// started through that loader. Landlock, applied by the init, grants
+    /// the command nothing there.
+    pub host_loader: Option<String>,
 }
 
 /// How turnstile's init in the container reports and waits.
@@ -67,6 +74,8 @@ pub const MASK_FILE: &str = "generated/masked";
 /// Container paths of the init and its rules file.
 pub const INIT_PATH: &str = "/.turnstile/init";
 pub const LANDLOCK_RULES_PATH: &str = "/.turnstile/landlock.json";
+/// Container path of the host libraries the init needs over an image rootfs.
+pub const INIT_LIB_DIR: &str = "/.turnstile/lib";
 /// argv[1] of the init mode that applies Landlock rules and execs.
 pub const LANDLOCK_EXEC: &str = "__landlock-exec";
 
@@ -132,13 +141,24 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
     let mut symlinks = Vec::new();
     let mut generated = Vec::new();
     let gen_path = |name: &str| format!("{}/{name}", o.bundle_dir.trim_end_matches('/'));
-    // Host path of what the container sees at `path`.
+    // Host path of what the container sees at `path`: the workspace's
+    // files from its (idmapped) source, the rest from the host's `/` or the
+    // image rootfs (`Plan::system_root`).
+    let in_root = |path: &str| {
+        path.strip_prefix(plan.root.as_str())
+            .is_some_and(|rel| rel.is_empty() || rel.starts_with('/'))
+    };
     let source = |path: &str| -> String {
         match (&o.workspace_source, path.strip_prefix(plan.root.as_str())) {
             (Some(src), Some(rel)) if rel.is_empty() || rel.starts_with('/') => {
                 format!("{src}{rel}")
             }
-            _ => path.to_owned(),
+            _ => match &plan.system_root {
+                Some(system) if !in_root(path) => {
+                    format!("{}{path}", system.trim_end_matches('/'))
+                }
+                _ => path.to_owned(),
+            },
         }
     };
     for (n, m) in plan.mounts.iter().enumerate() {
@@ -150,7 +170,7 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                 })),
                 _ => mounts.push(bind(path, &source(path), false)),
             },
-            Mount::SystemReadOnly { path } => mounts.push(bind(path, path, false)),
+            Mount::SystemReadOnly { path } => mounts.push(bind(path, &source(path), false)),
             Mount::Symlink { path, target } => symlinks.push((path.clone(), target.clone())),
             Mount::Dir { path } => dirs.push(path.clone()),
             Mount::Generated { path, contents } => {
@@ -227,6 +247,21 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
             &gen_path("generated/landlock.json"),
             false,
         ));
+        if let (Some(_), Some(loader)) = (&plan.system_root, &init.host_loader) {
+            let (dir, name) = loader.rsplit_once('/').unwrap_or(("", loader.as_str()));
+            if dir.is_empty() || name.is_empty() {
+                return Err(OciError::Unrepresentable {
+                    field: "init.host_loader".into(),
+                    reason: format!("`{loader}` is not an absolute file path"),
+                });
+            }
+            mounts.push(bind(INIT_LIB_DIR, dir, false));
+            args.extend([
+                format!("{INIT_LIB_DIR}/{name}"),
+                "--library-path".to_owned(),
+                INIT_LIB_DIR.to_owned(),
+            ]);
+        }
         args.extend([
             INIT_PATH.to_owned(),
             LANDLOCK_EXEC.to_owned(),

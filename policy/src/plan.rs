@@ -147,6 +147,14 @@ pub struct Plan {
     /// (`allow_degraded`, e.g. `landlock`).
     #[serde(default)]
     pub allow_degraded: Vec<String>,
+    /// Where the system view comes from: `None`, the host's `/`; `Some(dir)`,
+    /// an image rootfs (`run --rootfs`, the containerd shim). Every path of
+    /// the Plan outside the workspace root is then a path *in* that rootfs:
+    /// the baseline, absolute grants, executables and their loaders are
+    /// resolved there, and backends take those mounts' sources from it. The
+    /// workspace keeps its host path either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_root: Option<String>,
 }
 
 /// Why a plan could not be compiled.
@@ -269,6 +277,10 @@ pub struct PlanContext<'a> {
     pub turn_number: u64,
     /// Values of [`ENV_PASSTHROUGH`] variables on the host.
     pub host_env: Vec<(String, String)>,
+    /// The image rootfs the system view comes from (see
+    /// [`Plan::system_root`]); `fs` must then answer for paths outside the
+    /// workspace from that rootfs.
+    pub system_root: Option<&'a str>,
 }
 
 /// Compiles the Plan of one allowed turn.
@@ -379,6 +391,15 @@ pub fn compile(
         {
             baseline.push((*path).to_owned());
             continue;
+        }
+        // In an image rootfs, a baseline entry below a symlinked directory
+        // is left out: its source path would be resolved on the host when
+        // mounted. (The host's own baseline has none.)
+        if ctx.system_root.is_some() {
+            let parent = path.rsplit_once('/').map_or("", |(d, _)| d);
+            if !parent.is_empty() && fs.canonical(parent).as_deref() != Some(parent) {
+                continue;
+            }
         }
         match fs.kind(path) {
             Some(FileKind::Symlink) => {
@@ -719,6 +740,7 @@ pub fn compile(
             .iter()
             .map(|l| l.as_str().to_owned())
             .collect(),
+        system_root: ctx.system_root.map(str::to_owned),
     })
 }
 
@@ -993,6 +1015,7 @@ mod tests {
                 ("TERM".into(), "xterm".into()),
                 ("SECRET".into(), "x".into()),
             ],
+            system_root: None,
         };
         compile(&ctx, &m, &req, &allowed, fs)
     }
@@ -1149,6 +1172,61 @@ mod tests {
             ]
         );
         assert_eq!(plan.argv[0], "/ws/installed/p/run.sh");
+    }
+
+    #[test]
+    fn an_image_rootfs_is_recorded_and_its_symlinked_parents_are_left_out() {
+        use FileKind::*;
+        // The image's view (what a rooted FsView answers): /etc is a
+        // symlink into the image, so /etc/passwd's source would be resolved
+        // on the host if it were mounted by path.
+        let mut fs = FakeFs::with(&[
+            ("/bin", Dir),
+            ("/bin/busybox", File),
+            ("/etc", Symlink),
+            ("/etc/passwd", File),
+            ("/ws", Dir),
+            ("/ws/installed", Dir),
+        ]);
+        fs.links.insert("/etc".into(), "/private/etc".into());
+        let m = Manifest::from_slice(
+            br#"{"capabilities": {"execute": ["/bin/busybox"]}}"#,
+            &PackageId::parse("p").unwrap(),
+            "m.json".into(),
+        )
+        .unwrap();
+        let req =
+            TurnRequest::from_json(br#"{"command": ["/bin/busybox"], "declared_outputs": []}"#)
+                .unwrap()
+                .bind(&SessionId::parse(SID).unwrap())
+                .unwrap();
+        let allowed = crate::check::check_turn("/ws", &m, &req).unwrap().unwrap();
+        let ctx = PlanContext {
+            root: "/ws",
+            workspace_owner: (0, 0),
+            turn_number: 1,
+            host_env: Vec::new(),
+            system_root: Some("/images/busybox"),
+        };
+        let plan = compile(&ctx, &m, &req, &allowed, &fs).unwrap();
+        assert_eq!(plan.system_root.as_deref(), Some("/images/busybox"));
+        assert!(plan.mounts.contains(&Mount::SystemReadOnly {
+            path: "/bin".into()
+        }));
+        assert!(
+            !plan
+                .mounts
+                .iter()
+                .any(|m| matches!(m, Mount::SystemReadOnly { path } if path == "/etc/passwd"))
+        );
+        // Without an image the host's Plan serializes as before.
+        let host = compile_for(MANIFEST, &["installed/p/run.sh"], &tree()).unwrap();
+        assert!(host.system_root.is_none());
+        assert!(
+            !serde_json::to_string(&host)
+                .unwrap()
+                .contains("system_root")
+        );
     }
 
     #[test]

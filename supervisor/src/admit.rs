@@ -32,6 +32,9 @@ pub struct Input<'a> {
     pub state_dir: &'a Path,
     pub package: &'a str,
     pub request: &'a TurnRequest,
+    /// An image rootfs as the turn's system view (`--rootfs`): absolute
+    /// manifest entries are checked against it instead of the host.
+    pub system_root: Option<&'a Path>,
 }
 
 /// Parses and binds everything; compiles the capabilities. `session` is
@@ -44,11 +47,18 @@ pub fn admit(input: Input<'_>, session: SessionId) -> Result<Admission> {
     let manifest = Manifest::load(workspace.root(), &package)?;
     // Entries that can grant nothing on this host (a missing absolute
     // executable, a read of a path that does not exist) are refused here.
+    let rooted = input
+        .system_root
+        .map(|image| crate::realfs::RootedFs::new(image, workspace.root_str()));
+    let view: &dyn turnstile_policy::plan::FsView = match &rooted {
+        Some(r) => r,
+        None => &crate::realfs::HostFs,
+    };
     turnstile_policy::grants::check_on_host(
         &manifest.capabilities,
         &manifest.source,
         workspace.root_str(),
-        &crate::realfs::HostFs,
+        view,
     )?;
     let request = input.request.bind(&session)?;
     let capabilities = CompiledCapabilities::compile(workspace.root_str(), &manifest, &request)?;
@@ -85,4 +95,29 @@ impl Admission {
 /// An id for a session that does not exist yet (never written anywhere).
 pub fn probe_session() -> SessionId {
     SessionId::from_parts(time::OffsetDateTime::UNIX_EPOCH, 0)
+}
+
+/// `--rootfs DIR`: an existing directory, absolute after resolution, that
+/// is neither the host's `/` nor inside or around the workspace (bad input,
+/// exit 2, naming the flag).
+pub fn system_root(dir: &Path, workspace_root: &Path) -> Result<std::path::PathBuf> {
+    let bad = |why: String| crate::error::SupervisorError::invalid("--rootfs", why);
+    let canon = std::fs::canonicalize(dir).map_err(|e| bad(format!("{}: {e}", dir.display())))?;
+    if !canon.is_dir() {
+        return Err(bad(format!("{} is not a directory", canon.display())));
+    }
+    if canon == Path::new("/") {
+        return Err(bad(
+            "the host's / is the default system view; give an image rootfs".into(),
+        ));
+    }
+    let ws = std::fs::canonicalize(workspace_root).unwrap_or_else(|_| workspace_root.to_path_buf());
+    if canon.starts_with(&ws) || ws.starts_with(&canon) {
+        return Err(bad(format!(
+            "{} overlaps the workspace {}; the image rootfs must be apart from it",
+            canon.display(),
+            ws.display()
+        )));
+    }
+    Ok(canon)
 }

@@ -309,6 +309,11 @@ pub struct RequestArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub common: Common,
+    /// The turn's system view from an image rootfs DIR (its /usr, /bin,
+    /// /lib, /etc set…) instead of the host's; the workspace keeps its host
+    /// path. What the containerd shim passes as the container's rootfs.
+    #[arg(long, value_name = "DIR")]
+    pub rootfs: Option<PathBuf>,
     #[arg(long, value_name = "PKG")]
     pub package: String,
     /// Session whose id expands <session_id> (default: a fresh id; nothing
@@ -323,6 +328,11 @@ pub struct CheckArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub common: Common,
+    /// The turn's system view from an image rootfs DIR (its /usr, /bin,
+    /// /lib, /etc set…) instead of the host's; the workspace keeps its host
+    /// path. What the containerd shim passes as the container's rootfs.
+    #[arg(long, value_name = "DIR")]
+    pub rootfs: Option<PathBuf>,
     #[arg(long, value_name = "PKG")]
     pub package: String,
     /// Run in this session (default: start a new one).
@@ -371,6 +381,11 @@ pub struct BundleArgs {
 pub struct PlanArgs {
     #[command(flatten)]
     pub common: Common,
+    /// The turn's system view from an image rootfs DIR (its /usr, /bin,
+    /// /lib, /etc set…) instead of the host's; the workspace keeps its host
+    /// path. What the containerd shim passes as the container's rootfs.
+    #[arg(long, value_name = "DIR")]
+    pub rootfs: Option<PathBuf>,
     #[arg(long, value_name = "PKG")]
     pub package: String,
     #[arg(long, value_name = "SID")]
@@ -913,6 +928,7 @@ fn check(a: &CheckArgs) -> Result<Outcome> {
             state_dir: &a.common.state_dir,
             package: &a.package,
             request: &request,
+            system_root: rootfs(a.rootfs.as_deref(), &a.common.root)?.as_deref(),
         },
         session,
     )?;
@@ -1041,6 +1057,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         backend: a.backend.clone(),
         config: a.config.clone(),
         deterministic,
+        rootfs: a.rootfs.clone(),
     };
     let r = crate::turn::run_turn(&opts)?;
     if let Some(path) = &a.events {
@@ -1185,6 +1202,7 @@ fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
             state_dir: &a.common.state_dir,
             package: &a.package,
             request: &request,
+            system_root: rootfs(a.rootfs.as_deref(), &a.common.root)?.as_deref(),
         },
         a.session.as_deref(),
     )?;
@@ -1224,6 +1242,7 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
             state_dir: &a.plan.common.state_dir,
             package: &a.plan.package,
             request: &request,
+            system_root: rootfs(a.plan.rootfs.as_deref(), &a.plan.common.root)?.as_deref(),
         },
         a.plan.session.as_deref(),
     )?;
@@ -1330,4 +1349,9 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
         t
     };
     Ok(Outcome::ok(stdout))
+}
+
+/// `--rootfs`, validated (see [`crate::admit::system_root`]).
+fn rootfs(dir: Option<&std::path::Path>, root: &std::path::Path) -> Result<Option<PathBuf>> {
+    dir.map(|d| crate::admit::system_root(d, root)).transpose()
 }

@@ -233,6 +233,7 @@ pub fn replay(
             backend: Some(e["backend"].as_str().unwrap_or("native").to_owned()),
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
+            rootfs: None,
         };
         crate::turn::run_turn(&opts)?;
     }

@@ -286,3 +286,66 @@ pub fn validate_json(schema_dir: &Path, schema_file: &str, docs: &[&Path]) -> Ve
         .map(str::to_owned)
         .collect()
 }
+
+/// The applets an image rootfs built from busybox-static links.
+pub const BUSYBOX_APPLETS: &[&str] = &[
+    "sh", "cat", "echo", "ls", "true", "false", "sleep", "touch", "mkdir", "id", "env",
+];
+
+/// Builds a minimal image rootfs in `dir` (which must not exist): the
+/// statically linked `/bin/busybox` (Debian's busybox-static), its applets
+/// as symlinks, `/etc/passwd` and `/etc/group` naming root and nobody, and
+/// `/etc/os-release` saying what it is. Returns false (with the reason on
+/// stderr) when busybox-static is not installed.
+pub fn busybox_rootfs(dir: &Path) -> bool {
+    let busybox = Path::new("/bin/busybox");
+    let is_static = std::fs::read(busybox).is_ok_and(|b| elf64_without_interpreter(&b));
+    if !is_static {
+        eprintln!(
+            "turnstile-test: /bin/busybox missing or not static (apt-get install busybox-static)"
+        );
+        return false;
+    }
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("etc")).unwrap();
+    std::fs::copy(busybox, dir.join("bin/busybox")).unwrap();
+    for applet in BUSYBOX_APPLETS {
+        std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(
+        dir.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").unwrap();
+    std::fs::write(
+        dir.join("etc/os-release"),
+        "NAME=\"turnstile test image\"\nID=busybox\n",
+    )
+    .unwrap();
+    true
+}
+
+/// An ELF64 file with no PT_INTERP program header (statically linked).
+fn elf64_without_interpreter(b: &[u8]) -> bool {
+    let u16_at = |o: usize| {
+        b.get(o..o + 2)
+            .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
+    };
+    let u64_at = |o: usize| {
+        b.get(o..o + 8)
+            .and_then(|x| x.try_into().ok())
+            .map(|x: [u8; 8]| u64::from_le_bytes(x) as usize)
+    };
+    if b.get(..5) != Some(b"\x7fELF\x02") {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    (0..phnum).all(|i| {
+        let at = phoff + i * phentsize;
+        b.get(at..at + 4) != Some(&[3, 0, 0, 0][..])
+    })
+}

@@ -549,7 +549,7 @@ fn unavailable_runtime_is_e2040_never_a_silent_fallback() {
         &[
             "--json",
             "--backend",
-            "runsc",
+            "kata",
             "--no-outputs",
             "--",
             "/bin/sleep",

@@ -34,6 +34,8 @@ const APT_PACKAGES: &[&str] = &[
     "git",
     "nodejs",
     "runc",
+    "containerd",
+    "busybox-static",
     "crun",
 ];
 

@@ -54,6 +54,13 @@ pub fn write(dir: &Path, bundle: &Bundle, scopes: usize) -> Result<()> {
     std::fs::write(&config, text + "\n").map_err(io("write config.json", &config))
 }
 
+/// The host's dynamic loader (the init's interpreter).
+const HOST_LOADER: &str = if cfg!(target_arch = "aarch64") {
+    "/lib/ld-linux-aarch64.so.1"
+} else {
+    "/lib64/ld-linux-x86-64.so.2"
+};
+
 /// Where a bundle's pieces are on the host.
 #[derive(Debug, Clone)]
 pub struct Place {
@@ -87,11 +94,22 @@ pub fn options(
     let exe = std::env::current_exe()
         .map_err(|e| SupervisorError::invalid("supervise", e.to_string()))?;
     let runsc = backend == "runsc";
+    // Where a path of the view is on the host: outside the workspace, in
+    // the image rootfs when the system view comes from one.
+    let on_host = |path: &str| -> std::path::PathBuf {
+        let in_root = path
+            .strip_prefix(plan.root.as_str())
+            .is_some_and(|rel| rel.is_empty() || rel.starts_with('/'));
+        match &plan.system_root {
+            Some(system) if !in_root => Path::new(system).join(path.trim_start_matches('/')),
+            _ => Path::new(path).to_path_buf(),
+        }
+    };
     let read_only_dirs = if runsc { Vec::new() } else { plan
         .mounts
         .iter()
         .filter_map(|m| match m {
-            turnstile_policy::plan::Mount::ReadOnly { path } if Path::new(path).is_dir() => {
+            turnstile_policy::plan::Mount::ReadOnly { path } if on_host(path).is_dir() => {
                 Some(path.clone())
             }
             _ => None,
@@ -111,6 +129,12 @@ pub fn options(
             } else {
                 turnstile_oci::InitReport::Handshake
             },
+            // Over an image rootfs the init runs on the host's libraries.
+            host_loader: plan
+                .system_root
+                .as_ref()
+                .and_then(|_| std::fs::canonicalize(HOST_LOADER).ok())
+                .map(|p| p.display().to_string()),
         }),
         vm_kernel,
         seccomp_arch: if cfg!(target_arch = "aarch64") {

@@ -42,6 +42,12 @@ use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::P
 /// The runtime's `--root` (its state).
 const ROOT: &str = "/run/turnstile/runsc";
 
+/// Host tasks gVisor itself needs in the turn's cgroup (the sentry's and
+/// the gofer's threads, the ptrace stubs), added to the Plan's pids limit:
+/// with the Plan's limit alone the sentry hits `pids.max` while it boots
+/// and `runsc start` never returns (measured: 64 pids, `pids.events max 1`).
+pub const PIDS_OVERHEAD: u32 = 256;
+
 #[derive(Debug, Clone)]
 pub struct RunscBackend {
     binary: PathBuf,
@@ -268,10 +274,13 @@ impl Backend for RunscBackend {
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         let started = Instant::now();
         let id = format!("{}-t{}", plan.session_id, plan.turn_number);
+        // The cgroup holds gVisor's own tasks too (PIDS_OVERHEAD).
+        let mut limits = plan.limits.clone();
+        limits.pids = limits.pids.saturating_add(PIDS_OVERHEAD);
         let cg = Arc::new(cgroup::TurnCgroup::create(
             &self.cgroup_root,
             &id,
-            &plan.limits,
+            &limits,
         )?);
         let mut sb = RunscSandbox {
             backend: self.clone(),
@@ -313,6 +322,8 @@ impl Backend for RunscBackend {
         let mut bundle =
             turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
         bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
+        // runsc applies the bundle's resources to that cgroup.
+        bundle.config["linux"]["resources"]["pids"]["limit"] = Value::from(limits.pids);
         super::bundle::write(&bundle_dir, &bundle, 0)?;
         sb.lap("bundle");
 
@@ -359,6 +370,12 @@ impl Backend for RunscBackend {
             ));
         }
         sb.lap("runtime_create");
+        // The timer, from here: a `runsc start` or `wait` that hangs ends
+        // with the sandbox it waits on.
+        let cg = Arc::clone(&sb.cg);
+        if let Some(w) = sb.watch.as_mut() {
+            w.start_timer(cg, sb.timeout);
+        }
         Ok(Box::new(sb))
     }
 }
@@ -441,9 +458,6 @@ impl Sandbox for RunscSandbox {
             return;
         }
         self.lap("runtime_start");
-        if let Some(w) = self.watch.as_mut() {
-            w.start_timer(Arc::clone(&self.cg), self.timeout);
-        }
     }
 
     fn signal(&self, signal: Signal) {
@@ -526,6 +540,7 @@ impl Sandbox for RunscSandbox {
                 "runsc: the workspace's read-only directories are bind mounts, not overlays (gVisor's gofer refuses host unix sockets instead)".into(),
                 "runsc: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded".into(),
                 "runsc: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS".into(),
+                format!("runsc: the cgroup also holds gVisor's sentry and gofer: its pids limit is the plan's + {PIDS_OVERHEAD}, and their memory counts against the turn's limit"),
             ],
         })
     }

@@ -36,6 +36,7 @@ use serde_json::json;
 use turnstile_policy::plan::{Mount, Plan};
 
 use super::protocol::InitEvent;
+use super::mountplan::{self, MountStep, Mounts};
 use super::{landlock, sys};
 
 /// Exit status of a stage that failed before the command ran.
@@ -216,8 +217,9 @@ fn bind_read_only(source: &Path, target: &Path, report: &mut Report) {
         .or_fail(report, "bind mount");
 }
 
-/// Where S1 finds the sources of the view: the host's `/`, and the
-/// workspace through its idmapped clone.
+/// Where S1 finds the sources of the view: the host's `/` (or the image
+/// rootfs of `Plan::system_root`), and the workspace through its idmapped
+/// clone.
 struct Sources {
     host: OwnedFd,
     workspace: OwnedFd,
@@ -254,16 +256,15 @@ fn open_dir(path: &Path, report: &mut Report) -> OwnedFd {
 /// Shows `path` read-only: a directory as a read-only overlay (its only
 /// real layer the source; overlayfs makes a host process's unix socket
 /// in it unconnectable), a regular file by a bind mount of that inode.
-fn show_read_only(src: &mut Sources, path: &str, new_root: &Path, report: &mut Report) {
+fn show_read_only(src: &mut Sources, path: &str, target: &Path, report: &mut Report) {
     let fd = src
         .open(path)
         .map_err(|e| format!("{path}: {e} (changed since the plan?)"))
         .or_fail(report, "open view source");
     let st = nix::sys::stat::fstat(&fd).or_fail(report, "open view source");
-    let target = under(new_root, path);
     match st.st_mode & nix::libc::S_IFMT {
         nix::libc::S_IFDIR => {
-            ensure_dir(&target, report);
+            ensure_dir(target, report);
             let options = format!(
                 "lowerdir={}:{},xino=on",
                 sys::fd_path(&fd),
@@ -271,7 +272,7 @@ fn show_read_only(src: &mut Sources, path: &str, new_root: &Path, report: &mut R
             );
             mount(
                 Some("overlay"),
-                &target,
+                target,
                 Some("overlay"),
                 MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                 Some(options.as_str()),
@@ -281,8 +282,8 @@ fn show_read_only(src: &mut Sources, path: &str, new_root: &Path, report: &mut R
             src.held.push(fd);
         }
         nix::libc::S_IFREG => {
-            ensure_file(&target, report);
-            bind_read_only(Path::new(&sys::fd_path(&fd)), &target, report);
+            ensure_file(target, report);
+            bind_read_only(Path::new(&sys::fd_path(&fd)), target, report);
         }
         _ => report.fail(
             "open view source",
@@ -291,158 +292,235 @@ fn show_read_only(src: &mut Sources, path: &str, new_root: &Path, report: &mut R
     }
 }
 
-/// S1: the new root, from the Plan's mount list, in order.
+/// S1: the new root, from the Plan's mount list, in the order of
+/// [`mountplan::steps`] (unit-tested there through a fake [`Mounts`]).
 fn build_root(plan: &Plan, turn_dir: &Path, new_root: &Path, report: &mut Report) {
-    let t0 = std::time::Instant::now();
-    let mut laps: Vec<(String, u128)> = Vec::new();
-    let lap = |name: &str, laps: &mut Vec<(String, u128)>| {
-        laps.push((name.to_owned(), t0.elapsed().as_micros()));
+    let steps = mountplan::steps(plan, turn_dir, new_root);
+    let mut kernel = KernelMounts {
+        report,
+        src: None,
+        t0: std::time::Instant::now(),
+        laps: Vec::new(),
     };
-    // Nothing we mount may propagate back to the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .or_fail(report, "make / rprivate");
-    // `isolated`: the empty network namespace is the boundary, its loopback
-    // works (IPv4 and IPv6).
-    sys::loopback_up().or_fail(report, "bring up lo");
-    mount(
-        Some("tmpfs"),
-        new_root,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755,size=1m,nr_inodes=4096"),
-    )
-    .or_fail(report, "mount root tmpfs");
-    // This PID namespace's /proc, first: the idmap helper below is found
-    // there.
-    let proc = new_root.join("proc");
-    ensure_dir(&proc, report);
-    mount(
-        Some("proc"),
-        &proc,
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .or_fail(report, "mount /proc");
-    lap("root_proc_lo", &mut laps);
-    // The workspace as its owner's: idmapped to the turn's uid/gid.
-    let lower = turn_dir.join(LOWER_DIR);
-    sys::idmapped_clone(
-        &proc,
-        Path::new(&plan.root),
-        &lower,
-        plan.workspace_owner,
-        (plan.uid, plan.gid),
-    )
-    .or_fail(report, "idmap workspace");
-    lap("idmap", &mut laps);
-    let mut src = Sources {
-        host: open_dir(Path::new("/"), report),
-        workspace: open_dir(&lower, report),
-        root: plan.root.clone(),
-        empty: open_dir(&turn_dir.join(EMPTY_DIR), report),
-        held: Vec::new(),
-    };
-    // The file masks are bound from, unreadable by the turn's uid.
-    let empty = new_root.join(".masked");
-    File::create(&empty).or_fail(report, "create mask file");
-    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o000))
-        .or_fail(report, "create mask file");
+    // KernelMounts fails the stage itself (exit, fail closed); an error
+    // returned here is reported the same way.
+    if let Err((stage, detail)) = mountplan::build(&mut kernel, &steps) {
+        kernel.report.fail(stage, detail);
+    }
+    kernel.lap("view");
+    let laps = std::mem::take(&mut kernel.laps);
+    report.event(InitEvent::InitLaps {
+        us: laps.into_iter().map(|(k, v)| (k, v as u64)).collect(),
+    });
+}
 
-    for (n, m) in plan.mounts.iter().enumerate() {
-        match m {
-            Mount::ReadOnly { path } => show_read_only(&mut src, path, new_root, report),
-            Mount::SystemReadOnly { path } => {
-                let target = under(new_root, path);
-                if Path::new(path).is_dir() {
-                    ensure_dir(&target, report);
-                } else {
-                    ensure_file(&target, report);
-                }
-                bind_read_only(Path::new(path), &target, report);
-            }
-            Mount::Symlink { path, target } => {
-                let link = under(new_root, path);
-                if let Some(parent) = link.parent() {
-                    ensure_dir(parent, report);
-                }
-                std::os::unix::fs::symlink(target, &link).or_fail(report, "create symlink");
-            }
-            Mount::Dir { path } => ensure_dir(&under(new_root, path), report),
-            Mount::Generated { path, contents } => {
-                let file = turn_dir.join(format!("generated-{n}"));
-                std::fs::write(&file, contents).or_fail(report, "write generated file");
-                std::fs::set_permissions(
-                    &file,
-                    std::os::unix::fs::PermissionsExt::from_mode(0o644),
+/// The mount plan's steps, carried out by the kernel. A failing step ends
+/// the process through the report (fail closed), naming its stage.
+struct KernelMounts<'r> {
+    report: &'r mut Report,
+    /// Open from `OpenSources` to `DetachWorkspace`.
+    src: Option<Sources>,
+    t0: std::time::Instant,
+    laps: Vec<(String, u128)>,
+}
+
+impl KernelMounts<'_> {
+    fn lap(&mut self, name: &str) {
+        self.laps
+            .push((name.to_owned(), self.t0.elapsed().as_micros()));
+    }
+
+    fn sources(&mut self) -> &mut Sources {
+        match self.src {
+            Some(ref mut s) => s,
+            None => self
+                .report
+                .fail("open view source", "the view's sources are not open"),
+        }
+    }
+}
+
+impl Mounts for KernelMounts<'_> {
+    fn apply(&mut self, step: &MountStep) -> Result<(), String> {
+        let stage = step.stage();
+        match step {
+            // Nothing we mount may propagate back to the host.
+            MountStep::MakeRprivate => mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .or_fail(self.report, stage),
+            // `isolated`: the empty network namespace is the boundary, its
+            // loopback works (IPv4 and IPv6).
+            MountStep::LoopbackUp => sys::loopback_up().or_fail(self.report, stage),
+            MountStep::RootTmpfs { target } => mount(
+                Some("tmpfs"),
+                target,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=0755,size=1m,nr_inodes=4096"),
+            )
+            .or_fail(self.report, stage),
+            // This PID namespace's /proc, first: the idmap helper is found
+            // there.
+            MountStep::Proc { target } => {
+                ensure_dir(target, self.report);
+                mount(
+                    Some("proc"),
+                    target,
+                    Some("proc"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                    None::<&str>,
                 )
-                .or_fail(report, "write generated file");
-                let target = under(new_root, path);
-                ensure_file(&target, report);
-                bind_read_only(&file, &target, report);
+                .or_fail(self.report, stage);
+                self.lap("root_proc_lo");
             }
-            Mount::Dev { shm_bytes } => build_dev(new_root, *shm_bytes, report),
-            Mount::Ephemeral { path, bytes } => {
-                let target = under(new_root, path);
-                ensure_dir(&target, report);
+            // The workspace as its owner's: idmapped to the turn's uid/gid.
+            MountStep::IdmapWorkspace {
+                proc,
+                source,
+                target,
+                owner,
+                ids,
+            } => {
+                sys::idmapped_clone(proc, source, target, *owner, *ids)
+                    .or_fail(self.report, stage);
+                self.lap("idmap");
+            }
+            MountStep::OpenSources {
+                system,
+                root,
+                workspace,
+                empty,
+            } => {
+                let src = Sources {
+                    host: open_dir(system, self.report),
+                    workspace: open_dir(workspace, self.report),
+                    root: root.clone(),
+                    empty: open_dir(empty, self.report),
+                    held: Vec::new(),
+                };
+                self.src = Some(src);
+            }
+            // The file masks are bound from, unreadable by the turn's uid.
+            MountStep::MaskSource { file } => {
+                File::create(file).or_fail(self.report, stage);
+                std::fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+                    .or_fail(self.report, stage);
+            }
+            MountStep::ShowReadOnly { path, target } => {
+                let Some(mut src) = self.src.take() else {
+                    self.report
+                        .fail(stage, "the view's sources are not open")
+                };
+                show_read_only(&mut src, path, target, self.report);
+                self.src = Some(src);
+            }
+            MountStep::SystemReadOnly {
+                path,
+                target,
+                in_image: true,
+            } => {
+                // An image's file: opened beneath the image without
+                // following any symlink (its links must not reach the host).
+                let fd = self
+                    .sources()
+                    .open(path)
+                    .map_err(|e| format!("{path}: {e} (in the image rootfs)"))
+                    .or_fail(self.report, "open view source");
+                let st = nix::sys::stat::fstat(&fd).or_fail(self.report, "open view source");
+                if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR {
+                    ensure_dir(target, self.report);
+                } else {
+                    ensure_file(target, self.report);
+                }
+                bind_read_only(Path::new(&sys::fd_path(&fd)), target, self.report);
+            }
+            MountStep::SystemReadOnly { path, target, .. } => {
+                if Path::new(path).is_dir() {
+                    ensure_dir(target, self.report);
+                } else {
+                    ensure_file(target, self.report);
+                }
+                bind_read_only(Path::new(path), target, self.report);
+            }
+            MountStep::Symlink { link, target } => {
+                if let Some(parent) = link.parent() {
+                    ensure_dir(parent, self.report);
+                }
+                std::os::unix::fs::symlink(target, link).or_fail(self.report, stage);
+            }
+            MountStep::Dir { target } => ensure_dir(target, self.report),
+            MountStep::Generated {
+                file,
+                target,
+                contents,
+            } => {
+                std::fs::write(file, contents).or_fail(self.report, stage);
+                std::fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                    .or_fail(self.report, stage);
+                ensure_file(target, self.report);
+                bind_read_only(file, target, self.report);
+            }
+            MountStep::Dev { target, shm_bytes } => build_dev(target, *shm_bytes, self.report),
+            MountStep::Ephemeral { target, bytes } => {
+                ensure_dir(target, self.report);
                 mount(
                     Some("tmpfs"),
-                    &target,
+                    target,
                     Some("tmpfs"),
                     MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                     Some(format!("mode=1777,size={bytes}").as_str()),
                 )
-                .map_err(|e| format!("{path}: {e}"))
-                .or_fail(report, "mount ephemeral tmpfs");
+                .map_err(|e| format!("{}: {e}", target.display()))
+                .or_fail(self.report, stage);
             }
-            Mount::Proc { .. } => {} // mounted first, hardened by PID 1
-            Mount::Overlay { path, index } => {
-                let target = under(new_root, path);
-                let lowerdir = src
+            MountStep::Overlay {
+                path,
+                target,
+                upper,
+                work,
+            } => {
+                let lowerdir = self
+                    .sources()
                     .open(path)
                     .map_err(|e| format!("{path}: {e}"))
-                    .or_fail(report, "mount overlay");
-                let scratch = turn_dir.join(SCRATCH_DIR);
-                let upper = open_dir(&scratch.join("upper").join(index.to_string()), report);
-                let work = open_dir(&scratch.join("work").join(index.to_string()), report);
+                    .or_fail(self.report, stage);
+                let upper = open_dir(upper, self.report);
+                let work = open_dir(work, self.report);
                 let options = format!(
                     "lowerdir={},upperdir={},workdir={},xino=on",
                     sys::fd_path(&lowerdir),
                     sys::fd_path(&upper),
                     sys::fd_path(&work)
                 );
-                ensure_dir(&target, report);
+                ensure_dir(target, self.report);
                 mount(
                     Some("overlay"),
-                    &target,
+                    target,
                     Some("overlay"),
                     MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                     Some(options.as_str()),
                 )
                 .map_err(|e| format!("overlay on {path}: {e}"))
-                .or_fail(report, "mount overlay");
-                src.held.extend([lowerdir, upper, work]);
+                .or_fail(self.report, stage);
+                self.sources().held.extend([lowerdir, upper, work]);
             }
-            Mount::MaskDir { path, .. } => mask_dir(&under(new_root, path), report),
-            Mount::MaskFile { path, .. } => {
-                bind_read_only(&empty, &under(new_root, path), report);
+            MountStep::MaskDir { target } => mask_dir(target, self.report),
+            MountStep::MaskFile { source, target } => bind_read_only(source, target, self.report),
+            // The idmapped clone is only a source: the layers hold what
+            // they need.
+            MountStep::DetachWorkspace { target } => {
+                self.src = None;
+                umount2(target, MntFlags::MNT_DETACH).or_fail(self.report, stage);
             }
+            MountStep::OldRootDir { target } => ensure_dir(target, self.report),
         }
+        Ok(())
     }
-    // The idmapped clone is only a source: the layers hold what they need.
-    drop(src);
-    umount2(&lower, MntFlags::MNT_DETACH).or_fail(report, "detach workspace clone");
-    ensure_dir(&new_root.join(".oldroot"), report);
-    lap("view", &mut laps);
-    report.event(InitEvent::InitLaps {
-        us: laps.into_iter().map(|(k, v)| (k, v as u64)).collect(),
-    });
 }
 
 fn mask_dir(target: &Path, report: &mut Report) {
@@ -459,12 +537,11 @@ fn mask_dir(target: &Path, report: &mut Report) {
 
 /// The minimal `/dev`: a few host devices, the standard symlinks, a private
 /// devpts instance and `/dev/shm`; read-only once built.
-fn build_dev(new_root: &Path, shm_bytes: u64, report: &mut Report) {
-    let dev = new_root.join("dev");
-    ensure_dir(&dev, report);
+fn build_dev(dev: &Path, shm_bytes: u64, report: &mut Report) {
+    ensure_dir(dev, report);
     mount(
         Some("tmpfs"),
-        &dev,
+        dev,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("mode=0755,size=64k,nr_inodes=64"),
@@ -518,7 +595,7 @@ fn build_dev(new_root: &Path, shm_bytes: u64, report: &mut Report) {
     // /dev itself read-only: nobody creates nodes there.
     mount(
         None::<&str>,
-        &dev,
+        dev,
         None::<&str>,
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         None::<&str>,

@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod init;
 pub mod landlock;
 pub mod landlock_exec;
+pub mod mountplan;
 pub mod notify;
 pub mod posture;
 pub mod protocol;

@@ -32,7 +32,7 @@ use crate::evidence::{SCHEMA_VERSION, object};
 use crate::ids::{OsRandom, Sources, SystemClock};
 use crate::layout::{StateDir, TURN_TIER, Workspace};
 use crate::ledger::LedgerKind;
-use crate::realfs::HostFs;
+use crate::realfs::{HostFs, RootedFs};
 use crate::sandbox::{Ending, TurnDir};
 use crate::session::{Session, SessionLock};
 use crate::status::{Ended, Observed, TurnStatus, classify};
@@ -57,17 +57,26 @@ pub struct RunOptions {
     pub config: PathBuf,
     /// Deterministic mode for the session `run` starts (without --session).
     pub deterministic: Option<crate::ids::Deterministic>,
+    /// `--rootfs`: an image rootfs as the turn's system view instead of the
+    /// host's (see `Plan::system_root`).
+    pub rootfs: Option<PathBuf>,
 }
 
 pub use crate::status::TurnResult;
 
 /// Runs one turn.
 pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
+    let system_root = opts
+        .rootfs
+        .as_deref()
+        .map(|dir| admit::system_root(dir, &opts.root))
+        .transpose()?;
     let input = admit::Input {
         root: &opts.root,
         state_dir: &opts.state_dir,
         package: &opts.package,
         request: &opts.request,
+        system_root: system_root.as_deref(),
     };
     let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
     // An unknown or unavailable backend is refused before anything exists.
@@ -200,6 +209,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         started: Instant::now(),
         started_at: sources.now(),
         sources: sources.clone(),
+        system_root: system_root.as_deref().and_then(Path::to_str),
     }
     .run(&allowed)?;
     if let Some(key) = &key {
@@ -225,6 +235,8 @@ struct Turn<'a> {
     /// The turn's clock and ids (the session's deterministic ones, or the
     /// system's).
     sources: Sources,
+    /// The image rootfs the system view comes from (`--rootfs`).
+    system_root: Option<&'a str>,
 }
 
 /// Rewrites every string under `v` that is `root` or starts with `root/`
@@ -260,9 +272,17 @@ impl Turn<'_> {
                 .iter()
                 .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
                 .collect(),
+            system_root: self.system_root,
         };
         let mut clock = Instant::now();
-        let plan = plan::compile(&ctx, self.manifest, self.request, allowed, &HostFs);
+        let rooted = self
+            .system_root
+            .map(|image| RootedFs::new(Path::new(image), self.workspace.root_str()));
+        let view: &dyn plan::FsView = match &rooted {
+            Some(r) => r,
+            None => &HostFs,
+        };
+        let plan = plan::compile(&ctx, self.manifest, self.request, allowed, view);
         let plan_us = lap(&mut clock);
         // The plan's hash does not depend on where the workspace is: its
         // root is hashed as `<root>` (replay into another directory, and
@@ -518,6 +538,7 @@ pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan>
         Some(s) => SessionId::parse(s)?,
         None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
     };
+    let system_root = input.system_root.and_then(Path::to_str);
     let admission = admit::admit(input, session)?;
     let allowed = admission.check()?;
     let ctx = PlanContext {
@@ -525,13 +546,20 @@ pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan>
         workspace_owner: workspace_owner(admission.workspace.root()),
         turn_number: 0,
         host_env: Vec::new(),
+        system_root,
+    };
+    let rooted =
+        system_root.map(|image| RootedFs::new(Path::new(image), admission.workspace.root_str()));
+    let view: &dyn plan::FsView = match &rooted {
+        Some(r) => r,
+        None => &HostFs,
     };
     plan::compile(
         &ctx,
         &admission.manifest,
         &admission.request,
         &allowed,
-        &HostFs,
+        view,
     )
     .map_err(|e| SupervisorError::Sandbox {
         step: "compile plan",
