@@ -1492,9 +1492,191 @@ pub fn backend() -> String {
 }
 
 /// Where a backend legitimately differs from native: (backend — `oci` for
-/// runc and crun —, probe, what it shows instead, why). Printed with the table; everything else must
+/// runc, crun and runsc —, probe, what it shows instead, why). Printed with the table; everything else must
 /// hold exactly as natively.
 pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
+    // runsc first: its rows take precedence over the `oci` rows, which
+    // apply to it too (PID 1 is the turn's own command there as well).
+    (
+        "runsc",
+        "thread_bomb_limited",
+        Expect {
+            status: &[13, 14],
+            result: &[],
+            signal: Some("SIGKILL"),
+        },
+        "gVisor's threads are the sentry's, and the host cgroup's pids limit is the plan's + 256 for gVisor itself: a thread bomb ends at that limit (13) or, when the sentry slows first, at the timer (14); killed either way",
+    ),
+    (
+        "runsc",
+        "host_binary_not_executable",
+        Expect {
+            status: &[0],
+            result: &[],
+            signal: None,
+        },
+        "no Landlock in gVisor (allow_degraded): any binary in the read-only view executes; what it can read, write and reach is still the view's, gVisor's and the capture's",
+    ),
+    (
+        "runsc",
+        "sys_absent",
+        ok(&["EACCES"]),
+        "gVisor always provides a (synthetic) /sys; turnstile masks it with an empty mode-0000 tmpfs",
+    ),
+    (
+        "runsc",
+        "kallsyms_addresses_masked",
+        ok(&["ENOENT"]),
+        "gVisor has no /proc/kallsyms",
+    ),
+    (
+        "runsc",
+        "i386_int80_getpid_killed",
+        ok(&["-9"]),
+        "gVisor implements no i386 ABI: int $0x80 fails inside the sentry instead of reaching a filter (nothing runs)",
+    ),
+    (
+        "runsc",
+        "i386_int80_unshare_killed",
+        ok(&["-1"]),
+        "gVisor implements no i386 ABI: int $0x80 fails inside the sentry (nothing runs)",
+    ),
+    (
+        "runsc",
+        "x32_getpid_killed",
+        ok(&["EPERM"]),
+        "gVisor implements no x32 ABI; its OCI seccomp answers EPERM",
+    ),
+    (
+        "runsc",
+        "x32_unshare_killed",
+        ok(&["EPERM"]),
+        "gVisor implements no x32 ABI; its OCI seccomp answers EPERM",
+    ),
+    (
+        "runsc",
+        "af_packet_high_bits_denied",
+        ok(&["EPERM"]),
+        "gVisor's OCI seccomp returns EPERM for every errno action (it ignores errnoRet); still refused",
+    ),
+    (
+        "runsc",
+        "unknown_syscall_enosys",
+        ok(&["EPERM"]),
+        "gVisor ignores defaultErrnoRet: the default action answers EPERM, not ENOSYS",
+    ),
+    (
+        "runsc",
+        "newest_syscall_enosys",
+        ok(&["EPERM"]),
+        "gVisor ignores defaultErrnoRet: EPERM, not ENOSYS",
+    ),
+    (
+        "runsc",
+        "packet_socket_denied",
+        ok(&["EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "af_packet_socket_refused",
+        ok(&["EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "af_alg_socket_refused",
+        ok(&["EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "af_vsock_socket_refused",
+        ok(&["EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "netlink_audit_and_uevent_refused",
+        ok(&["EPERM,EPERM,EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "socket_family_high_garbage_refused",
+        ok(&["EPERM,EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "other_socket_families_refused",
+        ok(&["EPERM,EPERM,EPERM,EPERM,EPERM,EPERM,EPERM,EPERM,EPERM,EPERM,EPERM"]),
+        "refused; gVisor ignores errnoRet (EPERM)",
+    ),
+    (
+        "runsc",
+        "signal_pid1_denied",
+        Expect {
+            status: &[10],
+            result: &[],
+            signal: Some("SIGKILL"),
+        },
+        "PID 1 is the turn's own command, and gVisor delivers a namespace init's SIGKILL to itself: the command killed itself",
+    ),
+    (
+        "runsc",
+        "personality_safe_personas_work",
+        ok(&["EINVAL,EINVAL,EINVAL,EINVAL,EINVAL,EINVAL,EINVAL,EINVAL"]),
+        "gVisor implements personality(2) for PER_LINUX only; turnstile's filter allows the safe personas, gVisor refuses them",
+    ),
+    (
+        "runsc",
+        "real_program_syscalls_work",
+        ok(&["EPERM,OK,EPERM"]),
+        "syscalls outside the runtime's libseccomp (2.5.4) fall to the default action, which gVisor answers EPERM",
+    ),
+    (
+        "runsc",
+        "newer_real_program_syscalls_reach_the_kernel",
+        ok(&["EPERM,OK,OK,EPERM,EPERM,EINVAL,EPERM,EPERM,EPERM"]),
+        "what gVisor (2022-12) does not implement, or libseccomp 2.5.4 does not name, answers EPERM (gVisor ignores errnoRet)",
+    ),
+    (
+        "runsc",
+        "stacked_seccomp_filter_cannot_loosen",
+        ok(&["OK,EPERM,EINVAL"]),
+        "the stacked filter still cannot loosen ours (unshare stays EPERM); gVisor refuses the second listener with EINVAL",
+    ),
+    (
+        "runsc",
+        "thread_naming_works",
+        ok(&["worker-1,worker-1,t-2"]),
+        "threads start (clone3 reaches the sentry, which answers ENOSYS, and glibc falls back to clone); gVisor ignores writes to /proc/self/task/N/comm",
+    ),
+    (
+        "runsc",
+        "controlling_tty_absent",
+        ok(&["EIO"]),
+        "no controlling terminal; gVisor answers EIO, not ENXIO",
+    ),
+    (
+        "runsc",
+        "tcp_egress_denied",
+        ok(&["EHOSTUNREACH"]),
+        "--network=none: gVisor's netstack has loopback only",
+    ),
+    (
+        "runsc",
+        "udp_egress_unroutable",
+        ok(&["EHOSTUNREACH"]),
+        "--network=none: gVisor's netstack has loopback only",
+    ),
+    (
+        "runsc",
+        "host_unix_socket_in_granted_dir_unconnectable",
+        ok(&["EPERM"]),
+        "gVisor's gofer refuses host unix sockets (--host-uds=none); the view binds the directory, no overlay needed",
+    ),
     (
         "oci",
         "proc_1_exe_unopenable",
@@ -1557,7 +1739,7 @@ pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
 
 /// Whether a DIFFERENCES row for `row` applies to `backend`.
 pub fn applies(row: &str, backend: &str) -> bool {
-    row == backend || (row == "oci" && ["runc", "crun"].contains(&backend))
+    row == backend || (row == "oci" && ["runc", "crun", "runsc"].contains(&backend))
 }
 
 /// The expectation of `probe` on `backend`.

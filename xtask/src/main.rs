@@ -173,6 +173,7 @@ fn test() -> Result<()> {
     // redteam::DIFFERENCES, each with its reason).
     redteam(&["--backend".to_owned(), "runc".to_owned()])?;
     redteam(&["--backend".to_owned(), "crun".to_owned()])?;
+    redteam(&["--backend".to_owned(), "runsc".to_owned()])?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }
