@@ -42,17 +42,9 @@ use super::{landlock, sys};
 /// Exit status of a stage that failed before the command ran.
 pub const SETUP_FAILED: i32 = 125;
 
-/// Files the supervisor leaves in the turn directory for init.
-pub const PLAN_FILE: &str = "plan.json";
-pub const BPF_FILE: &str = "seccomp.bpf";
-pub const REPORT_FILE: &str = "report.jsonl";
-pub const ROOT_DIR: &str = "root";
-pub const SCRATCH_DIR: &str = "scratch";
-/// Where S1 attaches the idmapped clone of the workspace while it builds
-/// the view (detached again before the command runs).
-pub const LOWER_DIR: &str = "lower";
-/// An empty directory, the second lower layer of read-only overlays.
-pub const EMPTY_DIR: &str = "empty";
+pub use super::turnpaths::{
+    BPF_FILE, EMPTY_DIR, LOWER_DIR, PLAN_FILE, REPORT_FILE, ROOT_DIR, SCRATCH_DIR,
+};
 
 /// Descriptors of the posture handshake, placed by the supervisor's
 /// pre_exec hook and marked close-on-exec here: S3 writes one byte on

@@ -14,6 +14,7 @@ pub mod protocol;
 pub mod restrict;
 pub mod seccomp;
 pub mod sys;
+pub mod turnpaths;
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;

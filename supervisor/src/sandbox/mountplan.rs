@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use turnstile_policy::plan::{Mount, Plan};
 
-use super::init::{EMPTY_DIR, LOWER_DIR, SCRATCH_DIR};
+use super::turnpaths::{EMPTY_DIR, LOWER_DIR, SCRATCH_DIR};
 
 /// The file every masked file is bound from (in the new root, mode 0000).
 pub const MASK_SOURCE: &str = ".masked";
