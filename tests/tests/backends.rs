@@ -111,7 +111,10 @@ fn issue_10_native_runc_crun_and_runsc_commit_the_same_hash_and_block_the_same_w
         let enforcement = &ev.last().unwrap()["enforcement"];
         assert_eq!(enforcement["backend"], backend);
         assert_eq!(enforcement["backend_chosen_by"], "--backend");
-        assert_eq!(enforcement["posture"]["ok"], true, "{backend}: {enforcement}");
+        assert_eq!(
+            enforcement["posture"]["ok"], true,
+            "{backend}: {enforcement}"
+        );
         // Landlock holds everywhere but behind gVisor, where the evidence
         // says it did not (the manifest allowed that).
         let degraded = enforcement["degraded"].to_string();
@@ -159,7 +162,16 @@ fn issue_10_a_layer_the_backend_cannot_enforce_refuses_the_turn_unless_allowed()
     let before = fx.snapshot();
     let r = fx.run(
         "strict",
-        &["--json", "--backend", "runsc", "--no-outputs", "--", "/usr/bin/python3", "-c", "print(1)"],
+        &[
+            "--json",
+            "--backend",
+            "runsc",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "print(1)",
+        ],
     );
     assert_eq!(r.status, 20, "{}", r.stderr);
     let v = r.json();
@@ -190,7 +202,16 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
         let cfg = config.display().to_string();
         let r = fx.run(
             pkg,
-            &["--json", "--config", &cfg, "--no-outputs", "--", "/usr/bin/python3", "-c", "print(1)"],
+            &[
+                "--json",
+                "--config",
+                &cfg,
+                "--no-outputs",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "print(1)",
+            ],
         );
         let v = r.json();
         (r.status, v, r.stderr)
@@ -203,7 +224,10 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
     let ev = read_entries(&fx.ledger(&sid, "evidence"));
     let e = &ev.last().unwrap()["enforcement"];
     assert_eq!(e["backend"], "native");
-    assert_eq!(e["backend_chosen_by"], "trust_level trusted (built-in table)");
+    assert_eq!(
+        e["backend_chosen_by"],
+        "trust_level trusted (built-in table)"
+    );
     let (status, v, stderr) = run("untrusted", &missing);
     assert_eq!(status, 20, "{stderr}");
     assert_eq!(v["error"]["code"], "E2040", "{v}");
@@ -215,7 +239,10 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
     let e = &ev.last().unwrap()["enforcement"];
     assert_eq!(e["backend"], "runc");
     assert!(
-        e["backend_chosen_by"].as_str().unwrap().starts_with("trust_level untrusted ("),
+        e["backend_chosen_by"]
+            .as_str()
+            .unwrap()
+            .starts_with("trust_level untrusted ("),
         "{e}"
     );
     // A bad table is bad input (exit 2) naming the entry; nothing runs.
@@ -223,7 +250,10 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
     let (status, v, _) = run("untrusted", &config);
     assert_eq!(status, 2);
     assert!(
-        v["error"]["field"].as_str().unwrap().ends_with("backends.untrusted"),
+        v["error"]["field"]
+            .as_str()
+            .unwrap()
+            .ends_with("backends.untrusted"),
         "{v}"
     );
 }

@@ -20,7 +20,11 @@ use anyhow::{Context, Result, bail};
 /// System packages: the build (libseccomp), the schema tests
 /// (python3-jsonschema), the real-software suite (tests/tests/realsw.rs:
 /// CPython's own test suite, a C toolchain, git, venv, node) and the runc
-/// and crun backends' tests and red-team runs.
+/// and crun backends' tests and red-team runs; the shim's tests
+/// (containerd, busybox-static for the offline images); the CRI test
+/// (containernetworking-plugins for the pod's loopback and bridge networks,
+/// iproute2 to remove the test's bridge, protobuf-compiler for the
+/// `k8s-cri` crate's generated client).
 const APT_PACKAGES: &[&str] = &[
     "libseccomp-dev",
     "pkg-config",
@@ -37,6 +41,9 @@ const APT_PACKAGES: &[&str] = &[
     "containerd",
     "busybox-static",
     "crun",
+    "containernetworking-plugins",
+    "iproute2",
+    "protobuf-compiler",
 ];
 
 /// Requirements that must each have at least one test whose name contains
