@@ -105,16 +105,19 @@ pub fn options(
             _ => Path::new(path).to_path_buf(),
         }
     };
-    let read_only_dirs = if runsc { Vec::new() } else { plan
-        .mounts
-        .iter()
-        .filter_map(|m| match m {
-            turnstile_policy::plan::Mount::ReadOnly { path } if on_host(path).is_dir() => {
-                Some(path.clone())
-            }
-            _ => None,
-        })
-        .collect() };
+    let read_only_dirs = if runsc {
+        Vec::new()
+    } else {
+        plan.mounts
+            .iter()
+            .filter_map(|m| match m {
+                turnstile_policy::plan::Mount::ReadOnly { path } if on_host(path).is_dir() => {
+                    Some(path.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    };
     Ok(turnstile_oci::BundleOptions {
         bundle_dir: bundle_dir.display().to_string(),
         backend: backend.to_owned(),

@@ -66,7 +66,10 @@ impl HostView {
 
     /// The merged dirs as bundle mount sources.
     pub fn scope_sources(&self) -> Vec<String> {
-        self.merged.iter().map(|m| m.display().to_string()).collect()
+        self.merged
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect()
     }
 
     /// Unmounts everything (idempotent).

@@ -102,6 +102,10 @@ pub fn check_enforceable(backend: &dyn Backend, allowed: &[String]) -> Result<()
     Err(SupervisorError::Unenforceable {
         backend: backend.name().to_owned(),
         missing: missing.iter().map(|(l, _)| (*l).to_owned()).collect(),
-        why: missing.iter().map(|(_, w)| *w).collect::<Vec<_>>().join("; "),
+        why: missing
+            .iter()
+            .map(|(_, w)| *w)
+            .collect::<Vec<_>>()
+            .join("; "),
     })
 }

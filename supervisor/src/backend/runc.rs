@@ -269,7 +269,9 @@ impl Backend for RuncBackend {
             torn_down: false,
         };
         // Drop tears down whatever was built if a step below fails.
-        let view = sb.view.insert(super::hostview::HostView::mount(plan, turn)?);
+        let view = sb
+            .view
+            .insert(super::hostview::HostView::mount(plan, turn)?);
         let bundle_dir = turn.path.join("bundle");
         let options = super::bundle::options(
             plan,

@@ -148,7 +148,9 @@ impl RunscBackend {
 /// Deletes runsc's record of container `id` if there is one (recovery of
 /// a turn whose supervisor died).
 pub fn forget(id: &str) {
-    if !Path::new(ROOT).join(format!("{id}_sandbox:{id}.state")).exists()
+    if !Path::new(ROOT)
+        .join(format!("{id}_sandbox:{id}.state"))
+        .exists()
         && !Path::new(ROOT).join(id).exists()
     {
         // runsc names its state files after the sandbox; ask it instead of
@@ -277,11 +279,7 @@ impl Backend for RunscBackend {
         // The cgroup holds gVisor's own tasks too (PIDS_OVERHEAD).
         let mut limits = plan.limits.clone();
         limits.pids = limits.pids.saturating_add(PIDS_OVERHEAD);
-        let cg = Arc::new(cgroup::TurnCgroup::create(
-            &self.cgroup_root,
-            &id,
-            &limits,
-        )?);
+        let cg = Arc::new(cgroup::TurnCgroup::create(&self.cgroup_root, &id, &limits)?);
         let mut sb = RunscSandbox {
             backend: self.clone(),
             id: id.clone(),
@@ -356,7 +354,9 @@ impl Backend for RunscBackend {
                 self.json_mode,
             ));
         }
-        let status = child.wait().map_err(|e| err("runsc create", e.to_string()))?;
+        let status = child
+            .wait()
+            .map_err(|e| err("runsc create", e.to_string()))?;
         if !status.success() {
             let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
             return Err(err(

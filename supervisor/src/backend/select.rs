@@ -73,8 +73,8 @@ pub fn choose(flag: Option<&str>, level: TrustLevel, config: &Path) -> Result<Ch
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
         Err(e) => return Err(invalid("(file)", format!("unreadable: {e}"))),
         Ok(bytes) => {
-            let doc: ConfigDoc = serde_json::from_slice(&bytes)
-                .map_err(|e| invalid("(document)", e.to_string()))?;
+            let doc: ConfigDoc =
+                serde_json::from_slice(&bytes).map_err(|e| invalid("(document)", e.to_string()))?;
             for (key, value) in &doc.backends {
                 if !LEVELS.iter().any(|l| l.as_str() == key) {
                     return Err(invalid(

@@ -35,8 +35,8 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid, chdir, fork, pivot_root};
 use serde_json::json;
 use turnstile_policy::plan::{Mount, Plan};
 
-use super::protocol::InitEvent;
 use super::mountplan::{self, MountStep, Mounts};
+use super::protocol::InitEvent;
 use super::{landlock, sys};
 
 /// Exit status of a stage that failed before the command ran.
@@ -386,8 +386,7 @@ impl Mounts for KernelMounts<'_> {
                 owner,
                 ids,
             } => {
-                sys::idmapped_clone(proc, source, target, *owner, *ids)
-                    .or_fail(self.report, stage);
+                sys::idmapped_clone(proc, source, target, *owner, *ids).or_fail(self.report, stage);
                 self.lap("idmap");
             }
             MountStep::OpenSources {
@@ -413,8 +412,7 @@ impl Mounts for KernelMounts<'_> {
             }
             MountStep::ShowReadOnly { path, target } => {
                 let Some(mut src) = self.src.take() else {
-                    self.report
-                        .fail(stage, "the view's sources are not open")
+                    self.report.fail(stage, "the view's sources are not open")
                 };
                 show_read_only(&mut src, path, target, self.report);
                 self.src = Some(src);

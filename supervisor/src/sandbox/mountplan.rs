@@ -373,7 +373,12 @@ mod tests {
             }
         );
         // The proc entry is not a view step (mounted first, hardened later).
-        assert_eq!(d.iter().filter(|s| matches!(s, MountStep::Proc { .. })).count(), 1);
+        assert_eq!(
+            d.iter()
+                .filter(|s| matches!(s, MountStep::Proc { .. }))
+                .count(),
+            1
+        );
         // The clone is detached after the last view step, then the pivot's
         // mount point.
         assert!(matches!(d[d.len() - 2], MountStep::DetachWorkspace { .. }));
