@@ -315,8 +315,11 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
 
     let logs = conf.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    // The pod carries where the turn runs (workspace, package); each
-    // container carries what its turn may write (outputs).
+    // As a kubelet sends it: the whole contract on the pod (Kubernetes has
+    // no per-container annotations). The CRI plugin copies the pod's
+    // io.turnstile.* into each container's spec, then the container's own
+    // (a CRI client other than the kubelet can set those): the second
+    // container overrides the outputs with `[]`.
     let pod = PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
             name: "turn-pod".into(),
@@ -332,6 +335,10 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
                 fx.root.display().to_string(),
             ),
             ("io.turnstile.package".to_owned(), "bb".to_owned()),
+            (
+                "io.turnstile.outputs".to_owned(),
+                r#"[{"path":"output/<session_id>/r.txt","role":"result"}]"#.to_owned(),
+            ),
         ]),
         linux: Some(LinuxPodSandboxConfig {
             cgroup_parent: host.cgroup_parent.clone(),
@@ -348,17 +355,18 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
         .into_inner()
         .pod_sandbox_id;
 
-    // One container per turn: (name, outputs, script, expected exit code).
+    // One container per turn: (name, container-level outputs, script,
+    // expected exit code).
     let cases = [
         (
             "commit",
-            r#"[{"path":"output/<session_id>/r.txt","role":"result"}]"#,
+            None,
             r#"cat data/in.txt > "output/$TURNSTILE_SESSION_ID/r.txt"; echo ok"#,
             0,
         ),
         (
             "block",
-            "[]",
+            Some("[]"),
             r#"echo x > "output/$TURNSTILE_SESSION_ID/r.txt""#,
             12,
         ),
@@ -367,27 +375,29 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
     for (name, outputs, script, want) in cases {
         let log_path = format!("{name}.log");
         let id = rt
-            .block_on(cri.create_container(CreateContainerRequest {
-                pod_sandbox_id: sandbox_id.clone(),
-                config: Some(ContainerConfig {
-                    metadata: Some(ContainerMetadata {
-                        name: name.into(),
-                        attempt: 0,
-                    }),
-                    image: Some(ImageSpec {
-                        image: IMAGE.into(),
+            .block_on(
+                cri.create_container(CreateContainerRequest {
+                    pod_sandbox_id: sandbox_id.clone(),
+                    config: Some(ContainerConfig {
+                        metadata: Some(ContainerMetadata {
+                            name: name.into(),
+                            attempt: 0,
+                        }),
+                        image: Some(ImageSpec {
+                            image: IMAGE.into(),
+                            ..Default::default()
+                        }),
+                        command: vec!["sh".into(), "-c".into(), script.into()],
+                        annotations: outputs
+                            .map(|o| ("io.turnstile.outputs".to_owned(), o.to_owned()))
+                            .into_iter()
+                            .collect(),
+                        log_path: log_path.clone(),
                         ..Default::default()
                     }),
-                    command: vec!["sh".into(), "-c".into(), script.into()],
-                    annotations: HashMap::from([(
-                        "io.turnstile.outputs".to_owned(),
-                        outputs.to_owned(),
-                    )]),
-                    log_path: log_path.clone(),
-                    ..Default::default()
+                    sandbox_config: Some(pod.clone()),
                 }),
-                sandbox_config: Some(pod.clone()),
-            }))
+            )
             .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", c.log()))
             .into_inner()
             .container_id;
