@@ -9,7 +9,8 @@
 //! `sandbox_image`. A CRI client (the `k8s-cri` crate over the unix socket)
 //! runs RunPodSandbox with handler `turnstile`, CreateContainer,
 //! StartContainer, waits for the exit, reads ContainerStatus (exit code per
-//! `supervise run`'s contract: 0 committed, 12 blocked), RemoveContainer,
+//! `supervise run`'s contract: 0 committed, 12 blocked; a capability
+//! violation fails StartContainer and leaves no shim), RemoveContainer,
 //! StopPodSandbox, RemovePodSandbox. The declared output is committed with
 //! the right bytes, both ledgers verify, and nothing is left behind.
 
@@ -444,6 +445,55 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
         rt.block_on(cri.remove_container(RemoveContainerRequest { container_id: id }))
             .unwrap_or_else(|e| panic!("RemoveContainer {name}: {e}"));
     }
+    // A capability violation fails StartContainer (the task's Create),
+    // naming it; that container's shim is gone, the pod's stays.
+    let id = rt
+        .block_on(cri.create_container(CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "violation".into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: IMAGE.into(),
+                    ..Default::default()
+                }),
+                command: vec!["/bin/ls".into(), "/".into()],
+                log_path: "violation.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(pod.clone()),
+        }))
+        .unwrap_or_else(|e| panic!("CreateContainer violation: {e}"))
+        .into_inner()
+        .container_id;
+    let refused = rt
+        .block_on(cri.start_container(StartContainerRequest {
+            container_id: id.clone(),
+        }))
+        .expect_err("a violation must fail StartContainer");
+    assert!(refused.message().contains("E2042"), "{refused}");
+    sessions.extend(sessions_in(refused.message()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.processes().iter().any(|(_, cmd)| cmd.contains(&id)) {
+        assert!(
+            Instant::now() < deadline,
+            "the refused container's shim is left: {:?}",
+            c.processes()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        c.processes()
+            .iter()
+            .any(|(_, cmd)| cmd.contains(&sandbox_id)),
+        "the pod's shim must still run: {:?}",
+        c.processes()
+    );
+    rt.block_on(cri.remove_container(RemoveContainerRequest { container_id: id }))
+        .unwrap_or_else(|e| panic!("RemoveContainer violation: {e}"));
+
     let sid = committed.unwrap();
     assert_eq!(
         std::fs::read(fx.root.join(format!("output/{sid}/r.txt"))).unwrap(),
