@@ -23,10 +23,15 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use crate::error::ShimError;
+
 /// The annotation the CRI plugin marks its containers with.
 pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 /// Its value on the pod sandbox container.
 pub const CRI_SANDBOX: &str = "sandbox";
+/// The pod sandbox's id, which the CRI plugin also sets on the sandbox
+/// container itself (where it equals the container's id).
+pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
 /// The pid file `runc create` writes, in the bundle.
 pub const PID_FILE: &str = "turnstile-sandbox.pid";
@@ -36,9 +41,28 @@ pub const LOG_FILE: &str = "turnstile-sandbox.log";
 /// after a dead daemon (which has no options).
 pub const ROOT_FILE: &str = "turnstile-sandbox-runc-root";
 
-/// Whether a spec's annotations mark the CRI pod sandbox container.
-pub fn is_cri_sandbox(annotations: &std::collections::BTreeMap<String, String>) -> bool {
-    annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some(CRI_SANDBOX)
+/// Whether a spec's annotations mark container `id` as the CRI pod
+/// sandbox: `container-type: sandbox` and the CRI plugin's own
+/// `sandbox-id` naming this very container. `container-type: sandbox`
+/// without that (e.g. set by hand on `ctr run`) is refused rather than
+/// run as a turn or a sandbox: it is not what the CRI plugin writes.
+pub fn is_cri_sandbox(
+    annotations: &std::collections::BTreeMap<String, String>,
+    id: &str,
+) -> Result<bool, ShimError> {
+    if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) != Some(CRI_SANDBOX) {
+        return Ok(false);
+    }
+    match annotations.get(CRI_SANDBOX_ID) {
+        Some(s) if s == id => Ok(true),
+        other => Err(ShimError::Spec {
+            field: "annotations",
+            reason: format!(
+                "`{CRI_CONTAINER_TYPE}: {CRI_SANDBOX}` on container `{id}` whose `{CRI_SANDBOX_ID}` is {}: only the CRI plugin's pod sandbox runs outside a turn",
+                other.map_or_else(|| "absent".to_owned(), |s| format!("`{s}`"))
+            ),
+        }),
+    }
 }
 
 /// `runc` with a state root of the shim's own (under its state dir), so
@@ -149,12 +173,24 @@ mod tests {
     }
 
     #[test]
-    fn only_the_cri_sandbox_annotation_marks_a_sandbox() {
+    fn only_the_cri_plugins_sandbox_annotations_mark_a_sandbox() {
         let mut a = std::collections::BTreeMap::new();
-        assert!(!is_cri_sandbox(&a));
+        assert!(!is_cri_sandbox(&a, "sb1").unwrap());
         a.insert(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned());
-        assert!(!is_cri_sandbox(&a));
+        a.insert(CRI_SANDBOX_ID.to_owned(), "sb1".to_owned());
+        assert!(!is_cri_sandbox(&a, "c1").unwrap());
         a.insert(CRI_CONTAINER_TYPE.to_owned(), CRI_SANDBOX.to_owned());
-        assert!(is_cri_sandbox(&a));
+        assert!(is_cri_sandbox(&a, "sb1").unwrap());
+        // Sandbox type on another container, or without a sandbox id: refused.
+        let e = is_cri_sandbox(&a, "c1").unwrap_err();
+        assert_eq!(e.code(), "TS1202");
+        assert!(e.to_string().contains("`sb1`"), "{e}");
+        a.remove(CRI_SANDBOX_ID);
+        assert!(
+            is_cri_sandbox(&a, "sb1")
+                .unwrap_err()
+                .to_string()
+                .contains("absent")
+        );
     }
 }

@@ -430,13 +430,14 @@ impl TaskService {
             field: "config.json",
             reason: e.to_string(),
         })?;
+        let is_sandbox = sandbox::is_cri_sandbox(&spec.annotations, &req.id)?;
         let options = load_options(req)?;
         let supervise = supervise_binary(&options);
         let rootfs = bundle.join("rootfs");
         for m in &req.rootfs {
             mount_one(&m.type_, &m.source, &m.options, &rootfs)?;
         }
-        if sandbox::is_cri_sandbox(&spec.annotations) {
+        if is_sandbox {
             let runc = Runc::under(&options.state_dir);
             let pid = match create_sandbox(&runc, &bundle, &req.id) {
                 Ok(pid) => pid,

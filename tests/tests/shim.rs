@@ -6,6 +6,7 @@
 //! with the io.turnstile.* annotations: a declared output commits, an
 //! undeclared write blocks (exit 12), a forbidden read fails, a capability
 //! violation fails the create, absent outputs fail the create (FR-RT-013),
+//! a hand-set CRI sandbox annotation is refused,
 //! the ledgers verify — and nothing is left: no containerd, no shim, no
 //! mount under its root or /run/containerd.
 
@@ -252,6 +253,32 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             "{t}"
         );
         assert_no_shim(&c, "a Create refused for absent outputs");
+
+        // Only the CRI plugin's pod sandbox runs outside a turn: the
+        // sandbox container-type set by hand (no matching sandbox-id) is
+        // refused, not run through plain runc.
+        let config = c.dir.path().join("shim.json").display().to_string();
+        let out = c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            "io.kubernetes.cri.container-type=sandbox",
+            IMAGE,
+            "fake-sandbox",
+            "sh",
+            "-c",
+            "echo RAN",
+        ]);
+        let t = text(&out);
+        assert!(
+            !out.status.success() && t.contains("TS1202") && !t.contains("RAN"),
+            "{t}"
+        );
+        assert_no_shim(&c, "a Create refused for a hand-made sandbox annotation");
 
         let left = c.ctr(&["containers", "ls", "-q"]);
         assert_eq!(
