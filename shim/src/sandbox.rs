@@ -12,8 +12,9 @@
 //! — and keeps no evidence of it. Every other container of the pod is a
 //! turn.
 //!
-//! The exemption trusts `io.kubernetes.cri.container-type`, which the CRI
-//! plugin sets last on every spec it writes; a runtime handler's
+//! The exemption trusts `io.kubernetes.cri.container-type` and
+//! `io.kubernetes.cri.sandbox-id` (naming the container itself), which the
+//! CRI plugin sets last on every spec it writes; a runtime handler's
 //! `pod_annotations` / `container_annotations` pass-through lists must not
 //! let `io.kubernetes.*` through (the shipped config passes only
 //! `io.turnstile.*`).
