@@ -127,6 +127,22 @@ state = "{d}/state"
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+        // A shim killed here cannot remove its socket (under
+        // /run/containerd/s whatever the config says); each bundle's
+        // `address` file names it.
+        let tasks = self.dir.path().join("state/io.containerd.runtime.v2.task");
+        for ns in std::fs::read_dir(&tasks).into_iter().flatten().flatten() {
+            for bundle in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                let Ok(address) = std::fs::read_to_string(bundle.path().join("address")) else {
+                    continue;
+                };
+                let socket = address.trim().trim_start_matches("unix://").to_owned();
+                if Path::new(&socket).exists() {
+                    left.push(format!("shim socket {socket}"));
+                    let _ = std::fs::remove_file(&socket);
+                }
+            }
+        }
         for m in mounts_under(self.dir.path()) {
             left.push(format!("mount {m}"));
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
