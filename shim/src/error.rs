@@ -39,6 +39,9 @@ pub enum ShimError {
     /// A task id this shim does not run.
     #[error("task `{0}` not found in this shim")]
     NotFound(String),
+    /// The OCI runtime running a CRI pod sandbox (pause) container failed.
+    #[error("pod sandbox: `{op}` failed: {reason}")]
+    Sandbox { op: String, reason: String },
     /// Host I/O (bundle, fifos, rootfs mounts, spawning `supervise`).
     #[error("{op} {}: {source}", path.display())]
     Io {
@@ -63,6 +66,7 @@ impl ShimError {
             Self::Unsupported(_) => "TS1206",
             Self::NotFound(_) => "TS1207",
             Self::Io { .. } => "TS1208",
+            Self::Sandbox { .. } => "TS1209",
         }
     }
 
@@ -77,7 +81,7 @@ impl ShimError {
             Self::Unavailable(_) => ttrpc::Code::UNAVAILABLE,
             Self::Unsupported(_) => ttrpc::Code::UNIMPLEMENTED,
             Self::NotFound(_) => ttrpc::Code::NOT_FOUND,
-            Self::Io { .. } => ttrpc::Code::INTERNAL,
+            Self::Io { .. } | Self::Sandbox { .. } => ttrpc::Code::INTERNAL,
         }
     }
 

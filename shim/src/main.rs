@@ -5,6 +5,7 @@
 
 mod contract;
 mod error;
+mod sandbox;
 mod service;
 
 use std::os::fd::IntoRawFd;

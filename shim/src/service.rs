@@ -18,7 +18,9 @@
 //!
 //! The shim never builds a sandbox itself: `supervise` stays the one place
 //! a turn is run. This service must never run the container's command
-//! anywhere but through `supervise run`.
+//! anywhere but through `supervise run` — with one exception, the CRI pod
+//! sandbox (pause) container, which is not a turn and runs through `runc`
+//! unchanged (see `sandbox` for why).
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -38,6 +40,7 @@ use containerd_shim::{
 
 use crate::contract::{self, Options, Turn};
 use crate::error::ShimError;
+use crate::sandbox::{self, Runc};
 
 /// The events file `supervise run --events` appends the turn's
 /// EventEnvelope v1 lines to, in the bundle.
@@ -50,6 +53,7 @@ pub const PID_FILE: &str = "turnstile-supervise.pid";
 pub struct Shim {
     exit: Arc<ExitSignal>,
     namespace: String,
+    id: String,
 }
 
 impl containerd_shim::Shim for Shim {
@@ -59,6 +63,7 @@ impl containerd_shim::Shim for Shim {
         Self {
             exit: Arc::new(ExitSignal::default()),
             namespace: args.namespace.clone(),
+            id: args.id.clone(),
         }
     }
 
@@ -98,6 +103,16 @@ impl containerd_shim::Shim for Shim {
                 );
             }
         }
+        // A pod sandbox this shim ran: runc kills and forgets it.
+        if let Ok(root) = std::fs::read_to_string(bundle.join(sandbox::ROOT_FILE)) {
+            let runc = Runc {
+                binary: PathBuf::from("runc"),
+                root: PathBuf::from(root.trim()),
+            };
+            if let Err(e) = run_runc(&runc, &bundle, runc.delete_args(&self.id), "delete") {
+                warn!("{e}");
+            }
+        }
         unmount_rootfs(&bundle);
         let mut r = DeleteResponse::new();
         r.pid = u32::try_from(pid).unwrap_or_default();
@@ -127,11 +142,19 @@ enum Phase {
     Stopped,
 }
 
+/// What a task runs: a turn (every container but one), or the CRI pod
+/// sandbox through runc.
+#[derive(Debug)]
+enum Kind {
+    Turn(Turn),
+    Sandbox(Runc),
+}
+
 #[derive(Debug)]
 struct TaskState {
     id: String,
     bundle: PathBuf,
-    turn: Turn,
+    kind: Kind,
     options: Options,
     supervise: PathBuf,
     stdio: [String; 3],
@@ -274,6 +297,112 @@ fn text(o: &std::process::Output) -> String {
     .to_owned()
 }
 
+/// Runs runc in the bundle with no stdio (a container's init inherits
+/// runc's: a pipe here would never reach EOF); its diagnostics are in the
+/// `--log` file, quoted on failure.
+fn run_runc(
+    runc: &Runc,
+    bundle: &Path,
+    args: Vec<std::ffi::OsString>,
+    op: &str,
+) -> Result<(), ShimError> {
+    let status = Command::new(&runc.binary)
+        .args(args)
+        .current_dir(bundle)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(ShimError::io("run", &runc.binary))?;
+    if status.success() {
+        return Ok(());
+    }
+    let log = std::fs::read_to_string(bundle.join(sandbox::LOG_FILE)).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+    Err(ShimError::Sandbox {
+        op: format!("runc {op}"),
+        reason: format!(
+            "{status}; runc log: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ),
+    })
+}
+
+/// `runc create` for the pod sandbox; its init's pid.
+fn create_sandbox(runc: &Runc, bundle: &Path, id: &str) -> Result<u32, ShimError> {
+    std::fs::create_dir_all(&runc.root).map_err(ShimError::io("create", &runc.root))?;
+    let root_file = bundle.join(sandbox::ROOT_FILE);
+    std::fs::write(&root_file, runc.root.display().to_string())
+        .map_err(ShimError::io("write", &root_file))?;
+    run_runc(runc, bundle, runc.create_args(bundle, id), "create")?;
+    let pid_file = bundle.join(sandbox::PID_FILE);
+    let text = std::fs::read_to_string(&pid_file).map_err(ShimError::io("read", &pid_file))?;
+    text.trim().parse::<u32>().map_err(|e| ShimError::Sandbox {
+        op: "runc create".into(),
+        reason: format!("pid file {}: {e}", pid_file.display()),
+    })
+}
+
+/// The exit status of a process this shim reaps but did not spawn (the
+/// sandbox's init, reparented to us as the subreaper when runc exited).
+fn wait_reparented(pid: u32) -> i32 {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    let p = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(0));
+    loop {
+        match waitpid(p, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                warn!("wait for pid {pid}: {e}");
+                return 255;
+            }
+        }
+    }
+}
+
+/// Spawns `supervise run` for the turn with the fifos containerd handed
+/// over as its stdio.
+fn spawn_turn(turn: &Turn, t: &TaskState) -> Result<std::process::Child, ShimError> {
+    let [stdin, stdout, stderr] = &t.stdio;
+    let open_out = |p: &str| -> Result<Stdio, ShimError> {
+        if p.is_empty() {
+            return Ok(Stdio::null());
+        }
+        // Read+write: opening a fifo this way never blocks.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .map(Stdio::from)
+            .map_err(ShimError::io("open output fifo", p))
+    };
+    let stdin = if stdin.is_empty() {
+        Stdio::null()
+    } else {
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(stdin)
+            .map_err(ShimError::io("open stdin fifo", stdin))?;
+        let flags = nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(|e| ShimError::io("open stdin fifo", stdin)(e.into()))?;
+        let mut flags = nix::fcntl::OFlag::from_bits_truncate(flags);
+        flags.remove(nix::fcntl::OFlag::O_NONBLOCK);
+        nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETFL(flags))
+            .map_err(|e| ShimError::io("open stdin fifo", stdin)(e.into()))?;
+        Stdio::from(f)
+    };
+    let events = t.bundle.join(EVENTS_FILE);
+    Command::new(&t.supervise)
+        .args(turn.run_args(&t.options, &events))
+        .stdin(stdin)
+        .stdout(open_out(stdout)?)
+        .stderr(open_out(stderr)?)
+        .spawn()
+        .map_err(ShimError::io("spawn", &t.supervise))
+}
+
 impl TaskService {
     fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
         if let Err(e) = self
@@ -301,11 +430,35 @@ impl TaskService {
             field: "config.json",
             reason: e.to_string(),
         })?;
+        let is_sandbox = sandbox::is_cri_sandbox(&spec.annotations, &req.id)?;
         let options = load_options(req)?;
         let supervise = supervise_binary(&options);
         let rootfs = bundle.join("rootfs");
         for m in &req.rootfs {
             mount_one(&m.type_, &m.source, &m.options, &rootfs)?;
+        }
+        if is_sandbox {
+            let runc = Runc::under(&options.state_dir);
+            let pid = match create_sandbox(&runc, &bundle, &req.id) {
+                Ok(pid) => pid,
+                Err(e) => {
+                    let _ = run_runc(&runc, &bundle, runc.delete_args(&req.id), "delete");
+                    unmount_rootfs(&bundle);
+                    return Err(e);
+                }
+            };
+            return Ok(TaskState {
+                id: req.id.clone(),
+                bundle,
+                kind: Kind::Sandbox(runc),
+                options,
+                supervise,
+                stdio: [req.stdin.clone(), req.stdout.clone(), req.stderr.clone()],
+                phase: Phase::Created,
+                pid,
+                exit_status: 0,
+                exited_at: None,
+            });
         }
         // From here on a refusal unmounts what it mounted.
         let admitted = (|| {
@@ -361,7 +514,7 @@ impl TaskService {
         Ok(TaskState {
             id: req.id.clone(),
             bundle,
-            turn,
+            kind: Kind::Turn(turn),
             options,
             supervise,
             stdio: [req.stdin.clone(), req.stdout.clone(), req.stderr.clone()],
@@ -382,51 +535,39 @@ impl TaskService {
         if t.phase != Phase::Created {
             return Err(ShimError::State(format!("task `{id}` was already started")));
         }
-        let [stdin, stdout, stderr] = &t.stdio;
-        let open_out = |p: &str| -> Result<Stdio, ShimError> {
-            if p.is_empty() {
-                return Ok(Stdio::null());
+        let waiter: Box<dyn FnOnce() -> i32 + Send> = match &t.kind {
+            Kind::Sandbox(runc) => {
+                run_runc(runc, &t.bundle, runc.start_args(id), "start")?;
+                let pid = t.pid;
+                info!("task {id}: pod sandbox started as pid {pid} (runc)");
+                Box::new(move || wait_reparented(pid))
             }
-            // Read+write: opening a fifo this way never blocks.
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(p)
-                .map(Stdio::from)
-                .map_err(ShimError::io("open output fifo", p))
+            Kind::Turn(turn) => {
+                let mut child = spawn_turn(turn, t)?;
+                let pid = child.id();
+                t.pid = pid;
+                let _ = std::fs::write(t.bundle.join(PID_FILE), pid.to_string());
+                info!(
+                    "task {id}: supervise run started as pid {pid} (backend {})",
+                    t.options.backend
+                );
+                let id = id.to_owned();
+                Box::new(move || match child.wait() {
+                    Ok(s) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        s.code()
+                            .or_else(|| s.signal().map(|n| 128 + n))
+                            .unwrap_or(255)
+                    }
+                    Err(e) => {
+                        warn!("task {id}: wait for pid {pid}: {e}");
+                        255
+                    }
+                })
+            }
         };
-        let stdin = if stdin.is_empty() {
-            Stdio::null()
-        } else {
-            let f = OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(stdin)
-                .map_err(ShimError::io("open stdin fifo", stdin))?;
-            let flags = nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_GETFL)
-                .map_err(|e| ShimError::io("open stdin fifo", stdin)(e.into()))?;
-            let mut flags = nix::fcntl::OFlag::from_bits_truncate(flags);
-            flags.remove(nix::fcntl::OFlag::O_NONBLOCK);
-            nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETFL(flags))
-                .map_err(|e| ShimError::io("open stdin fifo", stdin)(e.into()))?;
-            Stdio::from(f)
-        };
-        let events = t.bundle.join(EVENTS_FILE);
-        let mut child = Command::new(&t.supervise)
-            .args(t.turn.run_args(&t.options, &events))
-            .stdin(stdin)
-            .stdout(open_out(stdout)?)
-            .stderr(open_out(stderr)?)
-            .spawn()
-            .map_err(ShimError::io("spawn", &t.supervise))?;
-        let pid = child.id();
-        t.pid = pid;
+        let pid = t.pid;
         t.phase = Phase::Running;
-        let _ = std::fs::write(t.bundle.join(PID_FILE), pid.to_string());
-        info!(
-            "task {id}: supervise run started as pid {pid} (backend {})",
-            t.options.backend
-        );
         drop(guard);
         // TaskStart before the waiter exists: never TaskExit first.
         self.publish(
@@ -442,19 +583,7 @@ impl TaskService {
         let namespace = self.namespace.clone();
         let id = id.to_owned();
         std::thread::spawn(move || {
-            let status = child.wait();
-            let code = match status {
-                Ok(s) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    s.code()
-                        .or_else(|| s.signal().map(|n| 128 + n))
-                        .unwrap_or(255)
-                }
-                Err(e) => {
-                    warn!("task {id}: wait for pid {pid}: {e}");
-                    255
-                }
-            };
+            let code = waiter();
             let exit_status = u32::try_from(code).unwrap_or(255);
             let at = now();
             {
@@ -556,12 +685,19 @@ impl Task for TaskService {
                 return Err(e.into());
             }
         };
-        info!(
-            "task {}: admitted (package {}, workspace {})",
-            req.id,
-            t.turn.package,
-            t.turn.workspace.display()
-        );
+        match &t.kind {
+            Kind::Turn(turn) => info!(
+                "task {}: admitted (package {}, workspace {})",
+                req.id,
+                turn.package,
+                turn.workspace.display()
+            ),
+            Kind::Sandbox(_) => info!(
+                "task {}: CRI pod sandbox created through runc (pid {}); not a turn",
+                req.id, t.pid
+            ),
+        }
+        let pid = t.pid;
         {
             let (m, _) = &*self.state;
             *lock(m) = Some(t);
@@ -580,12 +716,12 @@ impl Task for TaskService {
                     ..Default::default()
                 }),
                 checkpoint: req.checkpoint.clone(),
-                pid: 0,
+                pid,
                 ..Default::default()
             }),
         );
         Ok(api::CreateTaskResponse {
-            pid: 0,
+            pid,
             ..Default::default()
         })
     }
@@ -696,7 +832,14 @@ impl Task for TaskService {
                     ))
                     .into());
                 }
-                Some(t) if t.id == req.id => {}
+                Some(t) if t.id == req.id => {
+                    // runc kills what is left of the sandbox and removes its
+                    // cgroup and state; if it cannot, the task stays (and
+                    // Delete can be retried) rather than leak it.
+                    if let Kind::Sandbox(runc) = &t.kind {
+                        run_runc(runc, &t.bundle, runc.delete_args(&t.id), "delete")?;
+                    }
+                }
                 _ => return Err(ShimError::NotFound(req.id.clone()).into()),
             }
             guard.take()

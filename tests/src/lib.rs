@@ -2,6 +2,7 @@
 //! and state directory, the real `supervise` binary, and a snapshot of every
 //! file so a test can prove a command changed nothing on disk.
 
+pub mod containerd;
 pub mod realsw;
 pub mod redteam;
 

@@ -6,12 +6,14 @@
 //! with the io.turnstile.* annotations: a declared output commits, an
 //! undeclared write blocks (exit 12), a forbidden read fails, a capability
 //! violation fails the create, absent outputs fail the create (FR-RT-013),
+//! a hand-set CRI sandbox annotation is refused,
 //! the ledgers verify — and nothing is left: no containerd, no shim, no
 //! mount under its root or /run/containerd.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 
+use turnstile_tests::containerd::{Containerd, Leftovers};
 use turnstile_tests::{Fixture, busybox_rootfs, require_root, supervise_bin};
 
 const MANIFEST: &str = r#"{
@@ -26,115 +28,51 @@ const MANIFEST: &str = r#"{
 
 const IMAGE: &str = "docker.io/turnstile/busybox:test";
 
-/// A private containerd; killed, and its mounts and /run/containerd
-/// leftovers removed, on drop (also when the test fails).
-struct Containerd {
-    dir: tempfile::TempDir,
-    child: Child,
+/// The shim's options for this test: state in the test's own directory
+/// (never /var/lib/turnstile), handed over as containerd's runtime
+/// options do (`ctr run --runtime-config-path`).
+fn options_file(dir: &Path, state: &Path) -> PathBuf {
+    let p = dir.join("shim.json");
+    std::fs::write(
+        &p,
+        serde_json::json!({ "state_dir": state, "supervise": supervise_bin() }).to_string(),
+    )
+    .unwrap();
+    p
 }
 
-impl Containerd {
-    fn start(shim_dir: &Path) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("ts-containerd-")
-            .tempdir()
-            .unwrap();
-        let d = dir.path();
-        let config = format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  disable = true
-"#,
-            d = d.display()
-        );
-        std::fs::write(d.join("config.toml"), config).unwrap();
-        let path = format!(
-            "{}:{}",
-            shim_dir.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .env("PATH", path)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn containerd");
-        let c = Self { dir, child };
-        for _ in 0..100 {
-            if c.ctr(&["version"]).status.success() {
-                return c;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+/// Waits until no shim of `c` is running (after a Create that failed or
+/// a `--rm` run); panics naming what is left.
+fn assert_no_shim(c: &Containerd, after: &str) {
+    for _ in 0..50 {
+        if c.processes().is_empty() {
+            return;
         }
-        panic!("containerd did not come up: {}", c.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("containerd.sock")
-    }
-
-    fn ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
-            .arg("-a")
-            .arg(self.socket())
-            .args(args)
-            .output()
-            .expect("spawn ctr")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
-    }
+    panic!("after {after}: left running: {:?}", c.processes());
 }
 
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let root = self.dir.path().display().to_string();
-        // Unmount what containerd left under its root (deepest first).
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut ours: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in ours {
-            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
-
-fn shims_running() -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .filter(|c| {
-            c.starts_with(b"/")
-                && String::from_utf8_lossy(c).contains("containerd-shim-turnstile-v2")
-        })
-        .count()
+fn sessions_in(t: &str) -> Vec<String> {
+    t.split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '-'))
+        .filter(|w| w.starts_with("SES-"))
+        .map(str::to_owned)
+        .collect()
 }
 
 fn run(c: &Containerd, ws: &Path, id: &str, outputs: Option<&str>, script: &str) -> Output {
     let wsa = format!("io.turnstile.workspace={}", ws.display());
+    let config = c.dir.path().join("shim.json").display().to_string();
+    let fifos = c.dir.path().join("fifo").display().to_string();
     let mut args = vec![
         "run",
         "--rm",
         "--runtime",
         "io.containerd.turnstile.v2",
+        "--runtime-config-path",
+        &config,
+        "--fifo-dir",
+        &fifos,
         "--annotation",
         &wsa,
         "--annotation",
@@ -198,20 +136,22 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         .unwrap();
     assert!(st.success());
 
-    let before = shims_running();
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    let mut sessions = Vec::new();
     {
-        let c = Containerd::start(shim.parent().unwrap());
+        let mut c = Containerd::start(
+            shim.parent().unwrap(),
+            "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable = true",
+        );
+        options_file(c.dir.path(), &fx.state);
         let imported = c.ctr(&["images", "import", archive.to_str().unwrap()]);
         assert!(imported.status.success(), "{}", text(&imported));
 
-        let fx = Fixture::new();
         fx.install("bb", MANIFEST);
         fx.write("data/in.txt", b"hello\n");
         fx.write("data/secret/key", b"k\n");
         let ws = fx.root.clone();
-        // The shim's default state dir is /var/lib/turnstile: this test's
-        // goes through an options file, as containerd's runtime options do.
-        let _ = &fx.state;
 
         // A declared output commits (bytes + ledger).
         let out = run(
@@ -222,6 +162,7 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             r#"cat data/in.txt > "output/$TURNSTILE_SESSION_ID/r.txt"; cat data/secret/key && echo SECRET-READ; echo ok"#,
         );
         let t = text(&out);
+        sessions.extend(sessions_in(&t));
         assert_eq!(out.status.code(), Some(0), "{t}\n{}", c.log());
         assert!(
             t.contains("committed") && t.contains("ok") && !t.contains("SECRET-READ"),
@@ -244,7 +185,7 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
                 "--root",
                 ws.to_str().unwrap(),
                 "--state-dir",
-                "/var/lib/turnstile",
+                fx.state.to_str().unwrap(),
                 "--session",
                 &sid,
             ])
@@ -261,6 +202,7 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             r#"echo x > "output/$TURNSTILE_SESSION_ID/r.txt""#,
         );
         let t = text(&out);
+        sessions.extend(sessions_in(&t));
         assert_eq!(out.status.code(), Some(12), "{t}");
         let sid = t
             .split_whitespace()
@@ -272,15 +214,20 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
 
         // A forbidden read fails inside the turn (exit 10: the command failed).
         let out = run(&c, &ws, "forbidden", Some("[]"), "cat data/secret/key");
+        sessions.extend(sessions_in(&text(&out)));
         assert_eq!(out.status.code(), Some(10), "{}", text(&out));
+        assert_no_shim(&c, "a finished run");
 
         // A capability violation fails the create, naming it; nothing ran.
         let wsa = format!("io.turnstile.workspace={}", ws.display());
+        let config = c.dir.path().join("shim.json").display().to_string();
         let out = c.ctr(&[
             "run",
             "--rm",
             "--runtime",
             "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            &config,
             "--annotation",
             &wsa,
             "--annotation",
@@ -293,7 +240,10 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             "/",
         ]);
         let t = text(&out);
+        sessions.extend(sessions_in(&t));
         assert!(!out.status.success() && t.contains("E2042"), "{t}");
+        // A failed Create leaves no shim behind.
+        assert_no_shim(&c, "a Create refused for a capability violation");
 
         // FR-RT-013: absent outputs fail the create, naming the annotation.
         let out = run(&c, &ws, "no-outputs", None, "true");
@@ -302,6 +252,33 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             !out.status.success() && t.contains("io.turnstile.outputs") && t.contains("TS1201"),
             "{t}"
         );
+        assert_no_shim(&c, "a Create refused for absent outputs");
+
+        // Only the CRI plugin's pod sandbox runs outside a turn: the
+        // sandbox container-type set by hand (no matching sandbox-id) is
+        // refused, not run through plain runc.
+        let config = c.dir.path().join("shim.json").display().to_string();
+        let out = c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            "io.kubernetes.cri.container-type=sandbox",
+            IMAGE,
+            "fake-sandbox",
+            "sh",
+            "-c",
+            "echo RAN",
+        ]);
+        let t = text(&out);
+        assert!(
+            !out.status.success() && t.contains("TS1202") && !t.contains("RAN"),
+            "{t}"
+        );
+        assert_no_shim(&c, "a Create refused for a hand-made sandbox annotation");
 
         let left = c.ctr(&["containers", "ls", "-q"]);
         assert_eq!(
@@ -309,8 +286,19 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             "",
             "containers left"
         );
+
+        // Nothing is left: no containerd, no shim or supervise, no mount
+        // under the test's dirs or containerd's, no cgroup of the test's
+        // sessions, nothing new under /run/containerd — and no state
+        // outside the test's state dir.
+        let cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
+        assert!(!cgroups.is_empty());
+        before.assert_clean(&mut c, &[&fx.root, &fx.state, image_dir.path()], &cgroups);
+        for sid in &sessions {
+            assert!(
+                !Path::new("/var/lib/turnstile/sessions").join(sid).exists(),
+                "{sid}: state written to /var/lib/turnstile"
+            );
+        }
     }
-    // Nothing is left: no shim, no mount under /run/containerd from it.
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert_eq!(shims_running(), before, "a shim was left behind");
 }

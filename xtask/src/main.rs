@@ -20,7 +20,11 @@ use anyhow::{Context, Result, bail};
 /// System packages: the build (libseccomp), the schema tests
 /// (python3-jsonschema), the real-software suite (tests/tests/realsw.rs:
 /// CPython's own test suite, a C toolchain, git, venv, node) and the runc
-/// and crun backends' tests and red-team runs.
+/// and crun backends' tests and red-team runs; the shim's tests
+/// (containerd, busybox-static for the offline images); the CRI test
+/// (containernetworking-plugins for the pod's loopback and bridge networks,
+/// iproute2 to remove the test's bridge, protobuf-compiler for the
+/// `k8s-cri` crate's generated client).
 const APT_PACKAGES: &[&str] = &[
     "libseccomp-dev",
     "pkg-config",
@@ -37,6 +41,9 @@ const APT_PACKAGES: &[&str] = &[
     "containerd",
     "busybox-static",
     "crun",
+    "containernetworking-plugins",
+    "iproute2",
+    "protobuf-compiler",
 ];
 
 /// Requirements that must each have at least one test whose name contains
@@ -55,15 +62,17 @@ fn main() -> Result<()> {
         Some("redteam") => redteam(&args[1..]),
         Some("realsw") => realsw(&args[1..]),
         Some("bench") => bench(),
+        Some("bench-shim") => bench_shim(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|bench|bench-shim [ROUNDS]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
                  \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
                  \n  realsw       CPython's regression tests inside a turn vs. outside, every module of the full set (or those named), then the toolchain workflows (root)\
                  \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
+                 \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
                 APT_PACKAGES.join(", ")
             );
@@ -188,6 +197,8 @@ fn build_bins(release: bool) -> Result<()> {
         "turnstile-supervisor",
         "-p",
         "turnstile-tests",
+        "-p",
+        "containerd-shim-turnstile-v2",
         "--bins",
     ]);
     if release {
@@ -270,6 +281,18 @@ fn bench() -> Result<()> {
         .args(["-m", "--propagation", "private", "sh", "-c", script])
         .arg(&bin)
         .arg(root.join("bench"))
+        .current_dir(&root))
+}
+
+/// `ctr run --rm` through the turnstile shim vs the runc v2 shim on a
+/// private containerd (tests/src/bin/bench_shim.rs); not part of `test`.
+fn bench_shim(args: &[String]) -> Result<()> {
+    setup()?;
+    build_bins(true)?;
+    let root = workspace_root();
+    run(Command::new(root.join("target/release/bench_shim"))
+        .arg(root.join("bench"))
+        .args(args)
         .current_dir(&root))
 }
 

@@ -505,7 +505,20 @@ fn main() {
         kernel(),
         "cgroups v1 (hybrid); the whole bench runs in a private mount namespace with a tmpfs over /sys/fs/cgroup/unified so crun accepts the layout (MACHINE-NOTES)",
     );
-    std::fs::write(out_dir.join("RESULTS.md"), format!("{header}{report}")).unwrap();
+    // `cargo xtask bench-shim` owns its marked section: keep it.
+    let shim_section = std::fs::read_to_string(out_dir.join("RESULTS.md"))
+        .ok()
+        .and_then(|old| {
+            let b = old.find("<!-- bench-shim -->")?;
+            let e = old.find("<!-- /bench-shim -->")?;
+            (e > b).then(|| format!("\n{}\n", &old[b..e + "<!-- /bench-shim -->".len()]))
+        })
+        .unwrap_or_default();
+    std::fs::write(
+        out_dir.join("RESULTS.md"),
+        format!("{header}{report}{shim_section}"),
+    )
+    .unwrap();
     print!("{header}{report}");
 }
 
