@@ -250,6 +250,8 @@ struct RunscSandbox {
     watch: Option<Watch>,
     /// The sandbox process (our child once `runsc create` exits).
     pid: i32,
+    /// The gofer (our child too), from runsc's state file.
+    gofer: Option<i32>,
     report: Arc<Mutex<Option<Value>>>,
     timeout: Duration,
     start_failed: Option<String>,
@@ -292,6 +294,7 @@ impl Backend for RunscBackend {
             view: None,
             watch: None,
             pid: 0,
+            gofer: None,
             report: Arc::new(Mutex::new(None)),
             timeout: Duration::from_secs(plan.limits.timeout_seconds),
             start_failed: None,
@@ -393,6 +396,11 @@ impl Backend for RunscBackend {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| err("runsc create", "no pid file"))?;
+        sb.gofer = std::fs::read(Path::new(ROOT).join(format!("{id}_sandbox:{id}.state")))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["goferPid"].as_i64())
+            .and_then(|p| i32::try_from(p).ok());
         sb.lap("runtime_create");
         // The timer, from here: a `runsc start` or `wait` that hangs ends
         // with the sandbox it waits on.
@@ -412,19 +420,26 @@ impl RunscSandbox {
         self.last = now;
     }
 
+    /// `runsc delete --force`, once. It must run before the cgroup is
+    /// killed: with its gofer already gone, it waits for it until a 5 s
+    /// deadline (measured); it kills whatever of the sandbox still runs.
+    fn delete_container(&mut self) {
+        if std::mem::take(&mut self.created) {
+            let _ = self
+                .backend
+                .output(&RunscCmd::Delete { id: &self.id }, &self.log);
+        }
+    }
+
     fn teardown(&mut self) {
         if self.torn_down {
             return;
         }
         self.torn_down = true;
+        self.delete_container();
         self.cg.kill_all();
         if let Some(w) = self.watch.as_mut() {
             w.stop();
-        }
-        if self.created {
-            let _ = self
-                .backend
-                .output(&RunscCmd::Delete { id: &self.id }, &self.log);
         }
         if let Some(view) = self.view.as_mut() {
             view.unmount();
@@ -463,6 +478,31 @@ impl RunscSandbox {
                 stage: "runsc".into(),
                 detail: format!("waiting for the sandbox: {other:?}"),
             },
+        }
+    }
+
+    /// Reaps the gofer, which exits once the sandbox is gone. It must not
+    /// linger as a zombie: `runsc delete` takes a live-looking gofer for a
+    /// running one and waits 5 s for it (measured). Killed after 2 s.
+    fn reap_gofer(&mut self) {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        let Some(pid) = self.gofer.take().map(nix::unistd::Pid::from_raw) else {
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match waitpid(pid, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                Ok(WaitStatus::StillAlive) => {
+                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                    let _ = waitpid(pid, Some(WaitPidFlag::__WALL));
+                    return;
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                _ => return,
+            }
         }
     }
 
@@ -524,6 +564,13 @@ impl Sandbox for RunscSandbox {
             None => self.reap(),
         };
         self.lap("command_and_exit");
+        // The command is over: the timer stops (whatever it decided stays).
+        if let Some(w) = self.watch.as_mut() {
+            w.stop();
+        }
+        self.reap_gofer();
+        self.delete_container();
+        self.lap("runtime_delete");
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
         // A sandbox a limit or the timer killed (the sentry with the
