@@ -228,9 +228,17 @@ pub fn replay(
             json: true,
             cgroup_root: cgroup_root.to_path_buf(),
             sources: Sources::system(),
-            // The backend the turn ran on (entries from before backends
-            // were recorded ran natively).
-            backend: Some(e["backend"].as_str().unwrap_or("native").to_owned()),
+            // Chosen as the turn's was: its `--backend`, or the trust
+            // level's table (entries from before backends were recorded ran
+            // natively).
+            backend: match (
+                e["enforcement"]["backend_chosen_by"].as_str(),
+                e["enforcement"]["backend"].as_str(),
+            ) {
+                (Some("--backend"), Some(b)) => Some(b.to_owned()),
+                (Some(_), _) => None,
+                (None, b) => Some(b.unwrap_or("native").to_owned()),
+            },
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
             rootfs: None,
