@@ -1,11 +1,13 @@
-//! The host side of an OCI backend's view, shared by runc, crun and runsc:
-//! the workspace as its owner's, idmapped to the turn's uid/gid (the
-//! source of every workspace mount, as natively), and one overlay per
+//! What the OCI backends (runc, crun, runsc) share: the host side of the
+//! view — the workspace as its owner's, idmapped to the turn's uid/gid
+//! (the source of every workspace mount, as natively), and one overlay per
 //! writable scope (lower: the idmapped workspace directory; upper and
 //! work: the turn's scratch tmpfs), whose merged directories the bundle
-//! binds in. Unmounted on drop, whatever step failed.
+//! binds in; unmounted on drop, whatever step failed —, the turn's bundle
+//! over that view, and the phase laps.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use turnstile_policy::plan::Plan;
@@ -72,6 +74,36 @@ impl HostView {
             .collect()
     }
 
+    /// The bundle of `plan` for `runtime` over this view (in
+    /// `<turn>/bundle`, not yet written), its sandbox joining the turn's
+    /// cgroup `/turnstile/<id>`.
+    pub fn bundle(
+        &self,
+        plan: &Plan,
+        turn: &TurnDir,
+        runtime: &str,
+        id: &str,
+    ) -> Result<(PathBuf, turnstile_oci::Bundle)> {
+        let bundle_dir = turn.path.join("bundle");
+        let options = super::bundle::options(
+            plan,
+            runtime,
+            super::bundle::Place {
+                bundle_dir: bundle_dir.clone(),
+                empty_dir: turn.path.join(init::EMPTY_DIR),
+                scope_sources: self.scope_sources(),
+                workspace_source: Some(self.lower.display().to_string()),
+            },
+            Vec::new(),
+            None,
+        )?;
+        let mut bundle =
+            turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
+        bundle.config["linux"]["cgroupsPath"] =
+            serde_json::Value::String(format!("/turnstile/{id}"));
+        Ok((bundle_dir, bundle))
+    }
+
     /// Unmounts everything (idempotent).
     pub fn unmount(&mut self) {
         for m in self.merged.drain(..) {
@@ -86,5 +118,38 @@ impl HostView {
 impl Drop for HostView {
     fn drop(&mut self) {
         self.unmount();
+    }
+}
+
+/// A backend's phases as laps of one clock (durations, as the native
+/// backend and the turn pipeline record them).
+#[derive(Debug)]
+pub struct Laps {
+    started: Instant,
+    last: Instant,
+    phases: Vec<(&'static str, u64)>,
+}
+
+impl Laps {
+    pub fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            last: now,
+            phases: Vec::new(),
+        }
+    }
+
+    /// Records the time since the previous lap as phase `name`.
+    pub fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
+    /// The phases so far (taken), and the wall time since `new`.
+    pub fn take(&mut self) -> (Vec<(&'static str, u64)>, std::time::Duration) {
+        (std::mem::take(&mut self.phases), self.started.elapsed())
     }
 }

@@ -222,11 +222,7 @@ struct RuncSandbox {
     watch: Option<Watch>,
     posture: Option<Posture>,
     landlock: Option<Value>,
-    started: Instant,
-    /// When the last phase ended: phases are laps (durations), as the
-    /// native backend and the turn pipeline record them.
-    last: Instant,
-    phases: Vec<(&'static str, u64)>,
+    laps: super::hostview::Laps,
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
     torn_down: bool,
@@ -238,7 +234,6 @@ impl Backend for RuncBackend {
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
-        let started = Instant::now();
         // The container's processes become ours when runc exits.
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;
@@ -259,9 +254,7 @@ impl Backend for RuncBackend {
             watch: None,
             posture: None,
             landlock: None,
-            started,
-            last: started,
-            phases: Vec::new(),
+            laps: super::hostview::Laps::new(),
             uppers: (0..plan.writable_scopes.len())
                 .map(|i| turn.upper(i))
                 .collect(),
@@ -272,22 +265,7 @@ impl Backend for RuncBackend {
         let view = sb
             .view
             .insert(super::hostview::HostView::mount(plan, turn)?);
-        let bundle_dir = turn.path.join("bundle");
-        let options = super::bundle::options(
-            plan,
-            self.runtime,
-            super::bundle::Place {
-                bundle_dir: bundle_dir.clone(),
-                empty_dir: turn.path.join(init::EMPTY_DIR),
-                scope_sources: view.scope_sources(),
-                workspace_source: Some(view.lower.display().to_string()),
-            },
-            Vec::new(),
-            None,
-        )?;
-        let mut bundle =
-            turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
-        bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
+        let (bundle_dir, bundle) = view.bundle(plan, turn, self.runtime, &id)?;
         super::bundle::write(&bundle_dir, &bundle, 0)?;
         sb.lap("bundle");
 
@@ -397,12 +375,8 @@ impl Backend for RuncBackend {
 }
 
 impl RuncSandbox {
-    /// Records the time since the previous phase ended as phase `name`.
     fn lap(&mut self, name: &'static str) {
-        let now = Instant::now();
-        self.phases
-            .push((name, now.duration_since(self.last).as_micros() as u64));
-        self.last = now;
+        self.laps.lap(name);
     }
 
     fn teardown(&mut self) {
@@ -500,6 +474,7 @@ impl Sandbox for RuncSandbox {
         } else {
             ending
         };
+        let (phases, wall) = self.laps.take();
         Ok(Execution {
             ending,
             timed_out: self.watch.as_ref().is_some_and(Watch::timed_out),
@@ -512,9 +487,9 @@ impl Sandbox for RuncSandbox {
             output_truncated: self.watch.as_ref().is_some_and(Watch::truncated),
             disk_full,
             posture: self.posture.take(),
-            phases: std::mem::take(&mut self.phases),
+            phases,
             seccomp_unknown: Vec::new(),
-            wall: self.started.elapsed(),
+            wall,
             uppers: std::mem::take(&mut self.uppers),
             ephemeral: serde_json::Map::new(),
             denials: Err(format!(

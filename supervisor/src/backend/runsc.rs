@@ -255,9 +255,7 @@ struct RunscSandbox {
     report: Arc<Mutex<Option<Value>>>,
     timeout: Duration,
     start_failed: Option<String>,
-    started: Instant,
-    last: Instant,
-    phases: Vec<(&'static str, u64)>,
+    laps: super::hostview::Laps,
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
     created: bool,
@@ -277,7 +275,6 @@ impl Backend for RunscBackend {
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
-        let started = Instant::now();
         // The sandbox process becomes ours when `runsc create` exits.
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;
@@ -298,9 +295,7 @@ impl Backend for RunscBackend {
             report: Arc::new(Mutex::new(None)),
             timeout: Duration::from_secs(plan.limits.timeout_seconds),
             start_failed: None,
-            started,
-            last: started,
-            phases: Vec::new(),
+            laps: super::hostview::Laps::new(),
             uppers: (0..plan.writable_scopes.len())
                 .map(|i| turn.upper(i))
                 .collect(),
@@ -312,22 +307,7 @@ impl Backend for RunscBackend {
         let view = sb
             .view
             .insert(super::hostview::HostView::mount(plan, turn)?);
-        let bundle_dir = turn.path.join("bundle");
-        let options = super::bundle::options(
-            plan,
-            "runsc",
-            super::bundle::Place {
-                bundle_dir: bundle_dir.clone(),
-                empty_dir: turn.path.join(init::EMPTY_DIR),
-                scope_sources: view.scope_sources(),
-                workspace_source: Some(view.lower.display().to_string()),
-            },
-            Vec::new(),
-            None,
-        )?;
-        let mut bundle =
-            turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
-        bundle.config["linux"]["cgroupsPath"] = Value::String(format!("/turnstile/{id}"));
+        let (bundle_dir, mut bundle) = view.bundle(plan, turn, "runsc", &id)?;
         // gVisor (2022-12) returns EPERM for every errno action of an OCI
         // filter (it ignores errnoRet and defaultErrnoRet), so clone3 would
         // fail EPERM and glibc, which falls back to clone only on ENOSYS,
@@ -414,10 +394,7 @@ impl Backend for RunscBackend {
 
 impl RunscSandbox {
     fn lap(&mut self, name: &'static str) {
-        let now = Instant::now();
-        self.phases
-            .push((name, now.duration_since(self.last).as_micros() as u64));
-        self.last = now;
+        self.laps.lap(name);
     }
 
     /// `runsc delete --force`, once. It must run before the cgroup is
@@ -625,6 +602,7 @@ impl Sandbox for RunscSandbox {
         let disk_full = nix::sys::statvfs::statvfs(&self.scratch)
             .map(|s| s.blocks_available() == 0 || s.files_available() == 0)
             .unwrap_or(false);
+        let (phases, wall) = self.laps.take();
         Ok(Execution {
             ending,
             timed_out: self.watch.as_ref().is_some_and(Watch::timed_out),
@@ -637,9 +615,9 @@ impl Sandbox for RunscSandbox {
             output_truncated: self.watch.as_ref().is_some_and(Watch::truncated),
             disk_full,
             posture,
-            phases: std::mem::take(&mut self.phases),
+            phases,
             seccomp_unknown: Vec::new(),
-            wall: self.started.elapsed(),
+            wall,
             uppers: std::mem::take(&mut self.uppers),
             ephemeral: serde_json::Map::new(),
             denials: Err(
