@@ -27,6 +27,30 @@ const MANIFEST: &str = r#"{
   "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 30}
 }"#;
 
+/// Set in each daemon's environment (its workers inherit it), so a test
+/// finds the processes of its own daemon among those of parallel tests.
+const TAG: &str = "TURNSTILE_TEST_DAEMON";
+
+/// Processes (other than the test) whose environment has `TAG=dir`.
+fn tagged(dir: &Path) -> Vec<String> {
+    let want = format!("{TAG}={}", dir.display()).into_bytes();
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == me || !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(env) = std::fs::read(e.path().join("environ")) {
+            if env.split(|b| *b == 0).any(|kv| kv == want.as_slice()) {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                out.push(String::from_utf8_lossy(&cmd).replace('\0', " "));
+            }
+        }
+    }
+    out
+}
+
 /// A running daemon; stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Daemon {
     pub child: Option<Child>,
@@ -57,6 +81,7 @@ impl Daemon {
             .arg("--socket")
             .arg(&socket)
             .args(extra)
+            .env(TAG, dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -478,6 +503,7 @@ fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
     let fx = fixture();
     let sid = fx.new_session();
     let mut daemon = Daemon::start(&fx, &[]);
+    let dir = daemon.socket.parent().unwrap().to_path_buf();
     let client = Command::new(supervise_bin())
         .args(["run", "--server"])
         .arg(&daemon.socket)
@@ -515,7 +541,7 @@ fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
     );
     // The worker and the turn died with the daemon.
     wait_for("the turn to die with the daemon", || {
-        processes_with("/bin/sleep 1003").is_empty() && processes_with("__serve-worker").is_empty()
+        processes_with("/bin/sleep 1003").is_empty() && tagged(&dir).is_empty()
     });
     // Restart: recovery closes the turn as aborted, nothing committed.
     let mut again = Daemon::start(&fx, &[]);
@@ -619,6 +645,7 @@ fn serve_sigterm_interrupts_in_flight_turns_and_leaves_nothing() {
     let sid = fx.new_session();
     let mut daemon = Daemon::start(&fx, &[]);
     let socket = daemon.socket.clone();
+    let dir = socket.parent().unwrap().to_path_buf();
     let client = Command::new(supervise_bin())
         .args(["run", "--json", "--server"])
         .arg(&socket)
@@ -667,7 +694,11 @@ fn serve_sigterm_interrupts_in_flight_turns_and_leaves_nothing() {
     fx.assert_ledgers_intact(&sid);
     assert_nothing_left(&fx, &sid);
     assert!(!socket.exists(), "the socket survived the daemon");
-    assert!(processes_with("__serve-worker").is_empty());
+    assert_eq!(
+        tagged(&dir),
+        Vec::<String>::new(),
+        "a process of the daemon survived it"
+    );
     assert!(processes_with("/bin/sleep 1004").is_empty());
 }
 
@@ -713,4 +744,145 @@ fn serve_client_signal_interrupts_its_turn_as_a_local_run() {
     }
     fx.assert_ledgers_intact(&sid);
     assert_nothing_left(&fx, &sid);
+}
+
+/// GET /metrics from `addr`; the body.
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split("\r\n\r\n").nth(1).unwrap().to_owned()
+}
+
+/// The value of the sample `name{labels}` (labels exactly as rendered).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn serve_metrics_health_and_json_logs_after_turns() {
+    if !require_root("serve_metrics_health_and_json_logs_after_turns") {
+        return;
+    }
+    let fx = fixture();
+    let mut daemon = Daemon::start(&fx, &["--metrics", "127.0.0.1:0"]);
+    let health = |d: &Daemon| -> Value {
+        let r = Command::new(supervise_bin())
+            .args(["health", "--json", "--server"])
+            .arg(&d.socket)
+            .output()
+            .unwrap();
+        assert_eq!(r.status.code(), Some(0));
+        serde_json::from_slice(&r.stdout).unwrap()
+    };
+    let h = health(&daemon);
+    assert_eq!(h["status"], "READY");
+    let addr = h["daemon"]["metrics"].as_str().unwrap().to_owned();
+    let ok = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(ok.status.code(), Some(0));
+    let sid = session_of(&ok);
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 4",
+        ],
+    );
+    assert_eq!(r.status.code(), Some(10));
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/usr/bin/id",
+        ],
+    );
+    assert_eq!(r.status.code(), Some(11));
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &["--package", "nope", "--no-outputs", "--", "/bin/true"],
+    );
+    assert_eq!(r.status.code(), Some(2));
+    let h = health(&daemon);
+    // Every run request that reached a worker (the unknown package too).
+    assert_eq!(h["daemon"]["turns_served"], 4, "{h}");
+    let m = scrape(&addr);
+    let is = |series: &str, want: f64| {
+        assert_eq!(sample(&m, series), Some(want), "{series} in:\n{m}");
+    };
+    is(r#"turns_total{status="committed",backend="native"}"#, 1.0);
+    is(
+        r#"turns_total{status="command_failed",backend="native"}"#,
+        1.0,
+    );
+    is(r#"turns_total{status="violation",backend="none"}"#, 1.0);
+    is(r#"turns_total{status="rejected",backend="none"}"#, 1.0);
+    is(r#"violations_total{layer="pre-execution"}"#, 1.0);
+    is(
+        r#"agent_runtime_spawns_total{status="success",trust_level="standard",runtime_class="native"}"#,
+        2.0,
+    );
+    is(
+        r#"agent_runtime_spawn_duration_seconds_count{source="cold"}"#,
+        2.0,
+    );
+    is(
+        r#"agent_runtime_terminations_total{reason="completed"}"#,
+        1.0,
+    );
+    is(r#"agent_runtime_terminations_total{reason="error"}"#, 2.0);
+    is("agent_runtime_warm_pool_size", 0.0);
+    is(
+        r#"agent_runtime_health_checks_total{type="readiness",status="success"}"#,
+        2.0,
+    );
+    is("events_received_total", 4.0);
+    is("events_emitted_total", 4.0);
+    is("event_processing_duration_ms_count", 4.0);
+    assert!(sample(&m, "event_processing_duration_ms_sum").unwrap() > 0.0);
+    assert_eq!(daemon.stop(), Some(0));
+    // JSON logs: one line per turn, inside a `turn` span naming the
+    // session, the turn and the backend.
+    let log = std::fs::read_to_string(&daemon.log).unwrap();
+    let turns: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .filter(|v| v["fields"]["message"] == "turn finished")
+        .collect();
+    assert_eq!(turns.len(), 4, "{log}");
+    assert_eq!(turns[0]["span"]["name"], "turn");
+    assert_eq!(turns[0]["span"]["session_id"], sid.as_str());
+    assert_eq!(turns[0]["span"]["turn"], 1);
+    assert_eq!(turns[0]["span"]["backend"], "native");
+    assert_eq!(turns[1]["span"]["turn"], 2);
 }

@@ -93,8 +93,13 @@ fn exchange(socket: &Path, v: &serde_json::Value, with_fds: bool) -> Result<Outc
     } else {
         Vec::new()
     };
-    send_with_fds(&sock, &line, &fds).map_err(unavailable)?;
-    let reply = wait_reply(&sock).map_err(unavailable)?;
+    // A daemon that refuses the peer answers and closes at once, maybe
+    // before the request is sent: read its answer even when sending failed.
+    let sent = send_with_fds(&sock, &line, &fds);
+    let reply = match (sent, wait_reply(&sock)) {
+        (_, Ok(r)) => r,
+        (Err(e), Err(_)) | (Ok(()), Err(e)) => return Err(unavailable(e)),
+    };
     let reply: Reply =
         serde_json::from_slice(&reply).map_err(|e| SupervisorError::WorkerFailed {
             detail: format!(

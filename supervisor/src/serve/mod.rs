@@ -9,6 +9,7 @@
 //! everything but how its request arrived.
 
 pub mod client;
+pub mod metrics;
 pub mod wire;
 pub mod worker;
 
@@ -70,6 +71,8 @@ pub struct Daemon {
     pub stopping: AtomicBool,
     /// What recovery at start did.
     pub recovered: Mutex<Value>,
+    pub metrics: Arc<metrics::Metrics>,
+    pub metrics_addr: Option<std::net::SocketAddr>,
     uid: u32,
 }
 
@@ -113,6 +116,8 @@ impl Daemon {
                 "turns_in_flight": self.in_flight(),
                 "turns_served": self.turns_served.load(Ordering::SeqCst),
                 "recovered_at_start": self.recovered.lock().map(|v| v.clone()).unwrap_or(Value::Null),
+                "metrics": self.metrics_addr,
+                "warm_pool_size": 0,
             },
         })
     }
@@ -204,7 +209,18 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     });
     tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
     let listener = o.socket.as_deref().map(bind).transpose()?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics_addr = match o.metrics {
+        Some(addr) => Some(
+            metrics::serve_http(addr, Arc::clone(&metrics)).map_err(|e| {
+                SupervisorError::invalid("--metrics", format!("cannot listen on {addr}: {e}"))
+            })?,
+        ),
+        None => None,
+    };
     let daemon = Arc::new(Daemon {
+        metrics,
+        metrics_addr,
         state_dir: state_dir.clone(),
         socket: o.socket.clone(),
         started: Instant::now(),
@@ -273,9 +289,8 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     Ok(Outcome {
         status: exit::OK,
         stdout: String::new(),
-        stderr: format!(
-            "supervise serve: stopped by signal {sig}; {interrupted} turn(s) in flight were interrupted\n"
-        ),
+        // The daemon's stderr carries JSON log lines only ("stopped" above).
+        stderr: String::new(),
     })
 }
 
@@ -293,6 +308,7 @@ fn error_reply(e: &SupervisorError, json: bool) -> Reply {
         stdout: o.stdout,
         stderr: o.stderr,
         value: json!({"error": crate::cli::error_value(e), "exit_code": e.exit_status()}),
+        trust_level: None,
     }
 }
 
@@ -340,6 +356,7 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
     match request {
         Request::Health { json } => {
             let v = d.health();
+            d.metrics.health_check(v["status"] == "READY");
             let stdout = if json {
                 format!("{v}\n")
             } else {
@@ -359,11 +376,14 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                     stdout,
                     stderr: String::new(),
                     value: v,
+                    trust_level: None,
                 },
             );
         }
         Request::Run(r) => {
             let json_mode = r.json;
+            let t = Instant::now();
+            d.metrics.events_received.inc();
             if d.stopping.load(Ordering::SeqCst) {
                 let e = SupervisorError::WorkerFailed {
                     detail: "the daemon is stopping; no new turns".into(),
@@ -376,6 +396,12 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                 Err(e) => error_reply(&e, json_mode),
             };
             send_reply(&conn, &reply);
+            d.metrics.events_emitted.inc();
+            d.metrics.turn_finished(
+                &reply.value,
+                reply.trust_level.as_deref(),
+                t.elapsed().as_secs_f64() * 1000.0,
+            );
         }
     }
 }

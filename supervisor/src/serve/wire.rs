@@ -133,6 +133,9 @@ pub struct Reply {
     /// The turn's `--json` value (or `{"error": …}`).
     #[serde(default)]
     pub value: Value,
+    /// The package's trust level (for the daemon's metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_level: Option<String>,
 }
 
 /// Sends `line` with `fds` attached (SCM_RIGHTS) in one message.

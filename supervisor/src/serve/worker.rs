@@ -32,8 +32,16 @@ pub fn main() -> u8 {
         Ok(l) => l,
         Err(_) => return 1,
     };
+    let mut trust_level = None;
     let (outcome, value) = match options(&line) {
-        Ok((opts, events)) => crate::cli::run_turn_outcome(&opts, events.as_deref()),
+        Ok((opts, events)) => {
+            let r = crate::cli::run_turn_outcome(&opts, events.as_deref());
+            trust_level = turnstile_policy::PackageId::parse(&opts.package)
+                .ok()
+                .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
+                .map(|m| m.trust_level.as_str().to_owned());
+            r
+        }
         Err(e) => (
             crate::cli::error_outcome(&e, false),
             serde_json::json!({"error": crate::cli::error_value(&e), "exit_code": e.exit_status()}),
@@ -48,6 +56,7 @@ pub fn main() -> u8 {
         stdout: String::new(),
         stderr: outcome.stderr,
         value,
+        trust_level,
     };
     let mut text = serde_json::to_vec(&reply).unwrap_or_default();
     text.push(b'\n');
