@@ -103,6 +103,13 @@ pub enum SupervisorError {
     )]
     PeerRefused { uid: u32, daemon_uid: u32 },
 
+    #[error("bus rules {}: field `{field}`: {reason}", path.display())]
+    BusRules {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+
     #[error("the daemon's turn worker failed: {detail}")]
     WorkerFailed { detail: String },
 
@@ -142,6 +149,7 @@ impl SupervisorError {
             Self::ServerUnavailable { .. } => codes::SERVER_UNAVAILABLE,
             Self::PeerRefused { .. } => codes::PEER_REFUSED,
             Self::WorkerFailed { .. } => codes::SERVE_WORKER_FAILED,
+            Self::BusRules { .. } => codes::BUS_RULES_INVALID,
         }
     }
 
@@ -153,7 +161,8 @@ impl SupervisorError {
             | Self::InvalidArgument { .. }
             | Self::InputUnreadable { .. }
             | Self::IdempotencyConflict { .. }
-            | Self::PeerRefused { .. } => exit::BAD_INPUT,
+            | Self::PeerRefused { .. }
+            | Self::BusRules { .. } => exit::BAD_INPUT,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,
@@ -175,6 +184,7 @@ impl SupervisorError {
             Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             Self::Unenforceable { .. } => Some("allow_degraded"),
             Self::ServerUnavailable { .. } => Some("--server"),
+            Self::BusRules { field, .. } => Some(field),
             _ => None,
         }
     }

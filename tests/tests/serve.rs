@@ -277,7 +277,7 @@ fn finished(fx: &Fixture, sid: &str, turn: u64) -> Vec<Value> {
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(90);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
@@ -885,4 +885,304 @@ fn serve_metrics_health_and_json_logs_after_turns() {
     assert_eq!(turns[0]["span"]["turn"], 1);
     assert_eq!(turns[0]["span"]["backend"], "native");
     assert_eq!(turns[1]["span"]["turn"], 2);
+}
+
+const BUS_MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": [],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/usr/bin/echo", "/bin/true", "/usr/bin/sleep"]
+  },
+  "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 30}
+}"#;
+
+fn bus_rules(ws: &Path) -> String {
+    let ws = ws.display();
+    format!(
+        r#"rules:
+  - id: live-echo
+    trigger: {{command_type: exec, source: "agent-*"}}
+    guards: {{phase: 2, category: [A, B], approval: none}}
+    actions:
+      - run: "{{{{msg_run_0}}}}"
+        allowlist: ["echo", "cat", "sleep"]
+        workspace: {ws}
+        package: b
+        mode: live
+  - id: dry-echo
+    trigger: {{command_type: exec, source: "*"}}
+    guards: {{phase: 1}}
+    actions:
+      - run: "echo dry {{{{msg_id}}}}"
+        allowlist: ["echo"]
+        workspace: {ws}
+        package: b
+        mode: dry-run
+  - id: only-phase-9
+    trigger: {{command_type: exec, source: "*"}}
+    guards: {{phase: 9}}
+    actions:
+      - run: "echo never"
+        allowlist: ["echo"]
+        workspace: {ws}
+        package: b
+  - id: approved-task
+    trigger: {{command_type: task, source: "*"}}
+    guards: {{category: [B], approval: required}}
+    actions:
+      - run: "echo approved {{{{title}}}}"
+        allowlist: ["echo"]
+        workspace: {ws}
+        package: b
+        mode: live
+"#
+    )
+}
+
+fn bus_message(id: &str, category: &str, command_type: &str, run: &str, phase: i64) -> String {
+    serde_json::json!({
+        "msg_id": id, "category": category, "msg_type": "COMMAND", "command_type": command_type,
+        "title": format!("title-{id}"), "run": [run],
+        "context": {"phase": phase, "requested_by": "agent-7"},
+        "timestamp": "2026-11-23T10:00:00Z",
+    })
+    .to_string()
+}
+
+/// Evidence files (output/ and error/) by the message file they finish.
+fn evidence(bus: &Path) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for sub in ["output", "error"] {
+        for e in std::fs::read_dir(bus.join(sub)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let v: Value = serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
+            out.push((sub.to_owned(), v["file"].as_str().unwrap().to_owned(), v));
+        }
+    }
+    out
+}
+
+fn count_json(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .count()
+}
+
+#[test]
+fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
+    if !require_root("serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("b", BUS_MANIFEST);
+    let busdir = tempfile::Builder::new()
+        .prefix("ts-bus-")
+        .tempdir()
+        .unwrap();
+    let bus = busdir.path().to_path_buf();
+    for sub in ["input", "approvals"] {
+        std::fs::create_dir_all(bus.join(sub)).unwrap();
+    }
+    std::fs::write(bus.join("rules.v0.1.yaml"), bus_rules(&fx.root)).unwrap();
+    // 100 messages: what each must become.
+    let mut expect: Vec<(String, &str, String)> = Vec::new(); // (file, kind, message)
+    for i in 0..100 {
+        let id = format!("m{i:03}");
+        let (kind, msg) = match i % 10 {
+            // The first live message is still running at the first kill.
+            0 if i == 0 => ("slow", bus_message(&id, "A", "exec", "sleep 1006", 2)),
+            0..=3 => (
+                "live",
+                bus_message(&id, "A", "exec", &format!("echo live {id}"), 2),
+            ),
+            4 => ("dry", bus_message(&id, "C", "exec", "ignored", 1)),
+            5 => ("skipped", bus_message(&id, "A", "exec", "echo x", 5)),
+            6 => ("held", bus_message(&id, "B", "task", "x", 3)),
+            7 => ("bad", format!(r#"{{"msg_id":"{id}","msg_type":"EVENT"}}"#)),
+            8 => ("disallowed", bus_message(&id, "A", "exec", "rm -rf /", 2)),
+            _ => (
+                "refused",
+                bus_message(&id, "B", "exec", "cat /etc/hostname", 2),
+            ),
+        };
+        expect.push((format!("{id}.json"), kind, msg));
+    }
+    // Messages arrive atomically (written aside, renamed in).
+    let drop_in = |file: &str, msg: &str| {
+        let tmp = bus.join(format!("input/.{file}.tmp"));
+        std::fs::write(&tmp, msg).unwrap();
+        std::fs::rename(&tmp, bus.join("input").join(file)).unwrap();
+    };
+    for (file, _, msg) in &expect[..50] {
+        drop_in(file, msg);
+    }
+    let busarg = bus.display().to_string();
+    let mut daemon = Daemon::start(&fx, &["--bus", &busarg]);
+    for (file, _, msg) in &expect[50..] {
+        drop_in(file, msg);
+    }
+    // Two kill -9 while messages are being processed.
+    for threshold in [0, 45] {
+        if threshold == 0 {
+            wait_for("the slow turn", || {
+                !processes_with("/usr/bin/sleep 1006").is_empty()
+            });
+        } else {
+            wait_for("evidence to accumulate", || {
+                evidence(&bus).len() >= threshold
+            });
+        }
+        daemon.kill9();
+        daemon = Daemon::start(&fx, &["--bus", &busarg]);
+    }
+    let held: Vec<&(String, &str, String)> = expect.iter().filter(|e| e.1 == "held").collect();
+    let settled = |n: usize| count_json(&bus.join("input")) == 0 && evidence(&bus).len() == n;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !settled(100 - held.len()) {
+        assert!(
+            Instant::now() < deadline,
+            "the bus did not settle: {} evidence files",
+            evidence(&bus).len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Held messages wait in processing/, listed by health.
+    assert_eq!(count_json(&bus.join("processing")), held.len());
+    let h = Command::new(supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let h: Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(
+        h["daemon"]["bus"]["held"].as_array().unwrap().len(),
+        held.len(),
+        "{h}"
+    );
+    for (file, _, _) in &held {
+        std::fs::write(
+            bus.join("approvals").join(file.trim_end_matches(".json")),
+            b"ok",
+        )
+        .unwrap();
+    }
+    wait_for("approved messages", || settled(100));
+    assert_eq!(count_json(&bus.join("processing")), 0);
+    assert_eq!(daemon.stop(), Some(0));
+
+    // Every message ends in exactly one place, with the expected outcome.
+    let ev = evidence(&bus);
+    let mut sessions = std::collections::BTreeSet::new();
+    let mut live_turns = std::collections::BTreeSet::new();
+    let mut aborted = 0;
+    for (file, kind, _) in &expect {
+        let mine: Vec<&(String, String, Value)> = ev.iter().filter(|e| &e.1 == file).collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "{file} ({kind}) has {} evidence files",
+            mine.len()
+        );
+        let (sub, _, v) = mine[0];
+        let action = &v["actions"][0];
+        match *kind {
+            "slow" => {
+                // Killed mid-turn with its daemon: closed `aborted` by
+                // recovery, then replayed (not run) for the message.
+                assert_eq!(sub, "error", "{file}: {v}");
+                assert_eq!(action["status"], "aborted", "{v}");
+                assert_eq!(action["replayed"], true, "{v}");
+                sessions.insert(action["session_id"].as_str().unwrap().to_owned());
+            }
+            "live" | "held" => {
+                if action["status"] == "aborted" || action["status"] == "interrupted" {
+                    // Killed mid-turn: recorded once, never run again.
+                    assert_eq!(sub, "error", "{file}: {v}");
+                    aborted += 1;
+                } else {
+                    assert_eq!(sub, "output", "{file}: {v}");
+                    assert_eq!(action["status"], "committed", "{file}: {v}");
+                    let want = if *kind == "live" {
+                        format!("live {}\n", file.trim_end_matches(".json"))
+                    } else {
+                        format!("approved title-{}\n", file.trim_end_matches(".json"))
+                    };
+                    if action["replayed"] == false {
+                        assert!(
+                            action["output"].as_str().unwrap().starts_with(&want),
+                            "{file}: {v}"
+                        );
+                    }
+                }
+                sessions.insert(action["session_id"].as_str().unwrap().to_owned());
+                assert!(
+                    live_turns.insert((
+                        action["session_id"].clone().to_string(),
+                        action["turn_number"].as_u64().unwrap()
+                    )),
+                    "{file}: a turn served two messages"
+                );
+            }
+            "dry" => {
+                assert_eq!(sub, "output", "{file}: {v}");
+                assert_eq!(action["mode"], "dry-run");
+                assert_eq!(action["would_execute"][0], "/usr/bin/echo");
+                assert!(action.get("session_id").is_none(), "a dry run ran a turn");
+            }
+            "skipped" => {
+                assert_eq!(sub, "error");
+                assert_eq!(v["error"]["code"], "TS1035", "{v}");
+                assert_eq!(v["skipped"][0]["rule"], "live-echo");
+                assert_eq!(v["skipped"][0]["guard"], "phase");
+            }
+            "bad" => {
+                assert_eq!(sub, "error");
+                assert_eq!(v["error"]["code"], "TS1033", "{v}");
+            }
+            "disallowed" => {
+                assert_eq!(sub, "error");
+                assert_eq!(v["error"]["code"], "TS1034", "{v}");
+                assert!(v["error"]["message"].as_str().unwrap().contains("`rm`"));
+            }
+            "refused" => {
+                // On the rule's allowlist, not in the package's execute
+                // capability: the turn's pre-execution check refuses it.
+                assert_eq!(sub, "error", "{v}");
+                assert_eq!(action["exit_status"], 11, "{v}");
+                assert_eq!(action["status"], "violation");
+            }
+            _ => unreachable!(),
+        }
+    }
+    assert!(
+        aborted <= 1,
+        "{aborted} more turns aborted by the second kill"
+    );
+    eprintln!(
+        "bus scenario: {aborted} live turn(s) besides the slow one were cut by the second kill -9"
+    );
+    // Each live message's turn started exactly once in the ledgers.
+    let live_like = expect
+        .iter()
+        .filter(|e| matches!(e.1, "live" | "held" | "refused" | "slow"))
+        .count();
+    let mut started = 0;
+    for sid in &sessions {
+        fx.assert_ledgers_intact(sid);
+        assert_nothing_left(&fx, sid);
+        started += read_entries(&fx.ledger(sid, "exec"))
+            .iter()
+            .filter(|e| e["event"] == "turn.started")
+            .count();
+        started += read_entries(&fx.ledger(sid, "exec"))
+            .iter()
+            .filter(|e| e["event"] == "turn.finished" && e["status"] == "violation")
+            .count();
+    }
+    assert_eq!(started, live_like, "turns started != live messages");
 }

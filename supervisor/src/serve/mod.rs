@@ -8,6 +8,7 @@
 //! says why), so a turn through the daemon is a `supervise run` in
 //! everything but how its request arrived.
 
+pub mod bus;
 pub mod client;
 pub mod metrics;
 pub mod wire;
@@ -66,13 +67,15 @@ pub struct Daemon {
     pub started: Instant,
     /// Worker pids of the turns in flight, by connection number.
     in_flight: Mutex<HashMap<u64, Pid>>,
-    next_conn: AtomicU64,
+    pub(crate) next_conn: AtomicU64,
     pub turns_served: AtomicU64,
     pub stopping: AtomicBool,
     /// What recovery at start did.
     pub recovered: Mutex<Value>,
     pub metrics: Arc<metrics::Metrics>,
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The bus's last pass: its directory and the messages held.
+    pub bus_status: Mutex<Value>,
     uid: u32,
 }
 
@@ -118,6 +121,7 @@ impl Daemon {
                 "recovered_at_start": self.recovered.lock().map(|v| v.clone()).unwrap_or(Value::Null),
                 "metrics": self.metrics_addr,
                 "warm_pool_size": 0,
+                "bus": self.bus_status.lock().map(|v| v.clone()).unwrap_or(Value::Null),
             },
         })
     }
@@ -218,7 +222,14 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         ),
         None => None,
     };
+    // A bad rules file refuses to start (TS1036), before anything listens.
+    let bus = o
+        .bus
+        .as_deref()
+        .map(|b| bus::Bus::open(b, o.dry_run))
+        .transpose()?;
     let daemon = Arc::new(Daemon {
+        bus_status: Mutex::new(Value::Null),
         metrics,
         metrics_addr,
         state_dir: state_dir.clone(),
@@ -233,6 +244,18 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let bus_thread = match bus {
+        Some(b) => {
+            let d = Arc::clone(&daemon);
+            Some(
+                std::thread::Builder::new()
+                    .name("bus".into())
+                    .spawn(move || b.run(&d))
+                    .map_err(state_io("spawn bus thread", &state_dir))?,
+            )
+        }
+        None => None,
+    };
     loop {
         let mut fds = vec![PollFd::new(stop_read.as_fd(), PollFlags::POLLIN)];
         if let Some(l) = &listener {
@@ -282,7 +305,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         std::thread::sleep(Duration::from_millis(20));
     }
     daemon.signal_all(Signal::SIGKILL);
-    for t in threads {
+    for t in threads.into_iter().chain(bus_thread) {
         let _ = t.join();
     }
     tracing::info!(signal = sig, interrupted, "stopped");
@@ -444,6 +467,20 @@ fn run_request(
             format!("a run request carries exactly 2 descriptors (stdout, stderr) with SCM_RIGHTS; got {}", v.len()),
         )
     })?;
+    run_worker(d, n, &r, out, err, Some(conn), early)
+}
+
+/// Runs one turn in a fresh worker with `out`/`err` as its stdout/stderr;
+/// with a client connection, forwards its signals (a hang-up is SIGHUP).
+pub(crate) fn run_worker(
+    d: &Daemon,
+    n: u64,
+    r: &RunRequest,
+    out: OwnedFd,
+    err: OwnedFd,
+    conn: Option<&UnixStream>,
+    early: &[u8],
+) -> Result<Reply> {
     let io = |op| state_io(op, Path::new("/proc/self/exe"));
     let (ours, theirs) = UnixStream::pair().map_err(io("socketpair"))?;
     let mut cmd = Command::new("/proc/self/exe");
@@ -468,7 +505,7 @@ fn run_request(
     let mut child = cmd.spawn().map_err(io("spawn turn worker"))?;
     let pid = Pid::from_raw(child.id() as i32);
     d.track(n, Some(pid));
-    let mut line = serde_json::to_vec(&r).unwrap_or_default();
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
     line.push(b'\n');
     let _ = (&ours).write_all(&line);
     let mut forwarded = false;
@@ -485,11 +522,13 @@ fn run_request(
     };
     deliver(early, &mut forwarded);
     let mut reply_bytes = Vec::new();
-    let mut client_open = true;
+    let mut client_open = conn.is_some();
     loop {
         let mut fds = vec![PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
         if client_open {
-            fds.push(PollFd::new(conn.as_fd(), PollFlags::POLLIN));
+            if let Some(c) = conn {
+                fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            }
         }
         match poll(&mut fds, PollTimeout::from(1000u16)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -501,9 +540,9 @@ fn run_request(
                 .get(1)
                 .and_then(|f| f.revents())
                 .is_some_and(|r| !r.is_empty());
-        if client_ready {
+        if let (true, Some(c)) = (client_ready, conn) {
             let mut b = [0u8; 16];
-            match std::io::Read::read(&mut &*conn, &mut b) {
+            match std::io::Read::read(&mut &*c, &mut b) {
                 Ok(0) | Err(_) => {
                     // The client is gone: like a hangup of `run`'s terminal.
                     client_open = false;
