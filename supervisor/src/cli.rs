@@ -153,6 +153,10 @@ pub struct ServeArgs {
     /// Bus actions without a `mode` are recorded as "would execute" only.
     #[arg(long)]
     pub dry_run: bool,
+    /// Socket turns allowed in flight at once; more are refused (TS1032,
+    /// exit 1) rather than queued without bound.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_turns: usize,
 }
 
 #[derive(Debug, Args)]
@@ -534,6 +538,7 @@ pub fn run(cli: Cli) -> Outcome {
             bus: a.bus,
             metrics: a.metrics,
             dry_run: a.dry_run,
+            max_turns: a.max_turns,
         }),
         Command::Explain(a) => explain(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),

@@ -1186,3 +1186,72 @@ fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
     }
     assert_eq!(started, live_like, "turns started != live messages");
 }
+
+#[test]
+fn serve_max_turns_refuses_beyond_the_limit_and_runs_nothing() {
+    if !require_root("serve_max_turns_refuses_beyond_the_limit_and_runs_nothing") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let daemon = Daemon::start(&fx, &["--max-turns", "1"]);
+    let mut busy = Command::new(supervise_bin())
+        .args(["run", "--server"])
+        .arg(&daemon.socket)
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "1008",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the first turn", || {
+        !processes_with("/bin/sleep 1008").is_empty()
+    });
+    let before = read_entries(&fx.ledger(&sid, "exec")).len();
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "TS1032");
+    assert!(v["error"]["message"].as_str().unwrap().contains("busy"));
+    signal(busy.id() as i32, nix::libc::SIGTERM);
+    assert_eq!(busy.wait().unwrap().code(), Some(143));
+    // The refused request left no trace; the interrupted one its entries.
+    let entries = read_entries(&fx.ledger(&sid, "exec"));
+    assert_eq!(
+        entries.len(),
+        before + 1,
+        "only the interrupted turn's finish entry was added"
+    );
+    fx.assert_ledgers_intact(&sid);
+}

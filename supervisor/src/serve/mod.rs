@@ -43,6 +43,7 @@ pub struct ServeOptions {
     pub bus: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
     pub dry_run: bool,
+    pub max_turns: usize,
 }
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -77,6 +78,7 @@ pub struct Daemon {
     /// The bus's last pass: its directory and the messages held.
     pub bus_status: Mutex<Value>,
     uid: u32,
+    max_turns: usize,
 }
 
 impl Daemon {
@@ -241,6 +243,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         stopping: AtomicBool::new(false),
         recovered: Mutex::new(recovered),
         uid: nix::unistd::geteuid().as_raw(),
+        max_turns: o.max_turns.max(1),
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
@@ -407,6 +410,16 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
             let json_mode = r.json;
             let t = Instant::now();
             d.metrics.events_received.inc();
+            if d.in_flight() >= d.max_turns {
+                let e = SupervisorError::WorkerFailed {
+                    detail: format!(
+                        "busy: {} turns in flight (--max-turns); nothing was run, try again",
+                        d.in_flight()
+                    ),
+                };
+                send_reply(&conn, &error_reply(&e, json_mode));
+                return;
+            }
             if d.stopping.load(Ordering::SeqCst) {
                 let e = SupervisorError::WorkerFailed {
                     detail: "the daemon is stopping; no new turns".into(),
