@@ -70,6 +70,15 @@ impl Daemon {
 
     fn start_at(fx: &Fixture, dir: tempfile::TempDir, extra: &[&str]) -> Self {
         let socket = dir.path().join("serve.sock");
+        Self::start_at_path(fx, dir, socket, extra)
+    }
+
+    fn start_at_path(
+        fx: &Fixture,
+        dir: tempfile::TempDir,
+        socket: PathBuf,
+        extra: &[&str],
+    ) -> Self {
         let log = dir.path().join(format!(
             "daemon-{}.log",
             Instant::now().elapsed().as_nanos()
@@ -102,6 +111,17 @@ impl Daemon {
             _dir: dir,
             log,
         }
+    }
+
+    /// A daemon on an existing socket path (the directory is not owned).
+    pub fn start_at_socket(fx: &Fixture, socket: &Path) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ts-serve-")
+            .tempdir()
+            .unwrap();
+        let mut d = Self::start_at_path(fx, dir, socket.to_path_buf(), &[]);
+        d.socket = socket.to_path_buf();
+        d
     }
 
     pub fn pid(&self) -> i32 {
@@ -1254,4 +1274,65 @@ fn serve_max_turns_refuses_beyond_the_limit_and_runs_nothing() {
         "only the interrupted turn's finish entry was added"
     );
     fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn serve_refuses_bad_startup_and_replaces_only_a_stale_socket() {
+    if !require_root("serve_refuses_bad_startup_and_replaces_only_a_stale_socket") {
+        return;
+    }
+    let fx = fixture();
+    let serve = |args: &[&str]| {
+        Command::new(supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // A bad rules file: exit 2, TS1036, the field named; nothing listens.
+    let busdir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        busdir.path().join("rules.v0.1.yaml"),
+        "rules:\n  - id: x\n    trigger: {command_type: exec}\n    actions:\n      - {run: 'echo', allowlist: [echo], workspace: relative, package: p}\n",
+    )
+    .unwrap();
+    let sock = busdir.path().join("s.sock");
+    let r = serve(&[
+        "--bus",
+        busdir.path().to_str().unwrap(),
+        "--socket",
+        sock.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("TS1036") && stderr.contains("rules[0].actions[0].workspace"),
+        "{stderr}"
+    );
+    assert!(!sock.exists());
+    // Neither a socket nor a bus: exit 2.
+    assert_eq!(serve(&[]).status.code(), Some(2));
+    // A live daemon's socket is not taken over; a stale one is replaced.
+    let mut daemon = Daemon::start(&fx, &[]);
+    let r = serve(&["--socket", daemon.socket.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("already listens"));
+    let socket = daemon.socket.clone();
+    daemon.kill9();
+    assert!(socket.exists(), "kill -9 leaves the socket file");
+    let again = Daemon::start_at_socket(&fx, &socket);
+    let h = Command::new(supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&again.socket)
+        .output()
+        .unwrap();
+    assert_eq!(h.status.code(), Some(0));
+    // A path that is not a socket is never removed.
+    let file = busdir.path().join("not-a-socket");
+    std::fs::write(&file, b"keep").unwrap();
+    let r = serve(&["--socket", file.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2));
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
 }

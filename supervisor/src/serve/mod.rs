@@ -199,6 +199,12 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         unsafe { sigaction(s, &action) }
             .map_err(|e| state_io("install signal handlers", &state_dir)(e.into()))?;
     }
+    // A bad rules file refuses to start (TS1036), before anything listens.
+    let bus = o
+        .bus
+        .as_deref()
+        .map(|b| bus::Bus::open(b, o.dry_run))
+        .transpose()?;
     // Every session is recovered before the first turn (what a stopped
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
     let cgroup_root = crate::cli::cgroup_root();
@@ -214,7 +220,6 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         "recovered": sessions.iter().filter(|r| !r.is_empty()).map(|r| r.to_value()).collect::<Vec<_>>(),
     });
     tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
-    let listener = o.socket.as_deref().map(bind).transpose()?;
     let metrics = Arc::new(metrics::Metrics::new());
     let metrics_addr = match o.metrics {
         Some(addr) => Some(
@@ -224,12 +229,8 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         ),
         None => None,
     };
-    // A bad rules file refuses to start (TS1036), before anything listens.
-    let bus = o
-        .bus
-        .as_deref()
-        .map(|b| bus::Bus::open(b, o.dry_run))
-        .transpose()?;
+    // The socket last: nothing below can fail once it exists.
+    let listener = o.socket.as_deref().map(bind).transpose()?;
     let daemon = Arc::new(Daemon {
         bus_status: Mutex::new(Value::Null),
         metrics,
