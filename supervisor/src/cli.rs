@@ -124,6 +124,39 @@ pub enum Command {
     ///
     /// Example: supervise recover --state-dir /var/lib/turnstile
     Recover(RecoverArgs),
+    /// Run as a daemon: take turn requests on a unix socket (0600, this
+    /// user and root only) and/or from a file bus, each run exactly as
+    /// `supervise run` would, in its own worker process. Recovers every
+    /// session first. SIGTERM/SIGINT/SIGHUP: in-flight turns end as
+    /// `interrupted` (TS1024), then the daemon exits 0. Logs are JSON on
+    /// stderr (TURNSTILE_LOG sets the filter, default info).
+    ///
+    /// Example: supervise serve --state-dir /var/lib/turnstile --socket /run/turnstile.sock --metrics 127.0.0.1:9464
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Supervisor state directory (the one every client names).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Unix socket to listen on (created 0600; a stale socket is replaced).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// A file bus directory (input/, processing/, output/, error/,
+    /// approvals/, rules.v0.1.yaml) to serve (seed 003).
+    #[arg(long, value_name = "DIR")]
+    pub bus: Option<PathBuf>,
+    /// Serve Prometheus metrics on ADDR:PORT (plain HTTP, GET /metrics).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Bus actions without a `mode` are recorded as "would execute" only.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Socket turns allowed in flight at once; more are refused (TS1032,
+    /// exit 1) rather than queued without bound.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_turns: usize,
 }
 
 #[derive(Debug, Args)]
@@ -356,6 +389,11 @@ pub struct RunArgs {
     /// violation, turn.finished.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+    /// Send the turn to a `supervise serve` daemon listening on SOCKET
+    /// instead of running it here; prints and exits exactly as a local run.
+    /// --state-dir must name the daemon's state directory.
+    #[arg(long, value_name = "SOCKET")]
+    pub server: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -396,6 +434,9 @@ pub struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
+    /// Ask a running `supervise serve` daemon on this socket instead.
+    #[arg(long, value_name = "SOCKET")]
+    pub server: Option<PathBuf>,
     /// Supervisor state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -459,6 +500,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Check(a) => a.common.json,
         Command::PromptHeader(a) => a.common.json,
         Command::Recover(a) => a.json,
+        Command::Serve(_) => false,
         Command::Explain(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
         Command::Replay(a) => a.common.json,
@@ -469,6 +511,10 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
         Command::Bundle(a) => bundle_cmd(&a),
+        Command::Health(a) if a.server.is_some() => crate::serve::client::health(
+            a.server.as_deref().unwrap_or(std::path::Path::new("")),
+            a.json,
+        ),
         Command::Health(a) => {
             let (text, value) = crate::doctor::health(&a.state_dir);
             Ok(Outcome {
@@ -486,6 +532,14 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
         Command::Recover(a) => recover_cmd(&a),
+        Command::Serve(a) => crate::serve::serve(&crate::serve::ServeOptions {
+            state_dir: a.state_dir,
+            socket: a.socket,
+            bus: a.bus,
+            metrics: a.metrics,
+            dry_run: a.dry_run,
+            max_turns: a.max_turns,
+        }),
         Command::Explain(a) => explain(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),
@@ -1038,13 +1092,9 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
         ));
     }
-    // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
-    // `interrupted`, exit 128+signal) instead of killing supervise outright.
-    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
-        op: "install signal handlers",
-        path: PathBuf::new(),
-        source,
-    })?;
+    if let Some(socket) = &a.server {
+        return crate::serve::client::run(socket, a, &request, deterministic.as_ref());
+    }
     let opts = crate::turn::RunOptions {
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
@@ -1059,19 +1109,53 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         deterministic,
         rootfs: a.rootfs.clone(),
     };
-    let r = crate::turn::run_turn(&opts)?;
-    if let Some(path) = &a.events {
-        emit_events(path, &a.package, &opts.request, &r.value)?;
+    Ok(run_turn_outcome(&opts, a.events.as_deref()).0)
+}
+
+/// One turn as `supervise run` performs and reports it: the [`Outcome`]
+/// (what to print, the exit status) and the turn's `--json` value (or the
+/// error object). Shared by `run` and the daemon's workers, so both print
+/// and exit alike.
+pub fn run_turn_outcome(
+    opts: &crate::turn::RunOptions,
+    events: Option<&std::path::Path>,
+) -> (Outcome, Value) {
+    match run_turn_inner(opts, events) {
+        Ok((outcome, value)) => (outcome, value),
+        Err(e) => (
+            error_outcome(&e, opts.json),
+            json!({"error": error_value(&e), "exit_code": e.exit_status()}),
+        ),
     }
-    Ok(Outcome {
-        status: r.exit_status,
-        stdout: if a.common.json {
-            format!("{}\n", r.value)
-        } else {
-            String::new()
+}
+
+fn run_turn_inner(
+    opts: &crate::turn::RunOptions,
+    events: Option<&std::path::Path>,
+) -> Result<(Outcome, Value)> {
+    // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
+    // `interrupted`, exit 128+signal) instead of killing supervise outright.
+    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
+        op: "install signal handlers",
+        path: PathBuf::new(),
+        source,
+    })?;
+    let r = crate::turn::run_turn(opts)?;
+    if let Some(path) = events {
+        emit_events(path, &opts.package, &opts.request, &r.value)?;
+    }
+    Ok((
+        Outcome {
+            status: r.exit_status,
+            stdout: if opts.json {
+                format!("{}\n", r.value)
+            } else {
+                String::new()
+            },
+            stderr: format!("supervise: {}\n", r.summary),
         },
-        stderr: format!("supervise: {}\n", r.summary),
-    })
+        r.value,
+    ))
 }
 
 /// The turn's events as EventEnvelope v1 lines, appended to `path`
@@ -1297,7 +1381,7 @@ fn doctor_cmd(a: &DoctorArgs) -> Outcome {
 }
 
 /// The cgroupfs root (`TURNSTILE_CGROUP_ROOT`, for tests on a fake tree).
-fn cgroup_root() -> PathBuf {
+pub fn cgroup_root() -> PathBuf {
     std::env::var_os("TURNSTILE_CGROUP_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))

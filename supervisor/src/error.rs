@@ -91,6 +91,28 @@ pub enum SupervisorError {
         why: String,
     },
 
+    #[error("cannot reach the daemon at {} (`--server`): is `supervise serve` running?", socket.display())]
+    ServerUnavailable {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "peer refused: uid {uid} may not use this daemon (only uid {daemon_uid}, its owner, and root may)"
+    )]
+    PeerRefused { uid: u32, daemon_uid: u32 },
+
+    #[error("bus rules {}: field `{field}`: {reason}", path.display())]
+    BusRules {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+
+    #[error("the daemon's turn worker failed: {detail}")]
+    WorkerFailed { detail: String },
+
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
     #[error(
@@ -124,6 +146,10 @@ impl SupervisorError {
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
             Self::Commit { .. } => codes::COMMIT_FAILED,
             Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
+            Self::ServerUnavailable { .. } => codes::SERVER_UNAVAILABLE,
+            Self::PeerRefused { .. } => codes::PEER_REFUSED,
+            Self::WorkerFailed { .. } => codes::SERVE_WORKER_FAILED,
+            Self::BusRules { .. } => codes::BUS_RULES_INVALID,
         }
     }
 
@@ -134,7 +160,10 @@ impl SupervisorError {
             | Self::SessionNotFound { .. }
             | Self::InvalidArgument { .. }
             | Self::InputUnreadable { .. }
-            | Self::IdempotencyConflict { .. } => exit::BAD_INPUT,
+            | Self::IdempotencyConflict { .. }
+            | Self::PeerRefused { .. }
+            | Self::BusRules { .. } => exit::BAD_INPUT,
+            Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,
             Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
@@ -154,11 +183,13 @@ impl SupervisorError {
             Self::InputUnreadable { .. } => Some("declared_inputs"),
             Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             Self::Unenforceable { .. } => Some("allow_degraded"),
+            Self::ServerUnavailable { .. } => Some("--server"),
+            Self::BusRules { field, .. } => Some(field),
             _ => None,
         }
     }
 
-    pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> Self {
+    pub fn invalid(field: &str, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {
             field: field.to_owned(),
             reason: reason.into(),

@@ -26,6 +26,7 @@ pub mod realfs;
 pub mod recover;
 pub mod replay;
 pub mod sandbox;
+pub mod serve;
 pub mod session;
 pub mod status;
 pub mod turn;

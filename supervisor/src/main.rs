@@ -31,13 +31,28 @@ fn main() -> ExitCode {
             }
         }
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+    // The daemon logs JSON (one span per turn); its turn workers log as
+    // `supervise run` does, to the client's stderr.
+    let daemon = args.len() >= 2 && args[1] == "serve";
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG").unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(if daemon { "info" } else { "warn" })
+        });
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    if daemon {
+        fmt.json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        fmt.init();
+    }
+    if args.len() == 2 && args[1] == turnstile_supervisor::serve::worker::SERVE_WORKER {
+        return ExitCode::from(turnstile_supervisor::serve::worker::main());
+    }
 
     // clap exits 2 on a usage error and 0 for --help/--version.
     let outcome = cli::run(Cli::parse());

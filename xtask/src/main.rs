@@ -63,9 +63,11 @@ fn main() -> Result<()> {
         Some("realsw") => realsw(&args[1..]),
         Some("bench") => bench(),
         Some("bench-shim") => bench_shim(&args[1..]),
+        Some("deb") => deb(&args[1..]),
+        Some("bench-serve") => bench_serve(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|bench|bench-shim [ROUNDS]|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|bench|bench-shim [ROUNDS]|bench-serve|deb [--debug]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
@@ -73,6 +75,8 @@ fn main() -> Result<()> {
                  \n  realsw       CPython's regression tests inside a turn vs. outside, every module of the full set (or those named), then the toolchain workflows (root)\
                  \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
+                 \n  deb          build target/debian/turnstile_<version>_<arch>.deb: supervise, the containerd shim, the systemd unit (--debug: debug binaries)\
+                 \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
                 APT_PACKAGES.join(", ")
             );
@@ -485,5 +489,315 @@ fn demo() -> Result<()> {
         ws.display(),
         state.display()
     );
+    Ok(())
+}
+
+/// `cargo xtask deb [--debug]`: a .deb with `supervise`, the containerd
+/// shim and the systemd unit of `supervise serve`, built with dpkg-deb
+/// (no cargo-deb needed). Prints the path of the package.
+fn deb(args: &[String]) -> Result<()> {
+    let release = !args.iter().any(|a| a == "--debug");
+    let root = workspace_root();
+    let mut c = cargo();
+    c.args([
+        "build",
+        "-p",
+        "turnstile-supervisor",
+        "-p",
+        "containerd-shim-turnstile-v2",
+        "--bins",
+    ]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    let profile = if release { "release" } else { "debug" };
+    let version = env!("CARGO_PKG_VERSION");
+    let arch = Command::new("dpkg")
+        .arg("--print-architecture")
+        .output()
+        .context("dpkg --print-architecture")?;
+    let arch = String::from_utf8_lossy(&arch.stdout).trim().to_owned();
+    if arch.is_empty() {
+        bail!("dpkg --print-architecture printed nothing");
+    }
+    let out_dir = root.join("target/debian");
+    let stage = out_dir.join(format!("turnstile_{version}_{arch}"));
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage).with_context(|| format!("remove {}", stage.display()))?;
+    }
+    let install = |from: &Path, to: &str, mode: u32| -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dest = stage.join(to);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::copy(from, &dest)
+            .with_context(|| format!("copy {} to {}", from.display(), dest.display()))?;
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
+        Ok(())
+    };
+    let bin = root.join("target").join(profile);
+    install(&bin.join("supervise"), "usr/bin/supervise", 0o755)?;
+    install(
+        &bin.join("containerd-shim-turnstile-v2"),
+        "usr/bin/containerd-shim-turnstile-v2",
+        0o755,
+    )?;
+    install(
+        &root.join("packaging/turnstile-serve.service"),
+        "lib/systemd/system/turnstile-serve.service",
+        0o644,
+    )?;
+    install(
+        &root.join("README.md"),
+        "usr/share/doc/turnstile/README.md",
+        0o644,
+    )?;
+    let control = format!(
+        "Package: turnstile\n\
+         Version: {version}\n\
+         Architecture: {arch}\n\
+         Maintainer: turnstile developers <turnstile@example.invalid>\n\
+         Depends: libc6, libseccomp2\n\
+         Recommends: runc, crun, runsc, containerd\n\
+         Section: admin\n\
+         Priority: optional\n\
+         Homepage: https://example.invalid/turnstile\n\
+         Description: sandbox supervisor for AI-agent turns\n \
+         supervise runs each turn of an agent as one command in a fresh sandbox\n \
+         (namespaces, overlay capture, Landlock, seccomp, cgroups), commits only\n \
+         declared writes and keeps hash-chained ledgers. Includes the daemon's\n \
+         systemd unit (turnstile-serve.service) and the containerd shim\n \
+         containerd-shim-turnstile-v2.\n"
+    );
+    std::fs::create_dir_all(stage.join("DEBIAN"))?;
+    std::fs::write(stage.join("DEBIAN/control"), control)?;
+    // The unit is not enabled or started by the package: an operator
+    // decides (README "Operate the daemon").
+    let postinst = "#!/bin/sh\nset -e\nif [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\n";
+    std::fs::write(stage.join("DEBIAN/postinst"), postinst)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            stage.join("DEBIAN/postinst"),
+            std::fs::Permissions::from_mode(0o755),
+        )?;
+    }
+    let deb = out_dir.join(format!("turnstile_{version}_{arch}.deb"));
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "--build"])
+        .arg(&stage)
+        .arg(&deb))?;
+    println!("{}", deb.display());
+    Ok(())
+}
+
+/// A daemon and its scratch directory for `bench-serve`; stopped (SIGTERM)
+/// and removed when dropped, even when the benchmark fails.
+struct BenchDaemon {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn timed(cmd: &mut Command) -> Result<f64> {
+    let t = std::time::Instant::now();
+    let st = cmd.status().with_context(|| show(cmd))?;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    if !st.success() {
+        bail!("`{}` failed with {st}", show(cmd));
+    }
+    Ok(ms)
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `cargo xtask bench-serve [N]`: whole-process latency of
+/// `supervise run --server S -- /bin/true`, `supervise run -- /bin/true`
+/// and bare `/bin/true`, interleaved (N rounds, default 200); 8 sessions
+/// in parallel through the daemon for 10 s; the daemon's RSS idle and after
+/// load; `supervise health --server` latency. Release build, root.
+fn bench_serve(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("bench-serve needs root (the native sandbox)");
+    }
+    let rounds: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(200);
+    run(cargo().args(["build", "--release", "-p", "turnstile-supervisor", "--bins"]))?;
+    let root = workspace_root();
+    let sup = root.join("target/release/supervise");
+    let dir = std::env::temp_dir().join(format!("ts-bench-serve-{}", std::process::id()));
+    let ws = dir.join("ws");
+    let state = dir.join("state");
+    let socket = dir.join("serve.sock");
+    std::fs::create_dir_all(ws.join("installed/b"))?;
+    std::fs::write(
+        ws.join("installed/b/manifest.json"),
+        r#"{"capabilities": {"execute": ["/bin/true"]}}"#,
+    )?;
+    let child = Command::new(&sup)
+        .args(["serve", "--state-dir"])
+        .arg(&state)
+        .arg("--socket")
+        .arg(&socket)
+        .stderr(std::fs::File::create(dir.join("daemon.log"))?)
+        .spawn()
+        .context("start supervise serve")?;
+    let daemon = BenchDaemon {
+        child,
+        dir: dir.clone(),
+    };
+    let t0 = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            bail!(
+                "the daemon did not start (see {})",
+                dir.join("daemon.log").display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let idle_rss = rss_kib(daemon.child.id());
+    let session = |sup: &Path| -> Result<String> {
+        let o = Command::new(sup)
+            .args(["session", "new", "--root"])
+            .arg(&ws)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()?;
+        if !o.status.success() {
+            bail!("session new: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let turn = |sid: &str, server: bool| {
+        let mut c = Command::new(&sup);
+        c.args(["run", "--root"])
+            .arg(&ws)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--package", "b", "--session", sid, "--no-outputs"]);
+        if server {
+            c.arg("--server").arg(&socket);
+        }
+        c.args(["--", "/bin/true"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        c
+    };
+    let (local_sid, served_sid) = (session(&sup)?, session(&sup)?);
+    // Warm-up (page cache, first cgroup creation).
+    for _ in 0..5 {
+        timed(&mut turn(&local_sid, false))?;
+        timed(&mut turn(&served_sid, true))?;
+    }
+    let (mut bare, mut local, mut served) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..rounds {
+        for k in 0..3 {
+            match (i + k) % 3 {
+                0 => bare.push(timed(&mut Command::new("/bin/true"))?),
+                1 => local.push(timed(&mut turn(&local_sid, false))?),
+                _ => served.push(timed(&mut turn(&served_sid, true))?),
+            }
+        }
+    }
+    // 8 sessions in parallel, 10 s, through the daemon, then locally.
+    let throughput = |server: bool| -> Result<f64> {
+        let sids: Vec<String> = (0..8).map(|_| session(&sup)).collect::<Result<_>>()?;
+        let stop = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let t = std::time::Instant::now();
+        let counts: Vec<usize> = std::thread::scope(|s| {
+            let hs: Vec<_> = sids
+                .iter()
+                .map(|sid| {
+                    let mk = || turn(sid, server);
+                    s.spawn(move || {
+                        let mut n = 0;
+                        while std::time::Instant::now() < stop {
+                            if mk().status().is_ok_and(|st| st.success()) {
+                                n += 1;
+                            }
+                        }
+                        n
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+        });
+        Ok(counts.iter().sum::<usize>() as f64 / t.elapsed().as_secs_f64())
+    };
+    let tput_served = throughput(true)?;
+    let loaded_rss = rss_kib(daemon.child.id());
+    let tput_local = throughput(false)?;
+    let mut health = Vec::new();
+    for _ in 0..100 {
+        health.push(timed(
+            Command::new(&sup)
+                .args(["health", "--server"])
+                .arg(&socket)
+                .stdout(std::process::Stdio::null()),
+        )?);
+    }
+    let (b50, l50, s50) = (
+        percentile(&mut bare, 0.5),
+        percentile(&mut local, 0.5),
+        percentile(&mut served, 0.5),
+    );
+    let (l90, s90) = (percentile(&mut local, 0.9), percentile(&mut served, 0.9));
+    let h50 = percentile(&mut health, 0.5);
+    let report = format!(
+        "# supervise serve: measurements\n\n\
+         Release build, {rounds} interleaved rounds, whole-process wall time of each command \
+         (spawn to exit) measured by `cargo xtask bench-serve`, this machine (2 cores).\n\n\
+         | what | median ms | p90 ms | ratio to bare |\n|---|---|---|---|\n\
+         | bare `/bin/true` | {b50:.2} | {:.2} | 1.0 |\n\
+         | `supervise run -- /bin/true` | {l50:.2} | {l90:.2} | {:.1}x |\n\
+         | `supervise run --server S -- /bin/true` | {s50:.2} | {s90:.2} | {:.1}x |\n\n\
+         | target (issue 14) | measured | met |\n|---|---|---|\n\
+         | served turn <= 2x bare exec | {:.1}x | {} |\n\
+         | 8 sessions >= 300 turns/s through the daemon | {tput_served:.0} turns/s (local `run`: {tput_local:.0}) | {} |\n\
+         | daemon RSS <= 10 MiB idle | {:.1} MiB idle, {:.1} MiB after the load | {} |\n\
+         | `supervise health --server` p50 < 10 ms | {h50:.2} ms (whole process) | {} |\n",
+        percentile(&mut bare, 0.9),
+        l50 / b50,
+        s50 / b50,
+        s50 / b50,
+        if s50 <= 2.0 * b50 { "yes" } else { "no" },
+        if tput_served >= 300.0 { "yes" } else { "no" },
+        idle_rss as f64 / 1024.0,
+        loaded_rss as f64 / 1024.0,
+        if idle_rss <= 10 * 1024 { "yes" } else { "no" },
+        if h50 < 10.0 { "yes" } else { "no" },
+    );
+    print!("{report}");
+    std::fs::write(root.join("bench/SERVE.md"), &report)?;
+    drop(daemon);
     Ok(())
 }

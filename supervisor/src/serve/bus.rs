@@ -1,0 +1,1075 @@
+//! The file bus (seed 003; DESIGN "File bus"): `supervise serve --bus DIR`.
+//!
+//! `DIR/input/F` is claimed by an atomic rename (no replace) into
+//! `DIR/processing/F`; the message is validated (schema v0.1), matched
+//! against `DIR/rules.v0.1.yaml`, its actions rendered, checked against
+//! their allowlist, then run as sandboxed turns (live) or recorded as
+//! "would execute" (dry-run); its evidence lands in `DIR/output/F`
+//! (success) or `DIR/error/F` (failure), written to a temporary name,
+//! synced and renamed, and only then is `processing/F` removed.
+//!
+//! Crash safety (kill -9 anywhere): at start every file left in
+//! `processing/` is looked at again. If evidence for it exists (same
+//! message bytes, by hash) the leftover is removed; otherwise it is
+//! processed again — and its live turns are not run again: each action's
+//! turn carries the idempotency key `bus:<msg_id>:<action>` in one session
+//! per (bus, workspace, package), so a turn that already ran returns its
+//! recorded result (`replayed`), and one whose supervisor died is closed as
+//! `aborted` by recovery and returned as such. Hence every message ends in
+//! exactly one of output/ or error/, none is lost, none runs twice.
+//!
+//! Change notification is inotify (input/ and approvals/); each wake-up
+//! rescans the directory, so a missed or overflowed event loses nothing.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use turnstile_policy::error::{ErrorCode, codes};
+
+use super::Daemon;
+use super::wire::RunRequest;
+use crate::error::{Result, SupervisorError};
+
+/// The rules file, relative to the bus directory.
+pub const RULES_FILE: &str = "rules.v0.1.yaml";
+const MAX_MESSAGE_BYTES: u64 = 256 * 1024;
+const MAX_LOG_BYTES: u64 = 64 * 1024;
+/// The turn environment's PATH (the Plan's), through which a rendered
+/// command's first word is resolved.
+const TURN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Category {
+    A,
+    B,
+    C,
+    D,
+}
+
+impl Category {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::A => "A",
+            Self::B => "B",
+            Self::C => "C",
+            Self::D => "D",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommandType {
+    Exec,
+    Task,
+}
+
+impl CommandType {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Exec => "exec",
+            Self::Task => "task",
+        }
+    }
+}
+
+/// Message schema v0.1 (seed 003 §2). Unknown fields are refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub msg_id: String,
+    pub category: Category,
+    pub msg_type: String,
+    pub command_type: CommandType,
+    pub title: String,
+    pub run: Vec<String>,
+    pub context: Context,
+    pub timestamp: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Context {
+    pub phase: i64,
+    pub requested_by: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesFile {
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub id: String,
+    pub trigger: Trigger,
+    #[serde(default)]
+    pub guards: Guards,
+    pub actions: Vec<Action>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trigger {
+    pub command_type: CommandType,
+    /// Glob (`*`, `?`) on `context.requested_by`.
+    #[serde(default = "any_source")]
+    pub source: String,
+}
+
+fn any_source() -> String {
+    "*".into()
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Guards {
+    pub phase: Option<i64>,
+    pub category: Option<Vec<Category>>,
+    #[serde(default)]
+    pub approval: Approval,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Approval {
+    #[default]
+    None,
+    Required,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Mode {
+    #[serde(rename = "live")]
+    Live,
+    #[serde(rename = "dry-run")]
+    DryRun,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    pub run: String,
+    pub allowlist: Vec<String>,
+    pub workspace: PathBuf,
+    pub package: String,
+    #[serde(default)]
+    pub outputs: Vec<OutputSpec>,
+    pub mode: Option<Mode>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    pub path: String,
+    pub role: String,
+}
+
+/// An error of the bus, with its code and the field it names.
+#[derive(Debug, Clone)]
+pub struct BusError {
+    pub code: ErrorCode,
+    pub field: String,
+    pub message: String,
+}
+
+impl BusError {
+    fn new(code: ErrorCode, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        json!({"code": self.code.code, "name": self.code.name, "field": self.field, "message": self.message})
+    }
+}
+
+fn check_token(field: &str, v: &str, max: usize) -> std::result::Result<(), BusError> {
+    let mut b = v.bytes();
+    let ok = !v.is_empty()
+        && v.len() <= max
+        && b.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BusError::new(
+            codes::BUS_MESSAGE_INVALID,
+            field,
+            format!(
+                "`{}`: 1 to {max} characters, a letter or digit, then letters, digits, `.`, `_` or `-`",
+                v.escape_debug()
+            ),
+        ))
+    }
+}
+
+/// Parses and validates a message (schema v0.1).
+pub fn parse_message(bytes: &[u8]) -> std::result::Result<Message, BusError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let m: Message = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.inner().to_string();
+        let field = if path == "." {
+            inner.split('`').nth(1).unwrap_or("message").to_owned()
+        } else {
+            path
+        };
+        BusError::new(codes::BUS_MESSAGE_INVALID, field, inner)
+    })?;
+    check_token("msg_id", &m.msg_id, 128)?;
+    if m.msg_type != "COMMAND" {
+        return Err(BusError::new(
+            codes::BUS_MESSAGE_INVALID,
+            "msg_type",
+            format!("`{}`: input messages are `COMMAND`", m.msg_type),
+        ));
+    }
+    if m.title.trim().is_empty() || m.title.len() > 1024 {
+        return Err(BusError::new(
+            codes::BUS_MESSAGE_INVALID,
+            "title",
+            "a short description of 1 to 1024 bytes",
+        ));
+    }
+    if m.run.is_empty() || m.run.len() > 64 {
+        return Err(BusError::new(
+            codes::BUS_MESSAGE_INVALID,
+            "run",
+            "1 to 64 command strings",
+        ));
+    }
+    if m.context.requested_by.is_empty() {
+        return Err(BusError::new(
+            codes::BUS_MESSAGE_INVALID,
+            "context.requested_by",
+            "must name the requester",
+        ));
+    }
+    time::OffsetDateTime::parse(&m.timestamp, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| {
+            BusError::new(
+                codes::BUS_MESSAGE_INVALID,
+                "timestamp",
+                format!("`{}`: not an ISO-8601 (RFC 3339) time: {e}", m.timestamp),
+            )
+        })?;
+    Ok(m)
+}
+
+/// Loads and checks the rules file: refused (TS1036) naming the field.
+pub fn load_rules(path: &Path) -> Result<RulesFile> {
+    let bad = |field: String, reason: String| SupervisorError::BusRules {
+        path: path.to_path_buf(),
+        field,
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad("rules".into(), e.to_string()))?;
+    let de = serde_norway::Deserializer::from_str(&text);
+    let rules: RulesFile = serde_path_to_error::deserialize(de)
+        .map_err(|e| bad(e.path().to_string(), e.inner().to_string()))?;
+    for (i, r) in rules.rules.iter().enumerate() {
+        if r.actions.is_empty() {
+            return Err(bad(
+                format!("rules[{i}].actions"),
+                "a rule needs at least one action".into(),
+            ));
+        }
+        for (j, a) in r.actions.iter().enumerate() {
+            let f = |k: &str| format!("rules[{i}].actions[{j}].{k}");
+            if a.allowlist.is_empty() {
+                return Err(bad(
+                    f("allowlist"),
+                    "empty: no command could ever run".into(),
+                ));
+            }
+            if !a.workspace.is_absolute() {
+                return Err(bad(f("workspace"), "must be an absolute path".into()));
+            }
+            turnstile_policy::PackageId::parse(&a.package)
+                .map_err(|e| bad(f("package"), e.to_string()))?;
+            // Every variable a template names must exist.
+            render(&a.run, &BTreeMap::new(), true).map_err(|e| bad(f("run"), e))?;
+        }
+    }
+    Ok(rules)
+}
+
+/// Renders `{{name}}` variables. With `check_only`, only the names are
+/// checked (`msg_run_N` for any N, msg_id, title, phase, category).
+fn render(
+    template: &str,
+    vars: &BTreeMap<String, String>,
+    check_only: bool,
+) -> std::result::Result<String, String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| format!("`{template}`: unclosed `{{{{`"))?;
+        let name = after[..end].trim();
+        let known = matches!(name, "msg_id" | "title" | "phase" | "category")
+            || name
+                .strip_prefix("msg_run_")
+                .is_some_and(|n| n.parse::<usize>().is_ok());
+        if !known {
+            return Err(format!(
+                "`{{{{{name}}}}}`: unknown variable (msg_run_N, msg_id, title, phase, category)"
+            ));
+        }
+        if !check_only {
+            let v = vars
+                .get(name)
+                .ok_or_else(|| format!("`{{{{{name}}}}}`: the message has no such value"))?;
+            out.push_str(v);
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `*` and `?` glob.
+fn glob(pattern: &str, s: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => go(&p[1..], s) || (!s.is_empty() && go(p, &s[1..])),
+            (Some(b'?'), Some(_)) => go(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    go(pattern.as_bytes(), s.as_bytes())
+}
+
+/// A command ready to run: argv with its program resolved.
+#[derive(Debug, Clone)]
+struct Prepared {
+    rendered: String,
+    argv: Vec<String>,
+    mode: Mode,
+}
+
+/// Renders and validates an action (seed 003 "Template Rendering
+/// Pipeline"): render, split without a shell, first word on the
+/// allowlist, resolve it through the turn's PATH.
+fn prepare(
+    a: &Action,
+    vars: &BTreeMap<String, String>,
+    field: &str,
+    default_mode: Mode,
+) -> std::result::Result<Prepared, BusError> {
+    let rendered = render(&a.run, vars, false)
+        .map_err(|e| BusError::new(codes::BUS_COMMAND_DISALLOWED, format!("{field}.run"), e))?;
+    let disallowed = |why: String| {
+        BusError::new(
+            codes::BUS_COMMAND_DISALLOWED,
+            format!("{field}.run"),
+            format!("rendered command `{}`: {why}", rendered.escape_debug()),
+        )
+    };
+    if rendered.chars().any(|c| c.is_control()) {
+        return Err(disallowed("contains control characters".into()));
+    }
+    let mut argv = shell_words::split(&rendered)
+        .map_err(|e| disallowed(format!("cannot be split into words: {e}")))?;
+    let Some(first) = argv.first().cloned() else {
+        return Err(disallowed("is empty".into()));
+    };
+    if !a.allowlist.contains(&first) {
+        return Err(disallowed(format!(
+            "`{first}` is not on the allowlist {:?}",
+            a.allowlist
+        )));
+    }
+    if !first.contains('/') {
+        let found = TURN_PATH
+            .split(':')
+            .map(|d| Path::new(d).join(&first))
+            .find(|p| p.is_file());
+        let Some(found) = found else {
+            return Err(disallowed(format!(
+                "`{first}` is not found on the turn's PATH {TURN_PATH}"
+            )));
+        };
+        argv[0] = found.display().to_string();
+    }
+    Ok(Prepared {
+        rendered,
+        argv,
+        mode: a.mode.unwrap_or(default_mode),
+    })
+}
+
+/// What became of a message.
+enum Disposition {
+    Done(Value),
+    Failed(Value),
+    Held(String),
+}
+
+/// The bus served by a daemon.
+#[derive(Debug)]
+pub struct Bus {
+    pub dir: PathBuf,
+    rules: RulesFile,
+    dry_run: bool,
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let path = path.to_path_buf();
+    move |source| SupervisorError::StateIo { op, path, source }
+}
+
+fn fsync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+impl Bus {
+    /// Opens the bus: creates its directories, loads the rules.
+    pub fn open(dir: &Path, dry_run: bool) -> Result<Self> {
+        for sub in ["input", "processing", "output", "error", "approvals"] {
+            let p = dir.join(sub);
+            std::fs::create_dir_all(&p).map_err(io_err("create bus directory", &p))?;
+        }
+        let dir = std::fs::canonicalize(dir).map_err(io_err("resolve bus directory", dir))?;
+        let rules = load_rules(&dir.join(RULES_FILE))?;
+        Ok(Self {
+            dir,
+            rules,
+            dry_run,
+        })
+    }
+
+    fn sub(&self, s: &str) -> PathBuf {
+        self.dir.join(s)
+    }
+
+    /// Message files of a directory, sorted; dot-files (being written) and
+    /// non-`.json` names are left alone.
+    fn listing(&self, sub: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.sub(sub))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The bus thread: recover, then process on every inotify wake-up
+    /// until the daemon stops.
+    pub fn run(&self, d: &Daemon) {
+        let inotify = match Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::error!(error = %e, "bus: inotify unavailable; the bus is not served");
+                return;
+            }
+        };
+        let flags =
+            AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
+        for sub in ["input", "approvals"] {
+            if let Err(e) = inotify.add_watch(&self.sub(sub), flags) {
+                tracing::error!(error = %e, dir = sub, "bus: cannot watch; the bus is not served");
+                return;
+            }
+        }
+        tracing::info!(bus = %self.dir.display(), "bus: serving");
+        // Leftovers of a previous daemon first, then whatever waits.
+        self.pass(d, true);
+        while !d.stopping.load(Ordering::SeqCst) {
+            let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+            // The timeout only bounds how late a stop is noticed.
+            let _ = poll(&mut fds, PollTimeout::from(500u16));
+            let woke = matches!(inotify.read_events(), Ok(ev) if !ev.is_empty());
+            if woke {
+                self.pass(d, true);
+            }
+        }
+    }
+
+    /// One pass: held (or leftover) messages in processing/, then input/.
+    fn pass(&self, d: &Daemon, with_processing: bool) {
+        if with_processing {
+            for f in self.listing("processing") {
+                if d.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                self.finish_claimed(d, &f);
+            }
+        }
+        for f in self.listing("input") {
+            if d.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Some(name) = self.claim(&f) {
+                d.metrics.events_received.inc();
+                self.finish_claimed(d, &name);
+            }
+        }
+        let held: Vec<Value> = self
+            .listing("processing")
+            .into_iter()
+            .map(|f| {
+                let id = std::fs::read(self.sub("processing").join(&f))
+                    .ok()
+                    .and_then(|b| parse_message(&b).ok())
+                    .map(|m| m.msg_id);
+                json!({"file": f, "msg_id": id, "waiting_for": id.as_ref().map(|i| self.sub("approvals").join(i))})
+            })
+            .collect();
+        if let Ok(mut s) = d.bus_status.lock() {
+            *s = json!({"dir": self.dir, "held": held, "rules": self.rules.rules.len()});
+        }
+    }
+
+    /// input/F -> processing/F (or F.N when that name is taken), atomic and
+    /// never replacing.
+    fn claim(&self, f: &str) -> Option<String> {
+        let from = self.sub("input").join(f);
+        for n in 0..1000 {
+            let name = if n == 0 {
+                f.to_owned()
+            } else {
+                format!("{}.{n}.json", f.trim_end_matches(".json"))
+            };
+            let to = self.sub("processing").join(&name);
+            match nix::fcntl::renameat2(
+                nix::fcntl::AT_FDCWD,
+                &from,
+                nix::fcntl::AT_FDCWD,
+                &to,
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Ok(()) => {
+                    fsync_dir(&self.sub("processing"));
+                    fsync_dir(&self.sub("input"));
+                    return Some(name);
+                }
+                Err(nix::errno::Errno::EEXIST) => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Evidence already written for these message bytes, if any.
+    fn evidence_of(&self, f: &str, sha: &str) -> Option<PathBuf> {
+        let stem = f.trim_end_matches(".json");
+        for sub in ["output", "error"] {
+            for name in self.listing(sub) {
+                if name != f && !name.starts_with(&format!("{stem}.")) {
+                    continue;
+                }
+                let p = self.sub(sub).join(&name);
+                let matches = std::fs::read(&p)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                    .is_some_and(|v| v["message_sha256"] == sha);
+                if matches {
+                    return Some(p);
+                }
+            }
+        }
+        None
+    }
+
+    /// Processes processing/F to its end (or leaves it held).
+    fn finish_claimed(&self, d: &Daemon, f: &str) {
+        let path = self.sub("processing").join(f);
+        let t = Instant::now();
+        let bytes = match turnstile_policy::input::read_regular_file(&path, MAX_MESSAGE_BYTES) {
+            Ok(b) => b,
+            Err(e) => {
+                let err = BusError::new(
+                    codes::BUS_MESSAGE_INVALID,
+                    "message",
+                    format!("unreadable: {e}"),
+                );
+                self.write_evidence(
+                    d,
+                    f,
+                    b"",
+                    Disposition::Failed(json!({"status": "rejected", "error": err.to_value()})),
+                    t,
+                );
+                return;
+            }
+        };
+        let sha = sha256_hex(&bytes);
+        if self.evidence_of(f, &sha).is_some() {
+            // Finished before a crash; only the leftover remains.
+            let _ = std::fs::remove_file(&path);
+            fsync_dir(&self.sub("processing"));
+            return;
+        }
+        let disposition = self.process(d, &bytes);
+        if let Disposition::Held(why) = &disposition {
+            tracing::info!(file = f, reason = %why, "bus: held");
+            return;
+        }
+        self.write_evidence(d, f, &bytes, disposition, t);
+    }
+
+    fn write_evidence(
+        &self,
+        d: &Daemon,
+        f: &str,
+        bytes: &[u8],
+        disposition: Disposition,
+        t: Instant,
+    ) {
+        let (sub, mut v) = match disposition {
+            Disposition::Done(v) => ("output", v),
+            Disposition::Failed(v) => ("error", v),
+            Disposition::Held(_) => return,
+        };
+        let message: Value =
+            serde_json::from_slice(bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(bytes)));
+        if let Some(m) = v.as_object_mut() {
+            m.insert("file".into(), json!(f));
+            m.insert("message".into(), message);
+            m.insert("message_sha256".into(), json!(sha256_hex(bytes)));
+            m.insert(
+                "processed_at".into(),
+                json!(turnstile_policy::timefmt::rfc3339_micros(
+                    time::OffsetDateTime::now_utc()
+                )),
+            );
+            m.insert("schema".into(), json!("turnstile.bus.evidence/v0.1"));
+        }
+        let dir = self.sub(sub);
+        let stem = f.trim_end_matches(".json");
+        let name = (0..1000)
+            .map(|n| {
+                if n == 0 {
+                    f.to_owned()
+                } else {
+                    format!("{stem}.{n}.json")
+                }
+            })
+            .find(|n| !dir.join(n).exists())
+            .unwrap_or_else(|| format!("{stem}.{}.json", std::process::id()));
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let text = format!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default());
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut file| {
+                file.write_all(text.as_bytes())?;
+                file.sync_all()
+            })
+            .and_then(|()| std::fs::rename(&tmp, dir.join(&name)));
+        if let Err(e) = written {
+            // Left in processing/: retried on the next pass or start.
+            tracing::error!(file = f, error = %e, "bus: cannot write evidence; the message stays in processing/");
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
+        fsync_dir(&dir);
+        let _ = std::fs::remove_file(self.sub("processing").join(f));
+        fsync_dir(&self.sub("processing"));
+        d.metrics.events_emitted.inc();
+        tracing::info!(
+            file = f,
+            to = sub,
+            status = v["status"].as_str().unwrap_or(""),
+            "bus: message finished"
+        );
+        let _ = t;
+    }
+
+    /// Validates, matches and runs a message.
+    fn process(&self, d: &Daemon, bytes: &[u8]) -> Disposition {
+        let t = Instant::now();
+        let m = match parse_message(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                d.metrics.turn_finished(
+                    &json!({"error": e.to_value()}),
+                    None,
+                    t.elapsed().as_secs_f64() * 1000.0,
+                );
+                return Disposition::Failed(json!({"status": "rejected", "error": e.to_value()}));
+            }
+        };
+        let mut skipped = Vec::new();
+        let mut chosen = None;
+        for (i, r) in self.rules.rules.iter().enumerate() {
+            if r.trigger.command_type != m.command_type
+                || !glob(&r.trigger.source, &m.context.requested_by)
+            {
+                continue;
+            }
+            if let Some(p) = r.guards.phase {
+                if p != m.context.phase {
+                    skipped.push(json!({"rule": r.id, "guard": "phase", "expected": p, "got": m.context.phase}));
+                    continue;
+                }
+            }
+            if let Some(c) = &r.guards.category {
+                if !c.contains(&m.category) {
+                    skipped.push(json!({"rule": r.id, "guard": "category", "expected": c.iter().map(|x| x.as_str()).collect::<Vec<_>>(), "got": m.category.as_str()}));
+                    continue;
+                }
+            }
+            chosen = Some((i, r));
+            break;
+        }
+        let Some((ri, rule)) = chosen else {
+            let e = BusError::new(
+                codes::BUS_NO_RULE,
+                "command_type",
+                format!(
+                    "no rule applies to command_type `{}` from `{}` (phase {}, category {}){}",
+                    m.command_type.as_str(),
+                    m.context.requested_by,
+                    m.context.phase,
+                    m.category.as_str(),
+                    if skipped.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {} rule(s) skipped by a failed guard", skipped.len())
+                    }
+                ),
+            );
+            return Disposition::Failed(
+                json!({"msg_id": m.msg_id, "status": "no_rule", "error": e.to_value(), "skipped": skipped}),
+            );
+        };
+        if rule.guards.approval == Approval::Required
+            && !self.sub("approvals").join(&m.msg_id).exists()
+        {
+            return Disposition::Held(format!(
+                "rule `{}` requires approval: create {}",
+                rule.id,
+                self.sub("approvals").join(&m.msg_id).display()
+            ));
+        }
+        let mut vars = BTreeMap::new();
+        vars.insert("msg_id".to_owned(), m.msg_id.clone());
+        vars.insert("title".to_owned(), m.title.clone());
+        vars.insert("phase".to_owned(), m.context.phase.to_string());
+        vars.insert("category".to_owned(), m.category.as_str().to_owned());
+        for (i, r) in m.run.iter().enumerate() {
+            vars.insert(format!("msg_run_{i}"), r.clone());
+        }
+        let default_mode = if self.dry_run {
+            Mode::DryRun
+        } else {
+            Mode::Live
+        };
+        // Every action is rendered and validated before the first runs.
+        let mut prepared = Vec::new();
+        for (j, a) in rule.actions.iter().enumerate() {
+            match prepare(a, &vars, &format!("rules[{ri}].actions[{j}]"), default_mode) {
+                Ok(p) => prepared.push(p),
+                Err(e) => {
+                    return Disposition::Failed(
+                        json!({"msg_id": m.msg_id, "rule": rule.id, "status": "disallowed", "error": e.to_value(), "skipped": skipped}),
+                    );
+                }
+            }
+        }
+        let mut results = Vec::new();
+        let mut ok = true;
+        for (j, (a, p)) in rule.actions.iter().zip(&prepared).enumerate() {
+            let mut r = json!({"index": j, "rendered": p.rendered, "argv": p.argv, "workspace": a.workspace, "package": a.package});
+            if p.mode == Mode::DryRun {
+                r["mode"] = json!("dry-run");
+                r["would_execute"] = json!(p.argv);
+                results.push(r);
+                continue;
+            }
+            r["mode"] = json!("live");
+            match self.run_live(d, &m, j, a, p) {
+                Ok((reply, log)) => {
+                    let v = &reply.value;
+                    r["exit_status"] = json!(reply.exit_status);
+                    r["session_id"] = v["session_id"].clone();
+                    r["turn_number"] = v["turn_number"].clone();
+                    r["status"] = v["status"].clone();
+                    r["replayed"] = json!(v["replayed"] == Value::Bool(true));
+                    if !v["error"].is_null() {
+                        r["error"] = v["error"].clone();
+                    }
+                    r["output"] = json!(log);
+                    if reply.exit_status != 0 {
+                        ok = false;
+                    }
+                }
+                Err(e) => {
+                    r["error"] = crate::cli::error_value(&e);
+                    r["exit_status"] = json!(e.exit_status());
+                    ok = false;
+                }
+            }
+            results.push(r);
+            if !ok {
+                break;
+            }
+        }
+        let v = json!({"msg_id": m.msg_id, "rule": rule.id, "status": if ok { "done" } else { "failed" }, "actions": results, "skipped": skipped});
+        if ok {
+            Disposition::Done(v)
+        } else {
+            Disposition::Failed(v)
+        }
+    }
+
+    /// Runs one live action as a turn (through a worker, like the socket).
+    fn run_live(
+        &self,
+        d: &Daemon,
+        m: &Message,
+        j: usize,
+        a: &Action,
+        p: &Prepared,
+    ) -> Result<(super::wire::Reply, String)> {
+        let session = self.session_for(d, a)?;
+        let log_path = self
+            .sub("processing")
+            .join(format!(".{}.a{j}.log", m.msg_id));
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&log_path)
+            .map_err(io_err("open action log", &log_path))?;
+        let out: OwnedFd = log
+            .try_clone()
+            .map_err(io_err("dup action log", &log_path))?
+            .into();
+        let err: OwnedFd = log.into();
+        let r = RunRequest {
+            root: a.workspace.clone(),
+            package: a.package.clone(),
+            session: Some(session),
+            state_dir: Some(d.state_dir.clone()),
+            backend: None,
+            config: None,
+            rootfs: None,
+            json: false,
+            events: None,
+            deterministic: None,
+            request: json!({
+                "command": p.argv,
+                "declared_outputs": a.outputs.iter().map(|o| json!({"path": o.path, "role": o.role})).collect::<Vec<_>>(),
+                "work_order_id": m.msg_id,
+                "idempotency_key": format!("bus:{}:{j}", m.msg_id),
+            }),
+        };
+        let t = Instant::now();
+        let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
+        let reply = super::run_worker(d, n, &r, out, err, None, &[])?;
+        d.metrics.turn_finished(
+            &reply.value,
+            reply.trust_level.as_deref(),
+            t.elapsed().as_secs_f64() * 1000.0,
+        );
+        let text = std::fs::read(&log_path).unwrap_or_default();
+        let _ = std::fs::remove_file(&log_path);
+        let cut = text.len().min(MAX_LOG_BYTES as usize);
+        Ok((reply, String::from_utf8_lossy(&text[..cut]).into_owned()))
+    }
+
+    /// The session of (this bus, workspace, package): created once, its id
+    /// kept in the state dir (never in the bus dir, which agents write).
+    fn session_for(&self, d: &Daemon, a: &Action) -> Result<String> {
+        let key = sha256_hex(
+            format!(
+                "{}\0{}\0{}",
+                self.dir.display(),
+                a.workspace.display(),
+                a.package
+            )
+            .as_bytes(),
+        );
+        let dir = d.state_dir.join("bus-sessions");
+        let file = dir.join(&key[..32]);
+        if let Ok(s) = std::fs::read_to_string(&file) {
+            let s = s.trim().to_owned();
+            let id = turnstile_policy::SessionId::parse(&s)?;
+            let ws = crate::layout::Workspace::open(&a.workspace)?;
+            let state = crate::layout::StateDir::open(&d.state_dir, &ws, false)?;
+            if crate::session::Session::open(&ws, &state, &id, None).is_ok() {
+                return Ok(s);
+            }
+        }
+        let ws = crate::layout::Workspace::open(&a.workspace)?;
+        let state = crate::layout::StateDir::open(&d.state_dir, &ws, true)?;
+        let session = crate::session::Session::create(
+            &ws,
+            &state,
+            crate::layout::TURN_TIER,
+            &turnstile_policy::session::SessionIdGenerator::new(
+                crate::ids::SystemClock,
+                crate::ids::OsRandom,
+            ),
+            None,
+        )?;
+        std::fs::create_dir_all(&dir).map_err(io_err("create bus session dir", &dir))?;
+        let tmp = dir.join(format!(".{}.tmp", &key[..32]));
+        std::fs::write(&tmp, format!("{}\n", session.id.as_str()))
+            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &file))
+            .map_err(io_err("record bus session", &file))?;
+        fsync_dir(&dir);
+        Ok(session.id.as_str().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg() -> serde_json::Value {
+        json!({"msg_id": "M-1", "category": "B", "msg_type": "COMMAND", "command_type": "exec",
+               "title": "t", "run": ["echo 'a b'"], "context": {"phase": 2, "requested_by": "agent"},
+               "timestamp": "2026-11-23T10:00:00Z"})
+    }
+
+    #[test]
+    fn a_valid_message_parses_and_each_bad_field_is_named() {
+        assert!(parse_message(msg().to_string().as_bytes()).is_ok());
+        for (field, value) in [
+            ("msg_id", json!("../x")),
+            ("msg_type", json!("EVENT")),
+            ("category", json!("E")),
+            ("command_type", json!("shell")),
+            ("run", json!([])),
+            ("timestamp", json!("yesterday")),
+        ] {
+            let mut m = msg();
+            m[field] = value;
+            let e = parse_message(m.to_string().as_bytes()).unwrap_err();
+            assert_eq!(e.field, field, "{}", e.message);
+            assert_eq!(e.code.code, "TS1033");
+        }
+        let mut m = msg();
+        m["extra"] = json!(1);
+        assert_eq!(
+            parse_message(m.to_string().as_bytes()).unwrap_err().field,
+            "extra"
+        );
+        let mut m = msg();
+        m["context"]["phase"] = json!("two");
+        assert_eq!(
+            parse_message(m.to_string().as_bytes()).unwrap_err().field,
+            "context.phase"
+        );
+    }
+
+    #[test]
+    fn templates_render_and_the_rendered_command_is_what_is_checked() {
+        let mut vars = BTreeMap::new();
+        vars.insert("msg_run_0".to_owned(), "echo hi; rm -rf /".to_owned());
+        vars.insert("msg_id".to_owned(), "M-1".to_owned());
+        assert_eq!(
+            render("{{msg_run_0}}", &vars, false).unwrap(),
+            "echo hi; rm -rf /"
+        );
+        assert!(render("{{ msg_id }}!", &vars, false).unwrap() == "M-1!");
+        assert!(render("{{nope}}", &vars, true).is_err());
+        assert!(render("{{msg_run_1}}", &vars, false).is_err());
+        let action = Action {
+            run: "{{msg_run_0}}".into(),
+            allowlist: vec!["echo".into()],
+            workspace: "/ws".into(),
+            package: "p".into(),
+            outputs: Vec::new(),
+            mode: None,
+        };
+        // No shell: `;` is an argument of echo, not a second command.
+        let p = prepare(&action, &vars, "a", Mode::Live).unwrap();
+        assert_eq!(p.argv[1..], ["hi;", "rm", "-rf", "/"]);
+        assert!(p.argv[0].ends_with("/echo"));
+        vars.insert("msg_run_0".to_owned(), "npm run build".to_owned());
+        let e = prepare(&action, &vars, "a", Mode::Live).unwrap_err();
+        assert_eq!(e.code.code, "TS1034");
+        vars.insert("msg_run_0".to_owned(), "echo 'unbalanced".to_owned());
+        assert_eq!(
+            prepare(&action, &vars, "a", Mode::Live)
+                .unwrap_err()
+                .code
+                .code,
+            "TS1034"
+        );
+    }
+
+    #[test]
+    fn source_globs() {
+        assert!(glob("*", "anyone"));
+        assert!(glob("agent-*", "agent-7"));
+        assert!(!glob("agent-*", "human"));
+        assert!(glob("a?c", "abc"));
+    }
+
+    #[test]
+    fn a_bad_rules_file_is_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(RULES_FILE);
+        for (text, field) in [
+            (
+                "rules:\n  - id: x\n    trigger: {command_type: exec}\n    actions: []\n",
+                "rules[0].actions",
+            ),
+            (
+                "rules:\n  - id: x\n    trigger: {command_type: shell}\n    actions: []\n",
+                "rules[0].trigger.command_type",
+            ),
+            (
+                "rules:\n  - id: x\n    trigger: {command_type: exec}\n    bogus: 1\n    actions: []\n",
+                "rules[0].bogus",
+            ),
+            (
+                "rules:\n  - id: x\n    trigger: {command_type: exec}\n    actions:\n      - {run: 'echo {{secret}}', allowlist: [echo], workspace: /ws, package: p}\n",
+                "rules[0].actions[0].run",
+            ),
+            (
+                "rules:\n  - id: x\n    trigger: {command_type: exec}\n    actions:\n      - {run: 'echo', allowlist: [echo], workspace: ws, package: p}\n",
+                "rules[0].actions[0].workspace",
+            ),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let e = load_rules(&p).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{e}");
+            assert_eq!(e.code().code, "TS1036");
+        }
+    }
+}

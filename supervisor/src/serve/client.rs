@@ -1,0 +1,164 @@
+//! The client side: `supervise run --server SOCKET …` and `supervise
+//! health --server SOCKET`. It validates the request as a local run would
+//! (a bad flag fails here, before anything is sent), passes its own stdout
+//! and stderr to the daemon, forwards SIGTERM/SIGINT/SIGHUP, and exits with
+//! the turn's status.
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use serde_json::json;
+use turnstile_policy::request::TurnRequest;
+
+use super::wire::{DeterministicWire, Reply, RunRequest, send_with_fds};
+use crate::cli::{Outcome, RunArgs};
+use crate::error::{Result, SupervisorError};
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| {
+        SupervisorError::invalid(
+            "path",
+            format!("{}: cannot be made absolute: {e}", p.display()),
+        )
+    })
+}
+
+/// The TurnRequest document of a validated request.
+pub fn request_doc(r: &TurnRequest) -> serde_json::Value {
+    json!({
+        "command": r.command,
+        "declared_inputs": r.declared_inputs,
+        "declared_outputs": r.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
+        "work_order_id": r.work_order_id,
+        "idempotency_key": r.idempotency_key,
+        "timeout_seconds": r.timeout_seconds,
+    })
+}
+
+/// `supervise run --server SOCKET …`.
+pub fn run(
+    socket: &Path,
+    a: &RunArgs,
+    request: &TurnRequest,
+    deterministic: Option<&crate::ids::Deterministic>,
+) -> Result<Outcome> {
+    let wire = RunRequest {
+        root: absolute(&a.common.root)?,
+        package: a.package.clone(),
+        session: a.session.clone(),
+        state_dir: Some(absolute(&a.common.state_dir)?),
+        backend: a.backend.clone(),
+        config: Some(absolute(&a.config)?),
+        rootfs: a.rootfs.as_deref().map(absolute).transpose()?,
+        json: a.common.json,
+        events: a.events.as_deref().map(absolute).transpose()?,
+        deterministic: deterministic.map(|d| DeterministicWire {
+            seed: d.seed,
+            clock: turnstile_policy::timefmt::rfc3339_micros(d.clock),
+        }),
+        request: request_doc(request),
+    };
+    let mut v = serde_json::to_value(&wire).unwrap_or_default();
+    if let Some(m) = v.as_object_mut() {
+        m.insert("op".into(), json!("run"));
+    }
+    // A signal from here on is forwarded to the turn, not fatal here.
+    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
+        op: "install signal handlers",
+        path: PathBuf::new(),
+        source,
+    })?;
+    exchange(socket, &v, true)
+}
+
+/// `supervise health --server SOCKET`.
+pub fn health(socket: &Path, json: bool) -> Result<Outcome> {
+    exchange(socket, &json!({"op": "health", "json": json}), false)
+}
+
+fn exchange(socket: &Path, v: &serde_json::Value, with_fds: bool) -> Result<Outcome> {
+    let unavailable = |source| SupervisorError::ServerUnavailable {
+        socket: socket.to_path_buf(),
+        source,
+    };
+    let sock = UnixStream::connect(socket).map_err(unavailable)?;
+    let mut line = v.to_string().into_bytes();
+    line.push(b'\n');
+    let fds = if with_fds {
+        vec![std::io::stdout().as_raw_fd(), std::io::stderr().as_raw_fd()]
+    } else {
+        Vec::new()
+    };
+    // A daemon that refuses the peer answers and closes at once, maybe
+    // before the request is sent: read its answer even when sending failed.
+    let sent = send_with_fds(&sock, &line, &fds);
+    let reply = match (sent, wait_reply(&sock)) {
+        (_, Ok(r)) => r,
+        (Err(e), Err(_)) | (Ok(()), Err(e)) => return Err(unavailable(e)),
+    };
+    let reply: Reply =
+        serde_json::from_slice(&reply).map_err(|e| SupervisorError::WorkerFailed {
+            detail: format!(
+                "the daemon's reply is not valid ({e}); the turn's outcome is in its ledgers"
+            ),
+        })?;
+    Ok(if reply.printed {
+        let _ = std::io::stdout().flush();
+        Outcome {
+            status: reply.exit_status,
+            stdout: String::new(),
+            stderr: String::new(),
+        }
+    } else {
+        Outcome {
+            status: reply.exit_status,
+            stdout: reply.stdout,
+            stderr: reply.stderr,
+        }
+    })
+}
+
+/// Waits for the reply line, forwarding each signal this process receives.
+fn wait_reply(sock: &UnixStream) -> std::io::Result<Vec<u8>> {
+    let mut forwarded = false;
+    let mut out = Vec::new();
+    loop {
+        if !forwarded {
+            if let Some(sig) = crate::interrupt::received() {
+                (&*sock).write_all(&[sig as i32 as u8])?;
+                forwarded = true;
+            }
+        }
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(sock),
+            PollFlags::POLLIN,
+        )];
+        let timeout =
+            PollTimeout::try_from(Duration::from_millis(if forwarded { 1000 } else { 20 }))
+                .unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut b = [0u8; 8192];
+        let n = std::io::Read::read(&mut &*sock, &mut b)?;
+        if n == 0 {
+            if out.is_empty() {
+                return Err(std::io::Error::other(
+                    "the daemon closed the connection without a reply",
+                ));
+            }
+            return Ok(out);
+        }
+        out.extend_from_slice(&b[..n]);
+        if let Some(end) = out.iter().position(|x| *x == b'\n') {
+            out.truncate(end);
+            return Ok(out);
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The daemon's metrics, in Prometheus text through `prometheus-client`:
+//! seed 001's event metrics, seed 002 §9.1.1's runtime metrics where they
+//! apply to a turn supervisor, and turn/violation counters. Served on
+//! `--metrics ADDR:PORT` (GET /metrics; any other path is 404).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+
+type Labels = Vec<(String, String)>;
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Every metric the daemon exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    turns: Family<Labels, Counter>,
+    violations: Family<Labels, Counter>,
+    spawns: Family<Labels, Counter>,
+    spawn_duration: Family<Labels, Histogram>,
+    terminations: Family<Labels, Counter>,
+    pub warm_pool_size: Gauge,
+    health_checks: Family<Labels, Counter>,
+    pub events_received: Counter,
+    pub events_emitted: Counter,
+    event_duration: Histogram,
+}
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms … ~16 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let turns = Family::<Labels, Counter>::default();
+        let violations = Family::<Labels, Counter>::default();
+        let spawns = Family::<Labels, Counter>::default();
+        let spawn_duration = Family::<Labels, Histogram>::new_with_constructor(
+            seconds_histogram as fn() -> Histogram,
+        );
+        let terminations = Family::<Labels, Counter>::default();
+        let warm_pool_size = Gauge::default();
+        let health_checks = Family::<Labels, Counter>::default();
+        let events_received = Counter::default();
+        let events_emitted = Counter::default();
+        // 0.5 ms … ~16 s
+        let event_duration = Histogram::new(exponential_buckets(0.5, 2.0, 16));
+        // Counters get their `_total` suffix from the encoder.
+        registry.register(
+            "turns",
+            "Turns finished, by status and backend",
+            turns.clone(),
+        );
+        registry.register(
+            "violations",
+            "Violations recorded, by enforcement layer",
+            violations.clone(),
+        );
+        registry.register(
+            "agent_runtime_spawns",
+            "Sandboxes spawned for turns (success: the sandbox was built)",
+            spawns.clone(),
+        );
+        registry.register(
+            "agent_runtime_spawn_duration_seconds",
+            "Time to build and start a turn's sandbox (cold: built for the turn; warm: from the pool)",
+            spawn_duration.clone(),
+        );
+        registry.register(
+            "agent_runtime_terminations",
+            "Turns ended, by reason",
+            terminations.clone(),
+        );
+        registry.register(
+            "agent_runtime_warm_pool_size",
+            "Sandboxes waiting in the warm pool",
+            warm_pool_size.clone(),
+        );
+        registry.register(
+            "agent_runtime_health_checks",
+            "Health checks answered by the daemon",
+            health_checks.clone(),
+        );
+        registry.register(
+            "events_received",
+            "Requests received (socket and bus)",
+            events_received.clone(),
+        );
+        registry.register(
+            "events_emitted",
+            "Replies and bus evidence files emitted",
+            events_emitted.clone(),
+        );
+        registry.register(
+            "event_processing_duration_ms",
+            "Time from a request's arrival to its reply or evidence, in milliseconds",
+            event_duration.clone(),
+        );
+        Self {
+            registry,
+            turns,
+            violations,
+            spawns,
+            spawn_duration,
+            terminations,
+            warm_pool_size,
+            health_checks,
+            events_received,
+            events_emitted,
+            event_duration,
+        }
+    }
+
+    /// Records one finished request: its turn value (or error object), the
+    /// package's trust level when known, and how long it took.
+    pub fn turn_finished(&self, value: &Value, trust_level: Option<&str>, took_ms: f64) {
+        self.event_duration.observe(took_ms);
+        let Some(status) = value["status"].as_str() else {
+            // Refused before a turn existed (bad request, unknown session…).
+            self.turns
+                .get_or_create(&labels(&[("status", "rejected"), ("backend", "none")]))
+                .inc();
+            return;
+        };
+        let backend = value["enforcement"]["backend"].as_str().unwrap_or("none");
+        self.turns
+            .get_or_create(&labels(&[("status", status), ("backend", backend)]))
+            .inc();
+        for v in value["violations"].as_array().into_iter().flatten() {
+            let layer = v["layer"].as_str().unwrap_or("pre-execution");
+            self.violations
+                .get_or_create(&labels(&[("layer", layer)]))
+                .inc();
+        }
+        // A turn refused by the pre-execution check or replayed never
+        // spawned a sandbox.
+        if status != "violation" && value["replayed"] != Value::Bool(true) {
+            let built = !matches!(status, "sandbox_error" | "posture_failed");
+            self.spawns
+                .get_or_create(&labels(&[
+                    ("status", if built { "success" } else { "failure" }),
+                    ("trust_level", trust_level.unwrap_or("unknown")),
+                    ("runtime_class", backend),
+                ]))
+                .inc();
+            if let Some(ms) = value["durations"]["phases_ms"]["spawn"].as_f64() {
+                self.spawn_duration
+                    .get_or_create(&labels(&[("source", "cold")]))
+                    .observe(ms / 1000.0);
+            }
+        }
+        let reason = match status {
+            "committed" => "completed",
+            "timeout" => "timeout",
+            "interrupted" | "aborted" => "user",
+            s if s.starts_with("limit") || s.ends_with("_limit") => "resource",
+            _ => "error",
+        };
+        self.terminations
+            .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
+    }
+
+    pub fn health_check(&self, ok: bool) {
+        self.health_checks
+            .get_or_create(&labels(&[
+                ("type", "readiness"),
+                ("status", if ok { "success" } else { "failure" }),
+            ]))
+            .inc();
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves GET /metrics on `addr` from a thread; returns the bound address.
+pub fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let mut reader = BufReader::new(&conn);
+                let mut first = String::new();
+                if reader.read_line(&mut first).is_err() {
+                    continue;
+                }
+                // Drain the headers.
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let path = first.split_whitespace().nth(1).unwrap_or("");
+                let (status, ctype, body) = if first.starts_with("GET ") && (path == "/metrics" || path == "/") {
+                    (
+                        "200 OK",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        metrics.render(),
+                    )
+                } else {
+                    ("404 Not Found", "text/plain", "GET /metrics\n".to_owned())
+                };
+                let _ = write!(
+                    &conn,
+                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })?;
+    Ok(bound)
+}

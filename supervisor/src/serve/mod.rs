@@ -1,0 +1,611 @@
+//! `supervise serve`: a long-lived supervisor that takes turn requests over
+//! a unix socket (see [`wire`] for the protocol), and — with `--bus` — from
+//! a file bus (seed 003).
+//!
+//! It owns the socket, the peer check, recovery at start, the in-flight
+//! turn table, shutdown and the daemon's metrics. It never runs a turn in
+//! its own process: every turn runs in a re-executed worker ([`worker`]
+//! says why), so a turn through the daemon is a `supervise run` in
+//! everything but how its request arrived.
+
+pub mod bus;
+pub mod client;
+pub mod metrics;
+pub mod wire;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill, sigaction};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use crate::cli::Outcome;
+use crate::error::{Result, SupervisorError, exit};
+use wire::{Reply, Request, RunRequest};
+
+/// What `supervise serve` was asked.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub state_dir: PathBuf,
+    pub socket: Option<PathBuf>,
+    pub bus: Option<PathBuf>,
+    pub metrics: Option<std::net::SocketAddr>,
+    pub dry_run: bool,
+    pub max_turns: usize,
+}
+
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+static STOP_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_stop(signal: nix::libc::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::SeqCst);
+    let fd = STOP_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let b = [1u8];
+        // SAFETY: write(2) is async-signal-safe; `b` is a valid one-byte
+        // buffer; `fd` is the self-pipe's write end, never closed.
+        let _ = unsafe { nix::libc::write(fd, b.as_ptr().cast(), 1) };
+    }
+}
+
+/// The daemon's shared state.
+#[derive(Debug)]
+pub struct Daemon {
+    pub state_dir: PathBuf,
+    pub socket: Option<PathBuf>,
+    pub started: Instant,
+    /// Worker pids of the turns in flight, by connection number.
+    in_flight: Mutex<HashMap<u64, Pid>>,
+    pub(crate) next_conn: AtomicU64,
+    pub turns_served: AtomicU64,
+    pub stopping: AtomicBool,
+    /// What recovery at start did.
+    pub recovered: Mutex<Value>,
+    pub metrics: Arc<metrics::Metrics>,
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The bus's last pass: its directory and the messages held.
+    pub bus_status: Mutex<Value>,
+    uid: u32,
+    max_turns: usize,
+}
+
+impl Daemon {
+    fn track(&self, conn: u64, pid: Option<Pid>) {
+        if let Ok(mut m) = self.in_flight.lock() {
+            match pid {
+                Some(p) => {
+                    m.insert(conn, p);
+                }
+                None => {
+                    m.remove(&conn);
+                }
+            }
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn signal_all(&self, sig: Signal) {
+        if let Ok(m) = self.in_flight.lock() {
+            for pid in m.values() {
+                let _ = kill(*pid, sig);
+            }
+        }
+    }
+
+    /// The daemon's health: READY while it accepts turns.
+    pub fn health(&self) -> Value {
+        let stopping = self.stopping.load(Ordering::SeqCst);
+        json!({
+            "status": if stopping { "DEGRADED" } else { "READY" },
+            "reasons": if stopping { vec!["stopping: no new turns are accepted"] } else { Vec::<&str>::new() },
+            "daemon": {
+                "pid": std::process::id(),
+                "uptime_seconds": self.started.elapsed().as_secs_f64(),
+                "state_dir": self.state_dir,
+                "socket": self.socket,
+                "turns_in_flight": self.in_flight(),
+                "turns_served": self.turns_served.load(Ordering::SeqCst),
+                "recovered_at_start": self.recovered.lock().map(|v| v.clone()).unwrap_or(Value::Null),
+                "metrics": self.metrics_addr,
+                "warm_pool_size": 0,
+                "bus": self.bus_status.lock().map(|v| v.clone()).unwrap_or(Value::Null),
+            },
+        })
+    }
+}
+
+fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let path = path.to_path_buf();
+    move |source| SupervisorError::StateIo { op, path, source }
+}
+
+/// Binds the socket 0600, owned by this process's uid; refuses a path that
+/// is not a socket or where a daemon already listens.
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Ok(meta) = path.symlink_metadata() {
+        if !meta.file_type().is_socket() {
+            return Err(SupervisorError::invalid(
+                "--socket",
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(SupervisorError::invalid(
+                "--socket",
+                format!("a daemon already listens on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path).map_err(state_io("remove stale socket", path))?;
+    }
+    // The socket is never reachable by others, not even between bind and
+    // chmod: bind under a 0177 umask (single-threaded here).
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = listener.map_err(state_io("bind socket", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(state_io("chmod socket", path))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(state_io("set socket non-blocking", path))?;
+    Ok(listener)
+}
+
+/// `supervise serve`: runs until SIGTERM/SIGINT/SIGHUP.
+pub fn serve(o: &ServeOptions) -> Result<Outcome> {
+    if !o.state_dir.is_absolute() {
+        return Err(SupervisorError::invalid(
+            "--state-dir",
+            format!("{} must be an absolute path", o.state_dir.display()),
+        ));
+    }
+    if o.socket.is_none() && o.bus.is_none() {
+        return Err(SupervisorError::invalid(
+            "--socket",
+            "give --socket PATH, --bus DIR, or both",
+        ));
+    }
+    std::fs::create_dir_all(&o.state_dir).map_err(state_io("create state dir", &o.state_dir))?;
+    let state_dir =
+        std::fs::canonicalize(&o.state_dir).map_err(state_io("resolve state dir", &o.state_dir))?;
+    // Stop signals: a self-pipe the main loop polls.
+    let (stop_read, stop_write): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            .map_err(|e| state_io("create pipe", &state_dir)(e.into()))?;
+    STOP_FD.store(stop_write.as_raw_fd(), Ordering::SeqCst);
+    std::mem::forget(stop_write);
+    let action = SigAction::new(
+        SigHandler::Handler(on_stop),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler does only an atomic store and write(2).
+        unsafe { sigaction(s, &action) }
+            .map_err(|e| state_io("install signal handlers", &state_dir)(e.into()))?;
+    }
+    // A bad rules file refuses to start (TS1036), before anything listens.
+    let bus = o
+        .bus
+        .as_deref()
+        .map(|b| bus::Bus::open(b, o.dry_run))
+        .transpose()?;
+    // Every session is recovered before the first turn (what a stopped
+    // supervisor or daemon left: unfinished turns, mounts, cgroups).
+    let cgroup_root = crate::cli::cgroup_root();
+    let (swept, sessions) = crate::recover::recover_all(
+        &crate::layout::StateDir::at(&state_dir),
+        None,
+        &cgroup_root,
+        &crate::ids::SystemClock,
+    )?;
+    let recovered = json!({
+        "sessions_checked": sessions.len(),
+        "unfinished_creations_removed": swept,
+        "recovered": sessions.iter().filter(|r| !r.is_empty()).map(|r| r.to_value()).collect::<Vec<_>>(),
+    });
+    tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
+    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics_addr = match o.metrics {
+        Some(addr) => Some(
+            metrics::serve_http(addr, Arc::clone(&metrics)).map_err(|e| {
+                SupervisorError::invalid("--metrics", format!("cannot listen on {addr}: {e}"))
+            })?,
+        ),
+        None => None,
+    };
+    // The socket last: nothing below can fail once it exists.
+    let listener = o.socket.as_deref().map(bind).transpose()?;
+    let daemon = Arc::new(Daemon {
+        bus_status: Mutex::new(Value::Null),
+        metrics,
+        metrics_addr,
+        state_dir: state_dir.clone(),
+        socket: o.socket.clone(),
+        started: Instant::now(),
+        in_flight: Mutex::new(HashMap::new()),
+        next_conn: AtomicU64::new(1),
+        turns_served: AtomicU64::new(0),
+        stopping: AtomicBool::new(false),
+        recovered: Mutex::new(recovered),
+        uid: nix::unistd::geteuid().as_raw(),
+        max_turns: o.max_turns.max(1),
+    });
+    tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
+    let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let bus_thread = match bus {
+        Some(b) => {
+            let d = Arc::clone(&daemon);
+            Some(
+                std::thread::Builder::new()
+                    .name("bus".into())
+                    .spawn(move || b.run(&d))
+                    .map_err(state_io("spawn bus thread", &state_dir))?,
+            )
+        }
+        None => None,
+    };
+    loop {
+        let mut fds = vec![PollFd::new(stop_read.as_fd(), PollFlags::POLLIN)];
+        if let Some(l) = &listener {
+            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(state_io("poll", &state_dir)(e.into())),
+        }
+        if STOP_SIGNAL.load(Ordering::SeqCst) != 0 {
+            break;
+        }
+        threads.retain(|t| !t.is_finished());
+        let Some(l) = &listener else { continue };
+        loop {
+            match l.accept() {
+                Ok((conn, _)) => {
+                    let d = Arc::clone(&daemon);
+                    let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
+                    let t = std::thread::Builder::new()
+                        .name(format!("conn-{n}"))
+                        .spawn(move || connection(&d, n, conn))
+                        .map_err(state_io("spawn connection thread", &state_dir))?;
+                    threads.push(t);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    break;
+                }
+            }
+        }
+    }
+    // Stop: no new connections; in-flight turns are interrupted (recorded
+    // as `interrupted`, TS1024) and waited for; nothing survives.
+    let sig = STOP_SIGNAL.load(Ordering::SeqCst);
+    daemon.stopping.store(true, Ordering::SeqCst);
+    drop(listener);
+    if let Some(p) = &o.socket {
+        let _ = std::fs::remove_file(p);
+    }
+    let interrupted = daemon.in_flight();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemon.in_flight() > 0 && Instant::now() < deadline {
+        daemon.signal_all(Signal::SIGTERM);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon.signal_all(Signal::SIGKILL);
+    for t in threads.into_iter().chain(bus_thread) {
+        let _ = t.join();
+    }
+    tracing::info!(signal = sig, interrupted, "stopped");
+    Ok(Outcome {
+        status: exit::OK,
+        stdout: String::new(),
+        // The daemon's stderr carries JSON log lines only ("stopped" above).
+        stderr: String::new(),
+    })
+}
+
+fn send_reply(conn: &UnixStream, r: &Reply) {
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    line.push(b'\n');
+    let _ = (&*conn).write_all(&line);
+}
+
+fn error_reply(e: &SupervisorError, json: bool) -> Reply {
+    let o = crate::cli::error_outcome(e, json);
+    Reply {
+        exit_status: o.status,
+        printed: false,
+        stdout: o.stdout,
+        stderr: o.stderr,
+        value: json!({"error": crate::cli::error_value(e), "exit_code": e.exit_status()}),
+        trust_level: None,
+    }
+}
+
+/// One connection: peer check, request, worker, reply.
+fn connection(d: &Daemon, n: u64, conn: UnixStream) {
+    let _ = conn.set_nonblocking(false);
+    let peer = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials);
+    let uid = match peer {
+        Ok(c) => c.uid(),
+        Err(_) => u32::MAX,
+    };
+    if uid != d.uid && uid != 0 {
+        tracing::warn!(peer_uid = uid, "peer refused");
+        send_reply(
+            &conn,
+            &error_reply(
+                &SupervisorError::PeerRefused {
+                    uid,
+                    daemon_uid: d.uid,
+                },
+                false,
+            ),
+        );
+        return;
+    }
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let (line, rest, fds) = match wire::recv_line_with_fds(&conn) {
+        Ok(x) => x,
+        Err(e) => {
+            send_reply(
+                &conn,
+                &error_reply(&SupervisorError::invalid("request", e.to_string()), false),
+            );
+            return;
+        }
+    };
+    let _ = conn.set_read_timeout(None);
+    let request = match Request::parse(&line) {
+        Ok(r) => r,
+        Err(e) => {
+            send_reply(&conn, &error_reply(&e, false));
+            return;
+        }
+    };
+    match request {
+        Request::Health { json } => {
+            let v = d.health();
+            d.metrics.health_check(v["status"] == "READY");
+            let stdout = if json {
+                format!("{v}\n")
+            } else {
+                format!(
+                    "{} (daemon pid {}, {} turn(s) in flight, {} served)\n",
+                    v["status"].as_str().unwrap_or_default(),
+                    v["daemon"]["pid"],
+                    v["daemon"]["turns_in_flight"],
+                    v["daemon"]["turns_served"]
+                )
+            };
+            send_reply(
+                &conn,
+                &Reply {
+                    exit_status: exit::OK,
+                    printed: false,
+                    stdout,
+                    stderr: String::new(),
+                    value: v,
+                    trust_level: None,
+                },
+            );
+        }
+        Request::Run(r) => {
+            let json_mode = r.json;
+            let t = Instant::now();
+            d.metrics.events_received.inc();
+            if d.in_flight() >= d.max_turns {
+                let e = SupervisorError::WorkerFailed {
+                    detail: format!(
+                        "busy: {} turns in flight (--max-turns); nothing was run, try again",
+                        d.in_flight()
+                    ),
+                };
+                send_reply(&conn, &error_reply(&e, json_mode));
+                return;
+            }
+            if d.stopping.load(Ordering::SeqCst) {
+                let e = SupervisorError::WorkerFailed {
+                    detail: "the daemon is stopping; no new turns".into(),
+                };
+                send_reply(&conn, &error_reply(&e, json_mode));
+                return;
+            }
+            let reply = match run_request(d, n, &conn, *r, fds, &rest) {
+                Ok(reply) => reply,
+                Err(e) => error_reply(&e, json_mode),
+            };
+            send_reply(&conn, &reply);
+            d.metrics.events_emitted.inc();
+            d.metrics.turn_finished(
+                &reply.value,
+                reply.trust_level.as_deref(),
+                t.elapsed().as_secs_f64() * 1000.0,
+            );
+        }
+    }
+}
+
+/// Validates a run request as `supervise run` would before anything exists.
+fn validate(d: &Daemon, r: &mut RunRequest) -> Result<()> {
+    if !r.root.is_absolute() {
+        return Err(SupervisorError::invalid("root", "must be an absolute path"));
+    }
+    if let Some(s) = &r.state_dir {
+        let same = std::fs::canonicalize(s).is_ok_and(|c| c == d.state_dir);
+        if !same {
+            return Err(SupervisorError::invalid(
+                "state_dir",
+                format!(
+                    "{}: this daemon's state directory is {} (pass the same --state-dir)",
+                    s.display(),
+                    d.state_dir.display()
+                ),
+            ));
+        }
+    }
+    r.state_dir = Some(d.state_dir.clone());
+    worker::to_options(r)?;
+    Ok(())
+}
+
+fn run_request(
+    d: &Daemon,
+    n: u64,
+    conn: &UnixStream,
+    mut r: RunRequest,
+    fds: Vec<OwnedFd>,
+    early: &[u8],
+) -> Result<Reply> {
+    validate(d, &mut r)?;
+    let [out, err]: [OwnedFd; 2] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
+        SupervisorError::invalid(
+            "fds",
+            format!("a run request carries exactly 2 descriptors (stdout, stderr) with SCM_RIGHTS; got {}", v.len()),
+        )
+    })?;
+    run_worker(d, n, &r, out, err, Some(conn), early)
+}
+
+/// Runs one turn in a fresh worker with `out`/`err` as its stdout/stderr;
+/// with a client connection, forwards its signals (a hang-up is SIGHUP).
+pub(crate) fn run_worker(
+    d: &Daemon,
+    n: u64,
+    r: &RunRequest,
+    out: OwnedFd,
+    err: OwnedFd,
+    conn: Option<&UnixStream>,
+    early: &[u8],
+) -> Result<Reply> {
+    let io = |op| state_io(op, Path::new("/proc/self/exe"));
+    let (ours, theirs) = UnixStream::pair().map_err(io("socketpair"))?;
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg(worker::SERVE_WORKER)
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
+    // SAFETY: prctl(2) is async-signal-safe and allocates nothing; the
+    // closure touches no locks or heap. PDEATHSIG fires when this thread
+    // ends, and this thread waits for the worker, so only the daemon's
+    // death (kill -9) triggers it: the worker dies with it, as a
+    // `supervise run` killed outright, and recovery settles the turn.
+    unsafe {
+        cmd.pre_exec(|| {
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(io("spawn turn worker"))?;
+    let pid = Pid::from_raw(child.id() as i32);
+    d.track(n, Some(pid));
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    line.push(b'\n');
+    let _ = (&ours).write_all(&line);
+    let mut forwarded = false;
+    let deliver = |bytes: &[u8], forwarded: &mut bool| {
+        for b in bytes {
+            let sig = Signal::try_from(i32::from(*b)).ok();
+            if let Some(sig @ (Signal::SIGHUP | Signal::SIGINT | Signal::SIGTERM)) = sig {
+                if !*forwarded {
+                    let _ = kill(pid, sig);
+                    *forwarded = true;
+                }
+            }
+        }
+    };
+    deliver(early, &mut forwarded);
+    let mut reply_bytes = Vec::new();
+    let mut client_open = conn.is_some();
+    loop {
+        let mut fds = vec![PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
+        if client_open {
+            if let Some(c) = conn {
+                fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            }
+        }
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
+        }
+        let worker_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        let client_ready = client_open
+            && fds
+                .get(1)
+                .and_then(|f| f.revents())
+                .is_some_and(|r| !r.is_empty());
+        if let (true, Some(c)) = (client_ready, conn) {
+            let mut b = [0u8; 16];
+            match std::io::Read::read(&mut &*c, &mut b) {
+                Ok(0) | Err(_) => {
+                    // The client is gone: like a hangup of `run`'s terminal.
+                    client_open = false;
+                    if !forwarded {
+                        let _ = kill(pid, Signal::SIGHUP);
+                        forwarded = true;
+                    }
+                }
+                Ok(k) => deliver(&b[..k], &mut forwarded),
+            }
+        }
+        if worker_ready {
+            let mut b = [0u8; 65536];
+            match std::io::Read::read(&mut &ours, &mut b) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => reply_bytes.extend_from_slice(&b[..k]),
+            }
+            if reply_bytes.contains(&b'\n') {
+                break;
+            }
+        }
+    }
+    d.track(n, None);
+    let status = child.wait();
+    d.turns_served.fetch_add(1, Ordering::SeqCst);
+    let end = reply_bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .unwrap_or(reply_bytes.len());
+    let reply: Reply = serde_json::from_slice(&reply_bytes[..end]).map_err(|_| SupervisorError::WorkerFailed {
+        detail: format!("the worker ended ({status:?}) without a reply; the turn's ledgers say how far it got"),
+    })?;
+    log_turn(&reply, started.elapsed());
+    Ok(reply)
+}
+
+fn log_turn(reply: &Reply, took: Duration) {
+    let v = &reply.value;
+    let span = tracing::info_span!(
+        "turn",
+        session_id = v["session_id"].as_str().unwrap_or(""),
+        turn = v["turn_number"].as_u64().unwrap_or(0),
+        backend = v["enforcement"]["backend"].as_str().unwrap_or(""),
+    );
+    let _g = span.enter();
+    tracing::info!(
+        status = v["status"].as_str().unwrap_or("error"),
+        exit_status = reply.exit_status,
+        duration_ms = took.as_secs_f64() * 1000.0,
+        "turn finished"
+    );
+}

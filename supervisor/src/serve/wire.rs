@@ -1,0 +1,222 @@
+//! The daemon's socket protocol (README "Run turns through a daemon").
+//!
+//! One request per connection. The client sends one JSON line; with a `run`
+//! request it attaches exactly two descriptors with SCM_RIGHTS — its stdout
+//! and its stderr — which become the turn's stdout and stderr, so the
+//! command's output reaches the client as in a local run. After the line,
+//! each further byte the client sends is a signal number (1 SIGHUP, 2
+//! SIGINT, 15 SIGTERM) the client received; the daemon delivers it to the
+//! turn, which ends as `interrupted` exactly as a local run would. A client
+//! that hangs up mid-turn counts as SIGHUP. The daemon answers with one
+//! JSON line ([`Reply`]) and closes.
+
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Result, SupervisorError};
+
+/// Longest request line the daemon reads (a request file is capped lower).
+pub const MAX_REQUEST_LINE: usize = 1 << 20;
+
+/// A `run` request: `supervise run`'s flags as JSON. Paths are absolute
+/// (the client resolves them against its own working directory).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub root: PathBuf,
+    pub package: String,
+    #[serde(default)]
+    pub session: Option<String>,
+    /// The client's `--state-dir`; must be the daemon's.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    #[serde(default)]
+    pub rootfs: Option<PathBuf>,
+    #[serde(default)]
+    pub json: bool,
+    #[serde(default)]
+    pub events: Option<PathBuf>,
+    /// `{"seed": N, "clock": "RFC3339"}` for a new deterministic session.
+    #[serde(default)]
+    pub deterministic: Option<DeterministicWire>,
+    /// The TurnRequest document (DESIGN "Formats"), as `--request FILE`.
+    pub request: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeterministicWire {
+    pub seed: u64,
+    pub clock: String,
+}
+
+/// What the daemon is asked.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Run(Box<RunRequest>),
+    Health { json: bool },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthRequest {
+    #[serde(default)]
+    json: bool,
+}
+
+impl Request {
+    /// Parses one request line; a bad one is an error naming the field.
+    pub fn parse(line: &[u8]) -> Result<Self> {
+        let mut v: Value = serde_json::from_slice(line)
+            .map_err(|e| SupervisorError::invalid("request", format!("not JSON: {e}")))?;
+        let Some(obj) = v.as_object_mut() else {
+            return Err(SupervisorError::invalid("request", "must be a JSON object"));
+        };
+        let op = obj
+            .remove("op")
+            .ok_or_else(|| SupervisorError::invalid("op", "missing (`run` or `health`)"))?;
+        let rest = v;
+        match op.as_str() {
+            Some("run") => {
+                let r: RunRequest = serde_path_to_error::deserialize(rest)
+                    .map_err(|e| SupervisorError::invalid(&field_of(&e), e.inner().to_string()))?;
+                Ok(Self::Run(Box::new(r)))
+            }
+            Some("health") => {
+                let h: HealthRequest = serde_path_to_error::deserialize(rest)
+                    .map_err(|e| SupervisorError::invalid(&field_of(&e), e.inner().to_string()))?;
+                Ok(Self::Health { json: h.json })
+            }
+            _ => Err(SupervisorError::invalid(
+                "op",
+                format!("{op}: expected `run` or `health`"),
+            )),
+        }
+    }
+}
+
+fn field_of(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let p = e.path().to_string();
+    if p == "." {
+        // serde names an unknown or missing field in the message only.
+        let m = e.inner().to_string();
+        if let Some(f) = m.split('`').nth(1) {
+            return f.to_owned();
+        }
+        return "request".into();
+    }
+    p
+}
+
+/// The daemon's answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Reply {
+    pub exit_status: u8,
+    /// True when the turn's worker already wrote `stdout`/`stderr` to the
+    /// client's descriptors (the client prints nothing more).
+    #[serde(default)]
+    pub printed: bool,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    /// The turn's `--json` value (or `{"error": …}`).
+    #[serde(default)]
+    pub value: Value,
+    /// The package's trust level (for the daemon's metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_level: Option<String>,
+}
+
+/// Sends `line` with `fds` attached (SCM_RIGHTS) in one message.
+pub fn send_with_fds(sock: &UnixStream, line: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    let iov = [IoSlice::new(line)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+        .map_err(std::io::Error::from)?;
+    if sent < line.len() {
+        use std::io::Write;
+        (&*sock).write_all(&line[sent..])?;
+    }
+    Ok(())
+}
+
+/// What [`recv_line_with_fds`] read: the request line, bytes after it
+/// (signal numbers), and the descriptors attached.
+pub type Received = (Vec<u8>, Vec<u8>, Vec<OwnedFd>);
+
+/// Reads the request line (up to '\n') and every descriptor attached to it.
+pub fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<Received> {
+    let mut line = Vec::new();
+    let mut fds = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let mut space = nix::cmsg_space!([RawFd; 4]);
+        let (n, got) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
+            let mut got = Vec::new();
+            for c in msg.cmsgs().map_err(std::io::Error::from)? {
+                if let ControlMessageOwned::ScmRights(list) = c {
+                    got.extend(list);
+                }
+            }
+            (msg.bytes, got)
+        };
+        for fd in got {
+            // SAFETY: the kernel just installed `fd` in this process
+            // (SCM_RIGHTS); nothing else owns it.
+            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        if n == 0 {
+            return Ok((line, Vec::new(), fds));
+        }
+        line.extend_from_slice(&buf[..n]);
+        if let Some(end) = line.iter().position(|b| *b == b'\n') {
+            let rest = line.split_off(end + 1);
+            line.truncate(end);
+            return Ok((line, rest, fds));
+        }
+        if line.len() > MAX_REQUEST_LINE {
+            return Err(std::io::Error::other(format!(
+                "request line longer than {MAX_REQUEST_LINE} bytes"
+            )));
+        }
+    }
+}
+
+/// Reads one line (without its '\n') up to `max` bytes, or to EOF.
+pub fn read_line(r: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        let n = r.read(&mut b)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&b[..n]);
+        if let Some(end) = out.iter().position(|x| *x == b'\n') {
+            out.truncate(end);
+            return Ok(out);
+        }
+        if out.len() > max {
+            return Err(std::io::Error::other("line too long"));
+        }
+    }
+}

@@ -1,0 +1,1338 @@
+//! `supervise serve` on the real binary (root): a turn through the daemon
+//! is the same turn as `supervise run` (exit status, output bytes,
+//! committed bytes, ledger entries modulo ids and times); a bad request is
+//! exit 2 naming the field and creates nothing; kill -9 of the daemon
+//! mid-turn is recovered by the next start with `run`'s crash guarantees;
+//! a peer of another uid is refused; a stopped daemon leaves nothing behind.
+//!
+//! Every daemon a test starts is stopped by a guard's Drop, even when the
+//! test fails.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use turnstile_tests::{Fixture, read_entries, require_root, supervise_bin};
+
+const MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": ["installed/s/**"],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/bin/sh", "/bin/true", "/bin/sleep", "/bin/echo"]
+  },
+  "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 30}
+}"#;
+
+/// Set in each daemon's environment (its workers inherit it), so a test
+/// finds the processes of its own daemon among those of parallel tests.
+const TAG: &str = "TURNSTILE_TEST_DAEMON";
+
+/// Processes (other than the test) whose environment has `TAG=dir`.
+fn tagged(dir: &Path) -> Vec<String> {
+    let want = format!("{TAG}={}", dir.display()).into_bytes();
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == me || !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(env) = std::fs::read(e.path().join("environ")) {
+            if env.split(|b| *b == 0).any(|kv| kv == want.as_slice()) {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                out.push(String::from_utf8_lossy(&cmd).replace('\0', " "));
+            }
+        }
+    }
+    out
+}
+
+/// A running daemon; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(fx: &Fixture, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ts-serve-")
+            .tempdir()
+            .unwrap();
+        Self::start_at(fx, dir, extra)
+    }
+
+    fn start_at(fx: &Fixture, dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        let socket = dir.path().join("serve.sock");
+        Self::start_at_path(fx, dir, socket, extra)
+    }
+
+    fn start_at_path(
+        fx: &Fixture,
+        dir: tempfile::TempDir,
+        socket: PathBuf,
+        extra: &[&str],
+    ) -> Self {
+        let log = dir.path().join(format!(
+            "daemon-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let child = Command::new(supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env(TAG, dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn supervise serve");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self {
+            child: Some(child),
+            socket,
+            _dir: dir,
+            log,
+        }
+    }
+
+    /// A daemon on an existing socket path (the directory is not owned).
+    pub fn start_at_socket(fx: &Fixture, socket: &Path) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ts-serve-")
+            .tempdir()
+            .unwrap();
+        let mut d = Self::start_at_path(fx, dir, socket.to_path_buf(), &[]);
+        d.socket = socket.to_path_buf();
+        d
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        signal(c.id() as i32, nix::libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn signal(pid: i32, sig: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::try_from(sig).unwrap(),
+    );
+}
+
+fn fixture() -> Fixture {
+    let fx = Fixture::new();
+    fx.install("s", MANIFEST);
+    fx
+}
+
+/// `supervise run` with `args`, locally or through `server`.
+fn run(fx: &Fixture, server: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(supervise_bin());
+    cmd.arg("run")
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state);
+    if let Some(s) = server {
+        cmd.arg("--server").arg(s);
+    }
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .env_remove("TURNSTILE_LOG");
+    cmd.output().unwrap()
+}
+
+/// A ledger entry with everything that differs between two runs of the
+/// same turn replaced: ids, times, hashes, measurements.
+fn normalize(v: &Value, sid: &str) -> Value {
+    const DROP: &[&str] = &[
+        "entry_hash",
+        "previous_hash",
+        "timestamp",
+        "ts",
+        "started_at",
+        "finished_at",
+        "durations",
+        "resources",
+        "posture",
+        "wall_ms",
+        "duration_ms",
+        "query_hash",
+        "result_hash",
+        "timings",
+        "pid",
+        // Hashes over content that embeds the session id.
+        "plan_hash",
+        "request_hash",
+    ];
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !DROP.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), normalize(v, sid)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(|x| normalize(x, sid)).collect()),
+        Value::String(s) => Value::String(s.replace(sid, "<sid>")),
+        other => other.clone(),
+    }
+}
+
+fn session_of(out: &Output) -> String {
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    v["session_id"].as_str().unwrap().to_owned()
+}
+
+/// What a stopped daemon and a killed turn must not leave: mounts under
+/// the state dir, turnstile cgroups of the session, turn dirs, workers.
+fn assert_nothing_left(fx: &Fixture, sid: &str) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let state = format!("{}/", fx.state.display());
+    assert!(
+        !mounts.lines().any(|l| l.contains(state.as_str())),
+        "a mount under the state dir survived:\n{mounts}"
+    );
+    for controller in ["memory", "pids", "cpu", "cpuacct", "unified", ""] {
+        let base = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("turnstile");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.starts_with(sid),
+                "cgroup {} survived",
+                e.path().display()
+            );
+        }
+    }
+    for e in std::fs::read_dir(fx.state.join("sessions").join(sid))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with("turn-"),
+            "{name} survived in the state dir"
+        );
+    }
+}
+
+/// Processes whose command line starts with `needle` (workers, sleeps;
+/// not the clients, whose argv merely contains the command).
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.starts_with(needle) || c.split(' ').nth(1) == Some(needle) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn finished(fx: &Fixture, sid: &str, turn: u64) -> Vec<Value> {
+    read_entries(&fx.ledger(sid, "exec"))
+        .into_iter()
+        .filter(|e| e["turn_number"] == turn && e["event"] == "turn.finished")
+        .collect()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_turn_equals_run_fr_rt_007_fr_rt_018() {
+    if !require_root("serve_turn_equals_run_fr_rt_007_fr_rt_018") {
+        return;
+    }
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    // The command's output and a committed file; no tool beyond sh builtins.
+    let sh = "d=${TMPDIR%/}; echo to-stdout; echo to-stderr >&2; printf 'bytes\\n' > output/${d##*/}/r.txt";
+    for (json, cmd) in [
+        (true, vec!["/bin/sh", "-c", sh]),
+        (true, vec!["/bin/sh", "-c", "exit 3"]),
+        (true, vec!["/bin/sleep", "0"]),
+    ] {
+        let mut args = vec![
+            "--package",
+            "s",
+            "--output",
+            "output/<session_id>/r.txt:report",
+        ];
+        if json {
+            args.push("--json");
+        }
+        args.push("--");
+        args.extend(cmd.iter().copied());
+        let local = run(&fx, None, &args);
+        let served = run(&fx, Some(&daemon.socket), &args);
+        assert_eq!(
+            local.status.code(),
+            served.status.code(),
+            "{cmd:?}: {}\n---\n{}",
+            String::from_utf8_lossy(&local.stderr),
+            String::from_utf8_lossy(&served.stderr)
+        );
+        let (ls, ss) = (session_of(&local), session_of(&served));
+        assert_ne!(ls, ss);
+        // stdout: one JSON object each, equal modulo ids and times.
+        let lv: Value = serde_json::from_slice(&local.stdout).unwrap();
+        let sv: Value = serde_json::from_slice(&served.stdout).unwrap();
+        let (mut ln, mut sn) = (normalize(&lv, &ls), normalize(&sv, &ss));
+        for v in [&mut ln, &mut sn] {
+            v["enforcement"]["posture"] = Value::Null;
+        }
+        assert_eq!(ln, sn, "--json values differ for {cmd:?}");
+        // stderr: the command's output and the summary, ids aside (two
+        // pumps copy the command's stdout and stderr: their interleaving
+        // varies from run to run, local or not, so lines are compared as a
+        // multiset).
+        let lines = |b: &[u8], sid: &str| {
+            let mut l: Vec<String> = String::from_utf8_lossy(b)
+                .replace(sid, "<sid>")
+                .lines()
+                .map(str::to_owned)
+                .collect();
+            l.sort();
+            l
+        };
+        assert_eq!(
+            lines(&local.stderr, &ls),
+            lines(&served.stderr, &ss),
+            "stderr differs for {cmd:?}"
+        );
+        // Committed bytes.
+        let lf = fx.root.join("output").join(&ls).join("r.txt");
+        let sf = fx.root.join("output").join(&ss).join("r.txt");
+        assert_eq!(std::fs::read(&lf).ok(), std::fs::read(&sf).ok());
+        // Both ledgers, entry by entry.
+        for kind in ["exec", "evidence"] {
+            let le: Vec<Value> = read_entries(&fx.ledger(&ls, kind))
+                .iter()
+                .map(|e| normalize(e, &ls))
+                .collect();
+            let se: Vec<Value> = read_entries(&fx.ledger(&ss, kind))
+                .iter()
+                .map(|e| normalize(e, &ss))
+                .collect();
+            assert_eq!(le.len(), se.len(), "{kind} ledger lengths differ");
+            for (a, b) in le.iter().zip(&se) {
+                assert_eq!(a, b, "{kind} ledger entries differ");
+            }
+        }
+        fx.assert_ledgers_intact(&ls);
+        fx.assert_ledgers_intact(&ss);
+    }
+    // Plain (non --json) mode: stdout is the command's own output.
+    let args = ["--package", "s", "--no-outputs", "--", "/bin/echo", "plain"];
+    let local = run(&fx, None, &args);
+    let served = run(&fx, Some(&daemon.socket), &args);
+    assert_eq!(local.stdout, served.stdout);
+    assert_eq!(served.stdout, b"plain\n");
+    assert_eq!(served.status.code(), Some(0));
+    // A second turn in the same session through the daemon.
+    let sid = {
+        let r = run(
+            &fx,
+            Some(&daemon.socket),
+            &[
+                "--package",
+                "s",
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/true",
+            ],
+        );
+        session_of(&r)
+    };
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(v["turn_number"], 2);
+    fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn serve_bad_request_is_exit_2_naming_the_field_and_creates_nothing_fr_rt_013() {
+    if !require_root("serve_bad_request_is_exit_2_naming_the_field_and_creates_nothing_fr_rt_013") {
+        return;
+    }
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    let before = fx.snapshot();
+    let raw = |line: &str| -> Value {
+        let mut s = UnixStream::connect(&daemon.socket).unwrap();
+        s.write_all(line.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let root = fx.root.display().to_string();
+    let state = fx.state.display().to_string();
+    let cases = [
+        (
+            format!(
+                r#"{{"op":"run","root":"{root}","package":"s","request":{{"declared_outputs":[]}}}}"#
+            ),
+            "command",
+        ),
+        (
+            format!(
+                r#"{{"op":"run","root":"{root}","package":"s","request":{{"command":["/bin/true"]}}}}"#
+            ),
+            "declared_outputs",
+        ),
+        (
+            format!(r#"{{"op":"run","root":"{root}","package":"s","bogus":1,"request":{{}}}}"#),
+            "bogus",
+        ),
+        (
+            format!(
+                r#"{{"op":"run","root":"{root}","package":"s","state_dir":"/tmp","request":{{"command":["/bin/true"],"declared_outputs":[]}}}}"#
+            ),
+            "state_dir",
+        ),
+        (
+            format!(
+                r#"{{"op":"run","root":"{root}","package":"s","state_dir":"{state}","request":{{"command":["/bin/true"],"declared_outputs":[]}}}}"#
+            ),
+            "fds",
+        ),
+        (r#"{"op":"launch"}"#.to_owned(), "op"),
+        ("not json".to_owned(), "request"),
+    ];
+    for (line, field) in &cases {
+        let v = raw(line);
+        assert_eq!(v["exit_status"], 2, "{line}: {v}");
+        assert!(
+            v["stderr"].as_str().unwrap().contains(field),
+            "{line}: field `{field}` not named: {v}"
+        );
+        assert_eq!(v["value"]["error"]["field"], *field, "{line}: {v}");
+    }
+    // Through the client: a bad package id, and an unknown package.
+    for (pkg, code) in [("../x", "TS1005"), ("nope", "TS1001")] {
+        let r = run(
+            &fx,
+            Some(&daemon.socket),
+            &[
+                "--package",
+                pkg,
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/true",
+            ],
+        );
+        assert_eq!(
+            r.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert_eq!(v["error"]["code"], code);
+    }
+    assert_eq!(before, fx.snapshot(), "a bad request created something");
+}
+
+#[test]
+fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
+    if !require_root("serve_kill9_mid_turn_then_restart_recovers_fr_rt_007") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let dir = daemon.socket.parent().unwrap().to_path_buf();
+    let client = Command::new(supervise_bin())
+        .args(["run", "--server"])
+        .arg(&daemon.socket)
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--output",
+            "output/<session_id>/k.txt:k",
+            "--",
+            "/bin/sh",
+            "-c",
+            "d=${TMPDIR%/}; echo k > output/${d##*/}/k.txt; exec /bin/sleep 1003",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the turn's command", || {
+        !processes_with("/bin/sleep 1003").is_empty()
+    });
+    daemon.kill9();
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The worker and the turn died with the daemon.
+    wait_for("the turn to die with the daemon", || {
+        processes_with("/bin/sleep 1003").is_empty() && tagged(&dir).is_empty()
+    });
+    // Restart: recovery closes the turn as aborted, nothing committed.
+    let mut again = Daemon::start(&fx, &[]);
+    let f = finished(&fx, &sid, 1);
+    assert_eq!(f.len(), 1, "turn 1 finished {} times", f.len());
+    assert_eq!(f[0]["status"], "aborted");
+    assert_eq!(f[0]["error"]["code"], "TS1023");
+    assert!(
+        !fx.root.join("output").join(&sid).join("k.txt").exists(),
+        "a killed turn committed"
+    );
+    fx.assert_ledgers_intact(&sid);
+    assert_nothing_left(&fx, &sid);
+    // The session goes on through the restarted daemon.
+    let r = run(
+        &fx,
+        Some(&again.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert_eq!(again.stop(), Some(0));
+}
+
+#[test]
+fn serve_refuses_a_peer_of_another_uid() {
+    if !require_root("serve_refuses_a_peer_of_another_uid") {
+        return;
+    }
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    let mode = std::fs::metadata(&daemon.socket)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "socket mode");
+    let as_nobody = |socket: &Path| {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(supervise_bin())
+            .args(["health", "--json", "--server"])
+            .arg(socket)
+            .output()
+            .expect("setpriv (util-linux)")
+    };
+    // The socket's mode keeps others out…
+    let r = as_nobody(&daemon.socket);
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(String::from_utf8_lossy(&r.stderr).contains("TS1030"));
+    // …and SO_PEERCRED does even when the mode is opened up: the socket's
+    // directory and the socket are made reachable for this check only.
+    std::fs::set_permissions(
+        daemon.socket.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&daemon.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let r = as_nobody(&daemon.socket);
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("TS1031") && stderr.contains("uid 65534"),
+        "{stderr}"
+    );
+    // Root is served.
+    let r = Command::new(supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(v["status"], "READY");
+}
+
+#[test]
+fn serve_sigterm_interrupts_in_flight_turns_and_leaves_nothing() {
+    if !require_root("serve_sigterm_interrupts_in_flight_turns_and_leaves_nothing") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let socket = daemon.socket.clone();
+    let dir = socket.parent().unwrap().to_path_buf();
+    let client = Command::new(supervise_bin())
+        .args(["run", "--json", "--server"])
+        .arg(&socket)
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "1004",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the turn's command", || {
+        !processes_with("/bin/sleep 1004").is_empty()
+    });
+    assert_eq!(
+        daemon.stop(),
+        Some(0),
+        "daemon exit; log: {}",
+        std::fs::read_to_string(&daemon.log).unwrap_or_default()
+    );
+    let out = client.wait_with_output().unwrap();
+    // The client sees what a local run interrupted by SIGTERM prints.
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "interrupted");
+    assert_eq!(v["error"]["code"], "TS1024");
+    let f = finished(&fx, &sid, 1);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0]["status"], "interrupted");
+    fx.assert_ledgers_intact(&sid);
+    assert_nothing_left(&fx, &sid);
+    assert!(!socket.exists(), "the socket survived the daemon");
+    assert_eq!(
+        tagged(&dir),
+        Vec::<String>::new(),
+        "a process of the daemon survived it"
+    );
+    assert!(processes_with("/bin/sleep 1004").is_empty());
+}
+
+#[test]
+fn serve_client_signal_interrupts_its_turn_as_a_local_run() {
+    if !require_root("serve_client_signal_interrupts_its_turn_as_a_local_run") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let daemon = Daemon::start(&fx, &[]);
+    for (turn, sig) in [(1u64, nix::libc::SIGINT), (2, nix::libc::SIGHUP)] {
+        let mut client = Command::new(supervise_bin())
+            .args(["run", "--server"])
+            .arg(&daemon.socket)
+            .arg("--root")
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args([
+                "--package",
+                "s",
+                "--session",
+                &sid,
+                "--no-outputs",
+                "--",
+                "/bin/sleep",
+                "1005",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for("the turn's command", || {
+            !processes_with("/bin/sleep 1005").is_empty()
+        });
+        signal(client.id() as i32, sig);
+        let status = client.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + sig));
+        let f = finished(&fx, &sid, turn);
+        assert_eq!(f[0]["status"], "interrupted");
+    }
+    fx.assert_ledgers_intact(&sid);
+    assert_nothing_left(&fx, &sid);
+}
+
+/// GET /metrics from `addr`; the body.
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split("\r\n\r\n").nth(1).unwrap().to_owned()
+}
+
+/// The value of the sample `name{labels}` (labels exactly as rendered).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn serve_metrics_health_and_json_logs_after_turns() {
+    if !require_root("serve_metrics_health_and_json_logs_after_turns") {
+        return;
+    }
+    let fx = fixture();
+    let mut daemon = Daemon::start(&fx, &["--metrics", "127.0.0.1:0"]);
+    let health = |d: &Daemon| -> Value {
+        let r = Command::new(supervise_bin())
+            .args(["health", "--json", "--server"])
+            .arg(&d.socket)
+            .output()
+            .unwrap();
+        assert_eq!(r.status.code(), Some(0));
+        serde_json::from_slice(&r.stdout).unwrap()
+    };
+    let h = health(&daemon);
+    assert_eq!(h["status"], "READY");
+    let addr = h["daemon"]["metrics"].as_str().unwrap().to_owned();
+    let ok = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(ok.status.code(), Some(0));
+    let sid = session_of(&ok);
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 4",
+        ],
+    );
+    assert_eq!(r.status.code(), Some(10));
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/usr/bin/id",
+        ],
+    );
+    assert_eq!(r.status.code(), Some(11));
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &["--package", "nope", "--no-outputs", "--", "/bin/true"],
+    );
+    assert_eq!(r.status.code(), Some(2));
+    let h = health(&daemon);
+    // Every run request that reached a worker (the unknown package too).
+    assert_eq!(h["daemon"]["turns_served"], 4, "{h}");
+    let m = scrape(&addr);
+    let is = |series: &str, want: f64| {
+        assert_eq!(sample(&m, series), Some(want), "{series} in:\n{m}");
+    };
+    is(r#"turns_total{status="committed",backend="native"}"#, 1.0);
+    is(
+        r#"turns_total{status="command_failed",backend="native"}"#,
+        1.0,
+    );
+    is(r#"turns_total{status="violation",backend="none"}"#, 1.0);
+    is(r#"turns_total{status="rejected",backend="none"}"#, 1.0);
+    is(r#"violations_total{layer="pre-execution"}"#, 1.0);
+    is(
+        r#"agent_runtime_spawns_total{status="success",trust_level="standard",runtime_class="native"}"#,
+        2.0,
+    );
+    is(
+        r#"agent_runtime_spawn_duration_seconds_count{source="cold"}"#,
+        2.0,
+    );
+    is(
+        r#"agent_runtime_terminations_total{reason="completed"}"#,
+        1.0,
+    );
+    is(r#"agent_runtime_terminations_total{reason="error"}"#, 2.0);
+    is("agent_runtime_warm_pool_size", 0.0);
+    is(
+        r#"agent_runtime_health_checks_total{type="readiness",status="success"}"#,
+        2.0,
+    );
+    is("events_received_total", 4.0);
+    is("events_emitted_total", 4.0);
+    is("event_processing_duration_ms_count", 4.0);
+    assert!(sample(&m, "event_processing_duration_ms_sum").unwrap() > 0.0);
+    assert_eq!(daemon.stop(), Some(0));
+    // JSON logs: one line per turn, inside a `turn` span naming the
+    // session, the turn and the backend.
+    let log = std::fs::read_to_string(&daemon.log).unwrap();
+    let turns: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .filter(|v| v["fields"]["message"] == "turn finished")
+        .collect();
+    assert_eq!(turns.len(), 4, "{log}");
+    assert_eq!(turns[0]["span"]["name"], "turn");
+    assert_eq!(turns[0]["span"]["session_id"], sid.as_str());
+    assert_eq!(turns[0]["span"]["turn"], 1);
+    assert_eq!(turns[0]["span"]["backend"], "native");
+    assert_eq!(turns[1]["span"]["turn"], 2);
+}
+
+const BUS_MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": [],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/usr/bin/echo", "/bin/true", "/usr/bin/sleep"]
+  },
+  "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 30}
+}"#;
+
+fn bus_rules(ws: &Path) -> String {
+    let ws = ws.display();
+    format!(
+        r#"rules:
+  - id: live-echo
+    trigger: {{command_type: exec, source: "agent-*"}}
+    guards: {{phase: 2, category: [A, B], approval: none}}
+    actions:
+      - run: "{{{{msg_run_0}}}}"
+        allowlist: ["echo", "cat", "sleep"]
+        workspace: {ws}
+        package: b
+        mode: live
+  - id: dry-echo
+    trigger: {{command_type: exec, source: "*"}}
+    guards: {{phase: 1}}
+    actions:
+      - run: "echo dry {{{{msg_id}}}}"
+        allowlist: ["echo"]
+        workspace: {ws}
+        package: b
+        mode: dry-run
+  - id: only-phase-9
+    trigger: {{command_type: exec, source: "*"}}
+    guards: {{phase: 9}}
+    actions:
+      - run: "echo never"
+        allowlist: ["echo"]
+        workspace: {ws}
+        package: b
+  - id: approved-task
+    trigger: {{command_type: task, source: "*"}}
+    guards: {{category: [B], approval: required}}
+    actions:
+      - run: "echo approved {{{{title}}}}"
+        allowlist: ["echo"]
+        workspace: {ws}
+        package: b
+        mode: live
+"#
+    )
+}
+
+fn bus_message(id: &str, category: &str, command_type: &str, run: &str, phase: i64) -> String {
+    serde_json::json!({
+        "msg_id": id, "category": category, "msg_type": "COMMAND", "command_type": command_type,
+        "title": format!("title-{id}"), "run": [run],
+        "context": {"phase": phase, "requested_by": "agent-7"},
+        "timestamp": "2026-11-23T10:00:00Z",
+    })
+    .to_string()
+}
+
+/// Evidence files (output/ and error/) by the message file they finish.
+fn evidence(bus: &Path) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for sub in ["output", "error"] {
+        for e in std::fs::read_dir(bus.join(sub)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let v: Value = serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
+            out.push((sub.to_owned(), v["file"].as_str().unwrap().to_owned(), v));
+        }
+    }
+    out
+}
+
+fn count_json(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .count()
+}
+
+#[test]
+fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
+    if !require_root("serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("b", BUS_MANIFEST);
+    let busdir = tempfile::Builder::new()
+        .prefix("ts-bus-")
+        .tempdir()
+        .unwrap();
+    let bus = busdir.path().to_path_buf();
+    for sub in ["input", "approvals"] {
+        std::fs::create_dir_all(bus.join(sub)).unwrap();
+    }
+    std::fs::write(bus.join("rules.v0.1.yaml"), bus_rules(&fx.root)).unwrap();
+    // 100 messages: what each must become.
+    let mut expect: Vec<(String, &str, String)> = Vec::new(); // (file, kind, message)
+    for i in 0..100 {
+        let id = format!("m{i:03}");
+        let (kind, msg) = match i % 10 {
+            // The first live message is still running at the first kill.
+            0 if i == 0 => ("slow", bus_message(&id, "A", "exec", "sleep 1006", 2)),
+            0..=3 => (
+                "live",
+                bus_message(&id, "A", "exec", &format!("echo live {id}"), 2),
+            ),
+            4 => ("dry", bus_message(&id, "C", "exec", "ignored", 1)),
+            5 => ("skipped", bus_message(&id, "A", "exec", "echo x", 5)),
+            6 => ("held", bus_message(&id, "B", "task", "x", 3)),
+            7 => ("bad", format!(r#"{{"msg_id":"{id}","msg_type":"EVENT"}}"#)),
+            8 => ("disallowed", bus_message(&id, "A", "exec", "rm -rf /", 2)),
+            _ => (
+                "refused",
+                bus_message(&id, "B", "exec", "cat /etc/hostname", 2),
+            ),
+        };
+        expect.push((format!("{id}.json"), kind, msg));
+    }
+    // Messages arrive atomically (written aside, renamed in).
+    let drop_in = |file: &str, msg: &str| {
+        let tmp = bus.join(format!("input/.{file}.tmp"));
+        std::fs::write(&tmp, msg).unwrap();
+        std::fs::rename(&tmp, bus.join("input").join(file)).unwrap();
+    };
+    for (file, _, msg) in &expect[..50] {
+        drop_in(file, msg);
+    }
+    let busarg = bus.display().to_string();
+    let mut daemon = Daemon::start(&fx, &["--bus", &busarg]);
+    for (file, _, msg) in &expect[50..] {
+        drop_in(file, msg);
+    }
+    // Two kill -9 while messages are being processed.
+    for threshold in [0, 45] {
+        if threshold == 0 {
+            wait_for("the slow turn", || {
+                !processes_with("/usr/bin/sleep 1006").is_empty()
+            });
+        } else {
+            wait_for("evidence to accumulate", || {
+                evidence(&bus).len() >= threshold
+            });
+        }
+        daemon.kill9();
+        daemon = Daemon::start(&fx, &["--bus", &busarg]);
+    }
+    let held: Vec<&(String, &str, String)> = expect.iter().filter(|e| e.1 == "held").collect();
+    let settled = |n: usize| count_json(&bus.join("input")) == 0 && evidence(&bus).len() == n;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !settled(100 - held.len()) {
+        assert!(
+            Instant::now() < deadline,
+            "the bus did not settle: {} evidence files",
+            evidence(&bus).len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Held messages wait in processing/, listed by health.
+    assert_eq!(count_json(&bus.join("processing")), held.len());
+    let h = Command::new(supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let h: Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(
+        h["daemon"]["bus"]["held"].as_array().unwrap().len(),
+        held.len(),
+        "{h}"
+    );
+    for (file, _, _) in &held {
+        std::fs::write(
+            bus.join("approvals").join(file.trim_end_matches(".json")),
+            b"ok",
+        )
+        .unwrap();
+    }
+    wait_for("approved messages", || settled(100));
+    assert_eq!(count_json(&bus.join("processing")), 0);
+    assert_eq!(daemon.stop(), Some(0));
+
+    // Every message ends in exactly one place, with the expected outcome.
+    let ev = evidence(&bus);
+    let mut sessions = std::collections::BTreeSet::new();
+    let mut live_turns = std::collections::BTreeSet::new();
+    let mut aborted = 0;
+    for (file, kind, _) in &expect {
+        let mine: Vec<&(String, String, Value)> = ev.iter().filter(|e| &e.1 == file).collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "{file} ({kind}) has {} evidence files",
+            mine.len()
+        );
+        let (sub, _, v) = mine[0];
+        let action = &v["actions"][0];
+        match *kind {
+            "slow" => {
+                // Killed mid-turn with its daemon: closed `aborted` by
+                // recovery, then replayed (not run) for the message.
+                assert_eq!(sub, "error", "{file}: {v}");
+                assert_eq!(action["status"], "aborted", "{v}");
+                assert_eq!(action["replayed"], true, "{v}");
+                sessions.insert(action["session_id"].as_str().unwrap().to_owned());
+            }
+            "live" | "held" => {
+                if action["status"] == "aborted" || action["status"] == "interrupted" {
+                    // Killed mid-turn: recorded once, never run again.
+                    assert_eq!(sub, "error", "{file}: {v}");
+                    aborted += 1;
+                } else {
+                    assert_eq!(sub, "output", "{file}: {v}");
+                    assert_eq!(action["status"], "committed", "{file}: {v}");
+                    let want = if *kind == "live" {
+                        format!("live {}\n", file.trim_end_matches(".json"))
+                    } else {
+                        format!("approved title-{}\n", file.trim_end_matches(".json"))
+                    };
+                    if action["replayed"] == false {
+                        assert!(
+                            action["output"].as_str().unwrap().starts_with(&want),
+                            "{file}: {v}"
+                        );
+                    }
+                }
+                sessions.insert(action["session_id"].as_str().unwrap().to_owned());
+                assert!(
+                    live_turns.insert((
+                        action["session_id"].clone().to_string(),
+                        action["turn_number"].as_u64().unwrap()
+                    )),
+                    "{file}: a turn served two messages"
+                );
+            }
+            "dry" => {
+                assert_eq!(sub, "output", "{file}: {v}");
+                assert_eq!(action["mode"], "dry-run");
+                assert_eq!(action["would_execute"][0], "/usr/bin/echo");
+                assert!(action.get("session_id").is_none(), "a dry run ran a turn");
+            }
+            "skipped" => {
+                assert_eq!(sub, "error");
+                assert_eq!(v["error"]["code"], "TS1035", "{v}");
+                assert_eq!(v["skipped"][0]["rule"], "live-echo");
+                assert_eq!(v["skipped"][0]["guard"], "phase");
+            }
+            "bad" => {
+                assert_eq!(sub, "error");
+                assert_eq!(v["error"]["code"], "TS1033", "{v}");
+            }
+            "disallowed" => {
+                assert_eq!(sub, "error");
+                assert_eq!(v["error"]["code"], "TS1034", "{v}");
+                assert!(v["error"]["message"].as_str().unwrap().contains("`rm`"));
+            }
+            "refused" => {
+                // On the rule's allowlist, not in the package's execute
+                // capability: the turn's pre-execution check refuses it.
+                assert_eq!(sub, "error", "{v}");
+                assert_eq!(action["exit_status"], 11, "{v}");
+                assert_eq!(action["status"], "violation");
+            }
+            _ => unreachable!(),
+        }
+    }
+    assert!(
+        aborted <= 1,
+        "{aborted} more turns aborted by the second kill"
+    );
+    eprintln!(
+        "bus scenario: {aborted} live turn(s) besides the slow one were cut by the second kill -9"
+    );
+    // Each live message's turn started exactly once in the ledgers.
+    let live_like = expect
+        .iter()
+        .filter(|e| matches!(e.1, "live" | "held" | "refused" | "slow"))
+        .count();
+    let mut started = 0;
+    for sid in &sessions {
+        fx.assert_ledgers_intact(sid);
+        assert_nothing_left(&fx, sid);
+        started += read_entries(&fx.ledger(sid, "exec"))
+            .iter()
+            .filter(|e| e["event"] == "turn.started")
+            .count();
+        started += read_entries(&fx.ledger(sid, "exec"))
+            .iter()
+            .filter(|e| e["event"] == "turn.finished" && e["status"] == "violation")
+            .count();
+    }
+    assert_eq!(started, live_like, "turns started != live messages");
+}
+
+#[test]
+fn serve_max_turns_refuses_beyond_the_limit_and_runs_nothing() {
+    if !require_root("serve_max_turns_refuses_beyond_the_limit_and_runs_nothing") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let daemon = Daemon::start(&fx, &["--max-turns", "1"]);
+    let mut busy = Command::new(supervise_bin())
+        .args(["run", "--server"])
+        .arg(&daemon.socket)
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "1008",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the first turn", || {
+        !processes_with("/bin/sleep 1008").is_empty()
+    });
+    let before = read_entries(&fx.ledger(&sid, "exec")).len();
+    let r = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "TS1032");
+    assert!(v["error"]["message"].as_str().unwrap().contains("busy"));
+    signal(busy.id() as i32, nix::libc::SIGTERM);
+    assert_eq!(busy.wait().unwrap().code(), Some(143));
+    // The refused request left no trace; the interrupted one its entries.
+    let entries = read_entries(&fx.ledger(&sid, "exec"));
+    assert_eq!(
+        entries.len(),
+        before + 1,
+        "only the interrupted turn's finish entry was added"
+    );
+    fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn serve_refuses_bad_startup_and_replaces_only_a_stale_socket() {
+    if !require_root("serve_refuses_bad_startup_and_replaces_only_a_stale_socket") {
+        return;
+    }
+    let fx = fixture();
+    let serve = |args: &[&str]| {
+        Command::new(supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // A bad rules file: exit 2, TS1036, the field named; nothing listens.
+    let busdir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        busdir.path().join("rules.v0.1.yaml"),
+        "rules:\n  - id: x\n    trigger: {command_type: exec}\n    actions:\n      - {run: 'echo', allowlist: [echo], workspace: relative, package: p}\n",
+    )
+    .unwrap();
+    let sock = busdir.path().join("s.sock");
+    let r = serve(&[
+        "--bus",
+        busdir.path().to_str().unwrap(),
+        "--socket",
+        sock.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("TS1036") && stderr.contains("rules[0].actions[0].workspace"),
+        "{stderr}"
+    );
+    assert!(!sock.exists());
+    // Neither a socket nor a bus: exit 2.
+    assert_eq!(serve(&[]).status.code(), Some(2));
+    // A live daemon's socket is not taken over; a stale one is replaced.
+    let mut daemon = Daemon::start(&fx, &[]);
+    let r = serve(&["--socket", daemon.socket.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("already listens"));
+    let socket = daemon.socket.clone();
+    daemon.kill9();
+    assert!(socket.exists(), "kill -9 leaves the socket file");
+    let again = Daemon::start_at_socket(&fx, &socket);
+    let h = Command::new(supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&again.socket)
+        .output()
+        .unwrap();
+    assert_eq!(h.status.code(), Some(0));
+    // A path that is not a socket is never removed.
+    let file = busdir.path().join("not-a-socket");
+    std::fs::write(&file, b"keep").unwrap();
+    let r = serve(&["--socket", file.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2));
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+}
