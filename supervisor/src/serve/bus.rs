@@ -662,7 +662,7 @@ impl Bus {
             m.insert(
                 "processed_at".into(),
                 json!(turnstile_policy::timefmt::rfc3339_micros(
-                    time::OffsetDateTime::now_utc()
+                    turnstile_policy::session::Clock::now(&crate::ids::SystemClock)
                 )),
             );
             m.insert("schema".into(), json!("turnstile.bus.evidence/v0.1"));
