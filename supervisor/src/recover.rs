@@ -204,9 +204,13 @@ pub fn recover_session(
     let (dirs, journals) = leftovers(&state_dir);
     for n in dirs {
         let dir = session.state().turn_dir(&session.id, n);
-        // A runc container of the dead turn: its processes died with the
-        // cgroup above; its record goes too.
-        crate::backend::runc::forget(&format!("{sid}-t{n}"));
+        // An OCI container of the dead turn: its processes died with the
+        // cgroup above; its record and the cgroup dirs its runtime made in
+        // the controllers turnstile does not manage go too.
+        let id = format!("{sid}-t{n}");
+        crate::backend::runc::forget(&id);
+        crate::backend::runsc::forget(&id);
+        TurnCgroup::sweep_unmanaged(cgroup_root, &id);
         remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }

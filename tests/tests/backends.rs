@@ -126,6 +126,7 @@ fn issue_10_native_runc_crun_and_runsc_commit_the_same_hash_and_block_the_same_w
             assert!(!degraded.contains("landlock"), "{degraded}");
         }
         fx.assert_ledgers_intact(&sid);
+        assert_no_cgroup_of(&sid, backend);
 
         // An undeclared write blocks, nothing reaches the workspace.
         let (status, v, stderr) = turn(&fx, backend, &[], CODE);
@@ -138,6 +139,21 @@ fn issue_10_native_runc_crun_and_runsc_commit_the_same_hash_and_block_the_same_w
         hashes.iter().all(|h| *h == hashes[0]),
         "native, runc, crun and runsc committed different bytes: {hashes:?}"
     );
+}
+
+/// No cgroup directory of the session's turns in any hierarchy — also the
+/// ones an OCI runtime makes in controllers turnstile does not manage.
+fn assert_no_cgroup_of(sid: &str, backend: &str) {
+    for controller in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let base = controller.path().join("turnstile");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            assert!(
+                !e.file_name().to_string_lossy().starts_with(sid),
+                "{backend}: {} left behind",
+                e.path().display()
+            );
+        }
+    }
 }
 
 #[test]

@@ -397,6 +397,7 @@ impl RuncSandbox {
         }
         self.cg.kill_all();
         self.cg.remove();
+        cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_root, &self.id);
     }
 }
 

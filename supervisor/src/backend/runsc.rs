@@ -423,6 +423,7 @@ impl RunscSandbox {
         }
         self.cg.kill_all();
         self.cg.remove();
+        cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_root, &self.id);
         // The gofer (and a sandbox never waited for) became our children
         // too: reap what has exited, never block.
         while let Ok(

@@ -264,6 +264,23 @@ impl TurnCgroup {
 
     /// The cgroups left by turns whose names start with `prefix` (a dead
     /// supervisor's turns, found by recovery), one per turn name.
+    /// Removes the empty `turnstile/<name>` directories an OCI runtime
+    /// made in the v1 controllers turnstile does not manage (runc and runsc
+    /// join `cgroupsPath` in every hierarchy: blkio, cpuset, devices,
+    /// freezer, name=systemd…). Their tasks are the turn's, killed through
+    /// the managed controllers first; a directory still busy stays, and
+    /// says so in the returned list.
+    pub fn sweep_unmanaged(root: &Path, name: &str) -> Vec<PathBuf> {
+        let mut busy = Vec::new();
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            let dir = entry.path().join("turnstile").join(name);
+            if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
+                busy.push(dir);
+            }
+        }
+        busy
+    }
+
     pub fn leftovers(root: &Path, prefix: &str) -> Vec<Self> {
         let Some(version) = detect(root) else {
             return Vec::new();
