@@ -7,7 +7,9 @@
 //! - `test`:  setup, then fmt check, clippy -D warnings, every test, and a
 //!   check that every in-scope requirement (FR-RT-0xx) has a test naming it;
 //! - `realsw`: the real-software suite in full (more CPython modules than
-//!   `test` runs, then the toolchain workflows).
+//!   `test` runs, then the toolchain workflows);
+//! - `vm-test`: the integration and red-team suites inside QEMU on stock
+//!   Debian kernels (a matrix: 6.1 and 6.12), pure cgroup v2 (`vm.rs`).
 //!
 //! xtask depends on nothing that links a C library, so it builds on a fresh
 //! machine before `libseccomp-dev` and friends are installed.
@@ -17,10 +19,14 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+mod vm;
+
 /// System packages: the build (libseccomp), the schema tests
 /// (python3-jsonschema), the real-software suite (tests/tests/realsw.rs:
-/// CPython's own test suite, a C toolchain, git, venv, node) and the runc
-/// and crun backends' tests and red-team runs.
+/// CPython's own test suite, a C toolchain, git, venv, node), the runc
+/// and crun backends' tests and red-team runs, and the VM tests
+/// (`xtask/src/vm.rs`: QEMU, a static busybox for the initramfs, mkfs.ext4
+/// for the guest's scratch disk, xz for compressed kernel modules).
 const APT_PACKAGES: &[&str] = &[
     "libseccomp-dev",
     "pkg-config",
@@ -35,6 +41,10 @@ const APT_PACKAGES: &[&str] = &[
     "nodejs",
     "runc",
     "crun",
+    "qemu-system-x86",
+    "busybox-static",
+    "e2fsprogs",
+    "xz-utils",
 ];
 
 /// Requirements that must each have at least one test whose name contains
@@ -53,14 +63,19 @@ fn main() -> Result<()> {
         Some("redteam") => redteam(&args[1..]),
         Some("realsw") => realsw(&args[1..]),
         Some("bench") => bench(),
+        Some("vm-test") => {
+            setup()?;
+            vm::vm_test(&args[1..])
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
                  \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
                  \n  realsw       CPython's regression tests inside a turn vs. outside, every module of the full set (or those named), then the toolchain workflows (root)\
+                 \n  vm-test      the integration and red-team suites in QEMU on Debian kernels 6.1 and 6.12 (or --kernel SERIES|PACKAGE), pure cgroup v2 (root)\
                  \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
                 APT_PACKAGES.join(", ")
