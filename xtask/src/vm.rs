@@ -366,8 +366,32 @@ fn build(opts: &Options) -> Result<(PathBuf, Vec<PathBuf>)> {
         }
     }
     tests.sort();
-    let target = workspace_root().join("target/debug");
-    Ok((target, tests))
+    snapshot(&workspace_root().join("target/debug"), tests)
+}
+
+/// Hard-links `supervise`, `redteam` and the test binaries into
+/// `target/vm-tests/bin`, so a `cargo build` during the run (cargo writes
+/// new files, it does not rewrite these inodes) cannot change what the
+/// guest executes half-way. The tests find `supervise` next to
+/// themselves (`turnstile_tests::supervise_bin`).
+fn snapshot(debug: &Path, tests: Vec<PathBuf>) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let bin = workspace_root().join("target/vm-tests/bin");
+    if bin.exists() {
+        std::fs::remove_dir_all(&bin)?;
+    }
+    std::fs::create_dir_all(&bin)?;
+    let link = |from: &Path| -> Result<PathBuf> {
+        let to = bin.join(from.file_name().context("binary without a name")?);
+        std::fs::hard_link(from, &to)
+            .or_else(|_| std::fs::copy(from, &to).map(drop))
+            .with_context(|| format!("{} -> {}", from.display(), to.display()))?;
+        Ok(to)
+    };
+    for b in ["supervise", "redteam"] {
+        link(&debug.join(b))?;
+    }
+    let tests = tests.iter().map(|t| link(t)).collect::<Result<Vec<_>>>()?;
+    Ok((bin, tests))
 }
 
 /// `…/deps/run-0123abcd` → `run`.
