@@ -44,6 +44,7 @@ const GUEST_MODULES: &[&str] = &[
     "virtio_blk",     // the scratch disk
     "ext4",           // /tmp: supports idmapped mounts on 6.1 (tmpfs: 6.3+)
     "crc32c_generic", // ext4 asks the crypto API for crc32c at mount time
+    "loop",           // tests that need a small file system of their own
 ];
 
 /// Whole-VM budget per kernel (boot, every suite, power-off).
