@@ -216,6 +216,57 @@ pub const HELLO_MANIFEST: &str = r#"{
   "network": "isolated"
 }"#;
 
+/// A turn's `enforcement` shows Landlock as strong as the kernel allows:
+/// `fully_enforced` at or above the ABI turnstile pins; below it (the VM
+/// tests' 6.1 has ABI 2) `partially_enforced`, with every right that ABI
+/// lacks named in `landlock.unenforced` and in `degraded` — the list is
+/// written out here from the kernel's ABI history, not taken from the
+/// supervisor.
+pub fn assert_landlock_as_strong_as_the_kernel_allows(enforcement: &Value) {
+    let abi = enforcement["landlock_abi"].as_u64().unwrap_or(0);
+    if abi >= u64::from(turnstile_policy::plan::LANDLOCK_ABI) {
+        assert_eq!(
+            enforcement["landlock_status"], "fully_enforced",
+            "{enforcement}"
+        );
+        assert_eq!(
+            enforcement["degraded"],
+            serde_json::json!([]),
+            "{enforcement}"
+        );
+        return;
+    }
+    assert_eq!(
+        enforcement["landlock_status"], "partially_enforced",
+        "{enforcement}"
+    );
+    let mut lacking = Vec::new();
+    if abi < 2 {
+        lacking.push("fs.refer");
+    }
+    if abi < 3 {
+        lacking.push("fs.truncate");
+    }
+    if abi < 5 {
+        lacking.push("fs.ioctl_dev");
+    }
+    if abi < 6 {
+        lacking.extend(["scope.abstract_unix_socket", "scope.signal"]);
+    }
+    assert_eq!(
+        enforcement["landlock"]["unenforced"],
+        serde_json::json!(lacking),
+        "{enforcement}"
+    );
+    let degraded = enforcement["degraded"].to_string();
+    for right in lacking {
+        assert!(
+            degraded.contains(right),
+            "{right} not in degraded: {enforcement}"
+        );
+    }
+}
+
 /// Kernel-dependent tests call this first. Without root they are skipped
 /// with a reason — unless `TURNSTILE_REQUIRE_KERNEL=1` (CI), where a missing
 /// capability fails the run instead of hiding.
