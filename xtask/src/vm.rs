@@ -164,7 +164,15 @@ pub fn vm_test(args: &[String]) -> Result<()> {
     }
 
     let packages = resolve_kernels(&opts.kernels, &work)?;
-    let (target, tests) = build(&opts)?;
+    // Everything of this run (the binaries' snapshot, initramfs, scratch
+    // disks) in a directory of its own, removed on every way out: two runs
+    // at once do not clobber each other's files.
+    remove_stale_runs(&work);
+    let run_dir = RunDir(work.join(format!("run-{}", std::process::id())));
+    std::fs::create_dir_all(&run_dir.0)?;
+    let logs = work.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let (target, tests) = build(&opts, &run_dir.0)?;
 
     let mut reports = Vec::new();
     for package in &packages {
@@ -173,7 +181,12 @@ pub fn vm_test(args: &[String]) -> Result<()> {
             package: package.clone(),
             ..Report::default()
         };
-        if let Err(e) = run_kernel(package, &work, &target, &tests, &opts, &mut report) {
+        let dirs = Dirs {
+            work: &work,
+            run: &run_dir.0,
+            logs: &logs,
+        };
+        if let Err(e) = run_kernel(package, &dirs, &target, &tests, &opts, &mut report) {
             report.error = Some(format!("{e:#}"));
         }
         report.seconds = started.elapsed().as_secs();
@@ -183,7 +196,39 @@ pub fn vm_test(args: &[String]) -> Result<()> {
     if reports.iter().all(Report::ok) {
         Ok(())
     } else {
-        bail!("vm-test failed (console logs under {})", work.display())
+        bail!("vm-test failed (console logs under {})", logs.display())
+    }
+}
+
+/// The directories of one run: the shared cache (`target/vm-tests`), this
+/// run's own files, and the console logs.
+#[derive(Debug)]
+struct Dirs<'a> {
+    work: &'a Path,
+    run: &'a Path,
+    logs: &'a Path,
+}
+
+/// Removes the directories of runs whose xtask is gone (killed: a SIGINT
+/// or SIGKILL runs no destructor; its QEMU died with it).
+fn remove_stale_runs(work: &Path) {
+    for entry in std::fs::read_dir(work).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("run-") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Removes this run's directory however [`vm_test`] returns.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -308,7 +353,7 @@ fn resolve_kernels(wanted: &[String], work: &Path) -> Result<Vec<String>> {
 
 /// Builds `supervise`, the red-team binary and the integration-test
 /// binaries; returns the target dir and the test executables to run.
-fn build(opts: &Options) -> Result<(PathBuf, Vec<PathBuf>)> {
+fn build(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
     run(cargo().args([
         "build",
         "--quiet",
@@ -367,20 +412,20 @@ fn build(opts: &Options) -> Result<(PathBuf, Vec<PathBuf>)> {
         }
     }
     tests.sort();
-    snapshot(&workspace_root().join("target/debug"), tests)
+    snapshot(
+        &workspace_root().join("target/debug"),
+        tests,
+        &run_dir.join("bin"),
+    )
 }
 
 /// Hard-links `supervise`, `redteam` and the test binaries into
-/// `target/vm-tests/bin`, so a `cargo build` during the run (cargo writes
+/// this run's `bin`, so a `cargo build` during the run (cargo writes
 /// new files, it does not rewrite these inodes) cannot change what the
 /// guest executes half-way. The tests find `supervise` next to
 /// themselves (`turnstile_tests::supervise_bin`).
-fn snapshot(debug: &Path, tests: Vec<PathBuf>) -> Result<(PathBuf, Vec<PathBuf>)> {
-    let bin = workspace_root().join("target/vm-tests/bin");
-    if bin.exists() {
-        std::fs::remove_dir_all(&bin)?;
-    }
-    std::fs::create_dir_all(&bin)?;
+fn snapshot(debug: &Path, tests: Vec<PathBuf>, bin: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
+    std::fs::create_dir_all(bin)?;
     let link = |from: &Path| -> Result<PathBuf> {
         let to = bin.join(from.file_name().context("binary without a name")?);
         std::fs::hard_link(from, &to)
@@ -392,7 +437,7 @@ fn snapshot(debug: &Path, tests: Vec<PathBuf>) -> Result<(PathBuf, Vec<PathBuf>)
         link(&debug.join(b))?;
     }
     let tests = tests.iter().map(|t| link(t)).collect::<Result<Vec<_>>>()?;
-    Ok((bin, tests))
+    Ok((bin.to_path_buf(), tests))
 }
 
 /// `…/deps/run-0123abcd` → `run`.
@@ -409,16 +454,16 @@ fn test_name(exe: &Path) -> String {
 
 fn run_kernel(
     package: &str,
-    work: &Path,
+    dirs: &Dirs<'_>,
     target: &Path,
     tests: &[PathBuf],
     opts: &Options,
     report: &mut Report,
 ) -> Result<()> {
-    let tree = fetch_and_extract(package, work)?;
+    let tree = fetch_and_extract(package, dirs.work)?;
     let release = kernel_release(&tree)?;
     report.release.clone_from(&release);
-    let dir = work.join("runs").join(&release);
+    let dir = dirs.run.join(&release);
     std::fs::create_dir_all(&dir)?;
     let modules = module_closure(&tree, &release)?;
     let initramfs = dir.join("initramfs.cpio");
@@ -426,14 +471,8 @@ fn run_kernel(
     let scratch = dir.join("scratch.img");
     make_scratch(&scratch)?;
     let vmlinuz = tree.join("boot").join(format!("vmlinuz-{release}"));
-    boot(
-        &vmlinuz,
-        &initramfs,
-        &scratch,
-        &dir.join("console.log"),
-        opts.timeout,
-        report,
-    )
+    let log = dirs.logs.join(format!("{release}.console.log"));
+    boot(&vmlinuz, &initramfs, &scratch, &log, opts.timeout, report)
 }
 
 /// The `.deb` (cached under `target/vm-tests/debs`) unpacked under
@@ -464,7 +503,9 @@ fn fetch_and_extract(package: &str, work: &Path) -> Result<PathBuf> {
             cached(&debs).with_context(|| format!("apt-get download {package} left no .deb"))?
         }
     };
-    let partial = work.join("kernels").join(format!("{package}.partial"));
+    let partial = work
+        .join("kernels")
+        .join(format!("{package}.partial-{}", std::process::id()));
     if partial.exists() {
         std::fs::remove_dir_all(&partial)?;
     }
