@@ -329,6 +329,41 @@ fn memory_limit_kills_with_exit_13() {
     fx.assert_ledgers_intact(&sid(&v));
 }
 
+/// `limits.cpu` is a quota (v1 cfs_quota_us, v2 cpu.max): a turn that
+/// spins for 1.5 s at 200m gets about a fifth of the time it asks for, and
+/// the cgroup's accounting (v2 cpu.stat) says so.
+#[test]
+fn cpu_quota_caps_a_busy_turn() {
+    if !require_root("cpu_quota_caps_a_busy_turn") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "t",
+        r#"{"capabilities": {"execute": ["/usr/bin/python3"]},
+            "limits": {"cpu": "200m", "timeout_seconds": 60}}"#,
+    );
+    let (status, v, stderr) = py(
+        &fx,
+        None,
+        &[],
+        "import time
+t = time.monotonic()
+while time.monotonic() - t < 1.5: pass",
+    );
+    assert_eq!(status, 0, "{stderr}");
+    let used = v["resources"]["cpu_usage_us"].as_u64().unwrap();
+    let wall_us = (v["durations"]["wall_ms"].as_f64().unwrap() * 1000.0) as u64;
+    assert!(used > 0, "{v}");
+    // 20% of the wall time, with room for one period's burst and the
+    // accounting granularity; unthrottled it would be most of the wall.
+    assert!(
+        used <= wall_us * 3 / 10 + 100_000,
+        "cpu {used} us in {wall_us} us of wall time at 200m: {v}"
+    );
+    fx.assert_ledgers_intact(&sid(&v));
+}
+
 #[test]
 fn pids_limit_refuses_forks_with_exit_13() {
     if !require_root("pids_limit_refuses_forks_with_exit_13") {
