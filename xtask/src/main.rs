@@ -4,8 +4,10 @@
 //!   missing;
 //! - `demo`:  build `supervise` and walk through a session on the example
 //!   package in `examples/workspace`;
-//! - `test`:  setup, then fmt check, clippy -D warnings, every test, and a
-//!   check that every in-scope requirement (FR-RT-0xx) has a test naming it;
+//! - `test`:  setup, then fmt check, clippy -D warnings, every test, the
+//!   red-team suite on each backend, the VM tests' reduced set
+//!   (`vm-test --ci`), and a check that every in-scope requirement
+//!   (FR-RT-0xx) has a test naming it;
 //! - `realsw`: the real-software suite in full (more CPython modules than
 //!   `test` runs, then the toolchain workflows);
 //! - `vm-test`: the integration and red-team suites inside QEMU on stock
@@ -72,7 +74,7 @@ fn main() -> Result<()> {
                 "usage: cargo xtask <setup|demo|test|redteam [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
-                 \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
+                 \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
                  \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
                  \n  realsw       CPython's regression tests inside a turn vs. outside, every module of the full set (or those named), then the toolchain workflows (root)\
                  \n  vm-test      the integration and red-team suites in QEMU on Debian kernels 6.1 and 6.12 (or --kernel SERIES|PACKAGE), pure cgroup v2 (root)\
@@ -186,6 +188,10 @@ fn test() -> Result<()> {
     // redteam::DIFFERENCES, each with its reason).
     redteam(&["--backend".to_owned(), "runc".to_owned()])?;
     redteam(&["--backend".to_owned(), "crun".to_owned()])?;
+    // The kernel matrix's reduced set (the full one is `cargo xtask
+    // vm-test`, about 40 minutes): Debian 6.1 in QEMU, pure cgroup v2,
+    // Landlock ABI 2.
+    vm::vm_test(&["--ci".to_owned()])?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }

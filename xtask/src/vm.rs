@@ -52,6 +52,14 @@ const DEFAULT_TIMEOUT_SECS: u64 = 45 * 60;
 /// One suite's budget inside the guest.
 const SUITE_TIMEOUT_SECS: u64 = 20 * 60;
 
+/// The reduced set `cargo xtask test` (CI) runs (`vm-test --ci`): the
+/// kernel that differs most from the hosts (6.1: Landlock ABI 2, pure
+/// cgroup v2), the suites that exercise the kernel (turns and their
+/// limits, health and doctor, denials, the OCI backends) and the whole
+/// red-team suite. About 8 minutes; the full matrix takes about 40.
+const CI_KERNEL: &str = "6.1";
+const CI_TESTS: &[&str] = &["run", "health", "doctor_plan", "denials", "backends"];
+
 /// Integration-test binaries that do not run in the VM, with the reason.
 const SKIPPED_TESTS: &[(&str, &str)] = &[(
     "realsw",
@@ -94,10 +102,14 @@ fn parse(args: &[String]) -> Result<Options> {
                 .tests
                 .push(it.next().context("--test needs a name")?.clone()),
             "--no-redteam" => o.redteam = false,
+            "--ci" => {
+                o.kernels.push(CI_KERNEL.to_owned());
+                o.tests.extend(CI_TESTS.iter().map(|t| (*t).to_owned()));
+            }
             "--" => o.test_args.extend(it.by_ref().cloned()),
             other => bail!(
                 "vm-test: unknown argument {other}\n\
-                 usage: cargo xtask vm-test [--kernel SERIES|PACKAGE]… [--timeout SECS] [--test NAME]… [--no-redteam] [-- TEST-ARGS]"
+                 usage: cargo xtask vm-test [--ci] [--kernel SERIES|PACKAGE]… [--timeout SECS] [--test NAME]… [--no-redteam] [-- TEST-ARGS]"
             ),
         }
     }
