@@ -1,6 +1,7 @@
 # vm-tests/guest.sh: PID 1 of the test VM after vm-tests/init switched to
-# the overlay root (run by /run/busybox sh; everything else is the host's
-# own userland, read through the 9p share).
+# the overlay root (this script travels in the initramfs and runs as
+# /run/guest.sh under /run/busybox sh; everything else is the host's own
+# userland, read through the 9p share).
 #
 # Prints what the run tested (kernel, Landlock ABI, cgroup version), runs
 # each suite named in /run/vm.env with TURNSTILE_REQUIRE_KERNEL=1 (a missing
@@ -49,6 +50,10 @@ fi
 left=$(find /sys/fs/cgroup/turnstile -mindepth 1 -type d 2>/dev/null | wc -l)
 echo "TURNSTILE-VM-INFO leftover_cgroups=$left"
 [ "$left" -eq 0 ] || status=1
+
+# The kernel's own errors and warnings during the run, for diagnosis.
+echo "TURNSTILE-VM-INFO kernel log (errors and warnings):"
+dmesg --level=emerg,alert,crit,err,warn 2>/dev/null | tail -n 20
 
 echo "TURNSTILE-VM-END status=$status"
 /run/busybox poweroff -f

@@ -725,11 +725,16 @@ fn build_initramfs(
     // The kernel opens /dev/console for init's stdio before devtmpfs exists.
     c.entry("dev/console", 0o020_600, (5, 1), &[])?;
     c.file("bin/busybox", 0o755, &std::fs::read("/bin/busybox")?)?;
-    c.file(
-        "init",
-        0o755,
-        &std::fs::read(root.join("vm-tests/init")).context("vm-tests/init")?,
-    )?;
+    // Both scripts travel in the initramfs: editing vm-tests/ during a run
+    // cannot change what a running guest's shell reads next.
+    for script in ["init", "guest.sh"] {
+        let path = root.join("vm-tests").join(script);
+        c.file(
+            script,
+            0o755,
+            &std::fs::read(&path).with_context(|| path.display().to_string())?,
+        )?;
+    }
     let mut order = String::new();
     for m in modules {
         let file = format!("{}.ko", m.name);
@@ -834,9 +839,7 @@ fn boot(
             .map(|n| n > 0)
             .unwrap_or(false)
         {
-            let text = String::from_utf8_lossy(&line)
-                .trim_end_matches(['\r', '\n'])
-                .to_owned();
+            let text = strip_escapes(String::from_utf8_lossy(&line).trim_end_matches(['\r', '\n']));
             line.clear();
             if tx.send(text).is_err() {
                 break;
@@ -878,6 +881,29 @@ fn boot(
             Some("the guest stopped without the end marker (see the console log)".into());
     }
     Ok(())
+}
+
+/// The line without terminal escape sequences (the firmware clears the
+/// screen on the serial console): `ESC [ … final-byte` and two-byte `ESC x`.
+fn strip_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.next_if_eq(&'[').is_some() {
+            for n in chars.by_ref() {
+                if ('@'..='~').contains(&n) {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -1031,6 +1057,15 @@ mod tests {
         assert_eq!(depends(ko), ["virtio", "9pnet", "virtio_ring"]);
         assert!(depends(b"\0depends=\0name=overlay\0").is_empty());
         assert_eq!(module_name("crc32c-generic.ko.xz"), "crc32c_generic");
+    }
+
+    #[test]
+    fn escapes_are_stripped() {
+        assert_eq!(
+            strip_escapes("\u{1b}c\u{1b}[?7l\u{1b}[2JSeaBIOS \u{1b}[0mok"),
+            "SeaBIOS ok"
+        );
+        assert_eq!(strip_escapes("plain"), "plain");
     }
 
     #[test]
