@@ -16,6 +16,7 @@ export RUST_BACKTRACE=1
 cd "$VM_WORKSPACE" || { echo "TURNSTILE-VM-END status=98"; /run/busybox poweroff -f; }
 
 status=0
+echo
 echo "TURNSTILE-VM-INFO kernel=$(uname -r)"
 # Pure v2: cgroup2 at /sys/fs/cgroup and no v1 hierarchy mounted anywhere.
 v1=$(awk '$3 == "cgroup" {n++} END {print n + 0}' /proc/mounts)

@@ -912,6 +912,8 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn parse_line(line: &str, current: &mut Option<String>, report: &mut Report) {
+    // The console may glue a marker to the end of firmware output.
+    let line = line.find("TURNSTILE-VM-").map_or(line, |at| &line[at..]);
     if let Some(rest) = line.strip_prefix("TURNSTILE-VM-INFO ") {
         if let Some(k) = field(rest, "kernel") {
             report.release = k.to_owned();
@@ -1083,6 +1085,7 @@ mod tests {
         let mut r = Report::default();
         let mut cur = None;
         for l in [
+            "Booting from ROM..TURNSTILE-VM-INFO kernel=6.1.0-56-amd64",
             "TURNSTILE-VM-SUITE-BEGIN test:run",
             "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 3.2s",
             "TURNSTILE-VM-SUITE-END test:run rc=0 seconds=40",
@@ -1101,6 +1104,7 @@ mod tests {
         let rt = &r.suites["redteam"];
         assert_eq!((rt.passed, rt.failed, rt.rc), (123, 3, Some(1)));
         assert_eq!(r.end_status, Some(1));
+        assert_eq!(r.release, "6.1.0-56-amd64");
         assert!(!r.ok());
     }
 }
