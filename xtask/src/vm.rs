@@ -204,7 +204,7 @@ pub fn vm_test(args: &[String]) -> Result<()> {
         report.seconds = started.elapsed().as_secs();
         reports.push(report);
     }
-    print_summary(&reports);
+    print_summary(&reports, &opts);
     if reports.iter().all(Report::ok) {
         Ok(())
     } else {
@@ -991,8 +991,15 @@ fn parse_line(line: &str, current: &mut Option<String>, report: &mut Report) {
     }
 }
 
-fn print_summary(reports: &[Report]) {
+fn print_summary(reports: &[Report], opts: &Options) {
     println!("\nvm-test matrix");
+    if opts.tests.is_empty() {
+        for (name, why) in SKIPPED_TESTS {
+            println!("not run in the VM: tests/{name}.rs — {why}");
+        }
+    } else {
+        println!("integration tests run: {} (--test)", opts.tests.join(", "));
+    }
     for r in reports {
         println!(
             "\n{} — kernel {}, Landlock ABI {}, cgroup {}, doctor {}: {} in {}s",
