@@ -13,6 +13,10 @@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root TMPDIR=/tmp LANG=C.UTF-8 TURNSTILE_REQUIRE_KERNEL=1
 export RUST_BACKTRACE=1
+# The red team's turns time out after 4 s on the host; a loaded TCG guest is
+# several times slower, and thread_bomb_limited must reach the pids limit
+# before the timeout (tests/src/redteam.rs, manifest()).
+export TURNSTILE_REDTEAM_TIMEOUT=12
 cd "$VM_WORKSPACE" || { echo "TURNSTILE-VM-END status=98"; /run/busybox poweroff -f; }
 
 status=0

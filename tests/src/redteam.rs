@@ -33,6 +33,25 @@ pub const MANIFEST: &str = r#"{
              "files": 500, "output_bytes": "64Ki"}
 }"#;
 
+/// [`MANIFEST`] with the turn timeout from `TURNSTILE_REDTEAM_TIMEOUT`
+/// (seconds, 1-600) when set: the VM tests raise it because a loaded
+/// QEMU guest without KVM is several times slower than the host, and a
+/// probe that must hit the pids limit (thread_bomb_limited) must not time
+/// out first. Every expectation stays as strict.
+pub fn manifest() -> String {
+    let secs = std::env::var("TURNSTILE_REDTEAM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=600).contains(s));
+    match secs {
+        Some(s) => MANIFEST.replace(
+            r#""timeout_seconds": 4,"#,
+            &format!(r#""timeout_seconds": {s},"#),
+        ),
+        None => MANIFEST.to_owned(),
+    }
+}
+
 /// Helpers every python probe gets.
 const PRELUDE: &str = r#"
 import os, sys, errno, ctypes, socket, signal, stat, mmap
@@ -1637,7 +1656,7 @@ impl Default for Suite {
 impl Suite {
     pub fn new() -> Self {
         let fx = Fixture::new();
-        fx.install("rt", MANIFEST);
+        fx.install("rt", &manifest());
         fx.write("data/users.csv", b"id,name\n1,ada\n");
         fx.write("data/private.txt", b"mine");
         // As real workspaces are: a 0700 root, a 0600 file.

@@ -55,3 +55,16 @@ fn kernel_differences_only_relax_over_blocking_probes() {
         assert!(!why.is_empty() && !expect.result.is_empty(), "{name}");
     }
 }
+
+/// The VM tests' longer turn timeout changes that number and nothing else.
+#[test]
+fn the_timeout_override_changes_only_the_timeout() {
+    let base = turnstile_tests::redteam::MANIFEST;
+    assert!(base.contains(r#""timeout_seconds": 4,"#));
+    let raised = base.replace(r#""timeout_seconds": 4,"#, r#""timeout_seconds": 12,"#);
+    assert_ne!(base, raised);
+    // manifest() reads the environment; without the variable it is MANIFEST.
+    if std::env::var_os("TURNSTILE_REDTEAM_TIMEOUT").is_none() {
+        assert_eq!(turnstile_tests::redteam::manifest(), base);
+    }
+}
