@@ -361,17 +361,32 @@ fn crash_a_killed_supervisor_takes_its_turn_with_it() {
     .map(|s| (*s).to_owned())
     .collect();
     let mut child = spawn(&fx, &args, false);
-    std::thread::sleep(Duration::from_millis(700));
+    // `pattern` "^/bin/sleep 1001": the command itself, not supervise
+    // (whose own command line ends with it).
+    let pgrep = |pattern: &str| {
+        Command::new("pgrep")
+            .args(["-f", pattern])
+            .output()
+            .expect("pgrep (procps) is required")
+            .stdout
+    };
+    // Kill during the command: wait until it runs (a fixed 700 ms was not
+    // enough on a loaded QEMU guest, where the kill then hit an earlier
+    // phase and the check below saw the next turn).
+    let started = Instant::now();
+    while pgrep("^/bin/sleep 1001").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the turn's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let before = 0;
     kill(&mut child, false, nix::libc::SIGKILL);
     // Without any recovery yet, no process of the turn may remain.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let alive = Command::new("pgrep")
-            .args(["-f", "/bin/sleep 1001"])
-            .output()
-            .expect("pgrep (procps) is required")
-            .stdout;
+        let alive = pgrep("/bin/sleep 1001");
         if alive.is_empty() {
             break;
         }
