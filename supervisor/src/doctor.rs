@@ -5,23 +5,11 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::sandbox::cgroup;
+use crate::sandbox::{cgroup, landlock};
 
 /// The kernel's Landlock ABI version (0 when unavailable).
 pub fn landlock_abi() -> u32 {
-    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
-    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag,
-    // landlock_create_ruleset(2) only returns the ABI version (or an error);
-    // it reads no memory and creates no descriptor.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    u32::try_from(rc).unwrap_or(0)
+    landlock::kernel_abi()
 }
 
 fn which(name: &str) -> Option<String> {
@@ -48,12 +36,23 @@ pub fn report() -> (String, Value) {
         failed.push("not running as root: the native backend needs root for namespaces, mounts and cgroups (run with sudo)".to_owned());
     }
     let abi = landlock_abi();
+    let unenforced = landlock::unenforceable_here(abi);
+    let unenforced_net = landlock::unenforceable_net_here(abi);
     if abi == 0 {
         failed.push("Landlock is unavailable: boot with lsm=...,landlock or use a kernel with CONFIG_SECURITY_LANDLOCK".into());
     } else if abi < turnstile_policy::plan::LANDLOCK_ABI {
         degraded.push(format!(
-            "Landlock ABI {abi} < {}: some rights (truncate, ioctl on devices, TCP, scoping) cannot be enforced and are recorded as degradations per turn",
-            turnstile_policy::plan::LANDLOCK_ABI
+            "Landlock ABI {abi} < {}: cannot enforce {}; recorded as degradations per turn{}",
+            turnstile_policy::plan::LANDLOCK_ABI,
+            unenforced.join(", "),
+            if unenforced_net.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (nor {}: unused while a turn's network is its own namespace)",
+                    unenforced_net.join(", ")
+                )
+            }
         ));
     }
     let seccomp = Path::new("/proc/sys/kernel/seccomp/actions_avail").exists();
@@ -99,6 +98,7 @@ pub fn report() -> (String, Value) {
         "root": root,
         "landlock_abi": abi,
         "landlock_abi_required": turnstile_policy::plan::LANDLOCK_ABI,
+        "landlock_unenforced": unenforced.iter().chain(&unenforced_net).collect::<Vec<_>>(),
         "seccomp": seccomp,
         "overlayfs": overlay,
         "user_namespaces": userns,

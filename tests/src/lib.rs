@@ -108,7 +108,28 @@ impl Fixture {
     }
 
     /// Writes `installed/<pkg>/manifest.json`.
+    /// Installs `manifest` for `pkg`. On a kernel whose Landlock lacks
+    /// rights turnstile asks for (the VM tests on 6.1 set
+    /// `TURNSTILE_TEST_ALLOW_DEGRADED=landlock`), a manifest object without
+    /// `allow_degraded` gets `["landlock"]`: every turn there is refused
+    /// otherwise (fail closed), which `install_exact` tests keep proving.
     pub fn install(&self, pkg: &str, manifest: &str) {
+        let adjusted = allow_degraded_landlock()
+            .then(|| serde_json::from_str::<Value>(manifest).ok())
+            .flatten()
+            .and_then(|mut v| {
+                let m = v.as_object_mut()?;
+                if m.contains_key("allow_degraded") {
+                    return None;
+                }
+                m.insert("allow_degraded".into(), serde_json::json!(["landlock"]));
+                Some(v.to_string())
+            });
+        self.install_exact(pkg, adjusted.as_deref().unwrap_or(manifest));
+    }
+
+    /// Installs `manifest` for `pkg` byte for byte.
+    pub fn install_exact(&self, pkg: &str, manifest: &str) {
         let dir = self.root.join("installed").join(pkg);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("manifest.json"), manifest).unwrap();
@@ -216,6 +237,63 @@ pub const HELLO_MANIFEST: &str = r#"{
   "limits": {"memory": "256Mi", "cpu": "1", "pids": 64, "timeout_seconds": 60},
   "network": "isolated"
 }"#;
+
+/// A turn's `enforcement` shows Landlock as strong as the kernel allows:
+/// `fully_enforced` at or above the ABI turnstile pins; below it (the VM
+/// tests' 6.1 has ABI 2) `partially_enforced`, with every right that ABI
+/// lacks named in `landlock.unenforced` and in `degraded` — the list is
+/// written out here from the kernel's ABI history, not taken from the
+/// supervisor.
+pub fn assert_landlock_as_strong_as_the_kernel_allows(enforcement: &Value) {
+    let abi = enforcement["landlock_abi"].as_u64().unwrap_or(0);
+    if abi >= u64::from(turnstile_policy::plan::LANDLOCK_ABI) {
+        assert_eq!(
+            enforcement["landlock_status"], "fully_enforced",
+            "{enforcement}"
+        );
+        assert_eq!(
+            enforcement["degraded"],
+            serde_json::json!([]),
+            "{enforcement}"
+        );
+        return;
+    }
+    assert_eq!(
+        enforcement["landlock_status"], "partially_enforced",
+        "{enforcement}"
+    );
+    let mut lacking = Vec::new();
+    if abi < 2 {
+        lacking.push("fs.refer");
+    }
+    if abi < 3 {
+        lacking.push("fs.truncate");
+    }
+    if abi < 5 {
+        lacking.push("fs.ioctl_dev");
+    }
+    if abi < 6 {
+        lacking.extend(["scope.abstract_unix_socket", "scope.signal"]);
+    }
+    assert_eq!(
+        enforcement["landlock"]["unenforced"],
+        serde_json::json!(lacking),
+        "{enforcement}"
+    );
+    let degraded = enforcement["degraded"].to_string();
+    for right in lacking {
+        assert!(
+            degraded.contains(right),
+            "{right} not in degraded: {enforcement}"
+        );
+    }
+}
+
+/// `TURNSTILE_TEST_ALLOW_DEGRADED=landlock`: the kernel's Landlock lacks
+/// rights, and the tests' packages accept that (see [`Fixture::install`]).
+pub fn allow_degraded_landlock() -> bool {
+    std::env::var("TURNSTILE_TEST_ALLOW_DEGRADED").as_deref() == Ok("landlock")
+}
 
 /// Kernel-dependent tests call this first. Without root they are skipped
 /// with a reason — unless `TURNSTILE_REQUIRE_KERNEL=1` (CI), where a missing

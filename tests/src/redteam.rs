@@ -33,6 +33,34 @@ pub const MANIFEST: &str = r#"{
              "files": 500, "output_bytes": "64Ki"}
 }"#;
 
+/// [`MANIFEST`] with the turn timeout from `TURNSTILE_REDTEAM_TIMEOUT`
+/// (seconds, 1-600) when set: the VM tests raise it because a loaded
+/// QEMU guest without KVM is several times slower than the host, and a
+/// probe that must hit the pids limit (thread_bomb_limited) must not time
+/// out first. Every expectation stays as strict.
+pub fn manifest() -> String {
+    let secs = std::env::var("TURNSTILE_REDTEAM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=600).contains(s));
+    let m = match secs {
+        Some(s) => MANIFEST.replace(
+            r#""timeout_seconds": 4,"#,
+            &format!(r#""timeout_seconds": {s},"#),
+        ),
+        None => MANIFEST.to_owned(),
+    };
+    // gVisor has no Landlock, and an older kernel lacks some of its rights
+    // (`TURNSTILE_TEST_ALLOW_DEGRADED=landlock`, set by the VM tests on
+    // such kernels): the package accepts that there — the point of the
+    // suite is what holds without it.
+    if backend() == "runsc" || crate::allow_degraded_landlock() {
+        m.replacen('{', "{\n  \"allow_degraded\": [\"landlock\"],", 1)
+    } else {
+        m
+    }
+}
+
 /// Helpers every python probe gets.
 const PRELUDE: &str = r#"
 import os, sys, errno, ctypes, socket, signal, stat, mmap
@@ -1737,6 +1765,49 @@ pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
     ),
 ];
 
+/// Where an older kernel legitimately differs: (the first kernel version
+/// the probe's expectation holds on, probe, what older kernels show, why).
+/// Only over-blocking probes belong here — a syscall the kernel does not
+/// have answers ENOSYS itself, which the filter's ENOSYS cannot be told
+/// apart from; a probe that an attack must fail may never be relaxed by
+/// kernel version (on a kernel lacking a layer, another layer must hold).
+pub const KERNEL_DIFFERENCES: &[((u32, u32), &str, Expect, &str)] = &[
+    (
+        (6, 10),
+        "real_program_syscalls_work",
+        ok(&["OK,OK,ENOSYS"]),
+        "mseal (462) is new in 6.10: older kernels answer ENOSYS themselves",
+    ),
+    (
+        (6, 8),
+        "newer_real_program_syscalls_reach_the_kernel",
+        ok(&[
+            "OK,OK,OK,EINVAL,ENOSYS,OK,ENOSYS,ENOSYS,EBADF",
+            "OK,OK,OK,EINVAL,EFAULT,OK,ENOSYS,ENOSYS,EBADF",
+        ]),
+        "cachestat (451) is new in 6.5, statmount/listmount (457/458) in 6.8: older kernels answer ENOSYS themselves",
+    ),
+];
+
+/// The running kernel's (major, minor).
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release
+        .trim()
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    (v.next().unwrap_or(0), v.next().unwrap_or(0))
+}
+
+/// The KERNEL_DIFFERENCES rows that apply to the running kernel.
+pub fn kernel_differences()
+-> impl Iterator<Item = &'static ((u32, u32), &'static str, Expect, &'static str)> {
+    let here = kernel_version();
+    KERNEL_DIFFERENCES
+        .iter()
+        .filter(move |(since, _, _, _)| here < *since)
+}
+
 /// Whether a DIFFERENCES row for `row` applies to `backend`.
 pub fn applies(row: &str, backend: &str) -> bool {
     row == backend || (row == "oci" && ["runc", "crun", "runsc"].contains(&backend))
@@ -1744,10 +1815,13 @@ pub fn applies(row: &str, backend: &str) -> bool {
 
 /// The expectation of `probe` on `backend`.
 pub fn expectation(probe: &Probe, backend: &str) -> Expect {
-    DIFFERENCES
+    let expect = DIFFERENCES
         .iter()
         .find(|(b, p, _, _)| applies(b, backend) && *p == probe.name)
-        .map_or(probe.expect, |(_, _, e, _)| *e)
+        .map_or(probe.expect, |(_, _, e, _)| *e);
+    kernel_differences()
+        .find(|(_, p, _, _)| *p == probe.name)
+        .map_or(expect, |(_, _, e, _)| *e)
 }
 
 /// The suite's workspace.
@@ -1773,16 +1847,7 @@ impl Default for Suite {
 impl Suite {
     pub fn new() -> Self {
         let fx = Fixture::new();
-        // gVisor has no Landlock: the package accepts that under runsc (the
-        // point of the suite there is what holds without it).
-        if backend() == "runsc" {
-            fx.install(
-                "rt",
-                &MANIFEST.replacen('{', "{\n  \"allow_degraded\": [\"landlock\"],", 1),
-            );
-        } else {
-            fx.install("rt", MANIFEST);
-        }
+        fx.install("rt", &manifest());
         fx.write("data/users.csv", b"id,name\n1,ada\n");
         fx.write("data/private.txt", b"mine");
         // As real workspaces are: a 0700 root, a 0600 file.

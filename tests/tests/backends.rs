@@ -273,3 +273,71 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
         "{v}"
     );
 }
+
+#[test]
+fn issue_15_landlock_rights_the_kernel_lacks_refuse_the_turn_unless_allowed() {
+    if !require_root("issue_15_landlock_rights_the_kernel_lacks_refuse_the_turn_unless_allowed") {
+        return;
+    }
+    let fx = fixture();
+    let doctor = Fixture::raw(&["doctor", "--json"]).json();
+    let lacking: Vec<String> = doctor["landlock_unenforced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .filter(|r| r.starts_with("fs.") || r.starts_with("scope."))
+        .collect();
+    // Byte for byte: without allow_degraded, whatever the environment.
+    fx.install_exact("strict", &strict("standard"));
+    fx.install_exact("lenient", MANIFEST);
+    let turn = |pkg: &str| {
+        let r = fx.run(
+            pkg,
+            &[
+                "--json",
+                "--backend",
+                "native",
+                "--no-outputs",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "print(1)",
+            ],
+        );
+        let v = r.json();
+        (r.status, v, r.stderr)
+    };
+    let before = fx.snapshot();
+    let (status, v, stderr) = turn("strict");
+    if lacking.is_empty() {
+        // This kernel enforces every right: the strict package runs, and
+        // its evidence names no Landlock degradation.
+        assert_eq!(status, 0, "{stderr}");
+        let sid = v["session_id"].as_str().unwrap().to_owned();
+        let ev = read_entries(&fx.ledger(&sid, "evidence"));
+        let e = &ev.last().unwrap()["enforcement"];
+        assert_eq!(e["landlock_status"], "fully_enforced", "{e}");
+    } else {
+        // It does not: refused before anything exists, naming each right.
+        assert_eq!(status, 20, "{stderr}");
+        assert_eq!(v["error"]["code"], "TS1025", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        for right in &lacking {
+            assert!(
+                message.contains(right.as_str()),
+                "{right} not named: {message}"
+            );
+        }
+        assert_eq!(before, fx.snapshot(), "a refused turn created something");
+        // The package that accepts it runs, and says what it ran without.
+        let (status, v, stderr) = turn("lenient");
+        assert_eq!(status, 0, "{stderr}");
+        let sid = v["session_id"].as_str().unwrap().to_owned();
+        let ev = read_entries(&fx.ledger(&sid, "evidence"));
+        let degraded = ev.last().unwrap()["enforcement"]["degraded"].to_string();
+        for right in &lacking {
+            assert!(degraded.contains(right.as_str()), "{right}: {degraded}");
+        }
+    }
+}

@@ -361,17 +361,32 @@ fn crash_a_killed_supervisor_takes_its_turn_with_it() {
     .map(|s| (*s).to_owned())
     .collect();
     let mut child = spawn(&fx, &args, false);
-    std::thread::sleep(Duration::from_millis(700));
+    // `pattern` "^/bin/sleep 1001": the command itself, not supervise
+    // (whose own command line ends with it).
+    let pgrep = |pattern: &str| {
+        Command::new("pgrep")
+            .args(["-f", pattern])
+            .output()
+            .expect("pgrep (procps) is required")
+            .stdout
+    };
+    // Kill during the command: wait until it runs (a fixed 700 ms was not
+    // enough on a loaded QEMU guest, where the kill then hit an earlier
+    // phase and the check below saw the next turn).
+    let started = Instant::now();
+    while pgrep("^/bin/sleep 1001").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the turn's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let before = 0;
     kill(&mut child, false, nix::libc::SIGKILL);
     // Without any recovery yet, no process of the turn may remain.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let alive = Command::new("pgrep")
-            .args(["-f", "/bin/sleep 1001"])
-            .output()
-            .expect("pgrep (procps) is required")
-            .stdout;
+        let alive = pgrep("/bin/sleep 1001");
         if alive.is_empty() {
             break;
         }
@@ -534,6 +549,52 @@ fn crash_killed_session_new_leaves_no_session_or_a_complete_one() {
             );
         }
     }
+}
+
+/// Mounts a `mib` MiB file system at `at` on which the workspace can be
+/// idmapped (the sandbox always idmaps it): tmpfs where the kernel allows
+/// idmapped tmpfs mounts (6.3 and later), else ext4 on a loop device (the
+/// VM tests' 6.1 kernel), with no blocks reserved for root so "free" means
+/// free to the supervisor too. Returns the image's temporary directory.
+fn mount_small_idmappable_fs(at: &Path, mib: u64) -> Option<tempfile::TempDir> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut v = release
+        .trim()
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    if (major, minor) >= (6, 3) {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-m", "0"])
+        .arg(&image)
+        .status()
+        .unwrap();
+    assert!(
+        mkfs.success(),
+        "mkfs.ext4 (e2fsprogs) is needed on kernels before 6.3"
+    );
+    let status = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(at)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount -o loop {}", image.display());
+    Some(dir)
 }
 
 /// A full state directory: turns fail cleanly (no panic, nothing half
@@ -705,13 +766,7 @@ fn crash_full_workspace_disk_at_commit_is_exit_1_and_nothing_lands() {
         return;
     }
     let fx = Fixture::new();
-    let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m"])
-        .arg("tmpfs")
-        .arg(&fx.root)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let _image = mount_small_idmappable_fs(&fx.root, 4);
     struct Unmount<'a>(&'a Path);
     impl Drop for Unmount<'_> {
         fn drop(&mut self) {

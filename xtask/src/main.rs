@@ -4,10 +4,14 @@
 //!   missing;
 //! - `demo`:  build `supervise` and walk through a session on the example
 //!   package in `examples/workspace`;
-//! - `test`:  setup, then fmt check, clippy -D warnings, every test, and a
-//!   check that every in-scope requirement (FR-RT-0xx) has a test naming it;
+//! - `test`:  setup, then fmt check, clippy -D warnings, every test, the
+//!   red-team suite on each backend, the VM tests' reduced set
+//!   (`vm-test --ci`), and a check that every in-scope requirement
+//!   (FR-RT-0xx) has a test naming it;
 //! - `realsw`: the real-software suite in full (more CPython modules than
-//!   `test` runs, then the toolchain workflows).
+//!   `test` runs, then the toolchain workflows);
+//! - `vm-test`: the integration and red-team suites inside QEMU on stock
+//!   Debian kernels (a matrix: 6.1 and 6.12), pure cgroup v2 (`vm.rs`).
 //!
 //! xtask depends on nothing that links a C library, so it builds on a fresh
 //! machine before `libseccomp-dev` and friends are installed.
@@ -17,6 +21,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+mod vm;
+
 /// System packages: the build (libseccomp), the schema tests
 /// (python3-jsonschema), the real-software suite (tests/tests/realsw.rs:
 /// CPython's own test suite, a C toolchain, git, venv, node) and the runc
@@ -24,7 +30,9 @@ use anyhow::{Context, Result, bail};
 /// (containerd, busybox-static for the offline images); the CRI test
 /// (containernetworking-plugins for the pod's loopback and bridge networks,
 /// iproute2 to remove the test's bridge, protobuf-compiler for the
-/// `k8s-cri` crate's generated client).
+/// `k8s-cri` crate's generated client); the VM tests
+/// (`xtask/src/vm.rs`: QEMU, a static busybox for the initramfs, mkfs.ext4
+/// for the guest's scratch disk, xz for compressed kernel modules).
 const APT_PACKAGES: &[&str] = &[
     "libseccomp-dev",
     "pkg-config",
@@ -44,6 +52,9 @@ const APT_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "iproute2",
     "protobuf-compiler",
+    "qemu-system-x86",
+    "e2fsprogs",
+    "xz-utils",
 ];
 
 /// Requirements that must each have at least one test whose name contains
@@ -65,14 +76,19 @@ fn main() -> Result<()> {
         Some("bench-shim") => bench_shim(&args[1..]),
         Some("deb") => deb(&args[1..]),
         Some("bench-serve") => bench_serve(&args[1..]),
+        Some("vm-test") => {
+            setup()?;
+            vm::vm_test(&args[1..])
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|bench|bench-shim [ROUNDS]|bench-serve|deb [--debug]|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|deb [--debug]|fr-coverage>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
-                 \n  test         fmt, clippy, all tests, red-team suite, requirement coverage (what CI runs)\
+                 \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
                  \n  redteam      hostile turns through supervise run; table; non-zero on any escape (root)\
                  \n  realsw       CPython's regression tests inside a turn vs. outside, every module of the full set (or those named), then the toolchain workflows (root)\
+                 \n  vm-test      the integration and red-team suites in QEMU on Debian kernels 6.1 and 6.12 (or --kernel SERIES|PACKAGE), pure cgroup v2 (root)\
                  \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
                  \n  deb          build target/debian/turnstile_<version>_<arch>.deb: supervise, the containerd shim, the systemd unit (--debug: debug binaries)\
@@ -187,6 +203,10 @@ fn test() -> Result<()> {
     redteam(&["--backend".to_owned(), "runc".to_owned()])?;
     redteam(&["--backend".to_owned(), "crun".to_owned()])?;
     redteam(&["--backend".to_owned(), "runsc".to_owned()])?;
+    // The kernel matrix's reduced set (the full one is `cargo xtask
+    // vm-test`, about 40 minutes): Debian 6.1 in QEMU, pure cgroup v2,
+    // Landlock ABI 2.
+    vm::vm_test(&["--ci".to_owned()])?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }

@@ -33,8 +33,13 @@ pub trait Backend {
     /// Layers (manifest `allow_degraded` names) this backend cannot enforce
     /// on any turn, each with the reason: a turn whose manifest does not
     /// list one is refused before anything runs (exit 20).
-    fn cannot_enforce(&self) -> Vec<(&'static str, &'static str)> {
-        Vec::new()
+    /// Default: what this kernel's Landlock lacks (an older kernel than
+    /// the pinned ABI: the rights it cannot enforce).
+    fn cannot_enforce(&self) -> Vec<(&'static str, String)> {
+        crate::sandbox::landlock::gaps_here()
+            .map(|why| ("landlock", why))
+            .into_iter()
+            .collect()
     }
 
     /// Builds the sandbox for `plan` in `turn` and parks it before the
@@ -91,7 +96,7 @@ pub fn by_name(
 /// Refuses (exit 20, nothing run) a turn on `backend` whose manifest does
 /// not list, in `allow_degraded`, a layer the backend cannot enforce.
 pub fn check_enforceable(backend: &dyn Backend, allowed: &[String]) -> Result<()> {
-    let missing: Vec<(&str, &str)> = backend
+    let missing: Vec<(&str, String)> = backend
         .cannot_enforce()
         .into_iter()
         .filter(|(layer, _)| !allowed.iter().any(|a| a == layer))
@@ -104,7 +109,7 @@ pub fn check_enforceable(backend: &dyn Backend, allowed: &[String]) -> Result<()
         missing: missing.iter().map(|(l, _)| (*l).to_owned()).collect(),
         why: missing
             .iter()
-            .map(|(_, w)| *w)
+            .map(|(_, w)| w.as_str())
             .collect::<Vec<_>>()
             .join("; "),
     })

@@ -267,10 +267,10 @@ impl Backend for RunscBackend {
         "runsc"
     }
 
-    fn cannot_enforce(&self) -> Vec<(&'static str, &'static str)> {
+    fn cannot_enforce(&self) -> Vec<(&'static str, String)> {
         vec![(
             "landlock",
-            "gVisor's kernel has no Landlock (its syscalls return ENOSYS)",
+            "gVisor's kernel has no Landlock (its syscalls return ENOSYS)".into(),
         )]
     }
 

@@ -105,13 +105,19 @@ impl TurnCgroup {
         let cg = match version {
             Version::V2 => {
                 let base = root.join("turnstile");
-                if !base.exists() {
-                    std::fs::create_dir(&base).map_err(io("create cgroup", &base))?;
-                    // Delegate the controllers we use to the turn cgroups.
-                    let _ =
-                        std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
-                    write(&base.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                match std::fs::create_dir(&base) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                        return Err(io("create cgroup", &base)(e));
+                    }
+                    _ => {}
                 }
+                // Delegate the controllers we use to the turn cgroups —
+                // every time, not only when we made `base`: a turn that
+                // starts while another is creating it would otherwise find
+                // the directory without its controllers (no memory.max).
+                // Enabling an enabled controller is a no-op.
+                let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                write(&base.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 let dir = base.join(name);
                 std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
                 Self {
@@ -410,6 +416,25 @@ mod tests {
         assert_eq!(read("turnstile/t1/memory.max"), (256u64 << 20).to_string());
         assert_eq!(read("turnstile/t1/cpu.max"), "50000 100000");
         assert_eq!(read("turnstile/t1/pids.max"), "64");
+    }
+
+    #[test]
+    fn v2_delegates_controllers_even_when_the_base_exists() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::write(r.join("cgroup.controllers"), "memory pids cpu").unwrap();
+        // Made by a concurrent turn that has not delegated yet.
+        std::fs::create_dir(r.join("turnstile")).unwrap();
+        let cg = TurnCgroup::create(r, "t2", &limits()).unwrap();
+        let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap();
+        assert_eq!(
+            read("turnstile/cgroup.subtree_control"),
+            "+memory +pids +cpu"
+        );
+        assert_eq!(read("cgroup.subtree_control"), "+memory +pids +cpu");
+        assert_eq!(cg.dirs(), [r.join("turnstile/t2")]);
+        // And a second turn beside it.
+        TurnCgroup::create(r, "t3", &limits()).unwrap();
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! from `RestrictionStatus` — never branch on the kernel's ABI otherwise.
 
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus,
+    PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde_json::{Value, json};
 use turnstile_policy::plan::{LANDLOCK_ABI, LandlockRules};
@@ -19,12 +19,139 @@ pub struct LandlockOutcome {
     pub kernel_abi: Option<u32>,
     /// Paths in the plan that do not exist in the sandbox (no rule added).
     pub skipped: Vec<String>,
+    /// Rights the ruleset asked for that the kernel cannot enforce
+    /// ([`unenforceable`] of the ABI it reported): the turn's Landlock
+    /// degradations.
+    pub unenforced: Vec<&'static str>,
 }
 
 impl LandlockOutcome {
     pub fn to_value(&self) -> Value {
-        json!({"status": self.status, "kernel_abi": self.kernel_abi, "requested_abi": LANDLOCK_ABI, "skipped": self.skipped})
+        json!({"status": self.status, "kernel_abi": self.kernel_abi, "requested_abi": LANDLOCK_ABI, "skipped": self.skipped, "unenforced": self.unenforced})
     }
+}
+
+/// Filesystem rights by name, as evidence and `doctor` spell them.
+const FS_RIGHTS: &[(AccessFs, &str)] = &[
+    (AccessFs::Execute, "fs.execute"),
+    (AccessFs::WriteFile, "fs.write_file"),
+    (AccessFs::ReadFile, "fs.read_file"),
+    (AccessFs::ReadDir, "fs.read_dir"),
+    (AccessFs::RemoveDir, "fs.remove_dir"),
+    (AccessFs::RemoveFile, "fs.remove_file"),
+    (AccessFs::MakeChar, "fs.make_char"),
+    (AccessFs::MakeDir, "fs.make_dir"),
+    (AccessFs::MakeReg, "fs.make_reg"),
+    (AccessFs::MakeSock, "fs.make_sock"),
+    (AccessFs::MakeFifo, "fs.make_fifo"),
+    (AccessFs::MakeBlock, "fs.make_block"),
+    (AccessFs::MakeSym, "fs.make_sym"),
+    (AccessFs::Refer, "fs.refer"),
+    (AccessFs::Truncate, "fs.truncate"),
+    (AccessFs::IoctlDev, "fs.ioctl_dev"),
+];
+
+const SCOPES: &[(Scope, &str)] = &[
+    (Scope::AbstractUnixSocket, "scope.abstract_unix_socket"),
+    (Scope::Signal, "scope.signal"),
+];
+
+const NET_RIGHTS: &[(AccessNet, &str)] = &[
+    (AccessNet::BindTcp, "net.bind_tcp"),
+    (AccessNet::ConnectTcp, "net.connect_tcp"),
+];
+
+/// Names of the rights in `wanted` but not in `available`.
+fn names<T: landlock::Access>(
+    table: &[(T, &'static str)],
+    wanted: BitFlags<T>,
+    available: BitFlags<T>,
+) -> impl Iterator<Item = &'static str> {
+    let missing = wanted & !available;
+    table
+        .iter()
+        .filter(move |(flag, _)| missing.contains(*flag))
+        .map(|(_, name)| *name)
+}
+
+/// The rights every turn's ruleset handles (filesystem and scoping at the
+/// pinned ABI) that a kernel whose effective Landlock ABI is `effective`
+/// cannot enforce. Empty at or above the pinned ABI. Network rights are
+/// not in a turn's ruleset (its network is its own namespace), see
+/// [`unenforceable_net`].
+pub fn unenforceable(effective: ABI) -> Vec<&'static str> {
+    let pinned = pinned_abi();
+    names(
+        FS_RIGHTS,
+        AccessFs::from_all(pinned),
+        AccessFs::from_all(effective),
+    )
+    .chain(names(
+        SCOPES,
+        Scope::from_all(pinned),
+        Scope::from_all(effective),
+    ))
+    .collect()
+}
+
+/// TCP bind/connect rights of the pinned ABI that `effective` lacks. No
+/// turn asks for them today (`network: isolated` is an empty namespace);
+/// `allow_egress` will, and must then treat these as degradations.
+pub fn unenforceable_net(effective: ABI) -> Vec<&'static str> {
+    names(
+        NET_RIGHTS,
+        AccessNet::from_all(pinned_abi()),
+        AccessNet::from_all(effective),
+    )
+    .collect()
+}
+
+/// [`unenforceable`] for the running kernel, probed without building a
+/// ruleset: what `doctor` lists, and what a turn may check before it
+/// launches (fail closed unless the manifest allows the degradation).
+pub fn unenforceable_here(kernel_abi: u32) -> Vec<&'static str> {
+    unenforceable(abi_of(kernel_abi))
+}
+
+/// The kernel's Landlock ABI version (0 when unavailable).
+pub fn kernel_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag,
+    // landlock_create_ruleset(2) only returns the ABI version (or an error);
+    // it reads no memory and creates no descriptor.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(rc).unwrap_or(0)
+}
+
+/// What the running kernel's Landlock cannot enforce of the pinned ABI,
+/// said as a reason (`None`: everything holds).
+pub fn gaps_here() -> Option<String> {
+    let abi = kernel_abi();
+    let missing = unenforceable_here(abi);
+    (!missing.is_empty()).then(|| {
+        format!(
+            "this kernel's Landlock (ABI {abi}) cannot enforce {}",
+            missing.join(", ")
+        )
+    })
+}
+
+/// [`unenforceable_net`] for the running kernel's ABI.
+pub fn unenforceable_net_here(kernel_abi: u32) -> Vec<&'static str> {
+    unenforceable_net(abi_of(kernel_abi))
+}
+
+/// The crate's ABI for a version number the kernel reported (newer than
+/// the crate knows: the newest it knows).
+fn abi_of(kernel_abi: u32) -> ABI {
+    ABI::from(i32::try_from(kernel_abi).unwrap_or(i32::MAX))
 }
 
 fn pinned_abi() -> ABI {
@@ -89,9 +216,11 @@ pub fn apply(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
         }
     }
     let status = created.restrict_self().map_err(|e| e.to_string())?;
-    let kernel_abi = match status.landlock {
-        LandlockStatus::Available { effective_abi, .. } => Some(effective_abi as u32),
-        _ => None,
+    let (kernel_abi, unenforced) = match status.landlock {
+        LandlockStatus::Available { effective_abi, .. } => {
+            (Some(effective_abi as u32), unenforceable(effective_abi))
+        }
+        _ => (None, unenforceable(ABI::Unsupported)),
     };
     Ok(LandlockOutcome {
         status: match status.ruleset {
@@ -101,5 +230,46 @@ pub fn apply(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
         },
         kernel_abi,
         skipped,
+        unenforced,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abi_2_lacks_truncate_ioctl_dev_and_scoping() {
+        assert_eq!(
+            unenforceable(ABI::V2),
+            [
+                "fs.truncate",
+                "fs.ioctl_dev",
+                "scope.abstract_unix_socket",
+                "scope.signal"
+            ]
+        );
+        assert_eq!(
+            unenforceable_net(ABI::V2),
+            ["net.bind_tcp", "net.connect_tcp"]
+        );
+        assert_eq!(unenforceable_here(2), unenforceable(ABI::V2));
+    }
+
+    #[test]
+    fn the_pinned_abi_and_newer_lack_nothing() {
+        for abi in [ABI::V6, ABI::V7] {
+            assert!(unenforceable(abi).is_empty(), "{abi:?}");
+            assert!(unenforceable_net(abi).is_empty(), "{abi:?}");
+        }
+        assert!(unenforceable_here(7).is_empty());
+    }
+
+    #[test]
+    fn abi_1_also_lacks_refer_and_none_lacks_everything() {
+        assert!(unenforceable(ABI::V1).contains(&"fs.refer"));
+        let none = unenforceable(ABI::Unsupported);
+        assert!(none.contains(&"fs.read_file") && none.contains(&"scope.signal"));
+        assert_eq!(unenforceable_here(0), none);
+    }
 }

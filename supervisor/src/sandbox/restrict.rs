@@ -99,6 +99,7 @@ mod tests {
             )?;
             Ok(LandlockOutcome {
                 status: self.landlock_status.unwrap_or("fully_enforced"),
+                unenforced: Vec::new(),
                 kernel_abi: Some(7),
                 skipped: Vec::new(),
             })

@@ -278,10 +278,7 @@ impl Turn<'_> {
         let landlock = o.execution.as_ref().and_then(|x| x.landlock.clone());
         if let Some(l) = &landlock {
             if l["status"] != "fully_enforced" {
-                degraded.push(format!(
-                    "landlock {}",
-                    l["status"].as_str().unwrap_or("unknown")
-                ));
+                degraded.push(landlock_degradation(l));
             }
         }
         if let Some(x) = &o.execution {
@@ -319,6 +316,27 @@ impl Turn<'_> {
             "degraded": degraded,
         })
     }
+}
+
+/// The evidence's line for a Landlock ruleset the kernel enforced only in
+/// part: the status, and the rights it could not enforce (by name, from
+/// the kernel's ABI), so the evidence says what the turn ran without.
+fn landlock_degradation(l: &Value) -> String {
+    let status = l["status"].as_str().unwrap_or("unknown");
+    let rights: Vec<&str> = l["unenforced"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if rights.is_empty() {
+        return format!("landlock {status}");
+    }
+    format!(
+        "landlock {status}: the kernel (Landlock ABI {}) cannot enforce {}",
+        l["kernel_abi"],
+        rights.join(", ")
+    )
 }
 
 impl Outcome {
@@ -363,4 +381,24 @@ pub(super) fn interrupted_message() -> String {
         "supervise received {}; the turn was killed and nothing was committed",
         crate::interrupt::received().map_or("a signal", |s| s.as_str())
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_landlock_names_the_rights_it_ran_without() {
+        let l = json!({"status": "partially_enforced", "kernel_abi": 2,
+            "unenforced": ["fs.truncate", "fs.ioctl_dev", "scope.abstract_unix_socket", "scope.signal"]});
+        assert_eq!(
+            landlock_degradation(&l),
+            "landlock partially_enforced: the kernel (Landlock ABI 2) cannot enforce fs.truncate, fs.ioctl_dev, scope.abstract_unix_socket, scope.signal"
+        );
+        // An outcome recorded before `unenforced` existed still reads.
+        assert_eq!(
+            landlock_degradation(&json!({"status": "partially_enforced"})),
+            "landlock partially_enforced"
+        );
+    }
 }

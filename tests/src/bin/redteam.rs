@@ -27,6 +27,9 @@ fn main() {
             println!("  differs on {b}: {probe}: {why}");
         }
     }
+    for ((major, minor), probe, _, why) in turnstile_tests::redteam::kernel_differences() {
+        println!("  differs on kernels before {major}.{minor}: {probe}: {why}");
+    }
     let failed = outcomes.iter().any(|o| o.verdict != Verdict::Held);
     std::process::exit(if failed { 1 } else { 0 });
 }

@@ -1,0 +1,73 @@
+# vm-tests/guest.sh: PID 1 of the test VM after vm-tests/init switched to
+# the overlay root (this script travels in the initramfs and runs as
+# /run/guest.sh under /run/busybox sh; everything else is the host's own
+# userland, read through the 9p share).
+#
+# Prints what the run tested (kernel, Landlock ABI, cgroup version), runs
+# each suite named in /run/vm.env with TURNSTILE_REQUIRE_KERNEL=1 (a missing
+# kernel feature fails, it does not skip), then the end marker
+#   TURNSTILE-VM-END status=N
+# that `cargo xtask vm-test` waits for, and powers off.
+
+. /run/vm.env
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root TMPDIR=/tmp LANG=C.UTF-8 TURNSTILE_REQUIRE_KERNEL=1
+export RUST_BACKTRACE=1
+# The red team's turns time out after 4 s on the host; a loaded TCG guest is
+# several times slower, and thread_bomb_limited must reach the pids limit
+# before the timeout (tests/src/redteam.rs, manifest()).
+export TURNSTILE_REDTEAM_TIMEOUT=12
+cd "$VM_WORKSPACE" || { echo "TURNSTILE-VM-END status=98"; /run/busybox poweroff -f; }
+
+status=0
+echo
+echo "TURNSTILE-VM-INFO kernel=$(uname -r)"
+# Pure v2: cgroup2 at /sys/fs/cgroup and no v1 hierarchy mounted anywhere.
+v1=$(awk '$3 == "cgroup" {n++} END {print n + 0}' /proc/mounts)
+v2=$(awk '$2 == "/sys/fs/cgroup" && $3 == "cgroup2" {print "yes"}' /proc/mounts)
+if [ "$v2" = yes ] && [ "$v1" -eq 0 ]; then cg=v2-pure; else cg="v2=$v2,v1-mounts=$v1"; fi
+echo "TURNSTILE-VM-INFO cgroup=$cg controllers=$(tr ' ' , < /sys/fs/cgroup/cgroup.controllers)"
+doctor=$("$VM_TARGET/supervise" doctor --json)
+echo "TURNSTILE-VM-INFO doctor=$doctor"
+# A kernel whose Landlock lacks filesystem or scoping rights turnstile asks
+# for refuses every turn whose manifest does not accept it (exit 20,
+# TS1025): the suites' packages accept it here (tests/src/lib.rs install),
+# and backends.rs proves the refusal with a package that does not.
+if echo "$doctor" | grep -Eq '"landlock_unenforced":\[[^]]*"(fs|scope)\.'; then
+	export TURNSTILE_TEST_ALLOW_DEGRADED=landlock
+	echo "TURNSTILE-VM-INFO allow_degraded=landlock"
+fi
+
+# One suite: NAME then the command. Its output goes to the console as it
+# runs; a per-suite timeout keeps a hung suite from eating the whole budget.
+suite() {
+	name=$1
+	shift
+	echo "TURNSTILE-VM-SUITE-BEGIN $name"
+	start=$(date +%s)
+	timeout -k 10 "$VM_SUITE_TIMEOUT" "$@" < /dev/null 2>&1
+	rc=$?
+	echo "TURNSTILE-VM-SUITE-END $name rc=$rc seconds=$(($(date +%s) - start))"
+	[ "$rc" -eq 0 ] || status=1
+}
+
+for t in $VM_TESTS; do
+	# Each test binary runs its tests one at a time: the guest has two
+	# vCPUs under TCG and turns share the cgroup and mount state.
+	suite "test:$(basename "$t" | sed 's/-[0-9a-f]*$//')" "$t" --test-threads=1 --color never $VM_TEST_ARGS
+done
+if [ -n "$VM_REDTEAM" ]; then
+	suite redteam "$VM_TARGET/redteam"
+fi
+
+# Nothing of a turn may outlive it: no turn cgroup is left behind.
+left=$(find /sys/fs/cgroup/turnstile -mindepth 1 -type d 2>/dev/null | wc -l)
+echo "TURNSTILE-VM-INFO leftover_cgroups=$left"
+[ "$left" -eq 0 ] || status=1
+
+# The kernel's own errors and warnings during the run, for diagnosis.
+echo "TURNSTILE-VM-INFO kernel log (errors and warnings):"
+dmesg --level=emerg,alert,crit,err,warn 2>/dev/null | tail -n 20
+
+echo "TURNSTILE-VM-END status=$status"
+/run/busybox poweroff -f
