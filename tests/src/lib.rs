@@ -114,18 +114,7 @@ impl Fixture {
     /// `allow_degraded` gets `["landlock"]`: every turn there is refused
     /// otherwise (fail closed), which `install_exact` tests keep proving.
     pub fn install(&self, pkg: &str, manifest: &str) {
-        let adjusted = allow_degraded_landlock()
-            .then(|| serde_json::from_str::<Value>(manifest).ok())
-            .flatten()
-            .and_then(|mut v| {
-                let m = v.as_object_mut()?;
-                if m.contains_key("allow_degraded") {
-                    return None;
-                }
-                m.insert("allow_degraded".into(), serde_json::json!(["landlock"]));
-                Some(v.to_string())
-            });
-        self.install_exact(pkg, adjusted.as_deref().unwrap_or(manifest));
+        self.install_exact(pkg, &for_this_kernel(manifest));
     }
 
     /// Installs `manifest` for `pkg` byte for byte.
@@ -287,6 +276,24 @@ pub fn assert_landlock_as_strong_as_the_kernel_allows(enforcement: &Value) {
             "{right} not in degraded: {enforcement}"
         );
     }
+}
+
+/// `manifest` as the tests install it on this kernel: with
+/// `allow_degraded: ["landlock"]` added to a manifest object that has none
+/// when [`allow_degraded_landlock`]; unchanged otherwise.
+pub fn for_this_kernel(manifest: &str) -> String {
+    allow_degraded_landlock()
+        .then(|| serde_json::from_str::<Value>(manifest).ok())
+        .flatten()
+        .and_then(|mut v| {
+            let m = v.as_object_mut()?;
+            if m.contains_key("allow_degraded") {
+                return None;
+            }
+            m.insert("allow_degraded".into(), serde_json::json!(["landlock"]));
+            Some(v.to_string())
+        })
+        .unwrap_or_else(|| manifest.to_owned())
 }
 
 /// `TURNSTILE_TEST_ALLOW_DEGRADED=landlock`: the kernel's Landlock lacks

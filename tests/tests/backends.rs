@@ -121,9 +121,14 @@ fn issue_10_native_runc_crun_and_runsc_commit_the_same_hash_and_block_the_same_w
         if backend == "runsc" {
             assert_eq!(enforcement["landlock_status"], "not_enforced");
             assert!(degraded.contains("landlock not_enforced"), "{degraded}");
-        } else {
+        } else if enforcement["landlock_abi"].as_u64().unwrap_or(0) >= 6 {
             assert_eq!(enforcement["landlock_status"], "fully_enforced");
             assert!(!degraded.contains("landlock"), "{degraded}");
+        } else {
+            // An older kernel (the VM tests' 6.1): what it cannot enforce is
+            // said (this package accepts it there).
+            assert_eq!(enforcement["landlock_status"], "partially_enforced");
+            assert!(degraded.contains("fs.truncate"), "{degraded}");
         }
         fx.assert_ledgers_intact(&sid);
         assert_no_cgroup_of(&sid, backend);
@@ -174,7 +179,7 @@ fn issue_10_a_layer_the_backend_cannot_enforce_refuses_the_turn_unless_allowed()
         return;
     }
     let fx = fixture();
-    fx.install("strict", &strict("standard"));
+    fx.install_exact("strict", &strict("standard"));
     let before = fx.snapshot();
     let r = fx.run(
         "strict",

@@ -647,7 +647,11 @@ fn issue_9_dev_shm_and_tmp_writes_are_recorded_in_the_evidence_and_discarded() {
     let state = home.path().join("state");
     std::fs::create_dir(&root).unwrap();
     std::fs::create_dir_all(root.join("installed/t")).unwrap();
-    std::fs::write(root.join("installed/t/manifest.json"), MANIFEST).unwrap();
+    std::fs::write(
+        root.join("installed/t/manifest.json"),
+        turnstile_tests::for_this_kernel(MANIFEST),
+    )
+    .unwrap();
     let run = |session: Option<&str>, code: &str| {
         let mut cmd = std::process::Command::new(turnstile_tests::supervise_bin());
         cmd.args(["run", "--json", "--no-outputs", "--package", "t", "--root"])
@@ -768,7 +772,11 @@ fn fr_rt_015_a_workspace_path_with_colon_and_comma_commits() {
         .unwrap();
     let root = base.path().join("ws:odd,name");
     std::fs::create_dir_all(root.join("installed/t")).unwrap();
-    std::fs::write(root.join("installed/t/manifest.json"), MANIFEST).unwrap();
+    std::fs::write(
+        root.join("installed/t/manifest.json"),
+        turnstile_tests::for_this_kernel(MANIFEST),
+    )
+    .unwrap();
     let out = std::process::Command::new(turnstile_tests::supervise_bin())
         .args(["run", "--json", "--package", "t", "--root"])
         .arg(&root)
