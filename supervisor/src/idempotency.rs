@@ -11,7 +11,9 @@
 //! Replays: a record with a result returns it (`"replayed": true`). A record
 //! without one is a turn whose supervisor died: recovery (which always runs
 //! first, under the same lock) closed it in the ledgers, so the result is
-//! rebuilt from its finish entry. Either way nothing runs and nothing is
+//! rebuilt from its finish entry — unless the turn never began (the
+//! supervisor died between the record and the intent entry: no entry of
+//! that turn exists), in which case nothing of it happened and it runs now. Either way nothing runs and nothing is
 //! appended. The same key with a different request is a conflict (exit 2,
 //! TS1008, both hashes named). Concurrent runs with one key serialize on
 //! the session lock: the first runs, the others find its record.
@@ -120,6 +122,17 @@ pub fn finish(
         &json!({"key": key, "request_hash": request_hash, "turn_number": turn_number,
             "exit_status": result.exit_status, "result": result.value, "summary": result.summary}),
     )
+}
+
+/// Whether turn `turn` of `session` began: its intent entry is in the exec
+/// ledger. A record whose turn never began is a supervisor that died
+/// between the record and the intent entry — nothing of the turn happened.
+pub fn began(session: &Session, turn: u64) -> Result<bool> {
+    Ok(session
+        .ledger(LedgerKind::Exec)
+        .verified_entries()?
+        .iter()
+        .any(|e| e["turn_number"] == turn))
 }
 
 /// What a repeated key returns: the recorded result, or — for a turn whose

@@ -187,3 +187,43 @@ fn issue_13_a_key_whose_supervisor_was_killed_mid_turn_is_not_run_again() {
     assert_eq!(started(&fx, &sid), 1);
     fx.assert_ledgers_intact(&sid);
 }
+
+/// A supervisor killed between the key's record and the turn's intent
+/// entry (found by the file bus's kill -9 scenario): the turn never began,
+/// so the key runs it now instead of failing on a finish entry that cannot
+/// exist.
+#[test]
+fn issue_13_a_key_whose_turn_never_began_runs_it() {
+    if !require_root("issue_13_a_key_whose_turn_never_began_runs_it") {
+        return;
+    }
+    use sha2::Digest;
+    let (fx, sid) = fixture();
+    let (s1, v1, e1) = run(&fx, &sid, "k", SCRIPT);
+    assert_eq!(s1, 0, "{e1}");
+    // The record a dead supervisor leaves for key k2 (the same request, so
+    // the same request hash) naming the next turn, with no result and no
+    // entry of that turn in the ledgers.
+    let dir = fx.state.join("sessions").join(&sid).join("idempotency");
+    let name = |k: &str| format!("{}.json", hex::encode(sha2::Sha256::digest(k.as_bytes())));
+    let mut record: Value =
+        serde_json::from_slice(&std::fs::read(dir.join(name("k"))).unwrap()).unwrap();
+    let next = v1["turn_number"].as_u64().unwrap() + 1;
+    let m = record.as_object_mut().unwrap();
+    m.retain(|k, _| k == "request_hash");
+    m.insert("key".into(), "k2".into());
+    m.insert("turn_number".into(), next.into());
+    std::fs::write(dir.join(name("k2")), format!("{record}\n")).unwrap();
+    let (s2, v2, e2) = run(&fx, &sid, "k2", SCRIPT);
+    assert_eq!(s2, 0, "{e2}");
+    assert_ne!(v2["replayed"], true, "{v2}");
+    assert_eq!(v2["turn_number"], next);
+    assert_eq!(started(&fx, &sid), 2);
+    let out = fx.root.join("output").join(&sid).join("n.txt");
+    assert_eq!(std::fs::read_to_string(out).unwrap(), "run run\n");
+    // And now it is recorded: the key replays.
+    let (s3, v3, _) = run(&fx, &sid, "k2", SCRIPT);
+    assert_eq!((s3, &v3["replayed"]), (0, &Value::Bool(true)));
+    assert_eq!(started(&fx, &sid), 2);
+    fx.assert_ledgers_intact(&sid);
+}

@@ -666,28 +666,7 @@ fn serve_sigterm_interrupts_in_flight_turns_and_leaves_nothing() {
     let mut daemon = Daemon::start(&fx, &[]);
     let socket = daemon.socket.clone();
     let dir = socket.parent().unwrap().to_path_buf();
-    let client = Command::new(supervise_bin())
-        .args(["run", "--json", "--server"])
-        .arg(&socket)
-        .arg("--root")
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args([
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--no-outputs",
-            "--",
-            "/bin/sleep",
-            "1004",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = served_sleep(&fx, &socket, &sid, "1004", true, Stdio::piped);
     wait_for("the turn's command", || {
         !processes_with("/bin/sleep 1004").is_empty()
     });
@@ -731,28 +710,7 @@ fn serve_client_signal_interrupts_its_turn_as_a_local_run() {
     let sid = fx.new_session();
     let daemon = Daemon::start(&fx, &[]);
     for (turn, sig) in [(1u64, nix::libc::SIGINT), (2, nix::libc::SIGHUP)] {
-        let mut client = Command::new(supervise_bin())
-            .args(["run", "--server"])
-            .arg(&daemon.socket)
-            .arg("--root")
-            .arg(&fx.root)
-            .arg("--state-dir")
-            .arg(&fx.state)
-            .args([
-                "--package",
-                "s",
-                "--session",
-                &sid,
-                "--no-outputs",
-                "--",
-                "/bin/sleep",
-                "1005",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut client = served_sleep(&fx, &daemon.socket, &sid, "1005", false, Stdio::null);
         wait_for("the turn's command", || {
             !processes_with("/bin/sleep 1005").is_empty()
         });
@@ -1215,28 +1173,7 @@ fn serve_max_turns_refuses_beyond_the_limit_and_runs_nothing() {
     let fx = fixture();
     let sid = fx.new_session();
     let daemon = Daemon::start(&fx, &["--max-turns", "1"]);
-    let mut busy = Command::new(supervise_bin())
-        .args(["run", "--server"])
-        .arg(&daemon.socket)
-        .arg("--root")
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args([
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--no-outputs",
-            "--",
-            "/bin/sleep",
-            "1008",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut busy = served_sleep(&fx, &daemon.socket, &sid, "1008", false, Stdio::null);
     wait_for("the first turn", || {
         !processes_with("/bin/sleep 1008").is_empty()
     });
@@ -1335,4 +1272,42 @@ fn serve_refuses_bad_startup_and_replaces_only_a_stale_socket() {
     let r = serve(&["--socket", file.to_str().unwrap()]);
     assert_eq!(r.status.code(), Some(2));
     assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+}
+
+/// `supervise run [--json] --server SOCKET … -- /bin/sleep SECS` in
+/// session `sid`, its output streams made by `out`.
+fn served_sleep(
+    fx: &Fixture,
+    socket: &Path,
+    sid: &str,
+    secs: &str,
+    json: bool,
+    out: fn() -> Stdio,
+) -> std::process::Child {
+    let mut c = Command::new(supervise_bin());
+    c.arg("run");
+    if json {
+        c.arg("--json");
+    }
+    c.arg("--server")
+        .arg(socket)
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            sid,
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            secs,
+        ])
+        .stdin(Stdio::null())
+        .stdout(out())
+        .stderr(out())
+        .spawn()
+        .unwrap()
 }

@@ -147,7 +147,11 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                     given: request_hash,
                 });
             }
-            return crate::idempotency::replay(&session, key, &record);
+            // A turn that never began (its supervisor died between the
+            // record and the intent entry) runs now: nothing of it happened.
+            if record.result.is_some() || crate::idempotency::began(&session, record.turn_number)? {
+                return crate::idempotency::replay(&session, key, &record);
+            }
         }
     }
     let allowed = match admission.check() {
