@@ -49,6 +49,7 @@ const APT_PACKAGES: &[&str] = &[
     "containerd",
     "busybox-static",
     "crun",
+    "runsc",
     "containernetworking-plugins",
     "iproute2",
     "protobuf-compiler",
