@@ -4,7 +4,7 @@
 //! writable scope (lower: the idmapped workspace directory; upper and
 //! work: the turn's scratch tmpfs), whose merged directories the bundle
 //! binds in; unmounted on drop, whatever step failed —, the turn's bundle
-//! over that view, and the phase laps.
+//! over that view, the phase laps, and reaping the container's process.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -151,5 +151,29 @@ impl Laps {
     /// The phases so far (taken), and the wall time since `new`.
     pub fn take(&mut self) -> (Vec<(&'static str, u64)>, std::time::Duration) {
         (std::mem::take(&mut self.phases), self.started.elapsed())
+    }
+}
+
+/// Reaps `pid` (the container's process, our child as subreaper) and says
+/// how it ended; `what` names it in a failure.
+pub fn reap(pid: i32, runtime: &str, what: &str) -> crate::sandbox::Ending {
+    use crate::sandbox::Ending;
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let status = loop {
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other,
+        }
+    };
+    match status {
+        Ok(WaitStatus::Exited(_, code)) => Ending::Exited(code),
+        Ok(WaitStatus::Signaled(_, s, _)) => Ending::Signaled {
+            signal: s as i32,
+            name: s.as_str().to_owned(),
+        },
+        other => Ending::SetupFailed {
+            stage: runtime.into(),
+            detail: format!("waiting for the {what}: {other:?}"),
+        },
     }
 }

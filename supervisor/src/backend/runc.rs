@@ -429,26 +429,7 @@ impl Sandbox for RuncSandbox {
 
     fn wait(mut self: Box<Self>) -> Result<Execution> {
         self.go.take();
-        let status = loop {
-            match nix::sys::wait::waitpid(
-                nix::unistd::Pid::from_raw(self.pid),
-                Some(nix::sys::wait::WaitPidFlag::__WALL),
-            ) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other,
-            }
-        };
-        let ending = match status {
-            Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => Ending::Exited(code),
-            Ok(nix::sys::wait::WaitStatus::Signaled(_, s, _)) => Ending::Signaled {
-                signal: s as i32,
-                name: s.as_str().to_owned(),
-            },
-            other => Ending::SetupFailed {
-                stage: "runc".into(),
-                detail: format!("waiting for the container: {other:?}"),
-            },
-        };
+        let ending = super::hostview::reap(self.pid, "runc", "container");
         self.lap("command_and_exit");
         let empty = self.cg.kill_all();
         let usage = self.cg.usage();
@@ -458,9 +439,7 @@ impl Sandbox for RuncSandbox {
         if !empty {
             return Err(err("teardown", "processes of the turn survived SIGKILL"));
         }
-        let disk_full = nix::sys::statvfs::statvfs(&self.scratch)
-            .map(|s| s.blocks_available() == 0 || s.files_available() == 0)
-            .unwrap_or(false);
+        let disk_full = crate::sandbox::scratch_full(&self.scratch);
         let landlock = self.landlock.clone();
         let ending = if landlock.is_none()
             && matches!(ending, Ending::Exited(_))

@@ -436,26 +436,10 @@ impl RunscSandbox {
 
     /// Reaps the sandbox process; its status is the command's.
     fn reap(&self) -> Ending {
-        let status = loop {
-            match nix::sys::wait::waitpid(
-                nix::unistd::Pid::from_raw(self.pid),
-                Some(nix::sys::wait::WaitPidFlag::__WALL),
-            ) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other,
-            }
-        };
-        match status {
-            Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => Self::ending(Some(code.into())),
-            // The sandbox itself was killed (a limit, the timer).
-            Ok(nix::sys::wait::WaitStatus::Signaled(_, s, _)) => Ending::Signaled {
-                signal: s as i32,
-                name: s.as_str().to_owned(),
-            },
-            other => Ending::SetupFailed {
-                stage: "runsc".into(),
-                detail: format!("waiting for the sandbox: {other:?}"),
-            },
+        // The sandbox itself killed (a limit, the timer) stays a signal.
+        match super::hostview::reap(self.pid, "runsc", "sandbox") {
+            Ending::Exited(code) => Self::ending(Some(code.into())),
+            other => other,
         }
     }
 
@@ -600,9 +584,7 @@ impl Sandbox for RunscSandbox {
             },
             (_, e) => e,
         };
-        let disk_full = nix::sys::statvfs::statvfs(&self.scratch)
-            .map(|s| s.blocks_available() == 0 || s.files_available() == 0)
-            .unwrap_or(false);
+        let disk_full = crate::sandbox::scratch_full(&self.scratch);
         let (phases, wall) = self.laps.take();
         Ok(Execution {
             ending,

@@ -214,11 +214,16 @@ impl TurnDir {
     /// Whether the scratch tmpfs is (nearly) full: the turn hit `disk` or
     /// `files`.
     pub fn scratch_full(&self) -> bool {
-        match nix::sys::statvfs::statvfs(&self.path.join(init::SCRATCH_DIR)) {
-            Ok(s) => s.blocks_available() == 0 || s.files_available() == 0,
-            Err(_) => false,
-        }
+        scratch_full(&self.path.join(init::SCRATCH_DIR))
     }
+}
+
+/// Whether the scratch tmpfs at `scratch` is full (blocks or inodes): the
+/// turn hit its `disk` or `files` limit. Every backend asks this.
+pub fn scratch_full(scratch: &Path) -> bool {
+    nix::sys::statvfs::statvfs(scratch)
+        .map(|s| s.blocks_available() == 0 || s.files_available() == 0)
+        .unwrap_or(false)
 }
 
 impl TurnDir {
@@ -506,10 +511,7 @@ impl Created {
                 "processes of the turn survived SIGKILL",
             ));
         }
-        let disk_full = match nix::sys::statvfs::statvfs(&self.scratch) {
-            Ok(s) => s.blocks_available() == 0 || s.files_available() == 0,
-            Err(_) => false,
-        };
+        let disk_full = scratch_full(&self.scratch);
         Ok(Execution {
             ending,
             timed_out: self.watch.timed_out(),
