@@ -851,6 +851,28 @@ fn grant_excluding(
 }
 
 impl Plan {
+    /// The part of the Plan a sandbox is built from before its turn is
+    /// known (a warm sandbox's pool key): everything but the command and
+    /// what follows from it alone — argv, the execute entry, cwd, the
+    /// environment, the turn number, the Landlock execute rules, the
+    /// timeout and the output budget, all of which take effect after the
+    /// sandbox is parked (the restriction and exec stage, the supervisor's
+    /// timer and pumps). Two plans with equal shapes get the same view:
+    /// the same mounts, identity, namespaces, scopes, read and write rules,
+    /// seccomp profile and cgroup limits.
+    pub fn shape(&self) -> Plan {
+        let mut s = self.clone();
+        s.argv.clear();
+        s.execute_entry.clear();
+        s.cwd.clear();
+        s.env.clear();
+        s.turn_number = 0;
+        s.landlock.execute.clear();
+        s.limits.timeout_seconds = 0;
+        s.limits.output_bytes = 0;
+        s
+    }
+
     /// Human-readable rendering for `supervise plan`.
     pub fn render_text(&self) -> String {
         let mut s = String::new();
@@ -1273,5 +1295,27 @@ mod tests {
             compile_for(m, &["/opt/ghost"], &tree()).unwrap_err(),
             PlanError::ExecutableMissing("/opt/ghost".into())
         );
+    }
+
+    #[test]
+    fn the_shape_leaves_out_only_what_follows_from_the_command() {
+        let m = r#"{"capabilities":{"read":["data/*.csv"],"execute":["/usr/bin/*"]}}"#;
+        let a = compile_for(m, &["/usr/bin/python3", "-c", "1"], &tree()).unwrap();
+        let b = compile_for(m, &["/usr/bin/python3.11", "-V"], &tree()).unwrap();
+        assert_ne!(a.argv, b.argv);
+        assert_eq!(a.shape(), b.shape());
+        // A grant that shows one more file is another view.
+        let wider = r#"{"capabilities":{"read":["data/*"],"execute":["/usr/bin/*"]}}"#;
+        let c = compile_for(wider, &["/usr/bin/python3", "-c", "1"], &tree()).unwrap();
+        assert_ne!(a.shape(), c.shape());
+        // So is another workspace state: a new file the glob matches.
+        let mut fs = tree();
+        fs.kinds.insert("/ws/data/c.csv".into(), FileKind::File);
+        let d = compile_for(m, &["/usr/bin/python3", "-c", "1"], &fs).unwrap();
+        assert_ne!(a.shape(), d.shape());
+        // Limits the sandbox is built with are part of it.
+        let tight = r#"{"capabilities":{"read":["data/*.csv"],"execute":["/usr/bin/*"]},"limits":{"memory":"64Mi"}}"#;
+        let e = compile_for(tight, &["/usr/bin/python3", "-c", "1"], &tree()).unwrap();
+        assert_ne!(a.shape(), e.shape());
     }
 }

@@ -157,6 +157,14 @@ pub struct ServeArgs {
     /// exit 1) rather than queued without bound.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_turns: usize,
+    /// Sessions that keep a warm sandbox between turns (their worker stays
+    /// with the next turn's sandbox built and parked); 0: every turn builds
+    /// its own.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub pool_size: usize,
+    /// A session's warm sandbox is discarded after this many idle seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub pool_idle_seconds: u64,
 }
 
 #[derive(Debug, Args)]
@@ -539,6 +547,8 @@ pub fn run(cli: Cli) -> Outcome {
             metrics: a.metrics,
             dry_run: a.dry_run,
             max_turns: a.max_turns,
+            pool_size: a.pool_size,
+            pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
         }),
         Command::Explain(a) => explain(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),

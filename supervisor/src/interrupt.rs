@@ -86,6 +86,13 @@ fn watch(read: OwnedFd) {
     }
 }
 
+/// Forgets a stop signal received before this turn: a `serve` worker runs
+/// one turn after another, and a signal forwarded to the last one must not
+/// interrupt the next.
+pub fn reset() {
+    SIGNAL.store(0, Ordering::SeqCst);
+}
+
 /// The signal received, if any.
 pub fn received() -> Option<Signal> {
     match SIGNAL.load(Ordering::SeqCst) {

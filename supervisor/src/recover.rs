@@ -45,6 +45,8 @@ pub struct SessionRecovery {
     pub processes_killed: usize,
     /// Turn directories unmounted and removed.
     pub turn_dirs: Vec<PathBuf>,
+    /// Warm sandboxes (`serve`) of a dead worker removed, by id.
+    pub warm: Vec<String>,
     pub tails: Vec<TailRecovery>,
     /// Commit journals settled: (turn, rolled forward?).
     pub journals: Vec<(u64, bool)>,
@@ -56,6 +58,7 @@ impl SessionRecovery {
     pub fn is_empty(&self) -> bool {
         self.cgroups.is_empty()
             && self.turn_dirs.is_empty()
+            && self.warm.is_empty()
             && self.tails.is_empty()
             && self.journals.is_empty()
             && self.closed.is_empty()
@@ -67,6 +70,7 @@ impl SessionRecovery {
             "cgroups_removed": self.cgroups,
             "processes_killed": self.processes_killed,
             "turn_dirs_removed": self.turn_dirs,
+            "warm_sandboxes_removed": self.warm,
             "ledger_tails": self.tails.iter().map(|t| json!({
                 "ledger": t.kind.as_str(), "action": t.action, "bytes": t.bytes, "sha256": t.sha256,
             })).collect::<Vec<_>>(),
@@ -132,6 +136,68 @@ fn unescape_mount_path(raw: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Removes what a dead owner left of its warm sandboxes in `session_dir`
+/// (see [`crate::sandbox::pool`]): their cgroups (killing what runs in
+/// them), turn directories and lock files. Returns their ids.
+fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<String>> {
+    use crate::sandbox::pool;
+    let mut ids = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(session_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = name.strip_prefix(pool::WARM_PREFIX) {
+            ids.insert(rest.trim_end_matches(".lock").to_owned());
+        }
+    }
+    let cg_prefix = pool::cgroup_name(sid, "");
+    let cgroups = TurnCgroup::leftovers(cgroup_root, &cg_prefix);
+    for cg in &cgroups {
+        if let Some(name) = cg.dirs().first().and_then(|d| d.file_name()) {
+            if let Some(id) = name.to_string_lossy().strip_prefix(&cg_prefix) {
+                ids.insert(id.to_owned());
+            }
+        }
+    }
+    let mut removed = Vec::new();
+    for id in ids {
+        let (alive, _held) = pool::owner_alive(session_dir, &id);
+        if alive {
+            continue;
+        }
+        let name = pool::cgroup_name(sid, &id);
+        for cg in cgroups.iter().filter(|cg| {
+            cg.dirs()
+                .first()
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n.to_string_lossy() == name)
+        }) {
+            if !cg.kill_all() {
+                return Err(SupervisorError::Sandbox {
+                    step: "recover",
+                    detail: format!("processes of a dead warm sandbox ({name}) survived SIGKILL"),
+                    source: None,
+                });
+            }
+            cg.remove();
+        }
+        remove_turn_dir(&session_dir.join(format!("{}{id}", pool::WARM_PREFIX)))?;
+        match std::fs::remove_file(pool::lock_path(session_dir, &id)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(state_io("remove a dead warm sandbox's lock", session_dir)(
+                    e,
+                ));
+            }
+        }
+        removed.push(id);
+    }
+    Ok(removed)
 }
 
 /// Turn numbers of `turn-<n>` directories and `turn-<n>.commit` journals
@@ -214,6 +280,9 @@ pub fn recover_session(
         remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }
+    // ... and the warm sandboxes of a dead `serve` worker (a live one's
+    // lock is held: it is not a leftover).
+    r.warm = sweep_warm(&state_dir, &sid, cgroup_root)?;
     // 3. Interrupted ledger appends.
     let now = rfc3339_micros(clock.now());
     let files: Vec<_> = LedgerKind::ALL.iter().map(|k| session.ledger(*k)).collect();

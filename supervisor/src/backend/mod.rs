@@ -45,6 +45,33 @@ pub trait Backend {
     /// Builds the sandbox for `plan` in `turn` and parks it before the
     /// command runs.
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>>;
+
+    /// A sandbox built before this turn from `plan`'s exact shape, if the
+    /// backend keeps one (the native backend in a `serve` worker: see
+    /// [`crate::sandbox::pool`]); `None`: the turn builds its own.
+    fn take_warm(&self, _plan: &Plan) -> Option<Warm> {
+        None
+    }
+}
+
+/// Hands a warm sandbox its turn (what `create` does for a cold one).
+pub type Begin = Box<dyn FnOnce(&Plan) -> Result<Box<dyn Sandbox>>>;
+
+/// A warm sandbox taken for a turn: its turn directory, its cgroup's name,
+/// and how to hand it the turn.
+pub struct Warm {
+    pub dir: TurnDir,
+    pub cgroup: String,
+    pub begin: Begin,
+}
+
+impl std::fmt::Debug for Warm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warm")
+            .field("dir", &self.dir)
+            .field("cgroup", &self.cgroup)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One created sandbox.

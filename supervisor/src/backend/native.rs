@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signal::Signal;
 use turnstile_policy::plan::Plan;
 
-use super::{Backend, Sandbox};
+use super::{Backend, Sandbox, Warm};
 use crate::error::Result;
 use crate::sandbox::{self, Created, Execution, TurnDir, posture::Posture};
 
@@ -34,12 +34,26 @@ impl Backend for NativeBackend {
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
+        sandbox::pool::remember(plan, &turn.path, &self.cgroup_root);
         Ok(Box::new(sandbox::create(
             plan,
             turn,
             &self.cgroup_root,
             self.json_mode,
         )?))
+    }
+
+    fn take_warm(&self, plan: &Plan) -> Option<Warm> {
+        let (dir, parked, cgroup) = sandbox::pool::take(plan)?.into_parts();
+        sandbox::pool::remember(plan, &dir.path, &self.cgroup_root);
+        let json_mode = self.json_mode;
+        Some(Warm {
+            dir,
+            cgroup,
+            begin: Box::new(move |plan| {
+                Ok(Box::new(parked.begin(plan, json_mode)?) as Box<dyn Sandbox>)
+            }),
+        })
     }
 }
 

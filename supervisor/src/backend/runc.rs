@@ -486,6 +486,7 @@ impl Sandbox for RuncSandbox {
                     self.backend.runtime
                 ),
             ],
+            warm: false,
         })
     }
 

@@ -614,6 +614,7 @@ impl Sandbox for RunscSandbox {
                 "runsc: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS".into(),
                 format!("runsc: the cgroup also holds gVisor's sentry and gofer: its pids limit is the plan's + {PIDS_OVERHEAD}, and their memory counts against the turn's limit"),
             ],
+            warm: false,
         })
     }
 

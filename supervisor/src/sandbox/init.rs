@@ -51,6 +51,16 @@ pub use super::turnpaths::{
 /// `READY_FD` when fully restricted and waits for one byte on `GO_FD`.
 pub const READY_FD: i32 = 3;
 pub const GO_FD: i32 = 4;
+/// Where S2, parked with the turn's root built, reads the turn's whole
+/// Plan (JSON, up to EOF) once the supervisor has one for it. Before it
+/// reads, S2 writes [`PARKED`] on `READY_FD`.
+pub const TURN_FD: i32 = 5;
+/// S2's byte on `READY_FD`: the root is built, the sandbox waits for its
+/// turn. (S3's "restricted, waiting for go" is [`READY`].)
+pub const PARKED: u8 = b'P';
+pub const READY: u8 = b'R';
+/// The largest turn Plan S2 accepts on `TURN_FD`.
+const MAX_TURN_PLAN: u64 = 64 << 20;
 
 /// The report channel: one JSON object per line, one `write` each.
 struct Report(File);
@@ -143,7 +153,7 @@ pub fn main(turn_dir: &Path) -> ! {
     // that has started no threads), so the child may run arbitrary code.
     match unsafe { fork() }.or_fail(&mut report, "fork pid 1") {
         ForkResult::Parent { child } => {
-            close_handshake();
+            close_handshake(&[READY_FD, GO_FD, TURN_FD]);
             // S1 only relays: the command's status travels in the report.
             let code = match waitpid(child, None) {
                 Ok(WaitStatus::Exited(_, c)) => c,
@@ -617,9 +627,44 @@ fn harden_proc(plan: &Plan, new_root: &Path, report: &mut Report) {
     }
 }
 
+/// S2, parked: the root is built. Says so on `READY_FD` and waits for the
+/// turn's Plan on `TURN_FD` — for a warm sandbox, a turn that comes later.
+/// The turn's Plan must have the shape this sandbox was built from
+/// ([`Plan::shape`]); what differs (the command, its environment and
+/// execute rules) takes effect in S3. EOF without a Plan: the sandbox was
+/// discarded, and S2 exits, taking the namespace with it.
+fn await_turn(built: &Plan, report: &mut Report) -> Plan {
+    use std::io::Read;
+    // SAFETY: READY_FD was placed by the supervisor for this process tree
+    // and stays open in S2; it is borrowed for one write.
+    let ready = unsafe { std::os::fd::BorrowedFd::borrow_raw(READY_FD) };
+    if nix::unistd::write(ready, &[PARKED]) != Ok(1) {
+        report.fail("park", "the supervisor is gone");
+    }
+    // SAFETY: TURN_FD was placed by the supervisor for S2 alone (S1 closed
+    // its copy); S2 takes ownership here and it is closed once read.
+    let turn = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(TURN_FD) };
+    let mut bytes = Vec::new();
+    turn.take(MAX_TURN_PLAN)
+        .read_to_end(&mut bytes)
+        .or_fail(report, "read the turn's plan");
+    if bytes.is_empty() {
+        // Discarded unused (a warm sandbox nobody took): not an error.
+        std::process::exit(0)
+    }
+    let plan: Plan = serde_json::from_slice(&bytes).or_fail(report, "read the turn's plan");
+    if plan.shape() != built.shape() {
+        report.fail(
+            "park",
+            "the turn's plan does not have the shape this sandbox was built from",
+        );
+    }
+    plan
+}
+
 /// S2: PID 1 of the turn.
-fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
-    harden_proc(plan, new_root, &mut report);
+fn pid1(built: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
+    harden_proc(built, new_root, &mut report);
     chdir(new_root).or_fail(&mut report, "chdir new root");
     pivot_root(".", ".oldroot").or_fail(&mut report, "pivot_root");
     chdir("/").or_fail(&mut report, "chdir /");
@@ -633,13 +678,15 @@ fn pid1(plan: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
         None::<&str>,
     )
     .or_fail(&mut report, "remount / read-only");
-    let _ = nix::unistd::sethostname(&plan.hostname);
+    let _ = nix::unistd::sethostname(&built.hostname);
+    let plan = &await_turn(built, &mut report);
 
     // SAFETY: S2 is single-threaded (forked from single-threaded S1).
     match unsafe { fork() }.or_fail(&mut report, "fork command") {
         ForkResult::Child => restrict_and_exec(plan, bpf, report),
         ForkResult::Parent { child } => {
-            close_handshake();
+            // (TURN_FD was closed once the turn's Plan was read.)
+            close_handshake(&[READY_FD, GO_FD]);
             reap(plan, child, report)
         }
     }
@@ -871,11 +918,12 @@ impl super::restrict::Kernel for RealKernel {
 
 /// Closes the handshake descriptors in a stage that does not use them, so
 /// the supervisor sees end-of-file when the command's stage dies early.
-fn close_handshake() {
-    for fd in [READY_FD, GO_FD] {
-        // SAFETY: READY_FD and GO_FD were placed by the supervisor for this
-        // process tree; nothing else in this process refers to them, so
-        // taking ownership and dropping (closing) them is sound.
+fn close_handshake(fds: &[i32]) {
+    for &fd in fds {
+        // SAFETY: the callers pass handshake descriptors the supervisor
+        // placed for this process tree that are still open here and that
+        // nothing else in this process refers to, so taking ownership and
+        // dropping (closing) them is sound.
         drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     }
 }
@@ -890,7 +938,7 @@ fn handshake() -> bool {
             std::os::fd::BorrowedFd::borrow_raw(GO_FD),
         )
     };
-    if nix::unistd::write(ready, b"R") != Ok(1) {
+    if nix::unistd::write(ready, &[READY]) != Ok(1) {
         return false;
     }
     let mut answer = [0u8; 1];

@@ -9,6 +9,7 @@ pub mod landlock;
 pub mod landlock_exec;
 pub mod mountplan;
 pub mod notify;
+pub mod pool;
 pub mod posture;
 pub mod protocol;
 pub mod restrict;
@@ -121,6 +122,9 @@ pub struct Execution {
     /// What this backend could not do as the native one does (recorded in
     /// the evidence's `enforcement.degraded`).
     pub degraded: Vec<String>,
+    /// The sandbox was built before the turn (a warm one from the pool),
+    /// not for it.
+    pub warm: bool,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -130,6 +134,9 @@ pub struct TurnDir {
     pub path: PathBuf,
     dir_mounted: bool,
     scratch_mounted: bool,
+    /// A warm sandbox's lock file (see [`pool`]), held while the directory
+    /// exists and removed with it.
+    hold: Option<(PathBuf, nix::fcntl::Flock<std::fs::File>)>,
 }
 
 impl TurnDir {
@@ -152,6 +159,7 @@ impl TurnDir {
             path,
             dir_mounted: false,
             scratch_mounted: false,
+            hold: None,
         };
         // The turn directory is scratch too (plan, seccomp program, report,
         // mount points): keep it in memory, off the disk's journal. Measured
@@ -233,9 +241,17 @@ impl TurnDir {
     pub fn remove_in_background(mut self) -> std::thread::JoinHandle<()> {
         self.unmount();
         let path = std::mem::take(&mut self.path);
+        let hold = self.hold.take();
         std::thread::spawn(move || {
             let _ = std::fs::remove_dir_all(&path);
+            release(hold);
         })
+    }
+
+    /// Keeps `lock` (a locked file at `path`) until the directory is gone,
+    /// then removes it.
+    pub(crate) fn hold(&mut self, path: PathBuf, lock: nix::fcntl::Flock<std::fs::File>) {
+        self.hold = Some((path, lock));
     }
 
     fn unmount(&mut self) {
@@ -256,6 +272,15 @@ impl Drop for TurnDir {
         if !self.path.as_os_str().is_empty() {
             let _ = std::fs::remove_dir_all(&self.path);
         }
+        release(self.hold.take());
+    }
+}
+
+/// Removes a held lock file, then unlocks it (closing it).
+fn release(hold: Option<(PathBuf, nix::fcntl::Flock<std::fs::File>)>) {
+    if let Some((path, file)) = hold {
+        let _ = std::fs::remove_file(&path);
+        drop(file);
     }
 }
 
@@ -416,6 +441,7 @@ pub struct Created {
     report_path: PathBuf,
     scratch: PathBuf,
     listener: std::result::Result<notify::Listener, String>,
+    warm: bool,
 }
 
 impl Created {
@@ -475,8 +501,9 @@ impl Created {
         let mut ephemeral = serde_json::Map::new();
         for e in &report {
             match e {
-                // The init's own laps (cumulative µs since it started).
-                InitEvent::InitLaps { us } => {
+                // The init's own laps (cumulative µs since it started; a
+                // warm sandbox's were spent before its turn).
+                InitEvent::InitLaps { us } if !self.warm => {
                     let mut prev = 0;
                     for (name, at) in us {
                         let name = match name.as_str() {
@@ -532,6 +559,7 @@ impl Created {
             denials: std::mem::replace(&mut self.listener, Err(String::new()))
                 .map(notify::Listener::finish),
             degraded: Vec::new(),
+            warm: self.warm,
         })
     }
 }
@@ -564,9 +592,76 @@ pub fn execute(
 }
 
 /// Builds the sandbox and parks it before the command's `execve` (see
-/// [`Created`]). The timeout runs from here: a sandbox that never becomes
-/// ready is killed at the deadline like any turn.
+/// [`Created`]): [`park`] then [`Parked::begin`] with the same Plan.
 pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) -> Result<Created> {
+    let cg_name = format!("{}-t{}", plan.session_id, plan.turn_number);
+    park(plan, turn, cgroup_root, &cg_name)?.begin(plan, json_mode)
+}
+
+/// A sandbox built before its turn is known: cgroup, namespaces, the new
+/// root from the Plan's shape ([`Plan::shape`]) — its PID 1 parked before
+/// the command. [`Parked::begin`] hands it a turn of that shape. Dropped
+/// without `begin`, everything of it is killed and its cgroup removed.
+#[derive(Debug)]
+pub struct Parked {
+    cg: Arc<cgroup::TurnCgroup>,
+    child: Option<std::process::Child>,
+    ready: std::os::fd::OwnedFd,
+    go: Option<std::os::fd::OwnedFd>,
+    turn: Option<std::os::fd::OwnedFd>,
+    out: Option<std::process::ChildStdout>,
+    err: Option<std::process::ChildStderr>,
+    shape: Plan,
+    /// `Some(true)` once PID 1 said it is parked, `Some(false)` if it ended
+    /// before that; `None` not asked yet.
+    parked: Option<bool>,
+    started: Instant,
+    phases: Vec<(&'static str, u64)>,
+    last: Instant,
+    seccomp_unknown: Vec<String>,
+    uppers: Vec<PathBuf>,
+    report_path: PathBuf,
+    scratch: PathBuf,
+    /// Every host path the sandbox shows (the workspace root, each mount's
+    /// source) with the file it was when the sandbox was built.
+    sources: Vec<(PathBuf, Option<(u64, u64)>)>,
+}
+
+/// The host paths a Plan's mounts show, each with the (device, inode) it
+/// is now. A bind mount or an overlay layer holds the file or directory it
+/// was made from: a path replaced since (a rename over it) would still show
+/// the old one. Read before the sandbox is built, so a replacement during
+/// the build is seen too.
+fn mount_sources(plan: &Plan) -> Vec<(PathBuf, Option<(u64, u64)>)> {
+    use std::os::unix::fs::MetadataExt;
+    use turnstile_policy::plan::Mount;
+    let host = |path: &str| -> PathBuf {
+        let in_workspace = path == plan.root || path.starts_with(&format!("{}/", plan.root));
+        match &plan.system_root {
+            Some(image) if !in_workspace => Path::new(image).join(path.trim_start_matches('/')),
+            _ => PathBuf::from(path),
+        }
+    };
+    std::iter::once(plan.root.as_str())
+        .chain(plan.mounts.iter().filter_map(|m| match m {
+            Mount::ReadOnly { path }
+            | Mount::SystemReadOnly { path }
+            | Mount::Overlay { path, .. } => Some(path.as_str()),
+            _ => None,
+        }))
+        .map(|p| {
+            let path = host(p);
+            let id = std::fs::symlink_metadata(&path)
+                .ok()
+                .map(|m| (m.dev(), m.ino()));
+            (path, id)
+        })
+        .collect()
+}
+
+/// Builds a sandbox from `plan`'s shape in `turn`, in a new cgroup named
+/// `cg_name`, up to the point where it waits for its turn.
+pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> Result<Parked> {
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut last = Instant::now();
@@ -591,15 +686,15 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
     let plan_path = turn.path.join(init::PLAN_FILE);
     std::fs::write(&plan_path, plan_bytes).map_err(sandbox_io("write plan", &plan_path))?;
     lap("seccomp_compile", &mut phases);
-    let cg_name = format!("{}-t{}", plan.session_id, plan.turn_number);
+    let sources = mount_sources(plan);
     let cg = Arc::new(cgroup::TurnCgroup::create(
         cgroup_root,
-        &cg_name,
+        cg_name,
         &plan.limits,
     )?);
     lap("cgroup_create", &mut phases);
-    let spawned = spawn_parked(plan, turn, &cg, json_mode);
-    let (child, ready_r, go_w, mut watch) = match spawned {
+    let spawned = spawn_parked(turn, &cg);
+    let (mut child, ready, go, turn_w) = match spawned {
         Ok(x) => x,
         Err(e) => {
             cg.kill_all();
@@ -608,69 +703,192 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
         }
     };
     lap("spawn", &mut phases);
-    // The timer runs from here: a sandbox that never becomes ready is
-    // killed at the deadline like any turn.
-    watch.start_timer(
-        Arc::clone(&cg),
-        Duration::from_secs(plan.limits.timeout_seconds),
-    );
-    let mut created = Created {
-        cg: Arc::clone(&cg),
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        cg.kill_all();
+        cg.remove();
+        return Err(sandbox_err("start sandbox init", "no output pipes"));
+    };
+    Ok(Parked {
+        cg,
         child: Some(child),
-        go: Some(go_w),
-        watch,
-        posture: None,
+        ready,
+        go: Some(go),
+        turn: Some(turn_w),
+        out: Some(out),
+        err: Some(err),
+        shape: plan.shape(),
+        parked: None,
+        started,
         phases,
         last,
-        started,
         seccomp_unknown: filter.unknown_syscalls,
         uppers: (0..plan.writable_scopes.len())
             .map(|i| turn.upper(i))
             .collect(),
         report_path: turn.path.join(init::REPORT_FILE),
         scratch: turn.path.join(init::SCRATCH_DIR),
-        listener: Err("the sandbox never became ready".into()),
-    };
-    // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
-    // killed the turn), inspect it from outside.
-    let mut byte = [0u8; 1];
-    if let Ok(1) = nix::unistd::read(&ready_r, &mut byte) {
-        created.lap("init_until_ready");
-        let proc_root = Path::new("/proc");
-        let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
-        let command = posture::find_command(proc_root, pid);
-        let p = match command {
-            Some(pid) => posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id()),
-            None => posture::Posture {
-                failures: vec!["the command's process was not found".into()],
-                ..posture::Posture::default()
-            },
-        };
-        // The deny list's listener, taken out of the parked command.
-        if let Some(pid) = command {
-            created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
-                .and_then(|fd| notify::Listener::spawn(fd, seccomp::notify_errnos(&plan.seccomp)))
-                .map_err(|e| format!("taking the seccomp listener: {e}"));
-        }
-        created.posture = Some(p);
+        sources,
+    })
+}
+
+impl Parked {
+    /// The shape this sandbox was built from.
+    pub fn shape(&self) -> &Plan {
+        &self.shape
     }
-    created.lap("posture");
-    Ok(created)
+
+    /// The cgroup the sandbox runs in.
+    pub fn cgroup_name(&self) -> Option<String> {
+        self.cg
+            .dirs()
+            .first()
+            .and_then(|d| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+    }
+
+    /// Whether a host path the sandbox shows is no longer the file or
+    /// directory it was built with (or appeared or vanished).
+    pub fn sources_changed(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.sources.iter().any(|(path, id)| {
+            let now = std::fs::symlink_metadata(path)
+                .ok()
+                .map(|m| (m.dev(), m.ino()));
+            now != *id
+        })
+    }
+
+    /// Waits until PID 1 is parked; `false` if it ended before (its setup
+    /// failed: the report file says why).
+    pub fn parked(&mut self) -> bool {
+        if self.parked.is_none() {
+            let mut byte = [0u8; 1];
+            let got = loop {
+                match nix::unistd::read(&self.ready, &mut byte) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    r => break r,
+                }
+            };
+            self.parked = Some(matches!(got, Ok(1)) && byte[0] == init::PARKED);
+        }
+        self.parked == Some(true)
+    }
+
+    /// Hands the sandbox its turn: `plan` must have this sandbox's shape.
+    /// Starts the turn's timer and output pumps, sends the Plan, and waits
+    /// until the command is restricted and parked before its `execve`, its
+    /// posture checked from outside (see [`Created`]). `warm`: built before
+    /// this turn was known (its build time is not this turn's).
+    pub fn begin(mut self, plan: &Plan, json_mode: bool) -> Result<Created> {
+        if plan.shape() != self.shape {
+            return Err(sandbox_err(
+                "begin turn",
+                "the turn's plan does not have the shape this sandbox was built from",
+            ));
+        }
+        let warm = self.parked.is_some();
+        if warm {
+            // Its build was not this turn's time.
+            self.phases.clear();
+            self.started = Instant::now();
+            self.last = self.started;
+        }
+        let (Some(out), Some(err)) = (self.out.take(), self.err.take()) else {
+            return Err(sandbox_err("begin turn", "the sandbox was begun before"));
+        };
+        let child = self.child.take();
+        let mut watch = Watch::pumps(out, err, plan.limits.output_bytes, json_mode);
+        // The timer runs from here: a sandbox that never becomes ready is
+        // killed at the deadline like any turn.
+        watch.start_timer(
+            Arc::clone(&self.cg),
+            Duration::from_secs(plan.limits.timeout_seconds),
+        );
+        let mut created = Created {
+            cg: Arc::clone(&self.cg),
+            child,
+            go: self.go.take(),
+            watch,
+            posture: None,
+            phases: std::mem::take(&mut self.phases),
+            last: self.last,
+            started: self.started,
+            seccomp_unknown: std::mem::take(&mut self.seccomp_unknown),
+            uppers: std::mem::take(&mut self.uppers),
+            report_path: std::mem::take(&mut self.report_path),
+            scratch: std::mem::take(&mut self.scratch),
+            listener: Err("the sandbox never became ready".into()),
+            warm,
+        };
+        if self.parked() {
+            if warm {
+                created.lap("warm_take");
+            }
+            let bytes =
+                serde_json::to_vec(plan).map_err(|e| sandbox_err("send plan", e.to_string()))?;
+            if let Some(turn) = self.turn.take() {
+                // A PID 1 that died meanwhile: EPIPE here, EOF below.
+                let _ = std::fs::File::from(turn).write_all(&bytes);
+            }
+        }
+        self.turn = None;
+        // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
+        // killed the turn), inspect it from outside.
+        let mut byte = [0u8; 1];
+        if let Ok(1) = nix::unistd::read(&self.ready, &mut byte) {
+            created.lap("init_until_ready");
+            let proc_root = Path::new("/proc");
+            let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
+            let command = posture::find_command(proc_root, pid);
+            let p = match command {
+                Some(pid) => posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id()),
+                None => posture::Posture {
+                    failures: vec!["the command's process was not found".into()],
+                    ..posture::Posture::default()
+                },
+            };
+            // The deny list's listener, taken out of the parked command.
+            if let Some(pid) = command {
+                created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
+                    .and_then(|fd| {
+                        notify::Listener::spawn(fd, seccomp::notify_errnos(&plan.seccomp))
+                    })
+                    .map_err(|e| format!("taking the seccomp listener: {e}"));
+            }
+            created.posture = Some(p);
+        }
+        created.lap("posture");
+        Ok(created)
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        // Only a sandbox never handed a turn still has its child here.
+        if let Some(mut child) = self.child.take() {
+            self.turn = None;
+            self.cg.kill_all();
+            let _ = child.wait();
+            self.cg.kill_all();
+            self.cg.remove();
+        }
+    }
 }
 
 /// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces,
-/// with the posture handshake pipes and the output pumps.
+/// with the handshake pipes: (child, ready's read end, go's write end,
+/// the turn Plan's write end).
 #[allow(clippy::type_complexity)]
 fn spawn_parked(
-    plan: &Plan,
     turn: &TurnDir,
     cg: &Arc<cgroup::TurnCgroup>,
-    json_mode: bool,
 ) -> Result<(
     std::process::Child,
     std::os::fd::OwnedFd,
     std::os::fd::OwnedFd,
-    Watch,
+    std::os::fd::OwnedFd,
 )> {
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
@@ -690,9 +908,11 @@ fn spawn_parked(
     };
     let (ready_r, ready_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
-    let (ready_child, go_child) = (
+    let (turn_r, turn_w) = pipe()?;
+    let (ready_child, go_child, turn_child) = (
         std::os::fd::AsRawFd::as_raw_fd(&ready_w),
         std::os::fd::AsRawFd::as_raw_fd(&go_r),
+        std::os::fd::AsRawFd::as_raw_fd(&turn_r),
     );
     let flags = NAMESPACES
         .iter()
@@ -734,7 +954,11 @@ fn spawn_parked(
             }
             // The handshake ends at fixed numbers (dup2 clears
             // close-on-exec; the init sets it again at once).
-            for (from, to) in [(ready_child, init::READY_FD), (go_child, init::GO_FD)] {
+            for (from, to) in [
+                (ready_child, init::READY_FD),
+                (go_child, init::GO_FD),
+                (turn_child, init::TURN_FD),
+            ] {
                 if nix::libc::dup2(from, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -745,20 +969,15 @@ fn spawn_parked(
             Ok(())
         });
     }
-    let mut child = cmd
+    let child = cmd
         .spawn()
         .map_err(|e| sandbox_err("start sandbox init", format!("{}: {e}", exe.display())))?;
     // Only the sandbox holds the child ends now: EOF on `ready` means every
     // stage that could answer is gone.
     drop(ready_w);
     drop(go_r);
-
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        let _ = child.kill();
-        return Err(sandbox_err("start sandbox init", "no output pipes"));
-    };
-    let watch = Watch::pumps(out, err, plan.limits.output_bytes, json_mode);
-    Ok((child, ready_r, go_w, watch))
+    drop(turn_r);
+    Ok((child, ready_r, go_w, turn_w))
 }
 
 fn ending_from(report: &[InitEvent]) -> Ending {

@@ -165,10 +165,18 @@ impl Metrics {
                     ("runtime_class", backend),
                 ]))
                 .inc();
-            if let Some(ms) = value["durations"]["phases_ms"]["spawn"].as_f64() {
+            // Cold: the sandbox's build (spawn) for the turn; warm: the
+            // wait for the pooled one (warm_take) — then, as for a cold one,
+            // until the command is restricted and parked (init_until_ready).
+            let phases = &value["durations"]["phases_ms"];
+            let (source, build) = match value["durations"]["sandbox"].as_str() {
+                Some("warm") => ("warm", phases["warm_take"].as_f64().unwrap_or(0.0)),
+                _ => ("cold", phases["spawn"].as_f64().unwrap_or(0.0)),
+            };
+            if let Some(ready) = phases["init_until_ready"].as_f64() {
                 self.spawn_duration
-                    .get_or_create(&labels(&[("source", "cold")]))
-                    .observe(ms / 1000.0);
+                    .get_or_create(&labels(&[("source", source)]))
+                    .observe((build + ready) / 1000.0);
             }
         }
         let reason = match status {

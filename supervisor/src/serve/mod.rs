@@ -44,6 +44,10 @@ pub struct ServeOptions {
     pub metrics: Option<std::net::SocketAddr>,
     pub dry_run: bool,
     pub max_turns: usize,
+    /// Sessions whose worker stays between turns with a warm sandbox.
+    pub pool_size: usize,
+    /// Idle time after which such a worker (and its sandbox) goes.
+    pub pool_idle: Duration,
 }
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -79,6 +83,68 @@ pub struct Daemon {
     pub bus_status: Mutex<Value>,
     uid: u32,
     max_turns: usize,
+    /// Workers kept between turns, one per session, each with the warm
+    /// sandbox of that session's next turn (see [`crate::sandbox::pool`]).
+    idle: Mutex<HashMap<String, Worker>>,
+    pool_size: usize,
+    pool_idle: Duration,
+    /// Starts workers from one long-lived thread: a worker dies with the
+    /// thread that started it (PDEATHSIG), which must be the daemon's life.
+    spawner: Mutex<std::sync::mpsc::Sender<std::sync::mpsc::SyncSender<std::io::Result<Worker>>>>,
+}
+
+/// A turn worker: its process and the daemon's end of its control socket.
+#[derive(Debug)]
+pub(crate) struct Worker {
+    child: std::process::Child,
+    pid: Pid,
+    ctl: UnixStream,
+    since: Instant,
+}
+
+impl Worker {
+    /// Starts `supervise __serve-worker` (stdout /dev/null and stderr the
+    /// daemon's log between turns); it dies with the calling thread.
+    fn start() -> std::io::Result<Self> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg(worker::SERVE_WORKER)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null());
+        // SAFETY: prctl(2) is async-signal-safe and allocates nothing; the
+        // closure touches no locks or heap. PDEATHSIG fires when the
+        // spawning thread ends: the daemon's spawner thread, which lives as
+        // long as the daemon, so only the daemon's death (kill -9) triggers
+        // it — the worker dies with it, as a `supervise run` killed
+        // outright, and recovery settles its turn and warm sandbox.
+        unsafe {
+            cmd.pre_exec(|| {
+                if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        Ok(Self {
+            pid: Pid::from_raw(child.id() as i32),
+            child,
+            ctl: ours,
+            since: Instant::now(),
+        })
+    }
+
+    /// Lets the worker go (EOF on its socket: it discards its warm sandbox
+    /// and exits) and reaps it off the caller's path.
+    fn dismiss(self) {
+        let Self { mut child, ctl, .. } = self;
+        drop(ctl);
+        let _ = std::thread::Builder::new()
+            .name("reap-worker".into())
+            .spawn(move || {
+                let _ = child.wait();
+            });
+    }
 }
 
 impl Daemon {
@@ -97,6 +163,77 @@ impl Daemon {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Sessions with a worker (and its warm sandbox) waiting.
+    pub fn warm_pool_size(&self) -> usize {
+        self.idle.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// A worker for a turn of `session`: the one waiting for it, or a new
+    /// one (from the spawner thread).
+    fn worker_for(&self, session: Option<&str>) -> Result<Worker> {
+        if let Some(w) = session.and_then(|s| self.idle.lock().ok()?.remove(s)) {
+            self.metrics
+                .warm_pool_size
+                .set(self.warm_pool_size() as i64);
+            return Ok(w);
+        }
+        let io = |e: std::io::Error| state_io("spawn turn worker", Path::new("/proc/self/exe"))(e);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.spawner
+            .lock()
+            .map_err(|_| io(std::io::Error::other("spawner lock poisoned")))?
+            .send(tx)
+            .map_err(|_| io(std::io::Error::other("the spawner thread is gone")))?;
+        rx.recv()
+            .map_err(|_| io(std::io::Error::other("the spawner thread is gone")))?
+            .map_err(io)
+    }
+
+    /// Keeps `w` for the session's next turn (within --pool-size; the
+    /// longest idle one makes room), or lets it go.
+    fn keep(&self, session: &str, mut w: Worker) {
+        if self.pool_size == 0 || self.stopping.load(Ordering::SeqCst) {
+            return w.dismiss();
+        }
+        w.since = Instant::now();
+        let Ok(mut idle) = self.idle.lock() else {
+            return w.dismiss();
+        };
+        if let Some(old) = idle.insert(session.to_owned(), w) {
+            old.dismiss();
+        }
+        while idle.len() > self.pool_size {
+            let oldest = idle
+                .iter()
+                .min_by_key(|(_, w)| w.since)
+                .map(|(k, _)| k.clone());
+            match oldest.and_then(|k| idle.remove(&k)) {
+                Some(o) => o.dismiss(),
+                None => break,
+            }
+        }
+        self.metrics.warm_pool_size.set(idle.len() as i64);
+    }
+
+    /// Lets go of workers idle longer than --pool-idle-seconds (all of
+    /// them with `all`).
+    fn expire_idle(&self, all: bool) {
+        let Ok(mut idle) = self.idle.lock() else {
+            return;
+        };
+        let expired: Vec<String> = idle
+            .iter()
+            .filter(|(_, w)| all || w.since.elapsed() >= self.pool_idle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in expired {
+            if let Some(w) = idle.remove(&k) {
+                w.dismiss();
+            }
+        }
+        self.metrics.warm_pool_size.set(idle.len() as i64);
     }
 
     fn signal_all(&self, sig: Signal) {
@@ -122,7 +259,7 @@ impl Daemon {
                 "turns_served": self.turns_served.load(Ordering::SeqCst),
                 "recovered_at_start": self.recovered.lock().map(|v| v.clone()).unwrap_or(Value::Null),
                 "metrics": self.metrics_addr,
-                "warm_pool_size": 0,
+                "warm_pool_size": self.warm_pool_size(),
                 "bus": self.bus_status.lock().map(|v| v.clone()).unwrap_or(Value::Null),
             },
         })
@@ -231,7 +368,21 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     };
     // The socket last: nothing below can fail once it exists.
     let listener = o.socket.as_deref().map(bind).transpose()?;
+    let (spawn_tx, spawn_rx) =
+        std::sync::mpsc::channel::<std::sync::mpsc::SyncSender<std::io::Result<Worker>>>();
+    let spawner = std::thread::Builder::new()
+        .name("spawner".into())
+        .spawn(move || {
+            for reply in spawn_rx {
+                let _ = reply.send(Worker::start());
+            }
+        })
+        .map_err(state_io("spawn the worker spawner thread", &state_dir))?;
     let daemon = Arc::new(Daemon {
+        idle: Mutex::new(HashMap::new()),
+        pool_size: o.pool_size,
+        pool_idle: o.pool_idle,
+        spawner: Mutex::new(spawn_tx),
         bus_status: Mutex::new(Value::Null),
         metrics,
         metrics_addr,
@@ -273,6 +424,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
             break;
         }
         threads.retain(|t| !t.is_finished());
+        daemon.expire_idle(false);
         let Some(l) = &listener else { continue };
         loop {
             match l.accept() {
@@ -312,6 +464,20 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     for t in threads.into_iter().chain(bus_thread) {
         let _ = t.join();
     }
+    // Waiting workers discard their warm sandboxes and exit.
+    let waiting: Vec<Worker> = daemon
+        .idle
+        .lock()
+        .map(|mut m| m.drain().map(|(_, w)| w).collect())
+        .unwrap_or_default();
+    for w in waiting {
+        let Worker { mut child, ctl, .. } = w;
+        drop(ctl);
+        let _ = child.wait();
+    }
+    // The spawner thread ends with the process (it waits on a channel the
+    // daemon's state holds).
+    drop(spawner);
     tracing::info!(signal = sig, interrupted, "stopped");
     Ok(Outcome {
         status: exit::OK,
@@ -336,6 +502,7 @@ fn error_reply(e: &SupervisorError, json: bool) -> Reply {
         stderr: o.stderr,
         value: json!({"error": crate::cli::error_value(e), "exit_code": e.exit_status()}),
         trust_level: None,
+        stays: false,
     }
 }
 
@@ -404,6 +571,7 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                     stderr: String::new(),
                     value: v,
                     trust_level: None,
+                    stays: false,
                 },
             );
         }
@@ -484,8 +652,9 @@ fn run_request(
     run_worker(d, n, &r, out, err, Some(conn), early)
 }
 
-/// Runs one turn in a fresh worker with `out`/`err` as its stdout/stderr;
-/// with a client connection, forwards its signals (a hang-up is SIGHUP).
+/// Runs one turn in a worker with `out`/`err` as its stdout/stderr — the
+/// session's waiting worker (with its warm sandbox) or a new one; with a
+/// client connection, forwards its signals (a hang-up is SIGHUP).
 pub(crate) fn run_worker(
     d: &Daemon,
     n: u64,
@@ -495,33 +664,26 @@ pub(crate) fn run_worker(
     conn: Option<&UnixStream>,
     early: &[u8],
 ) -> Result<Reply> {
-    let io = |op| state_io(op, Path::new("/proc/self/exe"));
-    let (ours, theirs) = UnixStream::pair().map_err(io("socketpair"))?;
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg(worker::SERVE_WORKER)
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err));
-    // SAFETY: prctl(2) is async-signal-safe and allocates nothing; the
-    // closure touches no locks or heap. PDEATHSIG fires when this thread
-    // ends, and this thread waits for the worker, so only the daemon's
-    // death (kill -9) triggers it: the worker dies with it, as a
-    // `supervise run` killed outright, and recovery settles the turn.
-    unsafe {
-        cmd.pre_exec(|| {
-            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(io("spawn turn worker"))?;
-    let pid = Pid::from_raw(child.id() as i32);
-    d.track(n, Some(pid));
-    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    let session = r.session.as_deref();
+    let job = worker::Job {
+        keep_warm: d.pool_size > 0 && session.is_some(),
+        run: r.clone(),
+    };
+    let mut line = serde_json::to_vec(&job).unwrap_or_default();
     line.push(b'\n');
-    let _ = (&ours).write_all(&line);
+    let started = Instant::now();
+    let mut w = d.worker_for(session)?;
+    if wire::send_with_fds(&w.ctl, &line, &[out.as_raw_fd(), err.as_raw_fd()]).is_err() {
+        // A waiting worker that died meanwhile: a new one.
+        w.dismiss();
+        w = d.worker_for(None)?;
+        wire::send_with_fds(&w.ctl, &line, &[out.as_raw_fd(), err.as_raw_fd()]).map_err(
+            state_io("send the turn to its worker", Path::new("/proc/self/exe")),
+        )?;
+    }
+    drop((out, err));
+    let pid = w.pid;
+    d.track(n, Some(pid));
     let mut forwarded = false;
     let deliver = |bytes: &[u8], forwarded: &mut bool| {
         for b in bytes {
@@ -538,7 +700,7 @@ pub(crate) fn run_worker(
     let mut reply_bytes = Vec::new();
     let mut client_open = conn.is_some();
     loop {
-        let mut fds = vec![PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(w.ctl.as_fd(), PollFlags::POLLIN)];
         if client_open {
             if let Some(c) = conn {
                 fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
@@ -570,7 +732,7 @@ pub(crate) fn run_worker(
         }
         if worker_ready {
             let mut b = [0u8; 65536];
-            match std::io::Read::read(&mut &ours, &mut b) {
+            match std::io::Read::read(&mut &w.ctl, &mut b) {
                 Ok(0) | Err(_) => break,
                 Ok(k) => reply_bytes.extend_from_slice(&b[..k]),
             }
@@ -580,15 +742,29 @@ pub(crate) fn run_worker(
         }
     }
     d.track(n, None);
-    let status = child.wait();
     d.turns_served.fetch_add(1, Ordering::SeqCst);
-    let end = reply_bytes
-        .iter()
-        .position(|b| *b == b'\n')
-        .unwrap_or(reply_bytes.len());
-    let reply: Reply = serde_json::from_slice(&reply_bytes[..end]).map_err(|_| SupervisorError::WorkerFailed {
-        detail: format!("the worker ended ({status:?}) without a reply; the turn's ledgers say how far it got"),
-    })?;
+    let end = reply_bytes.iter().position(|b| *b == b'\n');
+    let parsed = end.and_then(|end| serde_json::from_slice::<Reply>(&reply_bytes[..end]).ok());
+    let Some(mut reply) = parsed else {
+        let Worker { mut child, ctl, .. } = w;
+        drop(ctl);
+        let status = child.wait();
+        return Err(SupervisorError::WorkerFailed {
+            detail: format!(
+                "the worker ended ({status:?}) without a reply; the turn's ledgers say how far it got"
+            ),
+        });
+    };
+    // A worker a signal was forwarded to does not serve another turn.
+    match session {
+        Some(s) if reply.stays && !forwarded => d.keep(s, w),
+        _ => {
+            let Worker { mut child, ctl, .. } = w;
+            drop(ctl);
+            let _ = child.wait();
+        }
+    }
+    reply.stays = false;
     log_turn(&reply, started.elapsed());
     Ok(reply)
 }

@@ -136,6 +136,10 @@ pub struct Reply {
     /// The package's trust level (for the daemon's metrics).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_level: Option<String>,
+    /// Worker to daemon only: the worker stays for the session's next turn
+    /// (with its warm sandbox).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stays: bool,
 }
 
 /// Sends `line` with `fds` attached (SCM_RIGHTS) in one message.

@@ -1,39 +1,112 @@
-//! A turn worker: `supervise __serve-worker`, started by the daemon for
-//! each turn, with the client's stdout and stderr as its own and a socket
-//! to the daemon as stdin.
+//! A turn worker: `supervise __serve-worker`, started by the daemon, with
+//! a socket to the daemon as stdin. Each turn comes as one [`Job`] line
+//! with the client's stdout and stderr attached (SCM_RIGHTS); the worker
+//! makes them its own for the turn, runs it, gives them back (stdout
+//! /dev/null, stderr the daemon's log) and answers with one [`Reply`] line.
+//! With `keep_warm` it then stays for the session's next turn, with that
+//! turn's sandbox built and parked ([`crate::sandbox::pool`]), until the
+//! daemon closes the socket.
 //!
-//! Why a re-executed process per turn rather than a thread of the daemon:
-//! a turn relies on process-global state — the SIGTERM/SIGINT/SIGHUP
-//! handlers and the single "running turn" slot of [`crate::interrupt`],
-//! the child-subreaper flag the OCI backends set, and the output pumps that
+//! Why a re-executed process rather than a thread of the daemon: a turn
+//! relies on process-global state — the SIGTERM/SIGINT/SIGHUP handlers and
+//! the single "running turn" slot of [`crate::interrupt`], the
+//! child-subreaper flag the OCI backends set, and the output pumps that
 //! copy the command's output into *this process's* stdout/stderr. Two turns
-//! in one process would interrupt each other and mix their output. A fresh
-//! process also gives the daemon's turn exactly the code path, evidence and
-//! exit statuses of `supervise run`. It costs one exec (~1 ms).
+//! in one process at once would interrupt each other and mix their output;
+//! one after another (a session's turns are serialized anyway) they do not.
+//! A worker process also gives the daemon's turn exactly the code path,
+//! evidence and exit statuses of `supervise run`.
 
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use super::wire::{Reply, RunRequest, read_line};
+use serde::{Deserialize, Serialize};
+
+use super::wire::{Reply, RunRequest, recv_line_with_fds};
 use crate::error::{Result, SupervisorError};
 use crate::turn::RunOptions;
 
 /// argv[1] of a turn worker.
 pub const SERVE_WORKER: &str = "__serve-worker";
 
-/// Runs the worker; returns its process exit status (0: a reply was sent).
+/// One turn for a worker (daemon to worker).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    /// Stay afterwards for the session's next turn, with its sandbox warm.
+    pub keep_warm: bool,
+    pub run: RunRequest,
+}
+
+/// Runs the worker; returns its process exit status.
 pub fn main() -> u8 {
     // SAFETY: fd 0 is the socket the daemon passed as stdin; this process
     // owns it and nothing else in the process uses it.
     let stdin = unsafe { OwnedFd::from_raw_fd(0) };
-    let mut sock = UnixStream::from(stdin);
-    let line = match read_line(&mut sock, super::wire::MAX_REQUEST_LINE) {
-        Ok(l) => l,
-        Err(_) => return 1,
+    let sock = UnixStream::from(stdin);
+    // The descriptors 1 and 2 go back to between turns.
+    let (Ok(home_out), Ok(home_err)) = (
+        std::io::stdout().as_fd().try_clone_to_owned(),
+        std::io::stderr().as_fd().try_clone_to_owned(),
+    ) else {
+        return 1;
     };
+    let mut status = 0;
+    loop {
+        let (line, _, fds) = match recv_line_with_fds(&sock) {
+            Ok(x) if !x.0.is_empty() => x,
+            // EOF: the daemon let this worker go.
+            _ => break,
+        };
+        let job: std::result::Result<Job, _> = serde_json::from_slice(&line);
+        let keep = job.as_ref().is_ok_and(|j| j.keep_warm);
+        if keep && crate::sandbox::pool::enable().is_err() {
+            status = 1;
+            break;
+        }
+        // The client's descriptors are this turn's stdout and stderr.
+        if let [out, err] = fds.as_slice() {
+            if nix::unistd::dup2_stdout(out).is_err() || nix::unistd::dup2_stderr(err).is_err() {
+                status = 1;
+                break;
+            }
+        }
+        drop(fds);
+        crate::interrupt::reset();
+        let reply = turn(job);
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // Never hold the client's descriptors while waiting: a reader of
+        // them waits for every writer to close.
+        if nix::unistd::dup2_stdout(&home_out).is_err()
+            || nix::unistd::dup2_stderr(&home_err).is_err()
+        {
+            status = 1;
+            break;
+        }
+        let mut text = serde_json::to_vec(&Reply {
+            stays: keep,
+            ..reply
+        })
+        .unwrap_or_default();
+        text.push(b'\n');
+        if (&sock).write_all(&text).is_err() || !keep {
+            break;
+        }
+    }
+    crate::sandbox::pool::drain();
+    status
+}
+
+/// Runs one job; the reply (the turn's output already written to the
+/// client's descriptors).
+fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
     let mut trust_level = None;
-    let (outcome, value) = match options(&line) {
+    let parsed = job
+        .map_err(|e| SupervisorError::invalid("request", e.to_string()))
+        .and_then(|j| to_options(&j.run));
+    let (outcome, value) = match parsed {
         Ok((opts, events)) => {
             let r = crate::cli::run_turn_outcome(&opts, events.as_deref());
             trust_level = turnstile_policy::PackageId::parse(&opts.package)
@@ -50,27 +123,15 @@ pub fn main() -> u8 {
     let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().write_all(outcome.stderr.as_bytes());
-    let reply = Reply {
+    Reply {
         exit_status: outcome.status,
         printed: true,
         stdout: String::new(),
         stderr: outcome.stderr,
         value,
         trust_level,
-    };
-    let mut text = serde_json::to_vec(&reply).unwrap_or_default();
-    text.push(b'\n');
-    match sock.write_all(&text) {
-        Ok(()) => 0,
-        Err(_) => 1,
+        stays: false,
     }
-}
-
-/// The worker's RunOptions from a request the daemon already validated.
-fn options(line: &[u8]) -> Result<(RunOptions, Option<std::path::PathBuf>)> {
-    let r: RunRequest = serde_json::from_slice(line)
-        .map_err(|e| SupervisorError::invalid("request", e.to_string()))?;
-    to_options(&r)
 }
 
 /// `supervise run`'s options for a daemon request (the state directory is

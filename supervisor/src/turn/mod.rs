@@ -375,23 +375,31 @@ impl Turn<'_> {
                 return Outcome::from_error(&e, Some(plan));
             }
         }
-        let turn_dir = match TurnDir::create(turn_path, &plan) {
-            Ok(d) => d,
-            Err(e) => return Outcome::from_error(&e, Some(plan)),
+        // A sandbox built before the turn from this plan's shape (serve's
+        // warm pool), or one built now.
+        let warm = self.backend.take_warm(&plan);
+        let (turn_dir, cgroup, begin) = match warm {
+            Some(w) => (w.dir, w.cgroup, Some(w.begin)),
+            None => match TurnDir::create(turn_path, &plan) {
+                Ok(d) => (
+                    d,
+                    format!("{}-t{}", plan.session_id, plan.turn_number),
+                    None,
+                ),
+                Err(e) => return Outcome::from_error(&e, Some(plan)),
+            },
         };
         phases.push(("prepare", lap(clock)));
         // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
-        crate::interrupt::register(Some((
-            self.opts.cgroup_root.clone(),
-            format!("{}-t{}", plan.session_id, plan.turn_number),
-        )));
-        let executed = self
-            .backend
-            .create(&plan, &turn_dir)
-            .and_then(|mut sandbox| {
-                sandbox.start();
-                sandbox.wait()
-            });
+        crate::interrupt::register(Some((self.opts.cgroup_root.clone(), cgroup)));
+        let created = match begin {
+            Some(begin) => begin(&plan),
+            None => self.backend.create(&plan, &turn_dir),
+        };
+        let executed = created.and_then(|mut sandbox| {
+            sandbox.start();
+            sandbox.wait()
+        });
         crate::interrupt::register(None);
         let execution = match executed {
             Ok(x) => x,
@@ -529,6 +537,10 @@ impl Turn<'_> {
             }
         }
         phases.push(("commit", lap(clock)));
+        // The workspace is as the next turn will find it: a serve worker
+        // builds that turn's sandbox now, while this one's entries are
+        // written (a no-op elsewhere).
+        crate::sandbox::pool::refill();
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
         outcome.cleanup = Some(turn_dir.remove_in_background());

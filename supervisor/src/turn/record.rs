@@ -248,6 +248,13 @@ impl Turn<'_> {
             "ledgers": ledgers(self.session),
             "durations": {
                 "wall_ms": wall_us as f64 / 1000.0,
+                // Whether the sandbox was built for this turn (cold) or
+                // before it, from this plan's shape (serve's warm pool).
+                "sandbox": match &o.execution {
+                    Some(x) if x.warm => "warm",
+                    Some(_) => "cold",
+                    None => "none",
+                },
                 "ledger_entries_ms": self.started.elapsed().as_micros() as f64 / 1000.0 - wall_us as f64 / 1000.0,
                 "phases_ms": o.phases.iter().map(|(k, v)| ((*k).to_owned(), json!(*v as f64 / 1000.0))).collect::<serde_json::Map<String, Value>>(),
             },

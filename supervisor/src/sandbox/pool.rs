@@ -1,0 +1,282 @@
+//! Warm sandboxes (`supervise serve`): a session's worker, after a turn,
+//! builds the sandbox of the session's next turn from the shape of the
+//! last Plan ([`Plan::shape`]: cgroup, namespaces, the new root with every
+//! mount) and parks its PID 1 before the command. The next turn takes it
+//! when the Plan compiled for it has exactly that shape; otherwise the warm
+//! sandbox is discarded and the turn builds its own (cold), as `supervise
+//! run` always does. The Plan is compiled for every turn from the manifest
+//! and the workspace as they are then, so a manifest or workspace change
+//! that changes the view changes the shape.
+//!
+//! One warm sandbox per process at most (a worker serves one session). It
+//! lives in the session's state directory as `warm-<id>` (its turn
+//! directory), `warm-<id>.lock` (locked by the owner for as long as the
+//! sandbox exists) and the cgroup `<session>-w<id>`; its init dies with the
+//! owner (PDEATHSIG), and recovery removes what a dead owner left (any of
+//! the three whose lock is not held): [`crate::recover`].
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use nix::fcntl::{Flock, FlockArg};
+use turnstile_policy::plan::Plan;
+
+use super::{Parked, TurnDir};
+use crate::error::{Result, SupervisorError};
+
+/// Names of a warm sandbox's turn directory and lock file start so.
+pub const WARM_PREFIX: &str = "warm-";
+
+/// The cgroup of warm sandbox `id` of session `sid`.
+pub fn cgroup_name(sid: &str, id: &str) -> String {
+    format!("{sid}-w{id}")
+}
+
+/// The lock file of warm sandbox `id` in `session_dir`.
+pub fn lock_path(session_dir: &Path, id: &str) -> PathBuf {
+    session_dir.join(format!("{WARM_PREFIX}{id}.lock"))
+}
+
+/// A warm sandbox: parked, in its own turn directory.
+#[derive(Debug)]
+pub struct Warm {
+    // Dropped in this order: the processes first, then their mounts.
+    parked: Parked,
+    dir: TurnDir,
+    cgroup: String,
+}
+
+impl Warm {
+    /// (turn directory, the parked sandbox, its cgroup's name).
+    pub fn into_parts(self) -> (TurnDir, Parked, String) {
+        (self.dir, self.parked, self.cgroup)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Last {
+    plan: Plan,
+    session_dir: PathBuf,
+    cgroup_root: PathBuf,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Empty,
+    /// The pool thread is building one.
+    Building,
+    Ready(Box<Warm>),
+}
+
+#[derive(Debug)]
+struct Pool {
+    /// The pool thread's queue (`None`: pooling is off in this process).
+    builder: Option<std::sync::mpsc::Sender<Last>>,
+    last: Option<Last>,
+    slot: Slot,
+    made: u64,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    builder: None,
+    last: None,
+    slot: Slot::Empty,
+    made: 0,
+});
+static BUILT: Condvar = Condvar::new();
+
+fn pool() -> MutexGuard<'static, Pool> {
+    POOL.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Lets this process keep a warm sandbox (a `serve` worker; `supervise run`
+/// never does: nothing would take it). Starts the pool thread, which
+/// builds them: a sandbox's init dies with the thread that started it, so
+/// that thread lives as long as the process.
+pub fn enable() -> Result<()> {
+    let mut p = pool();
+    if p.builder.is_some() {
+        return Ok(());
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Last>();
+    std::thread::Builder::new()
+        .name("warm-pool".into())
+        .spawn(move || {
+            for last in rx {
+                let built = build(&last);
+                let mut p = pool();
+                p.slot = match built {
+                    Ok(w) => Slot::Ready(Box::new(w)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not build a warm sandbox; the next turn builds its own");
+                        Slot::Empty
+                    }
+                };
+                BUILT.notify_all();
+            }
+        })
+        .map_err(|e| SupervisorError::Sandbox {
+            step: "start the warm pool",
+            detail: e.to_string(),
+            source: Some(e),
+        })?;
+    p.builder = Some(tx);
+    Ok(())
+}
+
+/// Records the Plan a native turn runs with: the next warm sandbox is built
+/// from its shape. `turn_dir` is the turn's directory (in the session's
+/// state directory).
+pub fn remember(plan: &Plan, turn_dir: &Path, cgroup_root: &Path) {
+    let mut p = pool();
+    if p.builder.is_none() {
+        return;
+    }
+    if let Some(session_dir) = turn_dir.parent() {
+        p.last = Some(Last {
+            plan: plan.clone(),
+            session_dir: session_dir.to_path_buf(),
+            cgroup_root: cgroup_root.to_path_buf(),
+        });
+    }
+}
+
+/// Waits while the pool thread builds; returns the guard.
+fn settled() -> MutexGuard<'static, Pool> {
+    let mut p = pool();
+    while matches!(p.slot, Slot::Building) {
+        p = BUILT
+            .wait(p)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+    p
+}
+
+/// The warm sandbox, when it was built from exactly `plan`'s shape (the
+/// same session, mounts, limits…), every host path it shows is still the
+/// file or directory it was built with, and its PID 1 is parked; anything
+/// else is discarded (killed, unmounted, removed) and the turn builds cold.
+pub fn take(plan: &Plan) -> Option<Warm> {
+    let slot = std::mem::replace(&mut settled().slot, Slot::Empty);
+    let Slot::Ready(mut warm) = slot else {
+        return None;
+    };
+    if warm.parked.shape() != &plan.shape() {
+        tracing::debug!("warm sandbox discarded: the turn's plan has another shape");
+        return None;
+    }
+    if warm.parked.sources_changed() {
+        tracing::debug!("warm sandbox discarded: a path it shows was replaced since it was built");
+        return None;
+    }
+    if !warm.parked.parked() {
+        tracing::warn!("warm sandbox discarded: its init ended before it was parked");
+        return None;
+    }
+    Some(*warm)
+}
+
+/// Whether a warm sandbox is waiting or being built.
+pub fn is_warm() -> bool {
+    !matches!(pool().slot, Slot::Empty)
+}
+
+/// Has the pool thread build the warm sandbox for the session's next turn
+/// from the last Plan's shape, if pooling is on and none is waiting. Call
+/// once the turn's commit is done (the sandbox shows the workspace as the
+/// next turn will find it).
+pub fn refill() {
+    let mut p = pool();
+    if !matches!(p.slot, Slot::Empty) {
+        return;
+    }
+    let (Some(tx), Some(last)) = (&p.builder, &p.last) else {
+        return;
+    };
+    if tx.send(last.clone()).is_ok() {
+        p.slot = Slot::Building;
+    }
+}
+
+/// Builds a warm sandbox in the session's state directory: its lock file
+/// first (created already locked: an O_TMPFILE file linked into place, so
+/// no recovery ever sees it unlocked while its owner lives), then the turn
+/// directory and the parked sandbox.
+fn build(last: &Last) -> Result<Warm> {
+    let id = {
+        let mut p = pool();
+        p.made += 1;
+        format!("{}-{}", std::process::id(), p.made)
+    };
+    let lock_file = lock_path(&last.session_dir, &id);
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source: std::io::Error| SupervisorError::StateIo { op, path, source }
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_TMPFILE | nix::libc::O_CLOEXEC)
+        .open(&last.session_dir)
+        .map_err(io("create a warm sandbox's lock", &last.session_dir))?;
+    let file = lock_exclusive(file, &lock_file)?;
+    let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&*file));
+    nix::unistd::linkat(
+        nix::fcntl::AT_FDCWD,
+        fd_path.as_str(),
+        nix::fcntl::AT_FDCWD,
+        &lock_file,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    )
+    .map_err(|e| io("link a warm sandbox's lock", &lock_file)(e.into()))?;
+    let mut dir = match TurnDir::create(
+        last.session_dir.join(format!("{WARM_PREFIX}{id}")),
+        &last.plan,
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = std::fs::remove_file(&lock_file);
+            return Err(e);
+        }
+    };
+    dir.hold(lock_file, file);
+    let cgroup = cgroup_name(&last.plan.session_id, &id);
+    let parked = super::park(&last.plan, &dir, &last.cgroup_root, &cgroup)?;
+    Ok(Warm {
+        parked,
+        dir,
+        cgroup,
+    })
+}
+
+/// Discards the warm sandbox, if any (the worker is going away).
+pub fn drain() {
+    let slot = std::mem::replace(&mut settled().slot, Slot::Empty);
+    drop(slot);
+}
+
+fn lock_exclusive(file: File, path: &Path) -> Result<Flock<File>> {
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        SupervisorError::StateIo {
+            op: "lock a warm sandbox",
+            path: path.to_path_buf(),
+            source: errno.into(),
+        }
+    })
+}
+
+/// Whether the owner of warm sandbox `id` is alive (holds its lock). When
+/// it is not, the lock comes back held, so nobody else sweeps it meanwhile.
+pub(crate) fn owner_alive(session_dir: &Path, id: &str) -> (bool, Option<Flock<File>>) {
+    let Ok(file) = File::open(lock_path(session_dir, id)) else {
+        return (false, None);
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(f) => (false, Some(f)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => (true, None),
+        Err(_) => (false, None),
+    }
+}
