@@ -260,7 +260,7 @@ fn assert_nothing_left(fx: &Fixture, sid: &str) {
     {
         let name = e.file_name().to_string_lossy().into_owned();
         assert!(
-            !name.starts_with("turn-"),
+            !name.starts_with("turn-") && !name.starts_with("warm-"),
             "{name} survived in the state dir"
         );
     }
@@ -839,7 +839,8 @@ fn serve_metrics_health_and_json_logs_after_turns() {
         1.0,
     );
     is(r#"agent_runtime_terminations_total{reason="error"}"#, 2.0);
-    is("agent_runtime_warm_pool_size", 0.0);
+    // The session's worker waits with the next turn's sandbox.
+    is("agent_runtime_warm_pool_size", 1.0);
     is(
         r#"agent_runtime_health_checks_total{type="readiness",status="success"}"#,
         2.0,
@@ -1310,4 +1311,228 @@ fn served_sleep(
         .stderr(out())
         .spawn()
         .unwrap()
+}
+
+/// One turn of `sid` through `server`, `--json`: (exit code, stdout of
+/// the command as captured by `sh`'s file, the --json value).
+fn served_json(fx: &Fixture, server: &Path, sid: &str, cmd: &[&str]) -> Value {
+    let mut args = vec![
+        "--package",
+        "s",
+        "--session",
+        sid,
+        "--no-outputs",
+        "--json",
+        "--",
+    ];
+    args.extend_from_slice(cmd);
+    let out = run(fx, Some(server), &args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // In --json mode the command's stdout goes to stderr.
+    v["command_output"] = Value::String(String::from_utf8_lossy(&out.stderr).into_owned());
+    v
+}
+
+/// The cgroup directories of the session's warm sandboxes.
+fn warm_cgroups(sid: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for controller in ["memory", "pids", "unified", ""] {
+        let base = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("turnstile");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{sid}-w"))
+            {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+fn sandbox_of(v: &Value) -> &str {
+    v["durations"]["sandbox"].as_str().unwrap_or("?")
+}
+
+fn warm_entries(fx: &Fixture, sid: &str) -> Vec<String> {
+    std::fs::read_dir(fx.state.join("sessions").join(sid))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("warm-"))
+        .collect()
+}
+
+#[test]
+fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
+    if !require_root("serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14") {
+        return;
+    }
+    let fx = Fixture::new();
+    let manifest = |extra: &str| {
+        format!(
+            r#"{{"capabilities": {{
+                "read": ["installed/s/**", "notes.txt"{extra}],
+                "write": ["output/<session_id>/**"],
+                "execute": ["/bin/sh", "/bin/true", "/bin/echo"]}},
+              "limits": {{"memory": "128Mi", "pids": 32, "timeout_seconds": 30}}}}"#
+        )
+    };
+    fx.install("s", &manifest(""));
+    fx.write("notes.txt", b"v1\n");
+    fx.write("extra.txt", b"extra\n");
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let show = [
+        "/bin/sh",
+        "-c",
+        "read l < notes.txt; echo $l; echo turn=$TURNSTILE_TURN",
+    ];
+    // The session's first turn builds its sandbox; the next one was built
+    // while the first one's entries were written.
+    let t1 = served_json(&fx, &daemon.socket, &sid, &show);
+    assert_eq!(sandbox_of(&t1), "cold");
+    wait_for("the warm sandbox", || warm_entries(&fx, &sid).len() == 2);
+    let t2 = served_json(&fx, &daemon.socket, &sid, &show);
+    assert_eq!(sandbox_of(&t2), "warm", "{t2}");
+    // The turn's own part reaches a warm sandbox: its environment...
+    assert!(
+        t2["command_output"]
+            .as_str()
+            .unwrap()
+            .contains("v1\nturn=2\n"),
+        "{t2}"
+    );
+    // ... and another command of the same shape.
+    let t3 = served_json(&fx, &daemon.socket, &sid, &["/bin/echo", "other"]);
+    assert_eq!(sandbox_of(&t3), "warm");
+    assert!(
+        t3["command_output"]
+            .as_str()
+            .unwrap()
+            .starts_with("other\n"),
+        "{t3}"
+    );
+    // A granted file replaced on the host (a rename over it): a bind
+    // mount made before would still show the old one, so the warm sandbox
+    // is not used.
+    fx.write("notes.new", b"v2\n");
+    std::fs::rename(fx.root.join("notes.new"), fx.root.join("notes.txt")).unwrap();
+    let t4 = served_json(&fx, &daemon.socket, &sid, &show);
+    assert_eq!(sandbox_of(&t4), "cold", "{t4}");
+    assert!(
+        t4["command_output"]
+            .as_str()
+            .unwrap()
+            .contains("v2\nturn=4\n"),
+        "{t4}"
+    );
+    // A manifest that grants one more file is another view: cold, and the
+    // new grant is there; the old view's warm sandbox is gone.
+    let t5 = served_json(
+        &fx,
+        &daemon.socket,
+        &sid,
+        &["/bin/sh", "-c", "read l < extra.txt; echo $l"],
+    );
+    assert!(
+        !t5["command_output"].as_str().unwrap().contains("extra\n"),
+        "{t5}"
+    );
+    fx.install("s", &manifest(", \"extra.txt\""));
+    let t6 = served_json(
+        &fx,
+        &daemon.socket,
+        &sid,
+        &["/bin/sh", "-c", "read l < extra.txt; echo $l"],
+    );
+    assert_eq!(sandbox_of(&t6), "cold", "{t6}");
+    assert!(
+        t6["command_output"]
+            .as_str()
+            .unwrap()
+            .starts_with("extra\n"),
+        "{t6}"
+    );
+    let t7 = served_json(
+        &fx,
+        &daemon.socket,
+        &sid,
+        &["/bin/sh", "-c", "read l < extra.txt; echo $l"],
+    );
+    assert_eq!(sandbox_of(&t7), "warm", "{t7}");
+    // A warm turn's ledger entries are a cold turn's (modulo ids, times,
+    // durations), and the chain holds.
+    let (e2, e1) = (finished(&fx, &sid, 2), finished(&fx, &sid, 1));
+    assert_eq!(
+        normalize(&e1[0], &sid)["status"],
+        normalize(&e2[0], &sid)["status"]
+    );
+    fx.assert_ledgers_intact(&sid);
+    // The daemon's health counts the waiting worker.
+    let h = Command::new(supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let hv: Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(hv["daemon"]["warm_pool_size"], 1, "{hv}");
+    // Stopped: no warm sandbox, worker, mount or cgroup is left.
+    assert_eq!(daemon.stop(), Some(0));
+    wait_for("the workers to go", || {
+        tagged(daemon.socket.parent().unwrap()).is_empty()
+    });
+    assert_nothing_left(&fx, &sid);
+}
+
+#[test]
+fn serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14() {
+    if !require_root("serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let dir = daemon.socket.parent().unwrap().to_path_buf();
+    served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
+    wait_for("the warm sandbox", || warm_entries(&fx, &sid).len() == 2);
+    daemon.kill9();
+    // Its worker and the parked sandbox die with the daemon...
+    wait_for("the worker to die with the daemon", || {
+        tagged(&dir).is_empty()
+    });
+    let cgroups = warm_cgroups(&sid);
+    assert!(!cgroups.is_empty(), "the warm sandbox had no cgroup");
+    wait_for("the parked sandbox to die", || {
+        cgroups.iter().all(|cg| {
+            std::fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        })
+    });
+    // ... and the next start removes what they left.
+    let mut again = Daemon::start(&fx, &["--pool-size", "0"]);
+    assert!(
+        warm_entries(&fx, &sid).is_empty(),
+        "{:?}",
+        warm_entries(&fx, &sid)
+    );
+    assert_nothing_left(&fx, &sid);
+    let log = std::fs::read_to_string(&again.log).unwrap();
+    assert!(log.contains("warm_sandboxes_removed"), "{log}");
+    // --pool-size 0: every turn builds its own; nothing waits between.
+    for _ in 0..2 {
+        let v = served_json(&fx, &again.socket, &sid, &["/bin/true"]);
+        assert_eq!(sandbox_of(&v), "cold");
+        assert!(warm_entries(&fx, &sid).is_empty());
+    }
+    fx.assert_ledgers_intact(&sid);
+    assert_eq!(again.stop(), Some(0));
+    assert_nothing_left(&fx, &sid);
 }

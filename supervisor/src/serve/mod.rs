@@ -86,6 +86,8 @@ pub struct Daemon {
     /// Workers kept between turns, one per session, each with the warm
     /// sandbox of that session's next turn (see [`crate::sandbox::pool`]).
     idle: Mutex<HashMap<String, Worker>>,
+    /// Threads reaping dismissed workers.
+    reapers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pool_size: usize,
     pool_idle: Duration,
     /// Starts workers from one long-lived thread: a worker dies with the
@@ -135,15 +137,20 @@ impl Worker {
     }
 
     /// Lets the worker go (EOF on its socket: it discards its warm sandbox
-    /// and exits) and reaps it off the caller's path.
-    fn dismiss(self) {
+    /// and exits) and reaps it off the caller's path; the daemon waits for
+    /// every such reaper before it exits, so no worker is cut short.
+    fn dismiss(self, d: &Daemon) {
         let Self { mut child, ctl, .. } = self;
         drop(ctl);
-        let _ = std::thread::Builder::new()
+        let reaper = std::thread::Builder::new()
             .name("reap-worker".into())
             .spawn(move || {
                 let _ = child.wait();
             });
+        if let (Ok(t), Ok(mut all)) = (reaper, d.reapers.lock()) {
+            all.retain(|t| !t.is_finished());
+            all.push(t);
+        }
     }
 }
 
@@ -195,14 +202,14 @@ impl Daemon {
     /// longest idle one makes room), or lets it go.
     fn keep(&self, session: &str, mut w: Worker) {
         if self.pool_size == 0 || self.stopping.load(Ordering::SeqCst) {
-            return w.dismiss();
+            return w.dismiss(self);
         }
         w.since = Instant::now();
         let Ok(mut idle) = self.idle.lock() else {
-            return w.dismiss();
+            return w.dismiss(self);
         };
         if let Some(old) = idle.insert(session.to_owned(), w) {
-            old.dismiss();
+            old.dismiss(self);
         }
         while idle.len() > self.pool_size {
             let oldest = idle
@@ -210,7 +217,7 @@ impl Daemon {
                 .min_by_key(|(_, w)| w.since)
                 .map(|(k, _)| k.clone());
             match oldest.and_then(|k| idle.remove(&k)) {
-                Some(o) => o.dismiss(),
+                Some(o) => o.dismiss(self),
                 None => break,
             }
         }
@@ -230,7 +237,7 @@ impl Daemon {
             .collect();
         for k in expired {
             if let Some(w) = idle.remove(&k) {
-                w.dismiss();
+                w.dismiss(self);
             }
         }
         self.metrics.warm_pool_size.set(idle.len() as i64);
@@ -380,6 +387,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         .map_err(state_io("spawn the worker spawner thread", &state_dir))?;
     let daemon = Arc::new(Daemon {
         idle: Mutex::new(HashMap::new()),
+        reapers: Mutex::new(Vec::new()),
         pool_size: o.pool_size,
         pool_idle: o.pool_idle,
         spawner: Mutex::new(spawn_tx),
@@ -471,9 +479,15 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         .map(|mut m| m.drain().map(|(_, w)| w).collect())
         .unwrap_or_default();
     for w in waiting {
-        let Worker { mut child, ctl, .. } = w;
-        drop(ctl);
-        let _ = child.wait();
+        w.dismiss(&daemon);
+    }
+    let reapers: Vec<_> = daemon
+        .reapers
+        .lock()
+        .map(|mut r| r.drain(..).collect())
+        .unwrap_or_default();
+    for t in reapers {
+        let _ = t.join();
     }
     // The spawner thread ends with the process (it waits on a channel the
     // daemon's state holds).
@@ -675,7 +689,7 @@ pub(crate) fn run_worker(
     let mut w = d.worker_for(session)?;
     if wire::send_with_fds(&w.ctl, &line, &[out.as_raw_fd(), err.as_raw_fd()]).is_err() {
         // A waiting worker that died meanwhile: a new one.
-        w.dismiss();
+        w.dismiss(d);
         w = d.worker_for(None)?;
         wire::send_with_fds(&w.ctl, &line, &[out.as_raw_fd(), err.as_raw_fd()]).map_err(
             state_io("send the turn to its worker", Path::new("/proc/self/exe")),

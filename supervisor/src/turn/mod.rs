@@ -540,7 +540,9 @@ impl Turn<'_> {
         // The workspace is as the next turn will find it: a serve worker
         // builds that turn's sandbox now, while this one's entries are
         // written (a no-op elsewhere).
-        crate::sandbox::pool::refill();
+        if crate::interrupt::received().is_none() {
+            crate::sandbox::pool::refill();
+        }
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
         outcome.cleanup = Some(turn_dir.remove_in_background());
