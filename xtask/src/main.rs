@@ -774,6 +774,22 @@ fn bench_serve(args: &[String]) -> Result<()> {
         });
         Ok(counts.iter().sum::<usize>() as f64 / t.elapsed().as_secs_f64())
     };
+    // Which sandbox the served turns got (the daemon keeps each session's
+    // worker with the next turn's sandbox warm).
+    let served_sandbox = {
+        let o = Command::new(&sup)
+            .args(["run", "--root"])
+            .arg(&ws)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--package", "b", "--session", &served_sid, "--no-outputs", "--json"])
+            .arg("--server")
+            .arg(&socket)
+            .args(["--", "/bin/true"])
+            .output()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["durations"]["sandbox"].as_str().unwrap_or("?").to_owned()
+    };
     let tput_served = throughput(true)?;
     let loaded_rss = rss_kib(daemon.child.id());
     let tput_local = throughput(false)?;
@@ -800,7 +816,7 @@ fn bench_serve(args: &[String]) -> Result<()> {
          | what | median ms | p90 ms | ratio to bare |\n|---|---|---|---|\n\
          | bare `/bin/true` | {b50:.2} | {:.2} | 1.0 |\n\
          | `supervise run -- /bin/true` | {l50:.2} | {l90:.2} | {:.1}x |\n\
-         | `supervise run --server S -- /bin/true` | {s50:.2} | {s90:.2} | {:.1}x |\n\n\
+         | `supervise run --server S -- /bin/true` ({served_sandbox} sandbox) | {s50:.2} | {s90:.2} | {:.1}x |\n\n\
          | target (issue 14) | measured | met |\n|---|---|---|\n\
          | served turn <= 2x bare exec | {:.1}x | {} |\n\
          | 8 sessions >= 300 turns/s through the daemon | {tput_served:.0} turns/s (local `run`: {tput_local:.0}) | {} |\n\
