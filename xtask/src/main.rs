@@ -782,7 +782,14 @@ fn bench_serve(args: &[String]) -> Result<()> {
             .arg(&ws)
             .arg("--state-dir")
             .arg(&state)
-            .args(["--package", "b", "--session", &served_sid, "--no-outputs", "--json"])
+            .args([
+                "--package",
+                "b",
+                "--session",
+                &served_sid,
+                "--no-outputs",
+                "--json",
+            ])
             .arg("--server")
             .arg(&socket)
             .args(["--", "/bin/true"])

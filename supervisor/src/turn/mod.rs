@@ -243,6 +243,51 @@ struct Turn<'a> {
     system_root: Option<&'a str>,
 }
 
+/// The intent entry being written on its own thread while the sandbox is
+/// built: [`Intent::durable`] waits for it (the gate before the command
+/// starts), [`Intent::finish`] returns how long it took, or why it failed.
+struct Intent<'scope, 'env> {
+    handle: Option<std::thread::ScopedJoinHandle<'scope, Result<u64>>>,
+    result: Option<Result<u64>>,
+    _env: std::marker::PhantomData<&'env ()>,
+}
+
+impl<'scope, 'env> Intent<'scope, 'env> {
+    fn spawn(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        append: impl FnOnce() -> Result<u64> + Send + 'scope,
+    ) -> Self {
+        Self {
+            handle: Some(scope.spawn(append)),
+            result: None,
+            _env: std::marker::PhantomData,
+        }
+    }
+
+    fn wait(&mut self) -> &Result<u64> {
+        if let Some(h) = self.handle.take() {
+            self.result = Some(h.join().unwrap_or_else(|_| {
+                Err(SupervisorError::Sandbox {
+                    step: "intent entry",
+                    detail: "the thread writing it panicked".into(),
+                    source: None,
+                })
+            }));
+        }
+        self.result.get_or_insert_with(|| Ok(0))
+    }
+
+    /// Waits until the intent entry is durable; `false` if it failed.
+    fn durable(&mut self) -> bool {
+        self.wait().is_ok()
+    }
+
+    fn finish(mut self) -> Result<u64> {
+        self.wait();
+        self.result.take().unwrap_or(Ok(0))
+    }
+}
+
 /// Rewrites every string under `v` that is `root` or starts with `root/`
 /// to start with `<root>` instead.
 fn root_relative(v: &mut Value, root: &str) {
@@ -302,33 +347,56 @@ impl Turn<'_> {
             .and_then(|v| canonical::hash_value(&v).ok());
 
         // Intent, before anything runs: a crash from here on is visible.
-        self.session.ledger(LedgerKind::Exec).append(
-            self.lock,
-            object(json!({
-                "event": "turn.started",
-                "schema_version": SCHEMA_VERSION,
-                "session_id": sid,
-                "turn_number": self.turn_number,
-                "query_hash": query_hash,
-                "plan_hash": plan_hash,
-                "backend": self.backend.name(),
-                "ts": rfc3339_micros(self.started_at),
-            })),
-        )?;
-
-        let intent_us = lap(&mut clock);
-        let mut outcome = match plan {
-            Ok(plan) if crate::interrupt::received().is_some() => Outcome::interrupted(Some(plan)),
-            Ok(plan) => self.execute(plan),
-            Err(e) => Outcome::failed(
-                TurnStatus::SandboxError,
-                format!("cannot build the plan: {e}"),
-                None,
-            ),
-        };
-        outcome
-            .phases
-            .splice(0..0, [("plan", plan_us), ("intent_entry", intent_us)]);
+        // It is written while the sandbox is built; the command starts only
+        // once it is durable (the gate in `execute_timed`), so no effect of
+        // the turn ever precedes it.
+        let body = object(json!({
+            "event": "turn.started",
+            "schema_version": SCHEMA_VERSION,
+            "session_id": sid,
+            "turn_number": self.turn_number,
+            "query_hash": query_hash,
+            "plan_hash": plan_hash,
+            "backend": self.backend.name(),
+            "ts": rfc3339_micros(self.started_at),
+        }));
+        let exec_ledger = self.session.ledger(LedgerKind::Exec);
+        let lock = self.lock;
+        let mut outcome = std::thread::scope(|scope| -> Result<Outcome> {
+            let mut intent = Intent::spawn(scope, move || {
+                let t = Instant::now();
+                exec_ledger
+                    .append(lock, body)
+                    .map(|_| t.elapsed().as_micros() as u64)
+            });
+            let mut outcome = match plan {
+                Ok(plan) if crate::interrupt::received().is_some() => {
+                    Outcome::interrupted(Some(plan))
+                }
+                Ok(plan) => self.execute(plan, &mut intent),
+                Err(e) => Outcome::failed(
+                    TurnStatus::SandboxError,
+                    format!("cannot build the plan: {e}"),
+                    None,
+                ),
+            };
+            match intent.finish() {
+                Ok(us) => {
+                    outcome
+                        .phases
+                        .splice(0..0, [("plan", plan_us), ("intent_entry", us)]);
+                    Ok(outcome)
+                }
+                Err(e) => {
+                    // Nothing of the turn ran (the gate held it): no finish
+                    // entry either, as when the intent append fails alone.
+                    if let Some(c) = outcome.cleanup.take() {
+                        let _ = c.join();
+                    }
+                    Err(e)
+                }
+            }
+        })?;
         let cleanup = outcome.cleanup.take();
         let result = self.finish(&query_hash, outcome);
         // The finish entries are durable: the commit journal can go (a
@@ -348,10 +416,10 @@ impl Turn<'_> {
         result
     }
 
-    fn execute(&self, plan: Plan) -> Outcome {
+    fn execute(&self, plan: Plan, intent: &mut Intent<'_, '_>) -> Outcome {
         let mut clock = Instant::now();
         let mut phases = Vec::new();
-        let mut outcome = self.execute_timed(plan, &mut clock, &mut phases);
+        let mut outcome = self.execute_timed(plan, intent, &mut clock, &mut phases);
         phases.push(("teardown", lap(&mut clock)));
         outcome.phases = phases;
         outcome
@@ -360,6 +428,7 @@ impl Turn<'_> {
     fn execute_timed(
         &self,
         plan: Plan,
+        intent: &mut Intent<'_, '_>,
         clock: &mut Instant,
         phases: &mut Vec<(&'static str, u64)>,
     ) -> Outcome {
@@ -370,6 +439,19 @@ impl Turn<'_> {
         // Writable scopes must exist as mount points: create the missing
         // ones (empty directories, never through a symlink), as session
         // start does for tmp/<sid>/ and output/<sid>/.
+        // Creating one is a change to the workspace: only after the intent
+        // entry is durable.
+        let missing = plan
+            .writable_scopes
+            .iter()
+            .any(|s| std::fs::symlink_metadata(self.workspace.root().join(s)).is_err());
+        if missing && !intent.durable() {
+            return Outcome::failed(
+                TurnStatus::SandboxError,
+                "the intent entry could not be written".into(),
+                Some(plan),
+            );
+        }
         for scope in &plan.writable_scopes {
             if let Err(e) = commit::open_dir_creating(self.workspace.root(), scope) {
                 return Outcome::from_error(&e, Some(plan));
@@ -397,6 +479,17 @@ impl Turn<'_> {
             None => self.backend.create(&plan, &turn_dir),
         };
         let executed = created.and_then(|mut sandbox| {
+            // The gate: the command starts only once the intent entry is
+            // durable; if it cannot be written, the sandbox goes unstarted.
+            if !intent.durable() {
+                sandbox.delete();
+                return Err(SupervisorError::Sandbox {
+                    step: "intent entry",
+                    detail: "the intent entry could not be written; the command never started"
+                        .into(),
+                    source: None,
+                });
+            }
             sandbox.start();
             sandbox.wait()
         });
