@@ -274,7 +274,7 @@ impl<'scope, 'env> Intent<'scope, 'env> {
                 })
             }));
         }
-        self.result.get_or_insert_with(|| Ok(0))
+        self.result.get_or_insert(Ok(0))
     }
 
     /// Waits until the intent entry is durable; `false` if it failed.
