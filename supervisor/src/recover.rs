@@ -103,11 +103,17 @@ fn remove_turn_dir(dir: &Path) -> Result<()> {
         .collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for p in points {
-        umount2(Path::new(&p), MntFlags::MNT_DETACH).map_err(|e| SupervisorError::StateIo {
-            op: "unmount a dead turn's tmpfs",
-            path: PathBuf::from(&p),
-            source: e.into(),
-        })?;
+        match umount2(Path::new(&p), MntFlags::MNT_DETACH) {
+            // Gone meanwhile (its own turn's cleanup got there first).
+            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+            Err(e) => {
+                return Err(SupervisorError::StateIo {
+                    op: "unmount a dead turn's tmpfs",
+                    path: PathBuf::from(&p),
+                    source: e.into(),
+                });
+            }
+        }
     }
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),

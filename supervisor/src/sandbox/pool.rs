@@ -252,8 +252,38 @@ fn build(last: &Last) -> Result<Warm> {
     })
 }
 
+/// Turn directories being removed (see [`after_turn`]).
+static CLEANUPS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// A finished turn's directory removal: joined now, or — in a serve worker
+/// — by [`settle`] once the reply is sent, so the client does not wait for
+/// the unmounts.
+pub fn after_turn(cleanup: std::thread::JoinHandle<()>) {
+    if pool().builder.is_none() {
+        let _ = cleanup.join();
+        return;
+    }
+    CLEANUPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(cleanup);
+}
+
+/// Joins the turn directory removals [`after_turn`] deferred.
+pub fn settle() {
+    let all: Vec<_> = CLEANUPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .drain(..)
+        .collect();
+    for c in all {
+        let _ = c.join();
+    }
+}
+
 /// Discards the warm sandbox, if any (the worker is going away).
 pub fn drain() {
+    settle();
     let slot = std::mem::replace(&mut settled().slot, Slot::Empty);
     drop(slot);
 }

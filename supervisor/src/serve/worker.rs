@@ -91,7 +91,10 @@ pub fn main() -> u8 {
         })
         .unwrap_or_default();
         text.push(b'\n');
-        if (&sock).write_all(&text).is_err() || !keep {
+        let sent = (&sock).write_all(&text).is_ok();
+        // The turn's directory goes before the next turn begins.
+        crate::sandbox::pool::settle();
+        if !sent || !keep {
             break;
         }
     }

@@ -411,7 +411,8 @@ impl Turn<'_> {
             }
         }
         if let Some(c) = cleanup {
-            let _ = c.join();
+            // A serve worker joins it after its reply (see sandbox::pool).
+            crate::sandbox::pool::after_turn(c);
         }
         result
     }
