@@ -410,6 +410,18 @@ fn stage_file(
     // After chown, which clears set-id bits anyway: none are ever set.
     nix::sys::stat::fchmod(dst.as_fd(), Mode::from_bits_truncate(mode & 0o777))
         .map_err(|e| commit_err(format!("chmod {what}: {e}")))?;
+    // The file keeps the times the turn gave it: build tools compare them
+    // (make's "m.c is newer than m" must not depend on the order, or the
+    // clock tick, in which the commit copied the two).
+    let times = src
+        .metadata()
+        .and_then(|m| {
+            Ok(std::fs::FileTimes::new()
+                .set_accessed(m.accessed()?)
+                .set_modified(m.modified()?))
+        })
+        .and_then(|t| dst.set_times(t));
+    times.map_err(|e| commit_err(format!("set the times of {what}: {e}")))?;
     Ok(dst)
 }
 

@@ -1153,14 +1153,9 @@ fn bad_input_creates_no_state_dir_and_no_session() {
 /// Issue 8: `--request` naming a FIFO, a device, a directory or a symlink is
 /// refused at once (exit 2, TS1006 on `--request`, the file named), never a
 /// hang, and nothing is created — for `check` and for `run` without
-/// `--session`.
-///
-/// Needs the `--request` reader in `supervisor/src/cli.rs` to be
-/// `turnstile_policy::input::read_regular_file` (see the wave2-policy
-/// report); until that one-line change lands a FIFO blocks `open` forever,
-/// which this test reports as a failure after 10 s instead of hanging.
+/// `--session`. (A FIFO that blocked `open` would be reported as a failure
+/// after 10 s instead of hanging.)
 #[test]
-#[ignore = "enable with the cli.rs call-site change (request_from_args → turnstile_policy::input::read_regular_file)"]
 fn request_file_that_is_not_regular_is_refused_without_blocking() {
     use std::time::{Duration, Instant};
     let fx = Fixture::new();
@@ -1227,12 +1222,7 @@ fn request_file_that_is_not_regular_is_refused_without_blocking() {
 /// Issue 9: a literal executable that does not exist is refused when the
 /// manifest is loaded — by check, plan and run (before any session exists) —
 /// with the nearest existing name.
-///
-/// Needs `turnstile_policy::grants::check_on_host` called after
-/// `Manifest::load` in `turn.rs` (`prepare`, `plan_only`) and `cli.rs`
-/// (`check`); see the wave2-policy report.
 #[test]
-#[ignore = "enable with the grants::check_on_host call sites in turn.rs and cli.rs"]
 fn a_typo_in_an_executable_is_refused_before_anything_is_created() {
     let fx = Fixture::new();
     fx.install(

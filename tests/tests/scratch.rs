@@ -126,3 +126,38 @@ fn fr_rt_015_outputs_keep_their_exec_bit_and_belong_to_the_workspace_owner() {
         assert_eq!((m.uid(), m.gid()), (1234, 2345));
     }
 }
+
+#[test]
+fn fr_rt_012_committed_files_keep_the_times_the_turn_gave_them() {
+    if !require_root("fr_rt_012_committed_files_keep_the_times_the_turn_gave_them") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "s",
+        &MANIFEST.replace(
+            "\"/usr/bin/basename\"",
+            "\"/usr/bin/basename\", \"/usr/bin/touch\"",
+        ),
+    );
+    // `old` is older than `new` although the commit copies `new` first
+    // (the order build tools like make depend on).
+    let (status, v) = turn(
+        &fx,
+        None,
+        &["output/<session_id>/o.txt:o"],
+        "set -e; d=$(basename $TMPDIR); cd $TMPDIR; echo n > new; echo o > old; \
+         touch -m -d @1000000000 old; touch -m -d @1500000000 new; \
+         echo out > ../../output/$d/o.txt; touch -m -d @1200000000 ../../output/$d/o.txt",
+    );
+    assert_eq!(status, 0, "{v}");
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+    let mtime = |p: std::path::PathBuf| std::fs::metadata(&p).unwrap().mtime();
+    let tmp = fx.root.join("tmp").join(&sid);
+    assert_eq!(mtime(tmp.join("old")), 1_000_000_000);
+    assert_eq!(mtime(tmp.join("new")), 1_500_000_000);
+    assert_eq!(
+        mtime(fx.root.join("output").join(&sid).join("o.txt")),
+        1_200_000_000
+    );
+}

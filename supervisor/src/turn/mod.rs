@@ -245,9 +245,11 @@ struct Turn<'a> {
 
 /// The intent entry being written on its own thread while the sandbox is
 /// built: [`Intent::durable`] waits for it (the gate before the command
-/// starts), [`Intent::finish`] returns how long it took, or why it failed.
+/// starts), [`Intent::finish`] returns how long the turn waited for it (the
+/// `intent_entry` phase: the phases stay disjoint parts of the turn's wall
+/// time), or why it failed.
 struct Intent<'scope, 'env> {
-    handle: Option<std::thread::ScopedJoinHandle<'scope, Result<u64>>>,
+    handle: Option<std::thread::ScopedJoinHandle<'scope, Result<()>>>,
     result: Option<Result<u64>>,
     _env: std::marker::PhantomData<&'env ()>,
 }
@@ -255,7 +257,7 @@ struct Intent<'scope, 'env> {
 impl<'scope, 'env> Intent<'scope, 'env> {
     fn spawn(
         scope: &'scope std::thread::Scope<'scope, 'env>,
-        append: impl FnOnce() -> Result<u64> + Send + 'scope,
+        append: impl FnOnce() -> Result<()> + Send + 'scope,
     ) -> Self {
         Self {
             handle: Some(scope.spawn(append)),
@@ -266,13 +268,15 @@ impl<'scope, 'env> Intent<'scope, 'env> {
 
     fn wait(&mut self) -> &Result<u64> {
         if let Some(h) = self.handle.take() {
-            self.result = Some(h.join().unwrap_or_else(|_| {
+            let waiting = Instant::now();
+            let joined = h.join().unwrap_or_else(|_| {
                 Err(SupervisorError::Sandbox {
                     step: "intent entry",
                     detail: "the thread writing it panicked".into(),
                     source: None,
                 })
-            }));
+            });
+            self.result = Some(joined.map(|()| waiting.elapsed().as_micros() as u64));
         }
         self.result.get_or_insert(Ok(0))
     }
@@ -363,12 +367,8 @@ impl Turn<'_> {
         let exec_ledger = self.session.ledger(LedgerKind::Exec);
         let lock = self.lock;
         let mut outcome = std::thread::scope(|scope| -> Result<Outcome> {
-            let mut intent = Intent::spawn(scope, move || {
-                let t = Instant::now();
-                exec_ledger
-                    .append(lock, body)
-                    .map(|_| t.elapsed().as_micros() as u64)
-            });
+            let mut intent =
+                Intent::spawn(scope, move || exec_ledger.append(lock, body).map(|_| ()));
             let mut outcome = match plan {
                 Ok(plan) if crate::interrupt::received().is_some() => {
                     Outcome::interrupted(Some(plan))
