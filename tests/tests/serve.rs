@@ -1358,6 +1358,23 @@ fn warm_cgroups(sid: &str) -> Vec<PathBuf> {
     out
 }
 
+/// Whether a warm sandbox of the session has its whole root built (its
+/// init reported its laps: every mount is made, bind sources pinned).
+fn warm_built(fx: &Fixture, sid: &str) -> bool {
+    warm_entries(fx, sid)
+        .iter()
+        .filter(|n| !n.ends_with(".lock"))
+        .any(|n| {
+            let report = fx
+                .state
+                .join("sessions")
+                .join(sid)
+                .join(n)
+                .join("report.jsonl");
+            std::fs::read_to_string(report).is_ok_and(|r| r.contains("\"init_laps\""))
+        })
+}
+
 fn sandbox_of(v: &Value) -> &str {
     v["durations"]["sandbox"].as_str().unwrap_or("?")
 }
@@ -1396,86 +1413,56 @@ fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
         "-c",
         "read l < notes.txt; echo $l; echo turn=$TURNSTILE_TURN",
     ];
+    // One turn: the sandbox it got must be `want`; returns the --json value
+    // and what the command printed.
+    let turn = |cmd: &[&str], want: &str| -> (Value, String) {
+        let v = served_json(&fx, &daemon.socket, &sid, cmd);
+        assert_eq!(sandbox_of(&v), want, "{cmd:?}: {v}");
+        let out = v["command_output"].as_str().unwrap().to_owned();
+        (v, out)
+    };
+    let read_extra = ["/bin/sh", "-c", "read l < extra.txt; echo $l"];
     // The session's first turn builds its sandbox; the next one was built
     // while the first one's entries were written.
-    let t1 = served_json(&fx, &daemon.socket, &sid, &show);
-    assert_eq!(sandbox_of(&t1), "cold");
-    wait_for("the warm sandbox", || warm_entries(&fx, &sid).len() == 2);
-    let t2 = served_json(&fx, &daemon.socket, &sid, &show);
-    assert_eq!(sandbox_of(&t2), "warm", "{t2}");
+    let (t1, _) = turn(&show, "cold");
+    wait_for("the warm sandbox", || warm_built(&fx, &sid));
     // The turn's own part reaches a warm sandbox: its environment...
-    assert!(
-        t2["command_output"]
-            .as_str()
-            .unwrap()
-            .contains("v1\nturn=2\n"),
-        "{t2}"
-    );
+    let (t2, out) = turn(&show, "warm");
+    assert!(out.contains("v1\nturn=2\n"), "{out}");
+    // ... with the same enforcement as a cold one ...
+    let enforcement = |v: &Value| {
+        let mut e = v["enforcement"].clone();
+        e["posture"]["pid"] = Value::Null;
+        e
+    };
+    assert_eq!(enforcement(&t1), enforcement(&t2));
     // ... and another command of the same shape.
-    let t3 = served_json(&fx, &daemon.socket, &sid, &["/bin/echo", "other"]);
-    assert_eq!(sandbox_of(&t3), "warm");
-    assert!(
-        t3["command_output"]
-            .as_str()
-            .unwrap()
-            .starts_with("other\n"),
-        "{t3}"
-    );
-    // A granted file replaced on the host (a rename over it): a bind
-    // mount made before would still show the old one, so the warm sandbox
-    // is not used.
+    let (_, out) = turn(&["/bin/echo", "other"], "warm");
+    assert!(out.starts_with("other\n"), "{out}");
+    // A granted file replaced on the host (a rename over it) after the warm
+    // sandbox was built: its bind mount still shows the old one, so the
+    // warm sandbox is not used.
+    wait_for("the warm sandbox's root", || warm_built(&fx, &sid));
     fx.write("notes.new", b"v2\n");
     std::fs::rename(fx.root.join("notes.new"), fx.root.join("notes.txt")).unwrap();
-    let t4 = served_json(&fx, &daemon.socket, &sid, &show);
-    assert_eq!(sandbox_of(&t4), "cold", "{t4}");
-    assert!(
-        t4["command_output"]
-            .as_str()
-            .unwrap()
-            .contains("v2\nturn=4\n"),
-        "{t4}"
-    );
+    let (_, out) = turn(&show, "cold");
+    assert!(out.contains("v2\nturn=4\n"), "{out}");
     // A manifest that grants one more file is another view: cold, and the
     // new grant is there; the old view's warm sandbox is gone.
-    let t5 = served_json(
-        &fx,
-        &daemon.socket,
-        &sid,
-        &["/bin/sh", "-c", "read l < extra.txt; echo $l"],
-    );
-    assert!(
-        !t5["command_output"].as_str().unwrap().contains("extra\n"),
-        "{t5}"
-    );
+    let (_, out) = turn(&read_extra, "warm");
+    assert!(!out.contains("extra\n"), "{out}");
     fx.install("s", &manifest(", \"extra.txt\""));
-    let t6 = served_json(
-        &fx,
-        &daemon.socket,
-        &sid,
-        &["/bin/sh", "-c", "read l < extra.txt; echo $l"],
+    let (_, out) = turn(&read_extra, "cold");
+    assert!(out.starts_with("extra\n"), "{out}");
+    turn(&read_extra, "warm");
+    // The next turn's sandbox is built after this turn's commit: what a
+    // warm turn committed, the next warm turn sees.
+    turn(&["/bin/sh", "-c", "echo carried > $TMPDIR/w.txt"], "warm");
+    let (_, out) = turn(
+        &["/bin/sh", "-c", "read l < $TMPDIR/w.txt; echo $l"],
+        "warm",
     );
-    assert_eq!(sandbox_of(&t6), "cold", "{t6}");
-    assert!(
-        t6["command_output"]
-            .as_str()
-            .unwrap()
-            .starts_with("extra\n"),
-        "{t6}"
-    );
-    let t7 = served_json(
-        &fx,
-        &daemon.socket,
-        &sid,
-        &["/bin/sh", "-c", "read l < extra.txt; echo $l"],
-    );
-    assert_eq!(sandbox_of(&t7), "warm", "{t7}");
-    // A warm turn's ledger entries are a cold turn's (modulo ids, times,
-    // durations), and the chain holds.
-    let (e2, e1) = (finished(&fx, &sid, 2), finished(&fx, &sid, 1));
-    assert_eq!(
-        normalize(&e1[0], &sid)["status"],
-        normalize(&e2[0], &sid)["status"]
-    );
+    assert!(out.starts_with("carried\n"), "{out}");
     fx.assert_ledgers_intact(&sid);
     // The daemon's health counts the waiting worker.
     let h = Command::new(supervise_bin())

@@ -758,7 +758,22 @@ impl Parked {
     /// Waits until PID 1 is parked; `false` if it ended before (its setup
     /// failed: the report file says why).
     pub fn parked(&mut self) -> bool {
+        self.parked_within(None)
+    }
+
+    /// [`Parked::parked`], waiting at most `limit` (then `false`: a build
+    /// that hangs is not waited for; dropping the sandbox kills it).
+    pub fn parked_within(&mut self, limit: Option<Duration>) -> bool {
         if self.parked.is_none() {
+            if let Some(limit) = limit {
+                use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+                use std::os::fd::AsFd;
+                let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
+                let mut fds = [PollFd::new(self.ready.as_fd(), PollFlags::POLLIN)];
+                if !matches!(poll(&mut fds, PollTimeout::from(ms)), Ok(n) if n > 0) {
+                    return false;
+                }
+            }
             let mut byte = [0u8; 1];
             let got = loop {
                 match nix::unistd::read(&self.ready, &mut byte) {
