@@ -18,6 +18,8 @@ use crate::error::{Result, SupervisorError, exit};
 use crate::ids::{OsRandom, SystemClock};
 use crate::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
 use crate::ledger::{LedgerKind, VerifyReport};
+pub use crate::outcome::{Outcome, error_outcome, error_value, run_turn_outcome};
+use crate::sandbox::cgroup::root as cgroup_root;
 use crate::session::Session;
 
 /// argv[1] of the sandbox's own init (not a user command).
@@ -477,24 +479,6 @@ pub struct PromptHeaderArgs {
     pub work_order: Option<String>,
 }
 
-/// What a subcommand produced.
-#[derive(Debug)]
-pub struct Outcome {
-    pub status: u8,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Outcome {
-    fn ok(stdout: String) -> Self {
-        Self {
-            status: exit::OK,
-            stdout,
-            stderr: String::new(),
-        }
-    }
-}
-
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Outcome {
     let json = match &cli.command {
@@ -556,58 +540,6 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Context(a) => context_cmd(&a),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
-}
-
-/// The error as a JSON object: code, name, message (with causes), field, and
-/// for integrity errors the ledger, line and seq.
-pub fn error_value(e: &SupervisorError) -> Value {
-    let code = e.code();
-    let mut err = json!({"code": code.code, "name": code.name, "message": error_chain(e)});
-    if let Some(m) = err.as_object_mut() {
-        if let Some(f) = e.field() {
-            m.insert("field".into(), json!(f));
-        }
-        if let SupervisorError::Integrity(i) = e {
-            m.insert("ledger".into(), json!(i.ledger));
-            m.insert("line".into(), json!(i.line));
-            m.insert("seq".into(), json!(i.seq));
-        }
-    }
-    err
-}
-
-fn error_chain(e: &SupervisorError) -> String {
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        message.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    message
-}
-
-/// Renders an error: code and message with its causes on stderr; with
-/// `--json` also one object on stdout.
-pub fn error_outcome(e: &SupervisorError, json: bool) -> Outcome {
-    let code = e.code();
-    let stdout = if json {
-        format!(
-            "{}\n",
-            json!({"error": error_value(e), "exit_code": e.exit_status()})
-        )
-    } else {
-        String::new()
-    };
-    Outcome {
-        status: e.exit_status(),
-        stdout,
-        stderr: format!(
-            "supervise: error[{} {}]: {}\n",
-            code.code,
-            code.name,
-            error_chain(e)
-        ),
-    }
 }
 
 fn open_workspace(common: &Common) -> Result<(Workspace, StateDir)> {
@@ -1103,7 +1035,26 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         ));
     }
     if let Some(socket) = &a.server {
-        return crate::serve::client::run(socket, a, &request, deterministic.as_ref());
+        use crate::serve::client::{absolute, request_doc};
+        let wire = crate::serve::wire::RunRequest {
+            root: absolute(&a.common.root)?,
+            package: a.package.clone(),
+            session: a.session.clone(),
+            state_dir: Some(absolute(&a.common.state_dir)?),
+            backend: a.backend.clone(),
+            config: Some(absolute(&a.config)?),
+            rootfs: a.rootfs.as_deref().map(absolute).transpose()?,
+            json: a.common.json,
+            events: a.events.as_deref().map(absolute).transpose()?,
+            deterministic: deterministic
+                .as_ref()
+                .map(|d| crate::serve::wire::DeterministicWire {
+                    seed: d.seed,
+                    clock: turnstile_policy::timefmt::rfc3339_micros(d.clock),
+                }),
+            request: request_doc(&request),
+        };
+        return crate::serve::client::run(socket, &wire);
     }
     let opts = crate::turn::RunOptions {
         root: a.common.root.clone(),
@@ -1120,130 +1071,6 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         rootfs: a.rootfs.clone(),
     };
     Ok(run_turn_outcome(&opts, a.events.as_deref()).0)
-}
-
-/// One turn as `supervise run` performs and reports it: the [`Outcome`]
-/// (what to print, the exit status) and the turn's `--json` value (or the
-/// error object). Shared by `run` and the daemon's workers, so both print
-/// and exit alike.
-pub fn run_turn_outcome(
-    opts: &crate::turn::RunOptions,
-    events: Option<&std::path::Path>,
-) -> (Outcome, Value) {
-    match run_turn_inner(opts, events) {
-        Ok((outcome, value)) => (outcome, value),
-        Err(e) => (
-            error_outcome(&e, opts.json),
-            json!({"error": error_value(&e), "exit_code": e.exit_status()}),
-        ),
-    }
-}
-
-fn run_turn_inner(
-    opts: &crate::turn::RunOptions,
-    events: Option<&std::path::Path>,
-) -> Result<(Outcome, Value)> {
-    // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
-    // `interrupted`, exit 128+signal) instead of killing supervise outright.
-    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
-        op: "install signal handlers",
-        path: PathBuf::new(),
-        source,
-    })?;
-    let r = crate::turn::run_turn(opts)?;
-    if let Some(path) = events {
-        emit_events(path, &opts.package, &opts.request, &r.value)?;
-    }
-    Ok((
-        Outcome {
-            status: r.exit_status,
-            stdout: if opts.json {
-                format!("{}\n", r.value)
-            } else {
-                String::new()
-            },
-            stderr: format!("supervise: {}\n", r.summary),
-        },
-        r.value,
-    ))
-}
-
-/// The turn's events as EventEnvelope v1 lines, appended to `path`
-/// (created 0600; never through a symlink).
-fn emit_events(
-    path: &std::path::Path,
-    package: &str,
-    request: &TurnRequest,
-    v: &Value,
-) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    use turnstile_policy::envelope::{EventEnvelope, SCHEMA_VERSION, Source};
-    let sid = v["session_id"].as_str().unwrap_or_default();
-    let turn = v["turn_number"].as_u64().unwrap_or(0);
-    let key = request
-        .idempotency_key
-        .clone()
-        .unwrap_or_else(|| format!("{sid}/turn-{turn}"));
-    let finished = v["finished_at"].as_str().unwrap_or_default().to_owned();
-    let started = v["started_at"].as_str().unwrap_or(&finished).to_owned();
-    let mut events: Vec<(&str, String, Value)> = vec![
-        (
-            "turn.requested",
-            started.clone(),
-            json!({
-                "command": request.command,
-                "declared_inputs": request.declared_inputs,
-                "declared_outputs": request.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
-                "work_order_id": request.work_order_id,
-                "idempotency_key": request.idempotency_key,
-                "timeout_seconds": request.timeout_seconds,
-            }),
-        ),
-        (
-            "turn.started",
-            started,
-            json!({"session_id": sid, "turn_number": turn}),
-        ),
-    ];
-    for x in v["violations"].as_array().into_iter().flatten() {
-        events.push(("turn.violation", finished.clone(), x.clone()));
-    }
-    // Durations are measurements (floating point), not part of the event.
-    let mut result = v.clone();
-    if let Some(m) = result.as_object_mut() {
-        m.remove("durations");
-    }
-    events.push(("turn.finished", finished, result));
-    let mut out = Vec::new();
-    for (n, (kind, ts, payload)) in events.into_iter().enumerate() {
-        let e = EventEnvelope {
-            id: format!("EVT-{sid}-{turn}-{n}"),
-            ts,
-            kind: kind.into(),
-            schema_version: SCHEMA_VERSION.into(),
-            idempotency_key: key.clone(),
-            source: Source {
-                agent: package.into(),
-                adapter: "supervise-cli".into(),
-            },
-            payload,
-        };
-        out.extend(e.to_canonical()?);
-        out.push(b'\n');
-    }
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(path)
-        .and_then(|mut f| f.write_all(&out))
-        .map_err(|source| SupervisorError::StateIo {
-            op: "write events",
-            path: path.to_path_buf(),
-            source,
-        })
 }
 
 /// A request for `plan`: the flags, or (without a command) the first execute
@@ -1388,13 +1215,6 @@ fn doctor_cmd(a: &DoctorArgs) -> Outcome {
         stdout: if a.json { format!("{value}\n") } else { text },
         stderr: String::new(),
     }
-}
-
-/// The cgroupfs root (`TURNSTILE_CGROUP_ROOT`, for tests on a fake tree).
-pub fn cgroup_root() -> PathBuf {
-    std::env::var_os("TURNSTILE_CGROUP_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))
 }
 
 fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {

@@ -22,6 +22,7 @@ pub mod interrupt;
 pub mod layout;
 pub mod ledger;
 pub mod lock;
+pub mod outcome;
 pub mod realfs;
 pub mod recover;
 pub mod replay;

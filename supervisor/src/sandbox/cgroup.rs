@@ -355,6 +355,13 @@ impl TurnCgroup {
     }
 }
 
+/// The cgroupfs root (`TURNSTILE_CGROUP_ROOT`, for tests on a fake tree).
+pub fn root() -> PathBuf {
+    std::env::var_os("TURNSTILE_CGROUP_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -832,7 +832,7 @@ impl Bus {
                     }
                 }
                 Err(e) => {
-                    r["error"] = crate::cli::error_value(&e);
+                    r["error"] = crate::outcome::error_value(&e);
                     r["exit_status"] = json!(e.exit_status());
                     ok = false;
                 }

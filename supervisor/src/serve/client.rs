@@ -14,11 +14,12 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::json;
 use turnstile_policy::request::TurnRequest;
 
-use super::wire::{DeterministicWire, Reply, RunRequest, send_with_fds};
-use crate::cli::{Outcome, RunArgs};
+use super::wire::{Reply, RunRequest, send_with_fds};
 use crate::error::{Result, SupervisorError};
+use crate::outcome::Outcome;
 
-fn absolute(p: &Path) -> Result<PathBuf> {
+/// `p` made absolute against this process's working directory.
+pub fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).map_err(|e| {
         SupervisorError::invalid(
             "path",
@@ -39,30 +40,10 @@ pub fn request_doc(r: &TurnRequest) -> serde_json::Value {
     })
 }
 
-/// `supervise run --server SOCKET …`.
-pub fn run(
-    socket: &Path,
-    a: &RunArgs,
-    request: &TurnRequest,
-    deterministic: Option<&crate::ids::Deterministic>,
-) -> Result<Outcome> {
-    let wire = RunRequest {
-        root: absolute(&a.common.root)?,
-        package: a.package.clone(),
-        session: a.session.clone(),
-        state_dir: Some(absolute(&a.common.state_dir)?),
-        backend: a.backend.clone(),
-        config: Some(absolute(&a.config)?),
-        rootfs: a.rootfs.as_deref().map(absolute).transpose()?,
-        json: a.common.json,
-        events: a.events.as_deref().map(absolute).transpose()?,
-        deterministic: deterministic.map(|d| DeterministicWire {
-            seed: d.seed,
-            clock: turnstile_policy::timefmt::rfc3339_micros(d.clock),
-        }),
-        request: request_doc(request),
-    };
-    let mut v = serde_json::to_value(&wire).unwrap_or_default();
+/// `supervise run --server SOCKET …` with the request the CLI built
+/// (paths absolute: the daemon has its own working directory).
+pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
+    let mut v = serde_json::to_value(wire).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
         m.insert("op".into(), json!("run"));
     }

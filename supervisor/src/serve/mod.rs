@@ -31,8 +31,8 @@ use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill, sig
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use crate::cli::Outcome;
 use crate::error::{Result, SupervisorError, exit};
+use crate::outcome::Outcome;
 use wire::{Reply, Request, RunRequest};
 
 /// What `supervise serve` was asked.
@@ -351,7 +351,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         .transpose()?;
     // Every session is recovered before the first turn (what a stopped
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
-    let cgroup_root = crate::cli::cgroup_root();
+    let cgroup_root = crate::sandbox::cgroup::root();
     let (swept, sessions) = crate::recover::recover_all(
         &crate::layout::StateDir::at(&state_dir),
         None,
@@ -508,13 +508,13 @@ fn send_reply(conn: &UnixStream, r: &Reply) {
 }
 
 fn error_reply(e: &SupervisorError, json: bool) -> Reply {
-    let o = crate::cli::error_outcome(e, json);
+    let o = crate::outcome::error_outcome(e, json);
     Reply {
         exit_status: o.status,
         printed: false,
         stdout: o.stdout,
         stderr: o.stderr,
-        value: json!({"error": crate::cli::error_value(e), "exit_code": e.exit_status()}),
+        value: json!({"error": crate::outcome::error_value(e), "exit_code": e.exit_status()}),
         trust_level: None,
         stays: false,
     }

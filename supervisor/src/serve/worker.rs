@@ -111,7 +111,7 @@ fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
         .and_then(|j| to_options(&j.run));
     let (outcome, value) = match parsed {
         Ok((opts, events)) => {
-            let r = crate::cli::run_turn_outcome(&opts, events.as_deref());
+            let r = crate::outcome::run_turn_outcome(&opts, events.as_deref());
             trust_level = turnstile_policy::PackageId::parse(&opts.package)
                 .ok()
                 .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
@@ -119,8 +119,8 @@ fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
             r
         }
         Err(e) => (
-            crate::cli::error_outcome(&e, false),
-            serde_json::json!({"error": crate::cli::error_value(&e), "exit_code": e.exit_status()}),
+            crate::outcome::error_outcome(&e, false),
+            serde_json::json!({"error": crate::outcome::error_value(&e), "exit_code": e.exit_status()}),
         ),
     };
     let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());
@@ -180,7 +180,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             session: r.session.clone(),
             request,
             json: r.json,
-            cgroup_root: crate::cli::cgroup_root(),
+            cgroup_root: crate::sandbox::cgroup::root(),
             sources: crate::ids::Sources::system(),
             backend: r.backend.clone(),
             config: r
