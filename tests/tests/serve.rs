@@ -1463,6 +1463,33 @@ fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
         "warm",
     );
     assert!(out.starts_with("carried\n"), "{out}");
+    // Without --json the command's stdout is the client's stdout: the warm
+    // sandbox's output pumps are set up for the turn that takes it.
+    let plain = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/echo",
+            "plain",
+        ],
+    );
+    assert_eq!(plain.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "plain\n");
+    // (The daemon's log says which sandbox each turn got.)
+    let log = std::fs::read_to_string(&daemon.log).unwrap();
+    let last = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "turn finished")
+        .last()
+        .unwrap();
+    assert_eq!(last["fields"]["sandbox"], "warm", "{last}");
     fx.assert_ledgers_intact(&sid);
     // The daemon's health counts the waiting worker.
     let h = Command::new(supervise_bin())

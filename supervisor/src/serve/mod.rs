@@ -796,6 +796,7 @@ fn log_turn(reply: &Reply, took: Duration) {
         status = v["status"].as_str().unwrap_or("error"),
         exit_status = reply.exit_status,
         duration_ms = took.as_secs_f64() * 1000.0,
+        sandbox = v["durations"]["sandbox"].as_str().unwrap_or("none"),
         "turn finished"
     );
 }
