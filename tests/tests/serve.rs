@@ -1485,9 +1485,9 @@ fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
     let log = std::fs::read_to_string(&daemon.log).unwrap();
     let last = log
         .lines()
+        .rev()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["fields"]["message"] == "turn finished")
-        .last()
+        .find(|v| v["fields"]["message"] == "turn finished")
         .unwrap();
     assert_eq!(last["fields"]["sandbox"], "warm", "{last}");
     fx.assert_ledgers_intact(&sid);
