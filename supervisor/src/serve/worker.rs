@@ -60,10 +60,13 @@ pub fn main() -> u8 {
             _ => break,
         };
         let job: std::result::Result<Job, _> = serde_json::from_slice(&line);
-        let keep = job.as_ref().is_ok_and(|j| j.keep_warm);
-        if keep && crate::sandbox::pool::enable().is_err() {
-            status = 1;
-            break;
+        let mut keep = job.as_ref().is_ok_and(|j| j.keep_warm);
+        if keep {
+            if let Err(e) = crate::sandbox::pool::enable() {
+                // The turn still runs, cold, and this worker does not stay.
+                tracing::warn!(error = %e, "no warm pool in this worker");
+                keep = false;
+            }
         }
         // The client's descriptors are this turn's stdout and stderr.
         if let [out, err] = fds.as_slice() {
