@@ -160,15 +160,14 @@ fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<S
             ids.insert(rest.trim_end_matches(".lock").to_owned());
         }
     }
-    let cg_prefix = pool::cgroup_name(sid, "");
-    let cgroups = TurnCgroup::leftovers(cgroup_root, &cg_prefix);
-    for cg in &cgroups {
-        if let Some(name) = cg.dirs().first().and_then(|d| d.file_name()) {
-            if let Some(id) = name.to_string_lossy().strip_prefix(&cg_prefix) {
-                ids.insert(id.to_owned());
-            }
-        }
+    // The lock file is made first and removed last (after the cgroup and
+    // the directory, by the owner and by this sweep alike): a warm
+    // sandbox's id is always found in the session directory, and a run that
+    // finds none lists no cgroups (this is on every turn's path).
+    if ids.is_empty() {
+        return Ok(Vec::new());
     }
+    let cgroups = TurnCgroup::leftovers(cgroup_root, &pool::cgroup_name(sid, ""));
     let mut removed = Vec::new();
     for id in ids {
         let (alive, _held) = pool::owner_alive(session_dir, &id);

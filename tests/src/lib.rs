@@ -378,6 +378,19 @@ pub const BUSYBOX_APPLETS: &[&str] = &[
     "sh", "cat", "echo", "ls", "true", "false", "sleep", "touch", "mkdir", "id", "env",
 ];
 
+/// The package the image-rootfs tests (rootfs, shim, CRI) install as `bb`:
+/// busybox's shell from the image, a readable `data/` with a forbidden
+/// `data/secret/`, the session's output directory writable.
+pub const BUSYBOX_MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": ["data/**"],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/bin/sh", "/bin/busybox"],
+    "forbidden": ["data/secret/**"]
+  },
+  "limits": {"timeout_seconds": 30}
+}"#;
+
 /// Builds a minimal image rootfs in `dir` (which must not exist): the
 /// statically linked `/bin/busybox` (Debian's busybox-static), its applets
 /// as symlinks, `/etc/passwd` and `/etc/group` naming root and nobody, and

@@ -28,17 +28,7 @@ use k8s_cri::v1::{
 };
 use tonic::transport::Channel;
 use turnstile_tests::containerd::{Containerd, Leftovers};
-use turnstile_tests::{Fixture, busybox_rootfs, require_root, supervise_bin};
-
-const MANIFEST: &str = r#"{
-  "capabilities": {
-    "read": ["data/**"],
-    "write": ["output/<session_id>/**"],
-    "execute": ["/bin/sh", "/bin/busybox"],
-    "forbidden": ["data/secret/**"]
-  },
-  "limits": {"timeout_seconds": 30}
-}"#;
+use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, busybox_rootfs, require_root, supervise_bin};
 
 const IMAGE: &str = "docker.io/turnstile/busybox:cri-test";
 const PAUSE: &str = "docker.io/turnstile/pause:cri-test";
@@ -216,7 +206,7 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
     let tag = std::process::id();
     let before = Leftovers::before();
     let fx = Fixture::new();
-    fx.install("bb", MANIFEST);
+    fx.install("bb", BUSYBOX_MANIFEST);
     fx.write("data/in.txt", b"hello from a pod\n");
     fx.write("data/secret/key", b"k\n");
     let images = tempfile::tempdir().unwrap();

@@ -4,17 +4,7 @@
 //! writes are captured, verified and committed or blocked exactly as
 //! without it. On native and runc (the containerd shim's default).
 
-use turnstile_tests::{Fixture, busybox_rootfs, require_root};
-
-const MANIFEST: &str = r#"{
-  "capabilities": {
-    "read": ["data/**"],
-    "write": ["output/<session_id>/**"],
-    "execute": ["/bin/sh", "/bin/busybox"],
-    "forbidden": ["data/secret/**"]
-  },
-  "limits": {"timeout_seconds": 30}
-}"#;
+use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, busybox_rootfs, require_root};
 
 const SCRIPT: &str = r#"cat data/in.txt > "output/$TURNSTILE_SESSION_ID/r.txt"
 cat /etc/os-release
@@ -39,7 +29,7 @@ fn issue_12_rootfs_is_the_system_view_on_native_and_runc() {
     let rootfs = rootfs.to_str().unwrap();
     for backend in ["native", "runc"] {
         let fx = Fixture::new();
-        fx.install("bb", MANIFEST);
+        fx.install("bb", BUSYBOX_MANIFEST);
         fx.write("data/in.txt", b"hello\n");
         fx.write("data/secret/key", b"k\n");
         let common = ["--json", "--backend", backend, "--rootfs", rootfs];
@@ -98,7 +88,7 @@ fn issue_12_rootfs_is_the_system_view_on_native_and_runc() {
 #[test]
 fn issue_12_rootfs_must_be_an_image_dir_apart_from_the_workspace() {
     let fx = Fixture::new();
-    fx.install("bb", MANIFEST);
+    fx.install("bb", BUSYBOX_MANIFEST);
     let inside = fx.root.join("data");
     std::fs::create_dir_all(&inside).unwrap();
     for bad in ["/", "/nonexistent/rootfs", inside.to_str().unwrap()] {

@@ -411,20 +411,7 @@ fn serve_turn_equals_run_fr_rt_007_fr_rt_018() {
         );
         session_of(&r)
     };
-    let r = run(
-        &fx,
-        Some(&daemon.socket),
-        &[
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--no-outputs",
-            "--json",
-            "--",
-            "/bin/true",
-        ],
-    );
+    let r = served_turn(&fx, &daemon.socket, &sid, &["/bin/true"]);
     let v: Value = serde_json::from_slice(&r.stdout).unwrap();
     assert_eq!(v["turn_number"], 2);
     fx.assert_ledgers_intact(&sid);
@@ -576,20 +563,7 @@ fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
     fx.assert_ledgers_intact(&sid);
     assert_nothing_left(&fx, &sid);
     // The session goes on through the restarted daemon.
-    let r = run(
-        &fx,
-        Some(&again.socket),
-        &[
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--no-outputs",
-            "--json",
-            "--",
-            "/bin/true",
-        ],
-    );
+    let r = served_turn(&fx, &again.socket, &sid, &["/bin/true"]);
     assert_eq!(
         r.status.code(),
         Some(0),
@@ -1179,20 +1153,7 @@ fn serve_max_turns_refuses_beyond_the_limit_and_runs_nothing() {
         !processes_with("/bin/sleep 1008").is_empty()
     });
     let before = read_entries(&fx.ledger(&sid, "exec")).len();
-    let r = run(
-        &fx,
-        Some(&daemon.socket),
-        &[
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--no-outputs",
-            "--json",
-            "--",
-            "/bin/true",
-        ],
-    );
+    let r = served_turn(&fx, &daemon.socket, &sid, &["/bin/true"]);
     assert_eq!(
         r.status.code(),
         Some(1),
@@ -1313,9 +1274,8 @@ fn served_sleep(
         .unwrap()
 }
 
-/// One turn of `sid` through `server`, `--json`: (exit code, stdout of
-/// the command as captured by `sh`'s file, the --json value).
-fn served_json(fx: &Fixture, server: &Path, sid: &str, cmd: &[&str]) -> Value {
+/// One turn of `sid` through `server`, `--json`, no outputs declared.
+fn served_turn(fx: &Fixture, server: &Path, sid: &str, cmd: &[&str]) -> Output {
     let mut args = vec![
         "--package",
         "s",
@@ -1326,7 +1286,13 @@ fn served_json(fx: &Fixture, server: &Path, sid: &str, cmd: &[&str]) -> Value {
         "--",
     ];
     args.extend_from_slice(cmd);
-    let out = run(fx, Some(server), &args);
+    run(fx, Some(server), &args)
+}
+
+/// One turn of `sid` through `server`, `--json`: (exit code, stdout of
+/// the command as captured by `sh`'s file, the --json value).
+fn served_json(fx: &Fixture, server: &Path, sid: &str, cmd: &[&str]) -> Value {
+    let out = served_turn(fx, server, sid, cmd);
     assert_eq!(
         out.status.code(),
         Some(0),

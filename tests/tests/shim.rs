@@ -14,17 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use turnstile_tests::containerd::{Containerd, Leftovers};
-use turnstile_tests::{Fixture, busybox_rootfs, require_root, supervise_bin};
-
-const MANIFEST: &str = r#"{
-  "capabilities": {
-    "read": ["data/**"],
-    "write": ["output/<session_id>/**"],
-    "execute": ["/bin/sh", "/bin/busybox"],
-    "forbidden": ["data/secret/**"]
-  },
-  "limits": {"timeout_seconds": 30}
-}"#;
+use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, busybox_rootfs, require_root, supervise_bin};
 
 const IMAGE: &str = "docker.io/turnstile/busybox:test";
 
@@ -148,7 +138,7 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         let imported = c.ctr(&["images", "import", archive.to_str().unwrap()]);
         assert!(imported.status.success(), "{}", text(&imported));
 
-        fx.install("bb", MANIFEST);
+        fx.install("bb", BUSYBOX_MANIFEST);
         fx.write("data/in.txt", b"hello\n");
         fx.write("data/secret/key", b"k\n");
         let ws = fx.root.clone();

@@ -366,15 +366,7 @@ fn resolve_kernels(wanted: &[String], work: &Path) -> Result<Vec<String>> {
 /// Builds `supervise`, the red-team binary and the integration-test
 /// binaries; returns the target dir and the test executables to run.
 fn build(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
-    run(cargo().args([
-        "build",
-        "--quiet",
-        "-p",
-        "turnstile-supervisor",
-        "-p",
-        "turnstile-tests",
-        "--bins",
-    ]))?;
+    super::build_bins(false)?;
     let mut c = cargo();
     c.args([
         "test",

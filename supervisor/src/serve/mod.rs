@@ -137,15 +137,21 @@ impl Worker {
     }
 
     /// Lets the worker go (EOF on its socket: it discards its warm sandbox
-    /// and exits) and reaps it off the caller's path; the daemon waits for
-    /// every such reaper before it exits, so no worker is cut short.
-    fn dismiss(self, d: &Daemon) {
+    /// and exits) and waits for it; returns how it ended.
+    fn close(self) -> std::io::Result<std::process::ExitStatus> {
         let Self { mut child, ctl, .. } = self;
         drop(ctl);
+        child.wait()
+    }
+
+    /// Lets the worker go, as [`Worker::close`], but reaps it off the
+    /// caller's path; the daemon waits for
+    /// every such reaper before it exits, so no worker is cut short.
+    fn dismiss(self, d: &Daemon) {
         let reaper = std::thread::Builder::new()
             .name("reap-worker".into())
             .spawn(move || {
-                let _ = child.wait();
+                let _ = self.close();
             });
         if let (Ok(t), Ok(mut all)) = (reaper, d.reapers.lock()) {
             all.retain(|t| !t.is_finished());
@@ -760,9 +766,7 @@ pub(crate) fn run_worker(
     let end = reply_bytes.iter().position(|b| *b == b'\n');
     let parsed = end.and_then(|end| serde_json::from_slice::<Reply>(&reply_bytes[..end]).ok());
     let Some(mut reply) = parsed else {
-        let Worker { mut child, ctl, .. } = w;
-        drop(ctl);
-        let status = child.wait();
+        let status = w.close();
         return Err(SupervisorError::WorkerFailed {
             detail: format!(
                 "the worker ended ({status:?}) without a reply; the turn's ledgers say how far it got"
@@ -773,9 +777,7 @@ pub(crate) fn run_worker(
     match session {
         Some(s) if reply.stays && !forwarded => d.keep(s, w),
         _ => {
-            let Worker { mut child, ctl, .. } = w;
-            drop(ctl);
-            let _ = child.wait();
+            let _ = w.close();
         }
     }
     reply.stays = false;

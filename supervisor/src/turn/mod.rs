@@ -248,21 +248,19 @@ struct Turn<'a> {
 /// starts), [`Intent::finish`] returns how long the turn waited for it (the
 /// `intent_entry` phase: the phases stay disjoint parts of the turn's wall
 /// time), or why it failed.
-struct Intent<'scope, 'env> {
+struct Intent<'scope> {
     handle: Option<std::thread::ScopedJoinHandle<'scope, Result<()>>>,
     result: Option<Result<u64>>,
-    _env: std::marker::PhantomData<&'env ()>,
 }
 
-impl<'scope, 'env> Intent<'scope, 'env> {
-    fn spawn(
+impl<'scope> Intent<'scope> {
+    fn spawn<'env>(
         scope: &'scope std::thread::Scope<'scope, 'env>,
         append: impl FnOnce() -> Result<()> + Send + 'scope,
     ) -> Self {
         Self {
             handle: Some(scope.spawn(append)),
             result: None,
-            _env: std::marker::PhantomData,
         }
     }
 
@@ -417,7 +415,7 @@ impl Turn<'_> {
         result
     }
 
-    fn execute(&self, plan: Plan, intent: &mut Intent<'_, '_>) -> Outcome {
+    fn execute(&self, plan: Plan, intent: &mut Intent<'_>) -> Outcome {
         let mut clock = Instant::now();
         let mut phases = Vec::new();
         let mut outcome = self.execute_timed(plan, intent, &mut clock, &mut phases);
@@ -429,7 +427,7 @@ impl Turn<'_> {
     fn execute_timed(
         &self,
         plan: Plan,
-        intent: &mut Intent<'_, '_>,
+        intent: &mut Intent<'_>,
         clock: &mut Instant,
         phases: &mut Vec<(&'static str, u64)>,
     ) -> Outcome {
