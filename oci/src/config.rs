@@ -14,7 +14,9 @@
 //! - writable scopes: read-write binds of the overlay merged directories the
 //!   backend prepares (`scope_source`), so writes are captured from an
 //!   overlay upper exactly as natively;
-//! - masks (forbidden paths, the ledgers): `linux.maskedPaths`.
+//! - masks (forbidden paths, the ledgers): explicit read-only binds — an
+//!   empty mode-0000 directory over a directory, an empty mode-0000 file over a file
+//!   (not `linux.maskedPaths`, which runc and crun fill differently).
 //!
 //! The process runs as 65534 with no capability in any set and
 //! no_new_privs. Landlock is not in the OCI spec: with an
@@ -70,6 +72,10 @@ pub const REPORT_PREFIX: &str = "\u{1}turnstile-init ";
 /// The bundle file every masked file is bound from: empty, mode 0000
 /// (a read by the turn's uid fails EACCES, as natively).
 pub const MASK_FILE: &str = "generated/masked";
+
+/// The bundle directory every masked directory is bound from: empty, mode
+/// 0000 (listing it fails EACCES, as natively).
+pub const MASK_DIR: &str = "generated/masked.d";
 
 /// Container paths of the init and its rules file.
 pub const INIT_PATH: &str = "/.turnstile/init";
@@ -220,20 +226,20 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                         })?;
                 mounts.push(bind(path, source, true));
             }
-            // Explicit mounts, not only `maskedPaths`: gVisor honours
-            // maskedPaths under /proc alone (measured: a forbidden
-            // directory stayed readable under runsc). Listed in maskedPaths
-            // too, for readers of the bundle.
+            // Explicit mounts, never `maskedPaths`: gVisor honours
+            // maskedPaths under /proc alone (measured: a forbidden directory
+            // stayed readable under runsc), and runc and crun apply
+            // maskedPaths after the mounts, putting a world-listable empty
+            // tmpfs (mode 1777) over a directory and /dev/null over a file —
+            // not the native view, where a forbidden path is mode 0000 and
+            // every access is EACCES (issue 22: one view on every backend).
+            // A bind of an empty mode-0000 directory, not a tmpfs with
+            // `mode=000`: runc chmods a tmpfs to its mount point's mode.
             Mount::MaskDir { path, .. } => {
-                mounts.push(tmpfs(
-                    path,
-                    &["ro", "nosuid", "nodev", "noexec", "mode=000", "size=4k", "nr_inodes=1"],
-                ));
-                masked.push(path.clone());
+                mounts.push(bind(path, &gen_path(MASK_DIR), false));
             }
             Mount::MaskFile { path, .. } => {
                 mounts.push(bind(path, &gen_path(MASK_FILE), false));
-                masked.push(path.clone());
             }
         }
     }

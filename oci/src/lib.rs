@@ -20,8 +20,8 @@ pub mod seccomp;
 pub mod vm;
 
 pub use config::{
-    ALLOW_UNENFORCED_FLAG, Bundle, BundleOptions, InitBinary, InitReport, MASK_FILE, REPORT_PREFIX,
-    REPORT_STDERR_FLAG, build,
+    ALLOW_UNENFORCED_FLAG, Bundle, BundleOptions, InitBinary, InitReport, MASK_DIR, MASK_FILE,
+    REPORT_PREFIX, REPORT_STDERR_FLAG, build,
 };
 pub use error::OciError;
 pub use vm::{VmConfig, VmHwConfig, VmKernel};

@@ -88,6 +88,10 @@ pub fn linux_seccomp(profile: &SeccompProfile, arch: &str) -> Result<Value, Stri
         .allow
         .iter()
         .partition(|name| profile.arg_rules.iter().any(|r| r.syscall == **name));
+    // The xattr setters the native listener inspects: no listener here, so
+    // plain allows (the red-team table records the difference).
+    let inspected: Vec<&String> = profile.xattr_checked.iter().map(|c| &c.syscall).collect();
+    let unconditional: Vec<&String> = unconditional.into_iter().chain(inspected).collect();
     if !unconditional.is_empty() {
         let names: Vec<String> = unconditional.into_iter().cloned().collect();
         syscalls.push(allow_rule(&names, Vec::new()));

@@ -248,8 +248,13 @@ const LOADERS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
 ];
 
-/// Devices a turn may use (and `/proc`, whose files a process writes in
-/// place: its own `comm`, thread names, `oom_score_adj`).
+/// Devices a turn may use, and the `/proc` files a process writes in
+/// place: its own `comm` (`> /proc/self/comm`) and `oom_score_adj`. Not
+/// `/proc` whole: a write grant there would reach every process's
+/// `attr/*` (the LSM attribute files) and `mem`. `/proc/self` names the
+/// command's own process: the rules are created in the process that execs
+/// the command, so these grants are its files (a child names its thread
+/// with `prctl(PR_SET_NAME)`, which needs no file).
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
@@ -258,7 +263,8 @@ const DEVICES: &[&str] = &[
     "/dev/urandom",
     "/dev/tty",
     "/dev/pts",
-    "/proc",
+    "/proc/self/comm",
+    "/proc/self/oom_score_adj",
 ];
 
 /// Host environment variables passed through when set.

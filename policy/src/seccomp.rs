@@ -108,7 +108,40 @@ pub struct SeccompProfile {
     /// Syscalls allowed only for listed argument values.
     #[serde(default)]
     pub allowlists: Vec<ValueAllowlist>,
+    /// Syscalls whose extended-attribute name the supervisor reads before
+    /// they run (user notification): a name under
+    /// [`OVERLAY_XATTR_PREFIXES`] is refused with EPERM, any other
+    /// continues. Without a listener (an OCI runtime installs the filter)
+    /// they are plain allows.
+    #[serde(default)]
+    pub xattr_checked: Vec<XattrCheck>,
 }
+
+/// A syscall that sets an extended attribute, and which argument holds the
+/// attribute's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XattrCheck {
+    pub syscall: String,
+    pub name_arg: u32,
+}
+
+/// Extended-attribute names private to overlayfs: a turn never sets them on
+/// its overlay (inert at commit, which copies no xattrs — but an overlay
+/// mounted with `userxattr` would honour `user.overlay.opaque`, and
+/// `trusted.overlay.*` is overlay's own metadata).
+pub const OVERLAY_XATTR_PREFIXES: &[&str] = &["user.overlay.", "trusted.overlay."];
+
+/// Why [`OVERLAY_XATTR_PREFIXES`] are refused (the hint of a recorded
+/// refusal).
+pub const OVERLAY_XATTR_WHY: &str = "extended attributes named user.overlay.* or trusted.overlay.* are overlayfs's own metadata (opaque directories, redirects, origins): a turn never sets them on its overlay";
+
+/// The syscalls that set an xattr: (name, index of the name argument).
+const XATTR_SETTERS: &[(&str, u32)] = &[
+    ("setxattr", 1),
+    ("lsetxattr", 1),
+    ("fsetxattr", 1),
+    ("setxattrat", 3),
+];
 
 /// Allowed unconditionally: Docker's unconditional list for the native
 /// architecture, minus what `DENY` and `ENOSYS_ON_PURPOSE` say why not,
@@ -183,7 +216,6 @@ const ALLOW: &[&str] = &[
     "flock",
     "fork",
     "fremovexattr",
-    "fsetxattr",
     "fstat",
     "fstatfs",
     "fsync",
@@ -252,7 +284,6 @@ const ALLOW: &[&str] = &[
     "llistxattr",
     "lremovexattr",
     "lseek",
-    "lsetxattr",
     "lsm_get_self_attr",
     "lsm_list_modules",
     "lstat",
@@ -378,8 +409,6 @@ const ALLOW: &[&str] = &[
     "setsid",
     "setsockopt",
     "setuid",
-    "setxattr",
-    "setxattrat",
     "shmat",
     "shmctl",
     "shmdt",
@@ -800,6 +829,13 @@ impl SeccompProfile {
                 .collect(),
             arg_rules,
             allowlists,
+            xattr_checked: XATTR_SETTERS
+                .iter()
+                .map(|(s, a)| XattrCheck {
+                    syscall: (*s).to_owned(),
+                    name_arg: *a,
+                })
+                .collect(),
         }
     }
 }

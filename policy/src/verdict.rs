@@ -10,10 +10,15 @@ use crate::request::DeclaredOutput;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     File,
-    /// A directory the turn created.
+    /// A directory the turn created where nothing was.
     Dir,
-    /// A directory the turn replaced (removed and recreated).
+    /// An existing directory whose permission bits the turn changed.
+    DirMode,
+    /// An existing directory the turn replaced (removed and recreated): it
+    /// hides what the directory held.
     OpaqueDir,
+    /// A directory the turn made where a file (or link) was.
+    DirOverFile,
     Symlink,
     /// A deletion (overlay whiteout).
     Deleted,
@@ -22,11 +27,34 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Why a write of this kind outside the scratch space does not commit
+    /// unless it is a declared output or an implied parent of one.
+    pub fn why_blocked(self) -> &'static str {
+        match self {
+            Self::File => "only declared files commit",
+            Self::Dir => {
+                "a new directory commits only as the parent of declared outputs, holding nothing else"
+            }
+            Self::DirMode => "an existing directory's permissions never change by a commit",
+            Self::OpaqueDir => {
+                "an existing directory was removed and recreated, which would hide what it held"
+            }
+            Self::DirOverFile => "a directory would replace an existing file",
+            Self::Symlink => "symbolic links never commit",
+            Self::Deleted => {
+                "a deletion (or the old name of a renamed file or directory) never commits"
+            }
+            Self::Special => "FIFOs, sockets and device nodes never commit",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::File => "file",
             Self::Dir => "dir",
+            Self::DirMode => "dir_mode",
             Self::OpaqueDir => "opaque_dir",
+            Self::DirOverFile => "dir_over_file",
             Self::Symlink => "symlink",
             Self::Deleted => "deleted",
             Self::Special => "special",
@@ -66,6 +94,10 @@ pub struct Verdict {
     pub undeclared: Vec<RealizedWrite>,
     /// Declared outputs the turn did not produce as regular files.
     pub missing: Vec<String>,
+    /// New directories that hold only declared outputs (or directories
+    /// leading to them): they commit with them, as Bazel creates the
+    /// parents of declared outputs.
+    pub implied: Vec<RealizedWrite>,
 }
 
 impl Verdict {
@@ -93,7 +125,10 @@ pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &s
         }
         match w.kind {
             Kind::File if declared_paths.contains(w.path.as_str()) => v.matched.push(w.clone()),
-            Kind::Dir if declared_ancestors.contains(w.path.as_str()) => {}
+            // A new directory on the way to a declared output: implied.
+            // Anything else in it is a write of its own and judged so, so
+            // an implied parent never carries an undeclared file through.
+            Kind::Dir if declared_ancestors.contains(w.path.as_str()) => v.implied.push(w.clone()),
             _ => v.undeclared.push(w.clone()),
         }
     }
@@ -146,6 +181,40 @@ mod tests {
         assert_eq!(v.missing, vec!["output/S/c.md".to_owned()]);
         assert_eq!(v.scratch.len(), 1);
         assert!(!v.matches());
+    }
+
+    /// Issue 23: the new directories leading to a declared output are
+    /// implied; a new directory leading to none, an existing directory's
+    /// chmod, a replaced directory and a directory over a file all block.
+    #[test]
+    fn new_parents_of_declared_outputs_are_implied() {
+        let writes = [
+            w("output/S/a", Kind::Dir),
+            w("output/S/a/b", Kind::Dir),
+            w("output/S/a/b/c", Kind::Dir),
+            w("output/S/a/b/c/r.txt", Kind::File),
+        ];
+        let v = verify(&writes, &[out("output/S/a/b/c/r.txt")], "tmp/S");
+        assert!(v.matches(), "{v:?}");
+        assert_eq!(v.implied.len(), 3);
+        assert_eq!(v.matched.len(), 1);
+
+        for (extra, kind) in [
+            ("output/S/a/empty", Kind::Dir),
+            ("output/S/a/b/x.txt", Kind::File),
+            ("output/S/a", Kind::DirMode),
+            ("output/S/a", Kind::OpaqueDir),
+            ("output/S/a", Kind::DirOverFile),
+            ("output/S/old", Kind::Deleted),
+        ] {
+            let mut ws: Vec<RealizedWrite> =
+                writes.iter().filter(|x| x.path != extra).cloned().collect();
+            ws.push(w(extra, kind));
+            let v = verify(&ws, &[out("output/S/a/b/c/r.txt")], "tmp/S");
+            assert!(!v.matches(), "{extra} {kind:?}");
+            assert_eq!(v.undeclared, vec![w(extra, kind)], "{extra} {kind:?}");
+            assert!(!kind.why_blocked().is_empty());
+        }
     }
 
     #[test]

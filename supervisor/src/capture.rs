@@ -114,19 +114,18 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                     (Kind::File, n, Some(h))
                 } else if ft.is_dir() {
                     stack.push((rel.clone(), depth + 1));
-                    if is_opaque(&host) {
-                        (Kind::OpaqueDir, 0, None)
-                    } else if scope
-                        .lower
-                        .join(&rel)
-                        .symlink_metadata()
-                        .is_ok_and(|m| m.is_dir() && m.mode() & 0o7777 == meta.mode() & 0o7777)
-                    {
+                    // What the directory is, from what the lower layer had
+                    // there — not from the opaque mark alone: overlayfs
+                    // also marks a new directory opaque when its parent is
+                    // a merged one (an optimisation, nothing to hide).
+                    match scope.lower.join(&rel).symlink_metadata() {
+                        Err(_) => (Kind::Dir, 0, None),
+                        Ok(lower) if !lower.is_dir() => (Kind::DirOverFile, 0, None),
+                        Ok(_) if is_opaque(&host) => (Kind::OpaqueDir, 0, None),
                         // Copied up to hold a change below it: structure,
                         // not a write of its own (a chmod of it is one).
-                        continue;
-                    } else {
-                        (Kind::Dir, 0, None)
+                        Ok(lower) if lower.mode() & 0o7777 == meta.mode() & 0o7777 => continue,
+                        Ok(_) => (Kind::DirMode, 0, None),
                     }
                 } else if ft.is_symlink() {
                     (Kind::Symlink, meta.len(), None)

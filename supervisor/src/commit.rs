@@ -319,8 +319,10 @@ fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
         let mode = w.mode & 0o777;
         match w.kind {
             Kind::Deleted => scratch.push(ScratchOp::Delete { path }),
-            Kind::OpaqueDir => scratch.push(ScratchOp::ReplaceDir { path, mode }),
-            Kind::Dir => scratch.push(ScratchOp::Dir { path, mode }),
+            Kind::OpaqueDir | Kind::DirOverFile => {
+                scratch.push(ScratchOp::ReplaceDir { path, mode });
+            }
+            Kind::Dir | Kind::DirMode => scratch.push(ScratchOp::Dir { path, mode }),
             Kind::File | Kind::Symlink => scratch.push(ScratchOp::Place { path, index }),
             // FIFOs, sockets and device nodes never leave the sandbox.
             Kind::Special => {}
@@ -428,6 +430,24 @@ fn stage_file(
 fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
     let mut synced: Vec<File> = Vec::new();
     let mut dirs: Vec<OwnedFd> = Vec::new();
+    // The implied parents (issue 23), parents first: owned and moded as
+    // committed outputs are, and durable in their parents before the
+    // commit point (a roll-forward must find the staged files under them).
+    for d in &journal.created_dirs {
+        let fd = open_dir_creating(req.root, d)?;
+        nix::unistd::fchown(
+            fd.as_fd(),
+            Some(nix::unistd::Uid::from_raw(journal.output_owner.0)),
+            Some(nix::unistd::Gid::from_raw(journal.output_owner.1)),
+        )
+        .map_err(|e| commit_err(format!("chown {d}: {e}")))?;
+        nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(0o755))
+            .map_err(|e| commit_err(format!("chmod {d}: {e}")))?;
+        let (parent, _) = split(d);
+        if let Some(p) = open_dir(req.root, parent)? {
+            dirs.push(p);
+        }
+    }
     for (op, w) in journal.outputs.iter().zip(req.matched) {
         let (scope, rel) = scope_of(req.scopes, w)?;
         let (dir_rel, _) = split(&op.path);

@@ -52,6 +52,13 @@ fn syscall_hint(profile: &SeccompProfile, name: &str) -> String {
             Some(format!("these arguments are refused: {}", a.why))
         })
         .or_else(|| {
+            profile
+                .xattr_checked
+                .iter()
+                .any(|c| c.syscall == name)
+                .then(|| turnstile_policy::seccomp::OVERLAY_XATTR_WHY.to_owned())
+        })
+        .or_else(|| {
             let r = profile.arg_rules.iter().find(|r| r.syscall == name)?;
             Some(format!("these arguments are refused ({})", r.why))
         })

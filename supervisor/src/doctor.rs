@@ -87,6 +87,8 @@ pub fn report() -> (String, Value) {
             "no usable cgroup hierarchy (memory and pids controllers) under /sys/fs/cgroup".into(),
         );
     }
+    let host_devices = host_device_damage(Path::new("/dev"));
+    degraded.extend(host_devices.iter().cloned());
     let runtimes: Vec<Value> = ["runc", "crun", "runsc", "kata-runtime", "bwrap"]
         .iter()
         .map(|r| json!({"name": r, "path": which(r)}))
@@ -105,6 +107,7 @@ pub fn report() -> (String, Value) {
         "cgroup": cg.map(cgroup::Version::as_str),
         "runtimes": runtimes,
         "denials_observed": denials,
+        "host_devices": host_devices,
     });
     let mut text = format!("turnstile doctor: {status}\n");
     text += &format!("  root:            {}\n", if root { "yes" } else { "no" });
@@ -144,6 +147,69 @@ pub fn report() -> (String, Value) {
         text += &format!("  - {reason}\n");
     }
     (text, value)
+}
+
+/// The host's standard character devices, as every program expects them:
+/// (name, major, minor). Each must be a character device, mode 0666,
+/// owned by root.
+const HOST_DEVICES: [(&str, u64, u64); 5] = [
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+];
+
+/// What is wrong with the standard devices under `dev` (empty: nothing).
+/// An older turnstile let runsc and crun `fchown` the host's `/dev/null`
+/// to the turn's user (issue 22); a host damaged that way fails every
+/// non-root program that opens it.
+pub fn host_device_damage(dev: &Path) -> Vec<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = Vec::new();
+    for (name, major, minor) in HOST_DEVICES {
+        let path = dev.join(name);
+        let fix = format!(
+            "(fix: rm -f {p} && mknod -m 0666 {p} c {major} {minor})",
+            p = path.display()
+        );
+        match std::fs::symlink_metadata(&path) {
+            Err(e) => out.push(format!("{}: {e} {fix}", path.display())),
+            Ok(m) if !m.file_type().is_char_device() => {
+                out.push(format!(
+                    "{} is not a character device {fix}",
+                    path.display()
+                ));
+            }
+            Ok(m) => {
+                let rdev = (
+                    nix::sys::stat::major(m.rdev()),
+                    nix::sys::stat::minor(m.rdev()),
+                );
+                let mut wrong = Vec::new();
+                if rdev != (major, minor) {
+                    wrong.push(format!(
+                        "device {}:{} (expected {major}:{minor})",
+                        rdev.0, rdev.1
+                    ));
+                }
+                if m.mode() & 0o7777 != 0o666 {
+                    wrong.push(format!("mode {:04o} (expected 0666)", m.mode() & 0o7777));
+                }
+                if m.uid() != 0 {
+                    wrong.push(format!("owner uid {} (expected root)", m.uid()));
+                }
+                if !wrong.is_empty() {
+                    out.push(format!(
+                        "host {} is damaged: {} {fix}",
+                        path.display(),
+                        wrong.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// READY, DEGRADED (something recorded as degraded) or FAILED.
@@ -257,4 +323,53 @@ pub fn health(state_dir: &Path) -> (String, Value) {
         text += &format!("  - {reason}\n");
     }
     (text, value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 22: a host `/dev/null` given to 65534 (what runsc's `fchown`
+    /// of its stdio did) or chmodded is reported, with the fix; intact
+    /// nodes are not. Needs root (mknod).
+    #[test]
+    fn doctor_reports_a_damaged_host_dev_null() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("TURNSTILE_REQUIRE_KERNEL").is_none(),
+                "root is required"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for (name, major, minor) in HOST_DEVICES {
+            let p = dir.path().join(name);
+            nix::sys::stat::mknod(
+                &p,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(major, minor),
+            )
+            .unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .unwrap();
+        }
+        assert_eq!(host_device_damage(dir.path()), Vec::<String>::new());
+        assert!(
+            host_device_damage(Path::new("/dev")).is_empty(),
+            "this host's /dev"
+        );
+        let null = dir.path().join("null");
+        nix::unistd::chown(&null, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        std::fs::set_permissions(&null, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+            .unwrap();
+        let damage = host_device_damage(dir.path());
+        assert_eq!(damage.len(), 1, "{damage:?}");
+        assert!(damage[0].contains("owner uid 65534"), "{damage:?}");
+        assert!(damage[0].contains("mode 0000"), "{damage:?}");
+        assert!(damage[0].contains("mknod -m 0666"), "{damage:?}");
+        std::fs::remove_file(dir.path().join("zero")).unwrap();
+        std::fs::write(dir.path().join("zero"), b"").unwrap();
+        assert_eq!(host_device_damage(dir.path()).len(), 2);
+    }
 }

@@ -345,6 +345,64 @@ impl Fixture {
 }
 
 /// sha256 (hex) of a file's content.
+/// The host inodes no turn may change (issue 22): the standard devices
+/// every program opens and the workspace root itself — mode, owner and
+/// ctime of each (ctime moves with any chmod, chown, utimes or xattr
+/// change, even one that restores the old values).
+pub const HOST_INTEGRITY_PATHS: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+];
+
+/// Mode, owner and ctime of [`HOST_INTEGRITY_PATHS`] and `workspace`.
+pub fn host_integrity(workspace: &Path) -> BTreeMap<PathBuf, String> {
+    use std::os::unix::fs::MetadataExt;
+    HOST_INTEGRITY_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .chain([workspace.to_path_buf()])
+        .map(|p| {
+            let state = match std::fs::symlink_metadata(&p) {
+                Ok(m) => format!(
+                    "mode {:o} owner {}:{} ctime {}.{:09}",
+                    m.mode(),
+                    m.uid(),
+                    m.gid(),
+                    m.ctime(),
+                    m.ctime_nsec()
+                ),
+                Err(e) => format!("{e}"),
+            };
+            (p, state)
+        })
+        .collect()
+}
+
+/// What changed since `before` ([`host_integrity`]), as an escape message.
+pub fn host_integrity_changed(
+    before: &BTreeMap<PathBuf, String>,
+    workspace: &Path,
+) -> Option<String> {
+    let after = host_integrity(workspace);
+    let changed: Vec<String> = before
+        .iter()
+        .filter(|(p, s)| after.get(*p) != Some(*s))
+        .map(|(p, s)| {
+            format!(
+                "host inode {} changed: {s} -> {}",
+                p.display(),
+                after.get(p).map_or("gone", String::as_str)
+            )
+        })
+        .collect();
+    (!changed.is_empty()).then(|| changed.join("; "))
+}
+
 pub fn sha256_file(path: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(path).unwrap_or_default()))
 }

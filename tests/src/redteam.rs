@@ -1477,6 +1477,61 @@ pub fn probes() -> Vec<Probe> {
             ENOENT,
             "only the workspace and system dirs are mounted"
         ),
+        // ---- host inodes and the sandbox's own surface (issue 22) ----------
+        probe!(
+            "dev_null_metadata_unchangeable",
+            "procfs-sysfs-dev",
+            py(
+                "res(err(lambda: os.chmod('/dev/null', 0o600)) + ',' + err(lambda: os.utime('/dev/null')))"
+            ),
+            ok(&["EROFS,EROFS"]),
+            "/dev is the turn's own read-only tmpfs with nodes of its own (never a bind of a host device): chmod and utimes fail EROFS, and the host oracle sees every /dev node unchanged"
+        ),
+        probe!(
+            "stdio_is_no_host_inode",
+            "fd-leak",
+            py(
+                "kinds = ['pipe' if stat.S_ISFIFO(os.fstat(fd).st_mode) else oct(os.fstat(fd).st_mode) for fd in (0, 1, 2)]; res(','.join(kinds) + ':' + repr(sys.stdin.read()))"
+            ),
+            ok(&["pipe,pipe,pipe:''"]),
+            "stdin is an empty pipe and stdout/stderr pipes: never the host's /dev/null, which runsc and crun would fchown to the turn's user"
+        ),
+        probe!(
+            "proc_self_attr_unwritable",
+            "procfs-sysfs-dev",
+            py(
+                "res(','.join(err(lambda n=n: open(f'/proc/self/attr/{n}', 'w')) for n in ('current', 'exec', 'fscreate')) + ',' + err(lambda: open('/proc/self/mem', 'wb')))"
+            ),
+            ok(&["EACCES,EACCES,EACCES,EACCES"]),
+            "Landlock grants writes under /proc only to the command's own comm and oom_score_adj: the LSM attribute files and /proc/self/mem are read-only"
+        ),
+        probe!(
+            "af_alg_high_bits_refused",
+            "seccomp-bypass",
+            py(
+                "res(sysc(41, (1 << 32) | 38, 5, 0) + ',' + sysc(41, (0xffffffff << 32) | 38, 5, 0) + ',' + sysc(41, 38, 5, 0))"
+            ),
+            ok(&["EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT"]),
+            "socket families are decided on the low 32 bits, as the kernel reads an int: AF_ALG with high bits set is refused like AF_ALG"
+        ),
+        probe!(
+            "forbidden_dir_unlistable",
+            "landlock-gaps",
+            py(
+                "res(err(lambda: os.listdir('data/secret')) + ',' + err(lambda: os.stat('data/secret/key.pem')))"
+            ),
+            ok(&["EACCES,EACCES"]),
+            "a forbidden directory is an empty mode-0000 mount on every backend: neither its file names nor its files are reachable"
+        ),
+        probe!(
+            "overlay_xattr_refused",
+            "capture-commit",
+            py(
+                "fd = os.open(OUT, os.O_RDONLY)\nres(','.join([err(lambda: os.setxattr(OUT, 'user.overlay.opaque', b'y')), err(lambda: os.setxattr(fd, 'user.overlay.redirect', b'/x')), err(lambda: os.setxattr(OUT, 'trusted.overlay.opaque', b'y', follow_symlinks=False)), err(lambda: os.setxattr(OUT, 'user.turnstile-probe', b'1'))]))"
+            ),
+            ok(&["EPERM,EPERM,EPERM,OK"]),
+            "overlay-private xattrs (user.overlay.*, trusted.overlay.*) are refused by name (the seccomp listener reads it); other user xattrs are not"
+        ),
     ]
 }
 
@@ -1523,6 +1578,39 @@ pub fn backend() -> String {
 /// runc, crun and runsc —, probe, what it shows instead, why). Printed with the table; everything else must
 /// hold exactly as natively.
 pub const DIFFERENCES: &[(&str, &str, Expect, &str)] = &[
+    (
+        "runsc",
+        "proc_self_attr_unwritable",
+        ok(&["ENOENT,ENOENT,ENOENT,EACCES", "ENOENT,ENOENT,ENOENT,OK"]),
+        "gVisor has no LSM attribute files (/proc/self/attr does not exist); its /proc/self/mem is the sentry's emulation, not the host kernel's",
+    ),
+    (
+        "runsc",
+        "af_alg_high_bits_refused",
+        ok(&[
+            "EPERM,EPERM,EPERM",
+            "EAFNOSUPPORT,EAFNOSUPPORT,EAFNOSUPPORT",
+        ]),
+        "the filter refuses AF_ALG before gVisor sees it; gVisor's own filter answers EPERM",
+    ),
+    (
+        "runsc",
+        "overlay_xattr_refused",
+        ok(&["ENOTSUP,ENOTSUP,ENOTSUP,ENOTSUP"]),
+        "gVisor supports no extended attributes on its gofer mounts (ENOTSUP for every name)",
+    ),
+    (
+        "oci",
+        "dev_null_metadata_unchangeable",
+        ok(&["EPERM,OK"]),
+        "the runtime makes /dev a tmpfs of the container's own with its own root-owned nodes (runc and crun mknod them, gVisor emulates them): chmod fails EPERM; utimes of a node the turn may write succeeds on that private node, and the host oracle shows the host's untouched",
+    ),
+    (
+        "oci",
+        "overlay_xattr_refused",
+        ok(&["OK,OK,EPERM,OK"]),
+        "no seccomp listener under runc and crun (the runtime installs the filter), so names cannot be read: user.overlay.* lands in the turn's upper dir but stays inert — the overlays are never mounted with userxattr, capture reads a directory carrying it as opaque (which blocks), commit copies no xattrs; trusted.* needs CAP_SYS_ADMIN",
+    ),
     // runsc first: its rows take precedence over the `oci` rows, which
     // apply to it too (PID 1 is the turn's own command there as well).
     (
@@ -1860,6 +1948,9 @@ impl Suite {
         }
         fx.write("data/secret/key.pem", b"TOPSECRET");
         fx.write("installed/rt/tool.py", b"print('tool')\n");
+        // The workspace skeleton (output/, tmp/, planes/) exists before the
+        // first probe: the host-integrity oracle watches the root's ctime.
+        fx.new_session();
         let dir = tempfile::Builder::new()
             .prefix("ts-canary-")
             .tempdir()
@@ -1991,6 +2082,7 @@ impl Suite {
     /// Runs one probe and judges it.
     pub fn run(&self, probe: &Probe) -> Outcome {
         let before = self.shared_snapshot();
+        let host_before = crate::host_integrity(&self.fx.root);
         let (status, stdout, stderr) = match probe.body {
             Body::Py { code, outputs } => {
                 self.invoke(&self.run_args(None, outputs, &self.python(code)), false)
@@ -2053,6 +2145,9 @@ impl Suite {
         let mut escapes = Vec::new();
         if self.shared_snapshot() != before {
             escapes.push("the shared workspace changed".to_owned());
+        }
+        if let Some(change) = crate::host_integrity_changed(&host_before, &self.fx.root) {
+            escapes.push(change);
         }
         match std::fs::read(self.canary.join("canary.txt")) {
             Ok(b) if b.is_empty() => {}

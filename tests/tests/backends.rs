@@ -346,3 +346,269 @@ fn issue_15_landlock_rights_the_kernel_lacks_refuse_the_turn_unless_allowed() {
         }
     }
 }
+
+/// What a hostile turn tries on the host inodes it can name or holds: the
+/// metadata of every /dev node and of its own stdio.
+const HOST_INODE_ATTACK: &str = r#"
+import os, errno
+got = []
+def e(f):
+    try:
+        f(); return "OK"
+    except OSError as x:
+        return errno.errorcode[x.errno]
+for d in ("null", "zero", "full", "random", "urandom", "tty"):
+    p = "/dev/" + d
+    got += [e(lambda: os.chmod(p, 0o600)), e(lambda: os.chown(p, 65534, 65534)), e(lambda: os.utime(p, (1, 1)))]
+for fd in (0, 1, 2):
+    got += [e(lambda: os.fchmod(fd, 0o600)), e(lambda: os.fchown(fd, 65534, 65534)), e(lambda: os.utime(fd, (1, 1)))]
+print("tried", len(got), "stdin", repr(os.read(0, 10)))
+"#;
+
+/// Issue 22: no turn, on any backend, changes a host inode outside the
+/// workspace's committed outputs — whatever `supervise`'s own stdin is (a
+/// terminal, a pipe, the host's /dev/null). The runtimes get an empty pipe
+/// as the turn's stdin (runsc and crun fchown their stdio to the container
+/// user; runsc gave the host's /dev/null to 65534), and the turn's /dev
+/// nodes are its own.
+#[test]
+fn issue_22_no_backend_changes_a_host_inode_whatever_the_stdin() {
+    if !require_root("issue_22_no_backend_changes_a_host_inode_whatever_the_stdin") {
+        return;
+    }
+    use std::process::{Command, Stdio};
+    for backend in ["native", "runc", "crun", "runsc"] {
+        for stdin in ["terminal", "pipe", "devnull"] {
+            let fx = fixture();
+            fx.new_session(); // the root's skeleton, before the oracle
+            let before = turnstile_tests::host_integrity(&fx.root);
+            let args: Vec<String> = [
+                "run",
+                "--root",
+                &fx.root.display().to_string(),
+                "--state-dir",
+                &fx.state.display().to_string(),
+                "--package",
+                "k",
+                "--backend",
+                backend,
+                "--no-outputs",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                HOST_INODE_ATTACK,
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+            let (status, stdout, terminal) = match stdin {
+                // A pty of the test's own as supervise's stdin; its slave's
+                // metadata must not change either.
+                "terminal" => {
+                    let out = Command::new("/usr/bin/python3")
+                        .args([
+                            "-c",
+                            "import os, subprocess, sys\nm, s = os.openpty()\nname = os.ttyname(s)\nst = os.stat(name)\nr = subprocess.run(sys.argv[1:], stdin=s, capture_output=True)\nst2 = os.stat(name)\nprint('pty', (st.st_mode, st.st_uid, st.st_ctime_ns) == (st2.st_mode, st2.st_uid, st2.st_ctime_ns))\nsys.stdout.write(r.stdout.decode())\nsys.exit(r.returncode)",
+                        ])
+                        .arg(turnstile_tests::supervise_bin())
+                        .args(&args)
+                        .output()
+                        .unwrap();
+                    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+                    assert!(stdout.contains("pty True"), "{backend}: {stdout}");
+                    (out.status.code().unwrap_or(-1), stdout, true)
+                }
+                _ => {
+                    let mut cmd = Command::new(turnstile_tests::supervise_bin());
+                    cmd.args(&args)
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped());
+                    let child = if stdin == "pipe" {
+                        let mut c = cmd.stdin(Stdio::piped()).spawn().unwrap();
+                        use std::io::Write;
+                        c.stdin.take().unwrap().write_all(b"host input").unwrap();
+                        c
+                    } else {
+                        cmd.stdin(std::fs::File::open("/dev/null").unwrap())
+                            .spawn()
+                            .unwrap()
+                    };
+                    let out = child.wait_with_output().unwrap();
+                    (
+                        out.status.code().unwrap_or(-1),
+                        String::from_utf8_lossy(&out.stdout).into_owned(),
+                        false,
+                    )
+                }
+            };
+            assert_eq!(status, 0, "{backend}, stdin {stdin}: {stdout}");
+            // The turn read an empty stdin: never the host's input.
+            assert!(
+                stdout.contains("tried 27 stdin b''"),
+                "{backend}, stdin {stdin} (terminal {terminal}): {stdout}"
+            );
+            assert_eq!(
+                turnstile_tests::host_integrity_changed(&before, &fx.root),
+                None,
+                "{backend}, stdin {stdin}"
+            );
+        }
+    }
+}
+
+/// A turn in session `sid` declaring `outputs` (workspace-relative after
+/// `output/<sid>/`), running python `code` with `O` the session's output
+/// directory.
+fn turn_in(fx: &Fixture, backend: &str, sid: &str, outputs: &[&str], code: &str) -> (i32, Value) {
+    let outs: Vec<String> = outputs
+        .iter()
+        .map(|o| format!("output/<session_id>/{o}:report"))
+        .collect();
+    let code =
+        format!("import os, shutil\nO = 'output/' + os.environ['TURNSTILE_SESSION_ID']\n{code}");
+    let mut args = vec!["--session", sid, "--json", "--backend", backend];
+    if outs.is_empty() {
+        args.push("--no-outputs");
+    }
+    for o in &outs {
+        args.extend(["--output", o.as_str()]);
+    }
+    args.extend(["--", "/usr/bin/python3", "-c", &code]);
+    let r = fx.run("k", &args);
+    (r.status, r.json())
+}
+
+/// Issue 23: the parents of a declared output are implied — a declared
+/// output three directories deep commits with the directories the turn
+/// made, owned and moded as outputs are and recorded as implied parents —
+/// on every backend; and each rule that still blocks does, naming the
+/// path and the reason, with nothing committed.
+#[test]
+fn issue_23_outputs_in_new_directories_commit_and_the_rules_still_block() {
+    if !require_root("issue_23_outputs_in_new_directories_commit_and_the_rules_still_block") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    for backend in ["native", "runc", "crun", "runsc"] {
+        let fx = fixture();
+        let sid = fx.new_session();
+        let out = fx.root.join("output").join(&sid);
+        let owner = std::fs::metadata(&fx.root).unwrap();
+
+        // Three directories deep.
+        let (status, v) = turn_in(
+            &fx,
+            backend,
+            &sid,
+            &["a/b/c/r.txt"],
+            "os.makedirs(O + '/a/b/c')\nopen(O + '/a/b/c/r.txt', 'w').write('deep')",
+        );
+        assert_eq!(status, 0, "{backend}: {v}");
+        assert_eq!(
+            std::fs::read_to_string(out.join("a/b/c/r.txt")).unwrap(),
+            "deep"
+        );
+        for d in ["a", "a/b", "a/b/c"] {
+            let m = std::fs::metadata(out.join(d)).unwrap();
+            assert_eq!(m.mode() & 0o7777, 0o755, "{backend}: {d}");
+            assert_eq!(
+                (m.uid(), m.gid()),
+                (owner.uid(), owner.gid()),
+                "{backend}: {d}"
+            );
+        }
+        let implied: Vec<&str> = v["realized_writes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["implied_parent"] == true)
+            .map(|w| w["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            implied,
+            ["a", "a/b", "a/b/c"]
+                .iter()
+                .map(|d| format!("output/{sid}/{d}"))
+                .collect::<Vec<_>>(),
+            "{backend}: {v}"
+        );
+
+        // What a new directory may not carry, and what it may not replace.
+        std::fs::write(out.join("file"), b"host file").unwrap();
+        std::fs::create_dir_all(out.join("old")).unwrap();
+        std::fs::write(out.join("old/o.txt"), b"old").unwrap();
+        std::fs::create_dir_all(out.join("keep")).unwrap();
+        std::fs::write(out.join("keep/k.txt"), b"kept").unwrap();
+        let cases: [(&str, &[&str], &str, &str, &str); 5] = [
+            (
+                "an undeclared file in a new directory",
+                &["n/r.txt"],
+                "os.makedirs(O + '/n')\nopen(O + '/n/r.txt', 'w').write('r')\nopen(O + '/n/x.txt', 'w').write('x')",
+                "n/x.txt",
+                "file",
+            ),
+            (
+                "an empty new directory",
+                &["r.txt"],
+                "open(O + '/r.txt', 'w').write('r')\nos.makedirs(O + '/empty/deeper')",
+                "empty",
+                "dir",
+            ),
+            (
+                "a directory replacing a file",
+                &["file/r.txt"],
+                "os.unlink(O + '/file')\nos.mkdir(O + '/file')\nopen(O + '/file/r.txt', 'w').write('r')",
+                "file",
+                "dir_over_file",
+            ),
+            (
+                "a renamed directory",
+                &["new/o.txt"],
+                "shutil.move(O + '/old', O + '/new')",
+                "old",
+                "deleted",
+            ),
+            (
+                "a replaced directory hiding its files",
+                &["keep/r.txt"],
+                "shutil.rmtree(O + '/keep')\nos.mkdir(O + '/keep')\nopen(O + '/keep/r.txt', 'w').write('r')",
+                "keep",
+                "opaque_dir",
+            ),
+        ];
+        for (what, outputs, code, path, kind) in cases {
+            let before = fx.snapshot();
+            let (status, v) = turn_in(&fx, backend, &sid, outputs, code);
+            assert_eq!(status, 12, "{backend}, {what}: {v}");
+            assert_eq!(v["status"], "blocked", "{backend}, {what}");
+            assert_eq!(
+                fx.snapshot()
+                    .into_iter()
+                    .filter(|(p, _)| p.starts_with(&out))
+                    .collect::<Vec<_>>(),
+                before
+                    .into_iter()
+                    .filter(|(p, _)| p.starts_with(&out))
+                    .collect::<Vec<_>>(),
+                "{backend}, {what}: something was committed"
+            );
+            let target = format!("output/{sid}/{path}");
+            let violation = v["violations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["target"] == target.as_str())
+                .unwrap_or_else(|| panic!("{backend}, {what}: no violation on {target}: {v}"));
+            assert_eq!(
+                violation["violated_capability"]["realized_kind"], kind,
+                "{backend}, {what}: {violation}"
+            );
+            let details = violation["details"].as_str().unwrap();
+            assert!(
+                details.contains(&target) && details.contains(':'),
+                "{backend}, {what}: {details}"
+            );
+        }
+        fx.assert_ledgers_intact(&sid);
+    }
+}

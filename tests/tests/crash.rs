@@ -26,25 +26,36 @@ const MANIFEST: &str = r#"{
 }"#;
 
 /// Python that writes `n` outputs `output/<sid>/f<i>.txt` with content
-/// `"<i>\n" * (i + 1)`, and a scratch file.
-fn writer(n: usize) -> String {
+/// `"<i>\n" * (i + 1)`, and a scratch file. With `nested`, output `i` is
+/// `output/<sid>/d<i % 10>/e/f<i>.txt`, in directories the turn creates.
+fn writer(n: usize, nested: bool) -> String {
     format!(
         "import os\nsid=os.environ['TMPDIR'].rstrip('/').split('/')[-1]\n\
-         for i in range({n}):\n    open(f'output/{{sid}}/f{{i}}.txt','w').write(f'{{i}}\\n'*(i+1))\n\
-         open(os.environ['TMPDIR']+'/scratch.txt','w').write('s')\n"
+         for i in range({n}):\n    p=f'output/{{sid}}/' + (f'd{{i % 10}}/e/' if {py} else '') + f'f{{i}}.txt'\n    os.makedirs(os.path.dirname(p), exist_ok=True)\n    open(p,'w').write(f'{{i}}\\n'*(i+1))\n\
+         open(os.environ['TMPDIR']+'/scratch.txt','w').write('s')\n",
+        py = if nested { "True" } else { "False" }
     )
+}
+
+/// Where output `i` lands under `output/<sid>/` (see [`writer`]).
+fn output_rel(i: usize, nested: bool) -> String {
+    if nested {
+        format!("d{}/e/f{i}.txt", i % 10)
+    } else {
+        format!("f{i}.txt")
+    }
 }
 
 fn expected(i: usize) -> String {
     format!("{i}\n").repeat(i + 1)
 }
 
-fn outputs(n: usize) -> Vec<String> {
+fn outputs(n: usize, nested: bool) -> Vec<String> {
     (0..n)
         .flat_map(|i| {
             [
                 "--output".to_owned(),
-                format!("output/<session_id>/f{i}.txt:data"),
+                format!("output/<session_id>/{}:data", output_rel(i, nested)),
             ]
         })
         .collect()
@@ -68,18 +79,22 @@ fn spawn(fx: &Fixture, args: &[String], own_group: bool) -> Child {
 }
 
 fn turn_args(sid: &str, n: usize) -> Vec<String> {
+    turn_args_in(sid, n, false)
+}
+
+fn turn_args_in(sid: &str, n: usize, nested: bool) -> Vec<String> {
     let mut a = vec![
         "--package".to_owned(),
         "c".into(),
         "--session".into(),
         sid.into(),
     ];
-    a.extend(outputs(n));
+    a.extend(outputs(n, nested));
     a.extend([
         "--".into(),
         "/usr/bin/python3".into(),
         "-c".into(),
-        writer(n),
+        writer(n, nested),
     ]);
     a
 }
@@ -162,6 +177,17 @@ fn last_turn(fx: &Fixture, sid: &str) -> u64 {
 /// outputs): recovery through the next turn, then every promise checked.
 /// Returns the killed turn's final status (`None`: it never started).
 fn check_after_kill(fx: &Fixture, sid: &str, before: u64, n: usize, what: &str) -> Option<String> {
+    check_after_kill_in(fx, sid, before, n, false, what)
+}
+
+fn check_after_kill_in(
+    fx: &Fixture,
+    sid: &str,
+    before: u64,
+    n: usize,
+    nested: bool,
+    what: &str,
+) -> Option<String> {
     let next = fx.run(
         "c",
         &[
@@ -227,15 +253,16 @@ fn check_after_kill(fx: &Fixture, sid: &str, before: u64, n: usize, what: &str) 
     // All or nothing, exact bytes.
     let out = fx.root.join("output").join(sid);
     let present: Vec<usize> = (0..n)
-        .filter(|i| out.join(format!("f{i}.txt")).exists())
+        .filter(|i| out.join(output_rel(*i, nested)).exists())
         .collect();
     if status.as_deref() == Some("committed") {
         assert_eq!(present.len(), n, "{what}: committed but outputs missing");
         for i in 0..n {
             assert_eq!(
-                std::fs::read_to_string(out.join(format!("f{i}.txt"))).unwrap(),
+                std::fs::read_to_string(out.join(output_rel(i, nested))).unwrap(),
                 expected(i),
-                "{what}: f{i}.txt"
+                "{what}: {}",
+                output_rel(i, nested)
             );
         }
     } else {
@@ -244,21 +271,31 @@ fn check_after_kill(fx: &Fixture, sid: &str, before: u64, n: usize, what: &str) 
             "{what}: not committed, yet {} of {n} outputs landed",
             present.len()
         );
+        // No half-created tree either: the directories made for the
+        // outputs went with them (issue 23).
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{what}: not committed, yet left {left:?}");
     }
     assert_nothing_left(fx, sid);
     status
 }
 
 /// One uninterrupted turn's wall time, to spread the kill points over.
-fn measure(fx: &Fixture, sid: &str, n: usize) -> Duration {
+fn measure(fx: &Fixture, sid: &str, n: usize, nested: bool) -> Duration {
     let t = Instant::now();
-    let mut child = spawn(fx, &turn_args(sid, n), false);
+    let mut child = spawn(fx, &turn_args_in(sid, n, nested), false);
     let status = child.wait().unwrap();
     assert!(status.success(), "uninterrupted turn failed: {status}");
     t.elapsed()
 }
 
 fn kill_sweep(n: usize, points: usize, group: bool) {
+    kill_sweep_in(n, points, group, false);
+}
+
+fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
     // `TURNSTILE_CRASH_POINTS=K` multiplies the kill points (a longer
     // sweep for local runs; CI keeps the default).
     let points = points
@@ -270,7 +307,7 @@ fn kill_sweep(n: usize, points: usize, group: bool) {
     let fx = Fixture::new();
     fx.install("c", MANIFEST);
     let sid = fx.new_session();
-    let whole = measure(&fx, &sid, n);
+    let whole = measure(&fx, &sid, n, nested);
     let mut committed_kills = 0;
     let mut never_started = 0;
     for k in 0..points {
@@ -282,10 +319,14 @@ fn kill_sweep(n: usize, points: usize, group: bool) {
         // is about this turn alone.
         let out = fx.root.join("output").join(&sid);
         for e in std::fs::read_dir(&out).unwrap().flatten() {
-            std::fs::remove_file(e.path()).unwrap();
+            if e.file_type().unwrap().is_dir() {
+                std::fs::remove_dir_all(e.path()).unwrap();
+            } else {
+                std::fs::remove_file(e.path()).unwrap();
+            }
         }
         let before = last_turn(&fx, &sid);
-        let mut child = spawn(&fx, &turn_args(&sid, n), group);
+        let mut child = spawn(&fx, &turn_args_in(&sid, n, nested), group);
         std::thread::sleep(delay);
         kill(&mut child, group, nix::libc::SIGKILL);
         let what = format!(
@@ -293,7 +334,7 @@ fn kill_sweep(n: usize, points: usize, group: bool) {
             if group { "group" } else { "pid" },
             delay
         );
-        match check_after_kill(&fx, &sid, before, n, &what).as_deref() {
+        match check_after_kill_in(&fx, &sid, before, n, nested, &what).as_deref() {
             Some("committed") => committed_kills += 1,
             None => never_started += 1,
             _ => {}
@@ -334,6 +375,18 @@ fn crash_sigkill_group_at_many_points_of_a_200_output_turn() {
         return;
     }
     kill_sweep(200, 12, true);
+}
+
+/// Issue 23: outputs in directories the turn created (10 new directory
+/// chains, 200 files): killed anywhere — between creating the directories
+/// and renaming the files into place included — the outputs land all with
+/// their directories, or nothing does and no directory is left.
+#[test]
+fn crash_sigkill_pid_at_many_points_of_a_turn_with_outputs_in_new_directories() {
+    if !require_root("crash_sigkill_pid_at_many_points_of_a_turn_with_outputs_in_new_directories") {
+        return;
+    }
+    kill_sweep_in(200, 24, false, true);
 }
 
 /// A turn killed while its command runs: the command does not outlive
@@ -637,7 +690,7 @@ fn crash_full_state_dir_never_corrupts_the_session() {
                 "--",
                 "/usr/bin/python3",
                 "-c",
-                &writer(1),
+                &writer(1, false),
             ],
         );
         assert!(
@@ -697,7 +750,7 @@ fn crash_a_killed_recovery_is_recovered_too() {
     fx.install("c", MANIFEST);
     let sid = fx.new_session();
     let n = 50;
-    let whole = measure(&fx, &sid, n);
+    let whole = measure(&fx, &sid, n, false);
     for k in 0..12 {
         let out = fx.root.join("output").join(&sid);
         for e in std::fs::read_dir(&out).unwrap().flatten() {

@@ -132,9 +132,23 @@ fn issue_10_bundles_for_runc_and_kata_validate_and_carry_the_turn() {
         .iter()
         .map(|m| m.as_str().unwrap())
         .collect();
+    // Forbidden paths are masked by explicit mode-0000 mounts, never by
+    // maskedPaths (which runc and crun fill with a listable tmpfs).
+    let secret = format!("{}/data/secret", fx.root.display());
+    assert!(!masked.contains(&secret.as_str()), "{masked:?}");
+    let mask = c["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == secret.as_str())
+        .expect("a mount over the forbidden directory");
+    assert_eq!(mask["type"], "bind");
     assert!(
-        masked.contains(&format!("{}/data/secret", fx.root.display()).as_str()),
-        "{masked:?}"
+        mask["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("/generated/masked.d"),
+        "{mask}"
     );
     assert!(masked.contains(&"/proc/kcore"));
     let r = &c["linux"]["resources"];

@@ -42,6 +42,14 @@ pub fn write(dir: &Path, bundle: &Bundle, scopes: usize) -> Result<()> {
     std::fs::write(&mask, b"").map_err(io("write mask file", &mask))?;
     std::fs::set_permissions(&mask, std::os::unix::fs::PermissionsExt::from_mode(0o000))
         .map_err(io("write mask file", &mask))?;
+    // What masked directories are bound from: empty and unlistable (0000).
+    let mask_dir = dir.join(turnstile_oci::MASK_DIR);
+    std::fs::create_dir(&mask_dir).map_err(io("create mask dir", &mask_dir))?;
+    std::fs::set_permissions(
+        &mask_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o000),
+    )
+    .map_err(io("create mask dir", &mask_dir))?;
     let empty = dir.join("empty");
     std::fs::create_dir(&empty).map_err(io("create empty dir", &empty))?;
     for i in 0..scopes {

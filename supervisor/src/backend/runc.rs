@@ -167,7 +167,7 @@ impl RuncBackend {
         let out = self
             .command()
             .args(cmd.argv(&self.root(), log))
-            .stdin(Stdio::null())
+            .stdin(crate::sandbox::empty_stdin()?)
             .output()
             .map_err(|e| err("run runtime", format!("{}: {e}", self.runtime)))?;
         if out.status.success() {
@@ -284,7 +284,7 @@ impl Backend for RuncBackend {
         };
         let mut cmd = self.command();
         cmd.args(create.argv(&self.root(), &sb.log))
-            .stdin(Stdio::null())
+            .stdin(crate::sandbox::empty_stdin()?)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // SAFETY: after fork, only dup2(2) of descriptors opened before the

@@ -131,7 +131,7 @@ impl RunscBackend {
     fn output(&self, cmd: &RunscCmd<'_>, log: &Path) -> Result<Vec<u8>> {
         let out = Command::new(&self.binary)
             .args(cmd.argv(Path::new(ROOT), log))
-            .stdin(Stdio::null())
+            .stdin(crate::sandbox::empty_stdin()?)
             .output()
             .map_err(|e| err("run runsc", e.to_string()))?;
         if out.status.success() {
@@ -337,7 +337,7 @@ impl Backend for RunscBackend {
         // The sandbox inherits these pipes: the command's stdout and stderr.
         let mut child = Command::new(&self.binary)
             .args(create.argv(Path::new(ROOT), &sb.log))
-            .stdin(Stdio::null())
+            .stdin(crate::sandbox::empty_stdin()?)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::Mode;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, chdir, fork, pivot_root};
 use serde_json::json;
@@ -535,7 +536,17 @@ fn mask_dir(target: &Path, report: &mut Report) {
     .or_fail(report, "mask directory");
 }
 
-/// The minimal `/dev`: a few host devices, the standard symlinks, a private
+/// The character devices every turn gets: (name, major, minor).
+const DEVICES: [(&str, u64, u64); 6] = [
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+/// The minimal `/dev`: the usual character devices, the standard symlinks, a private
 /// devpts instance and `/dev/shm`; read-only once built.
 fn build_dev(dev: &Path, shm_bytes: u64, report: &mut Report) {
     ensure_dir(dev, report);
@@ -547,19 +558,29 @@ fn build_dev(dev: &Path, shm_bytes: u64, report: &mut Report) {
         Some("mode=0755,size=64k,nr_inodes=64"),
     )
     .or_fail(report, "mount /dev");
-    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+    // Nodes of the turn's own on its /dev tmpfs, never binds of the host's:
+    // a bound host inode is the host's to lose (chmod, chown and utimes
+    // through the bind change it — issue 22). /dev is read-only once built,
+    // so the turn cannot change these either (EROFS).
+    for (name, major, minor) in DEVICES {
         let target = dev.join(name);
-        ensure_file(&target, report);
-        let source = Path::new("/dev").join(name);
-        mount(
-            Some(&source),
+        nix::sys::stat::mknod(
             &target,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
+            nix::sys::stat::SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(major, minor),
         )
-        .map_err(|e| format!("/dev/{name}: {e}"))
-        .or_fail(report, "bind device");
+        .map_err(|e| format!("mknod /dev/{name}: {e}"))
+        .or_fail(report, "create device");
+        // mknod's mode passes through the umask.
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            &target,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::FchmodatFlags::NoFollowSymlink,
+        )
+        .map_err(|e| format!("chmod /dev/{name}: {e}"))
+        .or_fail(report, "create device");
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),

@@ -56,6 +56,18 @@ pub(crate) fn sandbox_err(step: &'static str, detail: impl Into<String>) -> Supe
     }
 }
 
+/// Standard input for a turn, and for every runtime that starts one: an
+/// empty pipe (a read ends at once, as from `/dev/null`), never a host
+/// device node. runsc and crun `fchown` their stdio to the container user
+/// (a host `/dev/null` given to them ended up owned by 65534), and a
+/// descriptor of a host inode would let the turn `fchmod` it (issue 22).
+pub fn empty_stdin() -> Result<Stdio> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| sandbox_err("stdin pipe", e.to_string()))?;
+    drop(w);
+    Ok(Stdio::from(r))
+}
+
 fn sandbox_io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
     let detail = path.display().to_string();
     move |source| SupervisorError::Sandbox {
@@ -863,7 +875,11 @@ impl Parked {
             if let Some(pid) = command {
                 created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
                     .and_then(|fd| {
-                        notify::Listener::spawn(fd, seccomp::notify_errnos(&plan.seccomp))
+                        notify::Listener::spawn(
+                            fd,
+                            seccomp::notify_errnos(&plan.seccomp),
+                            seccomp::xattr_checked(&plan.seccomp),
+                        )
                     })
                     .map_err(|e| format!("taking the seccomp listener: {e}"));
             }
@@ -935,7 +951,7 @@ fn spawn_parked(
         .arg(init::SANDBOX_INIT)
         .env_clear()
         .env(init::TURN_DIR_ENV, &turn.path)
-        .stdin(Stdio::null())
+        .stdin(empty_stdin()?)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let supervisor_pid = nix::unistd::getpid();

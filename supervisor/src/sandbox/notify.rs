@@ -87,11 +87,18 @@ impl Listener {
     /// is over.
     /// `errnos`: the answer for particular syscall numbers (EPERM for the
     /// rest).
-    pub fn spawn(notify: OwnedFd, errnos: Vec<(i32, i32)>) -> std::io::Result<Self> {
+    /// `xattr`: syscall numbers whose xattr name (argument index) is read
+    /// first — overlay-private names are refused with EPERM, the rest
+    /// continue.
+    pub fn spawn(
+        notify: OwnedFd,
+        errnos: Vec<(i32, i32)>,
+        xattr: Vec<(i32, u32)>,
+    ) -> std::io::Result<Self> {
         let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let thread = std::thread::Builder::new()
             .name("seccomp-notify".into())
-            .spawn(move || serve(&notify, &stop_r, &errnos))?;
+            .spawn(move || serve(&notify, &stop_r, &errnos, &xattr))?;
         Ok(Self {
             stop: Some(stop_w),
             thread: Some(thread),
@@ -118,7 +125,60 @@ impl Drop for Listener {
     }
 }
 
-fn serve(notify: &OwnedFd, stop: &OwnedFd, errnos: &[(i32, i32)]) -> Denials {
+/// The xattr name at `addr` in process `pid`'s memory (at most 256 bytes,
+/// up to its NUL), or `None` when it cannot be read.
+fn read_name(pid: u32, addr: u64) -> Option<Vec<u8>> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?);
+    let mut name = Vec::new();
+    let mut at = usize::try_from(addr).ok()?;
+    // Page by page: a read across an unmapped page fails as a whole.
+    while name.len() < 256 {
+        let page_left = 4096 - at % 4096;
+        let len = page_left.min(256 - name.len());
+        let mut buf = vec![0u8; len];
+        let n = process_vm_readv(
+            pid,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &[RemoteIoVec { base: at, len }],
+        )
+        .ok()?;
+        buf.truncate(n);
+        if let Some(end) = buf.iter().position(|b| *b == 0) {
+            name.extend_from_slice(&buf[..end]);
+            return Some(name);
+        }
+        if n == 0 {
+            return None;
+        }
+        name.extend_from_slice(&buf);
+        at += n;
+    }
+    Some(name)
+}
+
+/// Whether the xattr call `req` may continue: its name is not
+/// overlay-private. A name that cannot be read is refused (fail closed).
+///
+/// The name is read before the kernel reads it: a second thread of the
+/// turn could change it in between (the documented limit of a continue
+/// answer). The refusal is therefore the first line only; behind it, the
+/// turn's overlays are never mounted with `userxattr`, capture reads a
+/// directory carrying an overlay-private xattr as an opaque directory
+/// (which blocks), and commit copies no xattrs.
+fn xattr_allowed(req: &nix::libc::seccomp_notif, name_arg: u32) -> bool {
+    let Some(addr) = req.data.args.get(name_arg as usize) else {
+        return false;
+    };
+    match read_name(req.pid, *addr) {
+        Some(name) => !turnstile_policy::seccomp::OVERLAY_XATTR_PREFIXES
+            .iter()
+            .any(|p| name.starts_with(p.as_bytes())),
+        None => false,
+    }
+}
+
+fn serve(notify: &OwnedFd, stop: &OwnedFd, errnos: &[(i32, i32)], xattr: &[(i32, u32)]) -> Denials {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     let mut seen: BTreeMap<(u32, i32), DeniedSyscall> = BTreeMap::new();
@@ -148,6 +208,26 @@ fn serve(notify: &OwnedFd, stop: &OwnedFd, errnos: &[(i32, i32)]) -> Denials {
                 )
             };
             if rc == 0 {
+                if let Some((_, arg)) = xattr.iter().find(|(nr, _)| *nr == req.data.nr) {
+                    if xattr_allowed(&req, *arg) {
+                        let resp = nix::libc::seccomp_notif_resp {
+                            id: req.id,
+                            val: 0,
+                            error: 0,
+                            flags: nix::libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+                        };
+                        // SAFETY: SEND reads `resp`, which we own; a target
+                        // that died meanwhile makes it fail harmlessly.
+                        unsafe {
+                            nix::libc::ioctl(
+                                notify.as_raw_fd(),
+                                nix::libc::SECCOMP_IOCTL_NOTIF_SEND,
+                                &resp,
+                            )
+                        };
+                        continue;
+                    }
+                }
                 let errno = errnos
                     .iter()
                     .find(|(nr, _)| *nr == req.data.nr)

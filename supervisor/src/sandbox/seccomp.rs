@@ -55,6 +55,25 @@ pub fn notify_errnos(profile: &SeccompProfile) -> Vec<(i32, i32)> {
         .collect()
 }
 
+/// The syscall numbers whose xattr name the listener checks, with the
+/// index of the name argument.
+pub fn xattr_checked(profile: &SeccompProfile) -> Vec<(i32, u32)> {
+    profile
+        .xattr_checked
+        .iter()
+        .filter_map(|c| {
+            let nr = match ScmpSyscall::from_name(&c.syscall) {
+                Ok(s) => i32::from(s),
+                Err(_) => turnstile_policy::seccomp::UNIFIED_NUMBERS
+                    .iter()
+                    .find(|(n, _)| *n == c.syscall)
+                    .map(|(_, nr)| *nr)?,
+            };
+            Some((nr, c.name_arg))
+        })
+        .collect()
+}
+
 /// Builds the filter context for `profile`.
 pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>)> {
     let mut f = ScmpFilterContext::new(ScmpAction::Errno(profile.default_errno))
@@ -103,6 +122,14 @@ pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>
         if let Some(sys) = resolve(name) {
             f.add_rule(ScmpAction::Notify, sys)
                 .map_err(|e| err(format!("{name}: {e}")))?;
+        }
+    }
+    // Setters of extended attributes: the listener reads the name and
+    // refuses overlay-private ones (sandbox::notify), the rest continue.
+    for c in &profile.xattr_checked {
+        if let Some(sys) = resolve(&c.syscall) {
+            f.add_rule(ScmpAction::Notify, sys)
+                .map_err(|e| err(format!("{}: {e}", c.syscall)))?;
         }
     }
     // libseccomp refuses a rule equal to the default action; with the
@@ -190,8 +217,9 @@ pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>
 
 /// Bumped whenever [`build`] changes what a profile compiles to (2: the
 /// deny list notifies instead of returning EPERM; 3: argument allowlists,
-/// unified numbers of newer syscalls; 4: argument refusals notify too).
-const COMPILER_VERSION: u32 = 4;
+/// unified numbers of newer syscalls; 4: argument refusals notify too;
+/// 5: xattr setters notify, for the name check).
+const COMPILER_VERSION: u32 = 5;
 
 /// The compiled program for `profile`, from `cache_dir` when this exact
 /// profile (by the sha256 of its canonical JSON) was compiled before —

@@ -99,7 +99,7 @@ impl Turn<'_> {
                 "attempted_operation": "write",
                 "target": w.path,
                 "violated_capability": {"kind": "undeclared_write", "realized_kind": w.kind.as_str()},
-                "details": format!("`{}` ({}) was written but not declared; only declared regular files commit", w.path, w.kind.as_str()),
+                "details": format!("`{}` ({}) was written but not declared: {}", w.path, w.kind.as_str(), w.kind.why_blocked()),
                 "session_id": sid, "turn_number": self.turn_number, "timestamp": now,
             }));
         }
@@ -133,7 +133,19 @@ impl Turn<'_> {
                 },
             ));
         }
-        let realized: Vec<Value> = o.writes.iter().map(|w| w.to_value()).collect();
+        let implied: std::collections::HashSet<&str> =
+            o.verdict.implied.iter().map(|w| w.path.as_str()).collect();
+        let realized: Vec<Value> = o
+            .writes
+            .iter()
+            .map(|w| {
+                let mut v = w.to_value();
+                if implied.contains(w.path.as_str()) {
+                    v["implied_parent"] = json!(true);
+                }
+                v
+            })
+            .collect();
         let committed: Vec<Value> = o
             .committed
             .iter()
