@@ -385,8 +385,13 @@ pub struct RunArgs {
     /// manifest's trust level through the `backends` table of --config).
     #[arg(long, value_name = "NAME")]
     pub backend: Option<String>,
-    /// System configuration (the trust level -> backend table); a missing
-    /// file means the built-in table.
+    /// The tenant this turn runs for (the containerd shim passes the pod's
+    /// namespace): a session started for a tenant belongs to it and to the
+    /// package, and only they may add turns to it (TS1041 otherwise).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub tenant: Option<String>,
+    /// System configuration (the trust level -> backend table and the
+    /// minimum backends); a missing file means the built-in tables.
     #[arg(long, value_name = "FILE", default_value = crate::backend::select::DEFAULT_CONFIG)]
     pub config: PathBuf,
     #[command(flatten)]
@@ -1042,6 +1047,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             session: a.session.clone(),
             state_dir: Some(absolute(&a.common.state_dir)?),
             backend: a.backend.clone(),
+            tenant: a.tenant.clone(),
             config: Some(absolute(&a.config)?),
             rootfs: a.rootfs.as_deref().map(absolute).transpose()?,
             json: a.common.json,
@@ -1066,6 +1072,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         cgroup_root: cgroup_root(),
         sources: crate::ids::Sources::system(),
         backend: a.backend.clone(),
+        tenant: a.tenant.clone(),
         config: a.config.clone(),
         deterministic,
         rootfs: a.rootfs.clone(),

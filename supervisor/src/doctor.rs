@@ -87,6 +87,8 @@ pub fn report() -> (String, Value) {
             "no usable cgroup hierarchy (memory and pids controllers) under /sys/fs/cgroup".into(),
         );
     }
+    let kata = crate::backend::kata::detect();
+    let kata_missing = kata.missing();
     let host_devices = host_device_damage(Path::new("/dev"));
     degraded.extend(host_devices.iter().cloned());
     let runtimes: Vec<Value> = ["runc", "crun", "runsc", "kata-runtime", "bwrap"]
@@ -108,6 +110,7 @@ pub fn report() -> (String, Value) {
         "runtimes": runtimes,
         "denials_observed": denials,
         "host_devices": host_devices,
+        "kata": {"usable": kata_missing.is_empty(), "binary": kata.binary, "kvm": kata.kvm, "missing": kata_missing},
     });
     let mut text = format!("turnstile doctor: {status}\n");
     text += &format!("  root:            {}\n", if root { "yes" } else { "no" });
@@ -143,6 +146,14 @@ pub fn report() -> (String, Value) {
             r["path"].as_str().unwrap_or("not installed")
         );
     }
+    text += &format!(
+        "  kata:            {}\n",
+        if kata_missing.is_empty() {
+            "binary and /dev/kvm present (turns under Kata are not run yet: E2040)".to_owned()
+        } else {
+            format!("not usable: {}", kata_missing.join("; "))
+        }
+    );
     for reason in failed.iter().chain(&degraded) {
         text += &format!("  - {reason}\n");
     }

@@ -91,6 +91,25 @@ pub enum SupervisorError {
         why: String,
     },
 
+    #[error(
+        "backend `{backend}` is weaker than `{minimum}`, the minimum isolation of trust level `{level}` ({minimum_by}); nothing was run"
+    )]
+    BelowTrustMinimum {
+        backend: String,
+        level: String,
+        minimum: String,
+        minimum_by: String,
+    },
+
+    #[error(
+        "session `{session}` belongs to {owner}, not to {requester}: nothing was run (the refusal is recorded in the owner's evidence)"
+    )]
+    SessionNotOwned {
+        session: String,
+        owner: String,
+        requester: String,
+    },
+
     #[error("cannot reach the daemon at {} (`--server`): is `supervise serve` running?", socket.display())]
     ServerUnavailable {
         socket: PathBuf,
@@ -143,6 +162,8 @@ impl SupervisorError {
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
             Self::Unenforceable { .. } => codes::LAYER_UNENFORCEABLE,
+            Self::BelowTrustMinimum { .. } => codes::BACKEND_BELOW_TRUST_MINIMUM,
+            Self::SessionNotOwned { .. } => codes::SESSION_NOT_OWNED,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
             Self::Commit { .. } => codes::COMMIT_FAILED,
             Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
@@ -161,6 +182,7 @@ impl SupervisorError {
             | Self::InvalidArgument { .. }
             | Self::InputUnreadable { .. }
             | Self::IdempotencyConflict { .. }
+            | Self::SessionNotOwned { .. }
             | Self::PeerRefused { .. }
             | Self::BusRules { .. } => exit::BAD_INPUT,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
@@ -168,9 +190,10 @@ impl SupervisorError {
             Self::Integrity(_) => exit::INTEGRITY,
             Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
-            Self::Sandbox { .. } | Self::RuntimeUnavailable { .. } | Self::Unenforceable { .. } => {
-                exit::SANDBOX
-            }
+            Self::Sandbox { .. }
+            | Self::RuntimeUnavailable { .. }
+            | Self::Unenforceable { .. }
+            | Self::BelowTrustMinimum { .. } => exit::SANDBOX,
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
         }
     }
@@ -179,10 +202,11 @@ impl SupervisorError {
         match self {
             Self::Policy(e) => e.field(),
             Self::InvalidArgument { field, .. } => Some(field),
-            Self::SessionNotFound { .. } => Some("session"),
+            Self::SessionNotFound { .. } | Self::SessionNotOwned { .. } => Some("session"),
             Self::InputUnreadable { .. } => Some("declared_inputs"),
             Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             Self::Unenforceable { .. } => Some("allow_degraded"),
+            Self::BelowTrustMinimum { .. } => Some("--backend"),
             Self::ServerUnavailable { .. } => Some("--server"),
             Self::BusRules { field, .. } => Some(field),
             _ => None,

@@ -239,6 +239,7 @@ pub fn replay(
                 (Some(_), _) => None,
                 (None, b) => Some(b.unwrap_or("native").to_owned()),
             },
+            tenant: None,
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
             rootfs: None,

@@ -21,6 +21,62 @@ use crate::ledger::{LedgerFiles, LedgerKind, VerifyReport};
 pub use crate::lock::SessionLock;
 use crate::lock::lock_path;
 
+/// Who a session belongs to, recorded when it is created (issue 25): the
+/// caller's uid, and for a pod's turn the tenant (its Kubernetes or
+/// containerd namespace) and the package. Only the same owner may add
+/// turns to it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    pub uid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<String>,
+}
+
+impl Owner {
+    /// This process's caller: its real uid, no tenant.
+    pub fn caller() -> Self {
+        Self {
+            uid: nix::unistd::getuid().as_raw(),
+            tenant: None,
+            package: None,
+        }
+    }
+
+    /// A turn of `package` for `tenant` (if any), by this process's caller.
+    /// A tenant's session also belongs to the package that created it.
+    pub fn for_turn(tenant: Option<&str>, package: &str) -> Self {
+        Self {
+            tenant: tenant.map(str::to_owned),
+            package: tenant.map(|_| package.to_owned()),
+            ..Self::caller()
+        }
+    }
+
+    /// Whether `other` may use a session this owner owns: the same uid and
+    /// tenant, and the same package when one is recorded.
+    pub fn admits(&self, other: &Self) -> bool {
+        self.uid == other.uid
+            && self.tenant == other.tenant
+            && (self.package.is_none() || self.package == other.package)
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "uid {}", self.uid)?;
+        if let Some(t) = &self.tenant {
+            write!(f, ", tenant `{t}`")?;
+        }
+        if let Some(p) = &self.package {
+            write!(f, ", package `{p}`")?;
+        }
+        Ok(())
+    }
+}
+
 /// A session of one workspace.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -30,6 +86,9 @@ pub struct Session {
     state: StateDir,
     /// Deterministic mode, as recorded when the session was created.
     pub deterministic: Option<crate::ids::Deterministic>,
+    /// Who owns it (`None`: a session created before owners were
+    /// recorded, open to its workspace's users as before).
+    pub owner: Option<Owner>,
 }
 
 impl Session {
@@ -43,6 +102,18 @@ impl Session {
         ids: &SessionIdGenerator<C, R>,
         deterministic: Option<crate::ids::Deterministic>,
     ) -> Result<Self> {
+        Self::create_owned(workspace, state, tier, ids, deterministic, Owner::caller())
+    }
+
+    /// [`Session::create`] for `owner`.
+    pub fn create_owned<C: Clock, R: RandomSource>(
+        workspace: &Workspace,
+        state: &StateDir,
+        tier: &str,
+        ids: &SessionIdGenerator<C, R>,
+        deterministic: Option<crate::ids::Deterministic>,
+        owner: Owner,
+    ) -> Result<Self> {
         check_tier(tier)?;
         let id = ids.generate()?;
         let session = Self {
@@ -51,6 +122,7 @@ impl Session {
             workspace: workspace.clone(),
             state: state.clone(),
             deterministic,
+            owner: Some(owner),
         };
         session
             .initialize(ids.clock())
@@ -104,6 +176,10 @@ impl Session {
         });
         if let Some(d) = &self.deterministic {
             meta["deterministic"] = d.to_value();
+        }
+        if let Some(o) = &self.owner {
+            meta["owner"] = serde_json::to_value(o)
+                .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
         }
         let bytes = canonical::to_vec(&meta)
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
@@ -240,12 +316,23 @@ impl Session {
             .as_ref()
             .and_then(|m| m.get("deterministic"))
             .and_then(crate::ids::Deterministic::from_value);
+        let owner = match recorded.as_ref().and_then(|m| m.get("owner")) {
+            None => None,
+            Some(v) => Some(serde_json::from_value::<Owner>(v.clone()).map_err(|e| {
+                SupervisorError::StateIo {
+                    op: "parse session owner",
+                    path: state.session_meta(id),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                }
+            })?),
+        };
         Ok(Self {
             id: id.clone(),
             tier,
             workspace: workspace.clone(),
             state: state.clone(),
             deterministic,
+            owner,
         })
     }
 
@@ -294,6 +381,35 @@ impl Session {
             }
         }
         Ok(last + 1)
+    }
+
+    /// Refuses `requester` unless this session's owner admits it; the
+    /// refusal is recorded in the owner's evidence ledger
+    /// (`session.access_refused`) before it is returned.
+    pub fn check_owner(&self, requester: &Owner, at: time::OffsetDateTime) -> Result<()> {
+        let Some(owner) = &self.owner else {
+            return Ok(());
+        };
+        if owner.admits(requester) {
+            return Ok(());
+        }
+        let lock = self.lock()?;
+        let evidence = self.ledger(LedgerKind::Evidence);
+        let entry = crate::evidence::object(json!({
+            "event": "session.access_refused",
+            "schema_version": crate::evidence::SCHEMA_VERSION,
+            "ledger": LedgerKind::Evidence.as_str(),
+            "session_id": self.id.as_str(),
+            "owner": owner,
+            "requester": requester,
+            "ts": rfc3339_micros(at),
+        }));
+        crate::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
+        Err(SupervisorError::SessionNotOwned {
+            session: self.id.to_string(),
+            owner: owner.to_string(),
+            requester: requester.to_string(),
+        })
     }
 
     pub fn workspace(&self) -> &Workspace {

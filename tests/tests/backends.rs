@@ -218,7 +218,12 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("none.json");
     let config = dir.path().join("config.json");
-    std::fs::write(&config, r#"{"backends": {"untrusted": "runc"}}"#).unwrap();
+    // Lowering untrusted below kata is explicit (`minimum_backends`).
+    std::fs::write(
+        &config,
+        r#"{"backends": {"untrusted": "runc"}, "minimum_backends": {"untrusted": "runc"}}"#,
+    )
+    .unwrap();
     let run = |pkg: &str, config: &std::path::Path| {
         let cfg = config.display().to_string();
         let r = fx.run(
@@ -264,6 +269,14 @@ fn issue_10_without_backend_the_trust_level_picks_it_through_the_config_table() 
             .as_str()
             .unwrap()
             .starts_with("trust_level untrusted ("),
+        "{e}"
+    );
+    assert_eq!(e["backend_minimum"]["backend"], "runc", "{e}");
+    assert!(
+        e["backend_minimum"]["by"]
+            .as_str()
+            .unwrap()
+            .contains("minimum_backends.untrusted"),
         "{e}"
     );
     // A bad table is bad input (exit 2) naming the entry; nothing runs.
@@ -611,4 +624,90 @@ fn issue_23_outputs_in_new_directories_commit_and_the_rules_still_block() {
         }
         fx.assert_ledgers_intact(&sid);
     }
+}
+
+/// Issue 25: trust tiers hold on the CLI — an explicit `--backend` weaker
+/// than the trust level's minimum is refused (exit 20, TS1040, naming
+/// both) with nothing created, never silently used; a backend at least
+/// as strong as the minimum the operator explicitly set runs, and the
+/// evidence says which minimum held and who set it.
+#[test]
+fn issue_25_untrusted_package_refuses_weaker_backends_on_the_cli() {
+    if !require_root("issue_25_untrusted_package_refuses_weaker_backends_on_the_cli") {
+        return;
+    }
+    let fx = fixture();
+    fx.install(
+        "untrusted",
+        &strict("untrusted").replacen('{', "{\n  \"allow_degraded\": [\"landlock\"],", 1),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.json");
+    let lowered = dir.path().join("config.json");
+    std::fs::write(&lowered, r#"{"minimum_backends": {"untrusted": "runsc"}}"#).unwrap();
+    let run = |backend: &str, config: &std::path::Path| {
+        let cfg = config.display().to_string();
+        fx.run(
+            "untrusted",
+            &[
+                "--json",
+                "--config",
+                &cfg,
+                "--backend",
+                backend,
+                "--no-outputs",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "print(1)",
+            ],
+        )
+    };
+    for (backend, config) in [
+        ("native", &missing),
+        ("runc", &missing),
+        ("crun", &missing),
+        ("runsc", &missing),
+        ("native", &lowered),
+        ("runc", &lowered),
+    ] {
+        let before = fx.snapshot();
+        let r = run(backend, config);
+        assert_eq!(r.status, 20, "{backend}: {}{}", r.stdout, r.stderr);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "TS1040", "{v}");
+        assert_eq!(v["error"]["field"], "--backend", "{v}");
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let minimum = if config == &lowered { "runsc" } else { "kata" };
+        assert!(
+            msg.contains(&format!("`{backend}`")) && msg.contains(&format!("`{minimum}`")),
+            "{msg}"
+        );
+        assert_eq!(before, fx.snapshot(), "{backend}: something was created");
+    }
+    // At the operator's explicit minimum: runs, and says so.
+    let r = run("runsc", &lowered);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let sid = r.json()["session_id"].as_str().unwrap().to_owned();
+    let ev = read_entries(&fx.ledger(&sid, "evidence"));
+    let e = &ev.last().unwrap()["enforcement"];
+    assert_eq!(e["backend"], "runsc");
+    assert_eq!(e["backend_minimum"]["backend"], "runsc");
+    // Kata, the built-in minimum, is detected for real: absent here, E2040
+    // naming what is missing.
+    let r = run("kata", &missing);
+    assert_eq!(r.status, 20, "{}", r.stdout);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "E2040", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("/dev/kvm")
+            || v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("kata-runtime"),
+        "{v}"
+    );
 }

@@ -12,6 +12,7 @@
 
 pub mod bundle;
 mod hostview;
+pub mod kata;
 mod native;
 pub mod runc;
 pub mod runsc;
@@ -94,29 +95,97 @@ pub trait Sandbox {
     fn delete(self: Box<Self>);
 }
 
-/// The backends `--backend` knows.
-pub const NAMES: [&str; 5] = ["native", "runc", "crun", "runsc", "kata"];
+/// The backends `--backend` knows, weakest isolation first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Native,
+    Runc,
+    Crun,
+    Runsc,
+    Kata,
+}
 
-/// The backend called `name`, or E2040 for a known runtime that is not
-/// installed (never a silent fallback), or bad input for anything else.
+impl BackendKind {
+    pub const ALL: [Self; 5] = [
+        Self::Native,
+        Self::Runc,
+        Self::Crun,
+        Self::Runsc,
+        Self::Kata,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Runc => "runc",
+            Self::Crun => "crun",
+            Self::Runsc => "runsc",
+            Self::Kata => "kata",
+        }
+    }
+
+    /// How strongly the backend isolates a turn from the host kernel:
+    /// native (the host kernel's namespaces, Landlock, seccomp) < runc =
+    /// crun (the same kernel primitives, set up by an OCI runtime) < runsc
+    /// (gVisor: a user-space kernel between the turn and the host's) <
+    /// kata (a virtual machine). A trust level's minimum is a rank.
+    pub fn isolation(self) -> u8 {
+        match self {
+            Self::Native => 0,
+            Self::Runc | Self::Crun => 1,
+            Self::Runsc => 2,
+            Self::Kata => 3,
+        }
+    }
+
+    /// The names, for messages: `native, runc, crun, runsc, kata`.
+    pub fn names() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = SupervisorError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                SupervisorError::invalid(
+                    "--backend",
+                    format!("`{s}` is not a backend ({})", Self::names()),
+                )
+            })
+    }
+}
+
+/// The backend `kind`, or E2040 for a runtime that is not installed (never
+/// a silent fallback).
 pub fn by_name(
-    name: &str,
+    kind: BackendKind,
     cgroup_root: &std::path::Path,
     json_mode: bool,
 ) -> Result<Box<dyn Backend>> {
-    match name {
-        "native" => Ok(Box::new(NativeBackend::new(cgroup_root, json_mode))),
-        "runc" => Ok(Box::new(runc::RuncBackend::new(cgroup_root, json_mode)?)),
-        "crun" => Ok(Box::new(runc::RuncBackend::named("crun", cgroup_root, json_mode)?)),
-        "runsc" => Ok(Box::new(runsc::RunscBackend::new(cgroup_root, json_mode)?)),
-        "kata" => Err(SupervisorError::RuntimeUnavailable {
-            runtime: name.to_owned(),
-            reason: "Kata Containers is not installed on this host (it has no Debian package); `supervise bundle --backend kata` writes the bundle it would run; never a fallback".into(),
+    match kind {
+        BackendKind::Native => Ok(Box::new(NativeBackend::new(cgroup_root, json_mode))),
+        BackendKind::Runc => Ok(Box::new(runc::RuncBackend::new(cgroup_root, json_mode)?)),
+        BackendKind::Crun => Ok(Box::new(runc::RuncBackend::named(
+            "crun",
+            cgroup_root,
+            json_mode,
+        )?)),
+        BackendKind::Runsc => Ok(Box::new(runsc::RunscBackend::new(cgroup_root, json_mode)?)),
+        BackendKind::Kata => Err(SupervisorError::RuntimeUnavailable {
+            runtime: kind.as_str().to_owned(),
+            reason: kata::unavailable(),
         }),
-        other => Err(SupervisorError::invalid(
-            "--backend",
-            format!("`{other}` is not a backend ({})", NAMES.join(", ")),
-        )),
     }
 }
 

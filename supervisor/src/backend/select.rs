@@ -1,19 +1,30 @@
-//! Which backend runs a turn: `--backend` when given, otherwise the
-//! manifest's trust level through the system configuration's table
-//! (DESIGN "Trust level -> runtime"). The table lives in the `backends`
-//! object of the config file (default `/etc/turnstile/config.json`):
+//! Which backend runs a turn, for the CLI, `serve` and the shim alike
+//! (all of them run turns through [`choose`]): `--backend` when given,
+//! otherwise the manifest's trust level through the system configuration's
+//! table (DESIGN "Trust level -> runtime") — and never a backend weaker
+//! than the trust level's minimum isolation (issue 25).
+//!
+//! Isolation ranks native < runc = crun < runsc < kata
+//! ([`BackendKind::isolation`]). The built-in minimums: trusted and
+//! standard `native`, untrusted and confidential `kata`. The config file
+//! (default `/etc/turnstile/config.json`) may set both tables:
 //!
 //! ```json
 //! {"backends": {"trusted": "native", "standard": "runsc",
-//!               "untrusted": "kata", "confidential": "kata"}}
+//!               "untrusted": "runsc", "confidential": "kata"},
+//!  "minimum_backends": {"untrusted": "runsc"}}
 //! ```
 //!
-//! Every level not in the file keeps its built-in default. The built-in
+//! `minimum_backends` is the only way to lower (or raise) a level's
+//! minimum, and whatever it says is written in every turn's evidence
+//! (`backend_minimum`). A `backends` entry weaker than its level's minimum
+//! is a config error; an explicit `--backend` weaker than it is refused
+//! (exit 20, TS1040, naming both) — never silently used. The built-in
 //! `standard` is `native`, not the design card's `runsc`: gVisor cannot
 //! enforce Landlock, so a standard package without `allow_degraded:
 //! ["landlock"]` would be refused on every turn; an operator opts into
-//! gVisor for standard packages with the one line above. A chosen backend
-//! that is not installed is E2040 (exit 20), never a fallback.
+//! gVisor for standard packages with one line. A chosen backend that is
+//! not installed is E2040 (exit 20), never a fallback.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,6 +32,7 @@ use std::path::Path;
 use serde::Deserialize;
 use turnstile_policy::manifest::TrustLevel;
 
+use super::BackendKind;
 use crate::error::{Result, SupervisorError};
 
 /// The default config file.
@@ -29,9 +41,14 @@ pub const DEFAULT_CONFIG: &str = "/etc/turnstile/config.json";
 /// How the backend was chosen (recorded in the evidence).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
-    pub name: String,
+    pub backend: BackendKind,
     /// `--backend`, or `trust_level <level>` (with the table's origin).
     pub by: String,
+    /// The weakest backend the trust level accepts.
+    pub minimum: BackendKind,
+    /// Where that minimum comes from: the built-in table, or the config
+    /// file's `minimum_backends` (an operator's explicit choice).
+    pub minimum_by: String,
 }
 
 #[derive(Deserialize)]
@@ -39,13 +56,23 @@ pub struct Choice {
 struct ConfigDoc {
     #[serde(default)]
     backends: BTreeMap<String, String>,
+    #[serde(default)]
+    minimum_backends: BTreeMap<String, String>,
 }
 
 /// The built-in table.
-pub fn builtin(level: TrustLevel) -> &'static str {
+pub fn builtin(level: TrustLevel) -> BackendKind {
     match level {
-        TrustLevel::Trusted | TrustLevel::Standard => "native",
-        TrustLevel::Untrusted | TrustLevel::Confidential => "kata",
+        TrustLevel::Trusted | TrustLevel::Standard => BackendKind::Native,
+        TrustLevel::Untrusted | TrustLevel::Confidential => BackendKind::Kata,
+    }
+}
+
+/// The built-in minimum isolation of a trust level.
+pub fn builtin_minimum(level: TrustLevel) -> BackendKind {
+    match level {
+        TrustLevel::Trusted | TrustLevel::Standard => BackendKind::Native,
+        TrustLevel::Untrusted | TrustLevel::Confidential => BackendKind::Kata,
     }
 }
 
@@ -56,51 +83,117 @@ const LEVELS: [TrustLevel; 4] = [
     TrustLevel::Confidential,
 ];
 
-/// The backend for a turn of a package at `level`: `flag` when given,
-/// else the config file's table (a missing file: the built-in table; an
-/// unreadable or invalid one: an error naming the field, never a guess).
-pub fn choose(flag: Option<&str>, level: TrustLevel, config: &Path) -> Result<Choice> {
-    if let Some(name) = flag {
-        return Ok(Choice {
-            name: name.to_owned(),
-            by: "--backend".into(),
-        });
-    }
+/// The config file's two tables, checked (a missing file: both empty).
+struct Tables {
+    backends: BTreeMap<String, BackendKind>,
+    minimums: BTreeMap<String, BackendKind>,
+}
+
+fn load(config: &Path) -> Result<Tables> {
     let invalid = |field: &str, reason: String| {
         SupervisorError::invalid(&format!("{}: {field}", config.display()), reason)
     };
-    let table = match std::fs::read(config) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-        Err(e) => return Err(invalid("(file)", format!("unreadable: {e}"))),
-        Ok(bytes) => {
-            let doc: ConfigDoc =
-                serde_json::from_slice(&bytes).map_err(|e| invalid("(document)", e.to_string()))?;
-            for (key, value) in &doc.backends {
-                if !LEVELS.iter().any(|l| l.as_str() == key) {
-                    return Err(invalid(
-                        &format!("backends.{key}"),
-                        "not a trust level (trusted, standard, untrusted, confidential)".into(),
-                    ));
-                }
-                if !super::NAMES.contains(&value.as_str()) {
-                    return Err(invalid(
-                        &format!("backends.{key}"),
-                        format!("`{value}` is not a backend ({})", super::NAMES.join(", ")),
-                    ));
-                }
-            }
-            doc.backends
+    let doc = match std::fs::read(config) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Tables {
+                backends: BTreeMap::new(),
+                minimums: BTreeMap::new(),
+            });
         }
+        Err(e) => return Err(invalid("(file)", format!("unreadable: {e}"))),
+        Ok(bytes) => serde_json::from_slice::<ConfigDoc>(&bytes)
+            .map_err(|e| invalid("(document)", e.to_string()))?,
     };
-    Ok(match table.get(level.as_str()) {
-        Some(name) => Choice {
-            name: name.clone(),
-            by: format!("trust_level {} ({})", level.as_str(), config.display()),
-        },
-        None => Choice {
-            name: builtin(level).to_owned(),
-            by: format!("trust_level {} (built-in table)", level.as_str()),
-        },
+    let table =
+        |name: &str, t: BTreeMap<String, String>| -> Result<BTreeMap<String, BackendKind>> {
+            t.into_iter()
+                .map(|(key, value)| {
+                    if !LEVELS.iter().any(|l| l.as_str() == key) {
+                        return Err(invalid(
+                            &format!("{name}.{key}"),
+                            "not a trust level (trusted, standard, untrusted, confidential)".into(),
+                        ));
+                    }
+                    let kind = value.parse::<BackendKind>().map_err(|_| {
+                        invalid(
+                            &format!("{name}.{key}"),
+                            format!("`{value}` is not a backend ({})", BackendKind::names()),
+                        )
+                    })?;
+                    Ok((key, kind))
+                })
+                .collect()
+        };
+    let tables = Tables {
+        backends: table("backends", doc.backends)?,
+        minimums: table("minimum_backends", doc.minimum_backends)?,
+    };
+    for level in LEVELS {
+        let (minimum, _) = tables.minimum(level, config);
+        if let Some(b) = tables.backends.get(level.as_str()) {
+            if b.isolation() < minimum.isolation() {
+                return Err(invalid(
+                    &format!("backends.{}", level.as_str()),
+                    format!(
+                        "`{b}` is weaker than the {} minimum `{minimum}`; lower the minimum explicitly with `minimum_backends.{}` if that is meant",
+                        level.as_str(),
+                        level.as_str()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(tables)
+}
+
+impl Tables {
+    fn minimum(&self, level: TrustLevel, config: &Path) -> (BackendKind, String) {
+        let builtin = builtin_minimum(level);
+        match self.minimums.get(level.as_str()) {
+            Some(m) => (
+                *m,
+                format!(
+                    "{}: minimum_backends.{} = {m} (built-in {builtin})",
+                    config.display(),
+                    level.as_str()
+                ),
+            ),
+            None => (builtin, "built-in".into()),
+        }
+    }
+}
+
+/// The backend for a turn of a package at `level`: `flag` when given and
+/// at least the level's minimum, else the config file's table (a missing
+/// file: the built-in table; an unreadable or invalid one: an error naming
+/// the field, never a guess).
+pub fn choose(flag: Option<BackendKind>, level: TrustLevel, config: &Path) -> Result<Choice> {
+    let tables = load(config)?;
+    let (minimum, minimum_by) = tables.minimum(level, config);
+    let (backend, by) = match (flag, tables.backends.get(level.as_str())) {
+        (Some(b), _) => (b, "--backend".to_owned()),
+        (None, Some(b)) => (
+            *b,
+            format!("trust_level {} ({})", level.as_str(), config.display()),
+        ),
+        (None, None) => (
+            builtin(level),
+            format!("trust_level {} (built-in table)", level.as_str()),
+        ),
+    };
+    if backend.isolation() < minimum.isolation() {
+        return Err(SupervisorError::BelowTrustMinimum {
+            backend: backend.as_str().to_owned(),
+            level: level.as_str().to_owned(),
+            minimum: minimum.as_str().to_owned(),
+            minimum_by,
+        });
+    }
+    Ok(Choice {
+        backend,
+        by,
+        minimum,
+        minimum_by,
     })
 }
 
@@ -112,27 +205,27 @@ mod tests {
     fn issue_10_the_flag_wins_then_the_file_then_the_builtin_table() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("none.json");
-        let c = choose(Some("runc"), TrustLevel::Untrusted, &missing).unwrap();
-        assert_eq!((c.name.as_str(), c.by.as_str()), ("runc", "--backend"));
+        let c = choose(Some(BackendKind::Runc), TrustLevel::Standard, &missing).unwrap();
+        assert_eq!((c.backend, c.by.as_str()), (BackendKind::Runc, "--backend"));
         for (level, want) in [
-            (TrustLevel::Trusted, "native"),
-            (TrustLevel::Standard, "native"),
-            (TrustLevel::Untrusted, "kata"),
-            (TrustLevel::Confidential, "kata"),
+            (TrustLevel::Trusted, BackendKind::Native),
+            (TrustLevel::Standard, BackendKind::Native),
+            (TrustLevel::Untrusted, BackendKind::Kata),
+            (TrustLevel::Confidential, BackendKind::Kata),
         ] {
             let c = choose(None, level, &missing).unwrap();
-            assert_eq!(c.name, want);
+            assert_eq!(c.backend, want);
             assert!(c.by.contains("built-in"), "{}", c.by);
         }
         let file = dir.path().join("config.json");
         std::fs::write(&file, r#"{"backends":{"standard":"runsc"}}"#).unwrap();
         assert_eq!(
-            choose(None, TrustLevel::Standard, &file).unwrap().name,
-            "runsc"
+            choose(None, TrustLevel::Standard, &file).unwrap().backend,
+            BackendKind::Runsc
         );
         assert_eq!(
-            choose(None, TrustLevel::Trusted, &file).unwrap().name,
-            "native"
+            choose(None, TrustLevel::Trusted, &file).unwrap().backend,
+            BackendKind::Native
         );
     }
 
@@ -144,6 +237,16 @@ mod tests {
             (r#"{"backends":{"standard":"docker"}}"#, "backends.standard"),
             (r#"{"backends":{"admin":"native"}}"#, "backends.admin"),
             (r#"{"backend":{}}"#, "(document)"),
+            (r#"{"backends":{"untrusted":"runc"}}"#, "backends.untrusted"),
+            (
+                r#"{"minimum_backends":{"untrusted":"vm"}}"#,
+                "minimum_backends.untrusted",
+            ),
+            (
+                r#"{"minimum_backends":{"root":"kata"}}"#,
+                "minimum_backends.root",
+            ),
+            (r#"{"minimum_backends":[]}"#, "(document)"),
             ("not json", "(document)"),
         ] {
             std::fs::write(&file, doc).unwrap();
@@ -155,5 +258,69 @@ mod tests {
                 err.field()
             );
         }
+    }
+
+    /// Issue 25: an explicit backend weaker than the trust level's minimum
+    /// is refused (exit 20, TS1040, naming both), whatever asks for it; the
+    /// operator lowers a minimum only through `minimum_backends`, and the
+    /// choice says so.
+    #[test]
+    fn issue_25_a_backend_below_the_trust_minimum_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.json");
+        for weak in [
+            BackendKind::Native,
+            BackendKind::Runc,
+            BackendKind::Crun,
+            BackendKind::Runsc,
+        ] {
+            for level in [TrustLevel::Untrusted, TrustLevel::Confidential] {
+                let err = choose(Some(weak), level, &missing).unwrap_err();
+                assert_eq!(err.exit_status(), 20, "{err}");
+                assert_eq!(err.code().code, "TS1040");
+                let msg = err.to_string();
+                assert!(msg.contains(weak.as_str()) && msg.contains("kata"), "{msg}");
+            }
+        }
+        // Trusted and standard accept anything.
+        for b in BackendKind::ALL {
+            assert_eq!(
+                choose(Some(b), TrustLevel::Standard, &missing)
+                    .unwrap()
+                    .backend,
+                b
+            );
+        }
+        let file = dir.path().join("config.json");
+        std::fs::write(
+            &file,
+            r#"{"backends":{"untrusted":"runsc"},"minimum_backends":{"untrusted":"runsc"}}"#,
+        )
+        .unwrap();
+        let c = choose(None, TrustLevel::Untrusted, &file).unwrap();
+        assert_eq!(
+            (c.backend, c.minimum),
+            (BackendKind::Runsc, BackendKind::Runsc)
+        );
+        assert!(
+            c.minimum_by.contains("minimum_backends.untrusted"),
+            "{}",
+            c.minimum_by
+        );
+        assert!(choose(Some(BackendKind::Runsc), TrustLevel::Untrusted, &file).is_ok());
+        assert_eq!(
+            choose(Some(BackendKind::Runc), TrustLevel::Untrusted, &file)
+                .unwrap_err()
+                .exit_status(),
+            20
+        );
+        // Confidential keeps its built-in minimum.
+        assert!(choose(Some(BackendKind::Runsc), TrustLevel::Confidential, &file).is_err());
+        assert_eq!(
+            choose(None, TrustLevel::Standard, &file)
+                .unwrap()
+                .minimum_by,
+            "built-in"
+        );
     }
 }

@@ -882,6 +882,7 @@ impl Bus {
             session: Some(session),
             state_dir: Some(d.state_dir.clone()),
             backend: None,
+            tenant: None,
             config: None,
             rootfs: None,
             json: false,

@@ -38,6 +38,10 @@ pub struct RunRequest {
     pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub backend: Option<String>,
+    /// The tenant (pod namespace) a new session is owned by, with the
+    /// package; a session's turns must come from its owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     #[serde(default)]
     pub config: Option<PathBuf>,
     #[serde(default)]

@@ -186,6 +186,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             cgroup_root: crate::sandbox::cgroup::root(),
             sources: crate::ids::Sources::system(),
             backend: r.backend.clone(),
+            tenant: r.tenant.clone(),
             config: r
                 .config
                 .clone()

@@ -53,6 +53,8 @@ pub struct RunOptions {
     /// `--backend` (native, runc, crun, runsc, kata); `None`: the
     /// manifest's trust level picks it through `config`'s table.
     pub backend: Option<String>,
+    /// `--tenant`: who a new session belongs to (with the package).
+    pub tenant: Option<String>,
     /// The system configuration file (`--config`).
     pub config: PathBuf,
     /// Deterministic mode for the session `run` starts (without --session).
@@ -79,19 +81,21 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         system_root: system_root.as_deref(),
     };
     let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
-    // An unknown or unavailable backend is refused before anything exists.
-    if let Some(name) = &opts.backend {
-        crate::backend::by_name(name, &opts.cgroup_root, opts.json)?;
-    }
+    // An unknown backend is refused before anything exists (exit 2).
+    let flag = opts
+        .backend
+        .as_deref()
+        .map(str::parse::<crate::backend::BackendKind>)
+        .transpose()?;
     // Everything is validated before a session is created for this turn
     // (exit 2 creates nothing).
     let mut admission = admit::admit(input, given.clone().unwrap_or_else(admit::probe_session))?;
-    let choice = crate::backend::select::choose(
-        opts.backend.as_deref(),
-        admission.manifest.trust_level,
-        &opts.config,
-    )?;
-    let backend = crate::backend::by_name(&choice.name, &opts.cgroup_root, opts.json)?;
+    // One selection for the CLI, `serve` and the shim: never weaker than
+    // the trust level's minimum (exit 20), never a fallback when the
+    // chosen runtime is missing (E2040); nothing exists yet.
+    let choice =
+        crate::backend::select::choose(flag, admission.manifest.trust_level, &opts.config)?;
+    let backend = crate::backend::by_name(choice.backend, &opts.cgroup_root, opts.json)?;
     // A layer the backend cannot enforce refuses the turn (exit 20) unless
     // the manifest accepts running without it; nothing exists yet.
     let allowed_degraded: Vec<String> = admission
@@ -101,8 +105,28 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         .map(|l| l.as_str().to_owned())
         .collect();
     crate::backend::check_enforceable(backend.as_ref(), &allowed_degraded)?;
+    if let Some(t) = &opts.tenant {
+        let ok = !t.is_empty()
+            && t.len() <= 253
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if !ok {
+            return Err(crate::error::SupervisorError::invalid(
+                "--tenant",
+                format!("`{t}` is not a namespace name (1-253 of [A-Za-z0-9._-])"),
+            ));
+        }
+    }
+    let owner = crate::session::Owner::for_turn(
+        opts.tenant.as_deref(),
+        admission.manifest.package_id.as_str(),
+    );
     let session = match &given {
-        Some(id) => Session::open(&admission.workspace, &admission.state, id, None)?,
+        Some(id) => {
+            let session = Session::open(&admission.workspace, &admission.state, id, None)?;
+            session.check_owner(&owner, opts.sources.now())?;
+            session
+        }
         None => {
             let state = StateDir::open(admission.state.path(), &admission.workspace, true)?;
             crate::session::sweep_unfinished(&state, Some(&admission.workspace))?;
@@ -110,12 +134,13 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 .deterministic
                 .as_ref()
                 .map_or_else(|| opts.sources.clone(), |d| d.sources(0));
-            Session::create(
+            Session::create_owned(
                 &admission.workspace,
                 &state,
                 TURN_TIER,
                 &SessionIdGenerator::new(src.clone(), src),
                 opts.deterministic.clone(),
+                owner,
             )?
         }
     };
@@ -202,7 +227,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     let result = Turn {
         opts,
         backend,
-        backend_chosen_by: choice.by,
+        choice,
         session: &session,
         lock: &lock,
         request,
@@ -225,8 +250,8 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
 struct Turn<'a> {
     opts: &'a RunOptions,
     backend: Box<dyn Backend>,
-    /// `--backend`, or the trust level's table entry.
-    backend_chosen_by: String,
+    /// How the backend was chosen, and the trust level's minimum.
+    choice: crate::backend::select::Choice,
     session: &'a Session,
     lock: &'a SessionLock,
     request: &'a BoundRequest,

@@ -311,7 +311,8 @@ impl Turn<'_> {
         }
         json!({
             "backend": self.backend.name(),
-            "backend_chosen_by": self.backend_chosen_by,
+            "backend_chosen_by": self.choice.by,
+            "backend_minimum": {"backend": self.choice.minimum.as_str(), "by": self.choice.minimum_by},
             "namespaces": sandbox::NAMESPACES.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             "landlock_abi": landlock.as_ref().and_then(|l| l.get("kernel_abi").cloned()),
             "landlock_status": landlock.as_ref().and_then(|l| l.get("status").cloned()),

@@ -1,0 +1,119 @@
+//! Many tenants, one node (issue 25): a session belongs to whoever created
+//! it — the caller's uid, and for a pod's turn its tenant (namespace) and
+//! package — and nobody else may add turns to it. A refusal changes nothing
+//! but the owner's evidence ledger, where it is recorded.
+
+use turnstile_tests::{Fixture, read_entries, require_root};
+
+const MANIFEST: &str = r#"{
+  "capabilities": {
+    "read": ["data/**"],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/bin/true", "/usr/bin/python3"]
+  }
+}"#;
+
+fn turn(
+    fx: &Fixture,
+    pkg: &str,
+    session: Option<&str>,
+    tenant: Option<&str>,
+) -> (i32, serde_json::Value) {
+    let mut args = vec!["--json", "--no-outputs"];
+    if let Some(s) = session {
+        args.extend(["--session", s]);
+    }
+    if let Some(t) = tenant {
+        args.extend(["--tenant", t]);
+    }
+    args.extend(["--", "/bin/true"]);
+    let r = fx.run(pkg, &args);
+    (r.status, r.json())
+}
+
+#[test]
+fn issue_25_a_session_belongs_to_its_tenant_and_package() {
+    if !require_root("issue_25_a_session_belongs_to_its_tenant_and_package") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("k", MANIFEST);
+    fx.install("other", MANIFEST);
+    fx.write("data/x", b"x");
+    let (status, v) = turn(&fx, "k", None, Some("team-a"));
+    assert_eq!(status, 0, "{v}");
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+
+    for (pkg, tenant, who) in [
+        ("k", Some("team-b"), "another tenant"),
+        ("k", None, "the node's CLI user, no tenant"),
+        (
+            "other",
+            Some("team-a"),
+            "another package of the same tenant",
+        ),
+    ] {
+        let before: Vec<_> = fx
+            .snapshot()
+            .into_iter()
+            .filter(|(p, _)| {
+                !p.ends_with("evidence.jsonl") && !p.to_string_lossy().contains("/anchors/")
+            })
+            .collect();
+        let evidence_before = read_entries(&fx.ledger(&sid, "evidence")).len();
+        let (status, v) = turn(&fx, pkg, Some(&sid), tenant);
+        assert_eq!(status, 2, "{who}: {v}");
+        assert_eq!(v["error"]["code"], "TS1041", "{who}: {v}");
+        assert_eq!(v["error"]["field"], "session", "{who}: {v}");
+        let after: Vec<_> = fx
+            .snapshot()
+            .into_iter()
+            .filter(|(p, _)| {
+                !p.ends_with("evidence.jsonl") && !p.to_string_lossy().contains("/anchors/")
+            })
+            .collect();
+        assert_eq!(
+            before, after,
+            "{who}: something but the owner's evidence changed"
+        );
+        let ev = read_entries(&fx.ledger(&sid, "evidence"));
+        assert_eq!(ev.len(), evidence_before + 1, "{who}");
+        let refused = ev.last().unwrap();
+        assert_eq!(refused["event"], "session.access_refused", "{who}");
+        assert_eq!(refused["owner"]["tenant"], "team-a");
+        assert_eq!(refused["owner"]["package"], "k");
+        assert_eq!(
+            refused["requester"]["tenant"],
+            tenant.map_or(serde_json::Value::Null, |t| t.into()),
+            "{who}"
+        );
+        fx.assert_ledgers_intact(&sid);
+    }
+    // The owner goes on.
+    let (status, v) = turn(&fx, "k", Some(&sid), Some("team-a"));
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["turn_number"], 2);
+    fx.assert_ledgers_intact(&sid);
+
+    // A session the CLI user started is theirs: a tenant cannot take it.
+    let (status, v) = turn(&fx, "k", None, None);
+    assert_eq!(status, 0, "{v}");
+    let mine = v["session_id"].as_str().unwrap().to_owned();
+    let (status, v) = turn(&fx, "k", Some(&mine), Some("team-a"));
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (2, Some("TS1041")),
+        "{v}"
+    );
+    let (status, v) = turn(&fx, "other", Some(&mine), None);
+    assert_eq!(status, 0, "the CLI user's session takes any package: {v}");
+
+    // A malformed tenant is bad input naming the flag; nothing is created.
+    for bad in ["", "../team", "team a", "a/b"] {
+        let before = fx.snapshot();
+        let (status, v) = turn(&fx, "k", None, Some(bad));
+        assert_eq!(status, 2, "{bad:?}: {v}");
+        assert_eq!(v["error"]["field"], "--tenant", "{bad:?}: {v}");
+        assert_eq!(before, fx.snapshot(), "{bad:?}: something was created");
+    }
+}
