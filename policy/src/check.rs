@@ -70,6 +70,29 @@ pub struct CapabilityViolation {
 }
 
 impl CapabilityViolation {
+    /// The hint for a pre-execution violation: the smallest manifest entry
+    /// that would allow it, or why none can.
+    pub fn hint(&self) -> String {
+        match &self.capability {
+            ViolatedCapability::Forbidden { pattern } => {
+                format!("forbidden beats every grant (`{pattern}`); no entry can allow it")
+            }
+            ViolatedCapability::Reserved { path } => {
+                format!("`{path}` is reserved for the supervisor; no entry can allow it")
+            }
+            ViolatedCapability::NotGranted { capability } => {
+                // An execute target is the command line; the entry names
+                // the program (a fixed argument prefix is optional).
+                let target = if self.operation.as_str() == "execute" {
+                    self.target.split(' ').next().unwrap_or(&self.target)
+                } else {
+                    self.target.as_str()
+                };
+                format!("add `{target}` to capabilities.{capability}")
+            }
+        }
+    }
+
     /// The evidence form (the supervisor adds session, turn and timestamp).
     pub fn to_value(&self) -> Value {
         json!({

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use turnstile_policy::error::{ErrorCode, codes};
 use turnstile_policy::{PolicyError, Violations};
 
-use crate::integrity::IntegrityError;
+use crate::store::integrity::IntegrityError;
 
 /// Exit statuses of `supervise` (DESIGN "Command-line contract").
 pub mod exit {

@@ -26,13 +26,13 @@ use serde_json::{Map, Value, json};
 use turnstile_policy::session::Clock;
 use turnstile_policy::timefmt::rfc3339_micros;
 
-use crate::commit::{self, Settled};
 use crate::error::{Result, SupervisorError};
-use crate::evidence::{SCHEMA_VERSION, object};
-use crate::layout::{StateDir, Workspace};
-use crate::ledger::{self, LedgerKind, TailRecovery};
 use crate::sandbox::cgroup::TurnCgroup;
-use crate::session::{Session, SessionLock};
+use crate::store::commit::{self, Settled};
+use crate::store::evidence::{SCHEMA_VERSION, object};
+use crate::store::layout::{StateDir, Workspace};
+use crate::store::ledger::{self, LedgerKind, TailRecovery};
+use crate::store::session::{Session, SessionLock};
 use turnstile_policy::error::codes;
 
 /// What recovery found and did for one session.
@@ -482,7 +482,7 @@ pub fn recover_all(
     cgroup_root: &Path,
     clock: &dyn Clock,
 ) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
-    let swept = crate::session::sweep_unfinished(state, workspace)?;
+    let swept = crate::store::session::sweep_unfinished(state, workspace)?;
     let mut out = Vec::new();
     for (id, ws) in known_sessions(state, workspace) {
         let session = Session::open(&ws, state, &id, None)?;

@@ -8,9 +8,9 @@ use turnstile_policy::canonical;
 use turnstile_policy::request::TurnRequest;
 use turnstile_policy::{SessionId, Violations};
 use turnstile_supervisor::ids::SystemClock;
-use turnstile_supervisor::layout::{StateDir, Workspace};
-use turnstile_supervisor::ledger::{LedgerKind, genesis_hash};
-use turnstile_supervisor::session::Session;
+use turnstile_supervisor::store::layout::{StateDir, Workspace};
+use turnstile_supervisor::store::ledger::{LedgerKind, genesis_hash};
+use turnstile_supervisor::store::session::Session;
 use turnstile_supervisor::turn::record_rejected_turn;
 use turnstile_tests::{Fixture, HELLO_MANIFEST, read_entries};
 

@@ -8,9 +8,9 @@
 
 use serde_json::{Map, Value, json};
 use turnstile_policy::SessionId;
-use turnstile_supervisor::layout::{StateDir, Workspace};
-use turnstile_supervisor::ledger::{self, AppendStep, LedgerKind};
-use turnstile_supervisor::session::Session;
+use turnstile_supervisor::store::layout::{StateDir, Workspace};
+use turnstile_supervisor::store::ledger::{self, AppendStep, LedgerKind};
+use turnstile_supervisor::store::session::Session;
 use turnstile_tests::{Fixture, read_entries};
 
 fn open(fx: &Fixture, sid: &str) -> Session {

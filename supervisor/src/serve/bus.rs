@@ -832,7 +832,7 @@ impl Bus {
                     }
                 }
                 Err(e) => {
-                    r["error"] = crate::outcome::error_value(&e);
+                    r["error"] = crate::turn::outcome::error_value(&e);
                     r["exit_status"] = json!(e.exit_status());
                     ok = false;
                 }
@@ -926,18 +926,18 @@ impl Bus {
         if let Ok(s) = std::fs::read_to_string(&file) {
             let s = s.trim().to_owned();
             let id = turnstile_policy::SessionId::parse(&s)?;
-            let ws = crate::layout::Workspace::open(&a.workspace)?;
-            let state = crate::layout::StateDir::open(&d.state_dir, &ws, false)?;
-            if crate::session::Session::open(&ws, &state, &id, None).is_ok() {
+            let ws = crate::store::layout::Workspace::open(&a.workspace)?;
+            let state = crate::store::layout::StateDir::open(&d.state_dir, &ws, false)?;
+            if crate::store::session::Session::open(&ws, &state, &id, None).is_ok() {
                 return Ok(s);
             }
         }
-        let ws = crate::layout::Workspace::open(&a.workspace)?;
-        let state = crate::layout::StateDir::open(&d.state_dir, &ws, true)?;
-        let session = crate::session::Session::create(
+        let ws = crate::store::layout::Workspace::open(&a.workspace)?;
+        let state = crate::store::layout::StateDir::open(&d.state_dir, &ws, true)?;
+        let session = crate::store::session::Session::create(
             &ws,
             &state,
-            crate::layout::TURN_TIER,
+            crate::store::layout::TURN_TIER,
             &turnstile_policy::session::SessionIdGenerator::new(
                 crate::ids::SystemClock,
                 crate::ids::OsRandom,

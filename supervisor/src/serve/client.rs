@@ -16,7 +16,7 @@ use turnstile_policy::request::TurnRequest;
 
 use super::wire::{Reply, RunRequest, send_with_fds};
 use crate::error::{Result, SupervisorError};
-use crate::outcome::Outcome;
+use crate::turn::outcome::Outcome;
 
 /// `p` made absolute against this process's working directory.
 pub fn absolute(p: &Path) -> Result<PathBuf> {

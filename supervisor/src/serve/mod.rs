@@ -32,7 +32,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::error::{Result, SupervisorError, exit};
-use crate::outcome::Outcome;
+use crate::turn::outcome::Outcome;
 use wire::{Reply, Request, RunRequest};
 
 /// What `supervise serve` was asked.
@@ -359,7 +359,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
     let cgroup_root = crate::sandbox::cgroup::root();
     let (swept, sessions) = crate::recover::recover_all(
-        &crate::layout::StateDir::at(&state_dir),
+        &crate::store::layout::StateDir::at(&state_dir),
         None,
         &cgroup_root,
         &crate::ids::SystemClock,
@@ -514,13 +514,13 @@ fn send_reply(conn: &UnixStream, r: &Reply) {
 }
 
 fn error_reply(e: &SupervisorError, json: bool) -> Reply {
-    let o = crate::outcome::error_outcome(e, json);
+    let o = crate::turn::outcome::error_outcome(e, json);
     Reply {
         exit_status: o.status,
         printed: false,
         stdout: o.stdout,
         stderr: o.stderr,
-        value: json!({"error": crate::outcome::error_value(e), "exit_code": e.exit_status()}),
+        value: json!({"error": crate::turn::outcome::error_value(e), "exit_code": e.exit_status()}),
         trust_level: None,
         stays: false,
     }

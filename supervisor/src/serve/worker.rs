@@ -114,7 +114,7 @@ fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
         .and_then(|j| to_options(&j.run));
     let (outcome, value) = match parsed {
         Ok((opts, events)) => {
-            let r = crate::outcome::run_turn_outcome(&opts, events.as_deref());
+            let r = crate::turn::outcome::run_turn_outcome(&opts, events.as_deref());
             trust_level = turnstile_policy::PackageId::parse(&opts.package)
                 .ok()
                 .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
@@ -122,8 +122,8 @@ fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
             r
         }
         Err(e) => (
-            crate::outcome::error_outcome(&e, false),
-            serde_json::json!({"error": crate::outcome::error_value(&e), "exit_code": e.exit_status()}),
+            crate::turn::outcome::error_outcome(&e, false),
+            serde_json::json!({"error": crate::turn::outcome::error_value(&e), "exit_code": e.exit_status()}),
         ),
     };
     let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());

@@ -18,24 +18,30 @@ use turnstile_policy::session::{Clock, SessionIdGenerator};
 use turnstile_policy::timefmt::rfc3339_micros;
 use turnstile_policy::{Manifest, SessionId, canonical};
 
+pub mod admit;
+pub mod context;
+pub mod denials;
+pub mod outcome;
+pub mod realfs;
+pub mod replay;
+
 mod record;
 
 pub use record::record_rejected_turn;
 use record::{Outcome, interrupted_message, ledgers};
 
-use crate::admit;
 use crate::backend::Backend;
-use crate::capture::{self, Scope};
-use crate::commit::{self};
 use crate::error::{Result, SupervisorError};
-use crate::evidence::{SCHEMA_VERSION, object};
 use crate::ids::{OsRandom, Sources, SystemClock};
-use crate::layout::{StateDir, TURN_TIER, Workspace};
-use crate::ledger::LedgerKind;
-use crate::realfs::{HostFs, RootedFs};
 use crate::sandbox::{Ending, TurnDir};
-use crate::session::{Session, SessionLock};
-use crate::status::{Ended, Observed, TurnStatus, classify};
+use crate::store::capture::{self, Scope};
+use crate::store::commit::{self};
+use crate::store::evidence::{SCHEMA_VERSION, object};
+use crate::store::layout::{StateDir, TURN_TIER, Workspace};
+use crate::store::ledger::LedgerKind;
+use crate::store::session::{Session, SessionLock};
+use crate::store::status::{Ended, Observed, TurnStatus, classify};
+use crate::turn::realfs::{HostFs, RootedFs};
 use turnstile_policy::error::codes;
 
 /// Everything `supervise run` was asked.
@@ -64,7 +70,7 @@ pub struct RunOptions {
     pub rootfs: Option<PathBuf>,
 }
 
-pub use crate::status::TurnResult;
+pub use crate::store::status::TurnResult;
 
 /// Runs one turn.
 pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
@@ -117,7 +123,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
             ));
         }
     }
-    let owner = crate::session::Owner::for_turn(
+    let owner = crate::store::session::Owner::for_turn(
         opts.tenant.as_deref(),
         admission.manifest.package_id.as_str(),
     );
@@ -129,7 +135,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         }
         None => {
             let state = StateDir::open(admission.state.path(), &admission.workspace, true)?;
-            crate::session::sweep_unfinished(&state, Some(&admission.workspace))?;
+            crate::store::session::sweep_unfinished(&state, Some(&admission.workspace))?;
             let src = opts
                 .deterministic
                 .as_ref()
@@ -161,9 +167,9 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     // Exactly once: a key that already ran returns what it returned.
     let key = request.idempotency_key.clone();
     let request_hash =
-        crate::idempotency::request_hash(admission.manifest.package_id.as_str(), request);
+        crate::store::idempotency::request_hash(admission.manifest.package_id.as_str(), request);
     if let Some(key) = &key {
-        if let Some(record) = crate::idempotency::lookup(&session, &lock, key)? {
+        if let Some(record) = crate::store::idempotency::lookup(&session, &lock, key)? {
             if record.request_hash != request_hash {
                 return Err(SupervisorError::IdempotencyConflict {
                     key: key.clone(),
@@ -174,8 +180,10 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
             }
             // A turn that never began (its supervisor died between the
             // record and the intent entry) runs now: nothing of it happened.
-            if record.result.is_some() || crate::idempotency::began(&session, record.turn_number)? {
-                return crate::idempotency::replay(&session, key, &record);
+            if record.result.is_some()
+                || crate::store::idempotency::began(&session, record.turn_number)?
+            {
+                return crate::store::idempotency::replay(&session, key, &record);
             }
         }
     }
@@ -207,7 +215,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 value,
             };
             if let Some(key) = &key {
-                crate::idempotency::finish(
+                crate::store::idempotency::finish(
                     &session,
                     &lock,
                     key,
@@ -222,7 +230,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     let turn_number = session.next_turn_number(&lock)?;
     // Durable before the intent entry, so before any effect of the turn.
     if let Some(key) = &key {
-        crate::idempotency::begin(&session, &lock, key, &request_hash, turn_number)?;
+        crate::store::idempotency::begin(&session, &lock, key, &request_hash, turn_number)?;
     }
     let result = Turn {
         opts,
@@ -242,7 +250,14 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     }
     .run(&allowed)?;
     if let Some(key) = &key {
-        crate::idempotency::finish(&session, &lock, key, &request_hash, turn_number, &result)?;
+        crate::store::idempotency::finish(
+            &session,
+            &lock,
+            key,
+            &request_hash,
+            turn_number,
+            &result,
+        )?;
     }
     Ok(result)
 }

@@ -11,14 +11,14 @@ use turnstile_policy::session::Clock;
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use super::{Turn, TurnResult};
-use crate::capture::{self, Verdict};
-use crate::commit::Committed;
 use crate::error::{Result, SupervisorError};
-use crate::evidence::{RejectedTurn, SCHEMA_VERSION, object};
-use crate::ledger::LedgerKind;
 use crate::sandbox::{self, Ending, Execution};
-use crate::session::{Session, SessionLock};
-use crate::status::TurnStatus;
+use crate::store::capture::{self, Verdict};
+use crate::store::commit::Committed;
+use crate::store::evidence::{RejectedTurn, SCHEMA_VERSION, object};
+use crate::store::ledger::LedgerKind;
+use crate::store::session::{Session, SessionLock};
+use crate::store::status::TurnStatus;
 
 /// Records a turn refused before execution in both ledgers and returns its
 /// turn number.
@@ -42,7 +42,7 @@ pub fn record_rejected_turn(
         session.ledger(LedgerKind::Exec),
         session.ledger(LedgerKind::Evidence),
     );
-    crate::ledger::append_group(
+    crate::store::ledger::append_group(
         lock,
         vec![
             (&exec, vec![turn.exec_entry()]),
@@ -121,12 +121,12 @@ impl Turn<'_> {
         // Denials observed inside the sandbox (FR-RT-011): they do not
         // change the status (a program may handle EPERM), they are listed.
         if let (Some(Ok(d)), Some(plan)) = (x.map(|x| &x.denials), o.plan.as_ref()) {
-            violations.extend(crate::denials::syscall_violations(
+            violations.extend(crate::turn::denials::syscall_violations(
                 d,
                 &plan.seccomp,
                 sid,
                 self.turn_number,
-                crate::denials::TurnClock {
+                crate::turn::denials::TurnClock {
                     at: self.started_at,
                     instant: self.started,
                     deterministic,
@@ -234,7 +234,7 @@ impl Turn<'_> {
             self.session.ledger(LedgerKind::Exec),
             self.session.ledger(LedgerKind::Evidence),
         );
-        crate::ledger::append_group(
+        crate::store::ledger::append_group(
             self.lock,
             vec![
                 (&exec, vec![exec_entry]),
@@ -332,7 +332,7 @@ impl Turn<'_> {
                 }
                 v
             }),
-            "denials_observed": o.execution.as_ref().map(|x| crate::denials::observability(&x.denials)),
+            "denials_observed": o.execution.as_ref().map(|x| crate::turn::denials::observability(&x.denials)),
             "degraded": degraded,
         })
     }

@@ -740,9 +740,9 @@ fn kernel() -> String {
 }
 
 fn ledger_numbers(env: &Env) -> (Stats, f64, f64) {
-    use turnstile_supervisor::layout::{StateDir, Workspace};
-    use turnstile_supervisor::ledger::LedgerKind;
-    use turnstile_supervisor::session::Session;
+    use turnstile_supervisor::store::layout::{StateDir, Workspace};
+    use turnstile_supervisor::store::ledger::LedgerKind;
+    use turnstile_supervisor::store::session::Session;
     let ws = Workspace::open(&env.ws).unwrap();
     let state = StateDir::open(&env.state, &ws, true).unwrap();
     let id = turnstile_policy::SessionId::parse(&env.new_session()).unwrap();

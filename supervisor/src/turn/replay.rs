@@ -23,9 +23,9 @@ use turnstile_policy::session::SessionIdGenerator;
 
 use crate::error::{Result, SupervisorError};
 use crate::ids::Sources;
-use crate::layout::{StateDir, TURN_TIER, Workspace};
-use crate::ledger::LedgerKind;
-use crate::session::Session;
+use crate::store::layout::{StateDir, TURN_TIER, Workspace};
+use crate::store::ledger::LedgerKind;
+use crate::store::session::Session;
 
 /// What `replay` found.
 #[derive(Debug)]

@@ -11,7 +11,6 @@
 //! it: no kernel record exists).
 
 use serde_json::{Value, json};
-use turnstile_policy::check::{CapabilityViolation, ViolatedCapability};
 use turnstile_policy::seccomp::SeccompProfile;
 use turnstile_policy::timefmt::rfc3339_micros;
 
@@ -153,25 +152,3 @@ pub fn observability(denials: &Result<Denials, String>) -> Value {
     })
 }
 
-/// The hint for a pre-execution violation: the smallest manifest entry that
-/// would allow it, or why none can.
-pub fn pre_execution_hint(v: &CapabilityViolation) -> String {
-    match &v.capability {
-        ViolatedCapability::Forbidden { pattern } => {
-            format!("forbidden beats every grant (`{pattern}`); no entry can allow it")
-        }
-        ViolatedCapability::Reserved { path } => {
-            format!("`{path}` is reserved for the supervisor; no entry can allow it")
-        }
-        ViolatedCapability::NotGranted { capability } => {
-            // An execute target is the command line; the entry names the
-            // program (a fixed argument prefix is optional).
-            let target = if v.operation.as_str() == "execute" {
-                v.target.split(' ').next().unwrap_or(&v.target)
-            } else {
-                v.target.as_str()
-            };
-            format!("add `{target}` to capabilities.{capability}")
-        }
-    }
-}

@@ -4,6 +4,8 @@
 //! status. Errors go through one path that prints the code, the message and
 //! its chain once, and — with `--json` — one JSON object on stdout.
 
+pub mod doctor;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -16,11 +18,11 @@ use turnstile_policy::{Manifest, PackageId, SessionId, Violations};
 
 use crate::error::{Result, SupervisorError, exit};
 use crate::ids::{OsRandom, SystemClock};
-use crate::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
-use crate::ledger::{LedgerKind, VerifyReport};
-pub use crate::outcome::{Outcome, error_outcome, error_value, run_turn_outcome};
 use crate::sandbox::cgroup::root as cgroup_root;
-use crate::session::Session;
+use crate::store::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
+use crate::store::ledger::{LedgerKind, VerifyReport};
+use crate::store::session::Session;
+pub use crate::turn::outcome::{Outcome, error_outcome, error_value, run_turn_outcome};
 
 /// argv[1] of the sandbox's own init (not a user command).
 pub use crate::sandbox::init::SANDBOX_INIT;
@@ -513,7 +515,7 @@ pub fn run(cli: Cli) -> Outcome {
             a.json,
         ),
         Command::Health(a) => {
-            let (text, value) = crate::doctor::health(&a.state_dir);
+            let (text, value) = crate::cli::doctor::health(&a.state_dir);
             Ok(Outcome {
                 status: if value["status"] == "FAILED" {
                     exit::FAILURE
@@ -555,10 +557,10 @@ fn open_workspace(common: &Common) -> Result<(Workspace, StateDir)> {
 
 fn session_new(a: &SessionNewArgs) -> Result<Outcome> {
     // Validate everything before anything is created.
-    crate::layout::check_tier(&a.tier)?;
+    crate::store::layout::check_tier(&a.tier)?;
     let ws = Workspace::open(&a.common.root)?;
     let state = StateDir::open(&a.common.state_dir, &ws, true)?;
-    crate::session::sweep_unfinished(&state, Some(&ws))?;
+    crate::store::session::sweep_unfinished(&state, Some(&ws))?;
     let det = a.deterministic.parse()?;
     let session = match &det {
         Some(d) => {
@@ -612,7 +614,7 @@ fn report_value(r: &VerifyReport) -> Value {
 
 fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
     let id = SessionId::parse(&a.session)?;
-    let r = crate::replay::replay(
+    let r = crate::turn::replay::replay(
         &a.common.root,
         &a.common.state_dir,
         &id,
@@ -654,7 +656,7 @@ fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
     let session = Session::open(&ws, &state, &id, None)?;
     let (lock, _) =
         crate::recover::lock_for_write(&session, &cgroup_root(), &crate::ids::SystemClock)?;
-    let (path, c) = crate::context::checkpoint(&session, &lock)?;
+    let (path, c) = crate::turn::context::checkpoint(&session, &lock)?;
     let text = format!(
         "{}\n",
         if a.common.json {
@@ -685,7 +687,7 @@ fn context_cmd(a: &ContextArgs) -> Result<Outcome> {
     }
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, None)?;
-    let v = crate::context::context(&session, a.as_of.as_deref())?;
+    let v = crate::turn::context::context(&session, a.as_of.as_deref())?;
     if a.common.json {
         return Ok(Outcome::ok(format!("{v}\n")));
     }
@@ -923,8 +925,8 @@ fn check(a: &CheckArgs) -> Result<Outcome> {
         None => SessionIdGenerator::new(SystemClock, OsRandom).generate()?,
     };
     let request = request_from_args(&a.request)?;
-    let admission = crate::admit::admit(
-        crate::admit::Input {
+    let admission = crate::turn::admit::admit(
+        crate::turn::admit::Input {
             root: &a.common.root,
             state_dir: &a.common.state_dir,
             package: &a.package,
@@ -1125,7 +1127,7 @@ fn plan_request(a: &PlanArgs) -> Result<TurnRequest> {
 fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
     let request = plan_request(a)?;
     let plan = crate::turn::plan_only(
-        crate::admit::Input {
+        crate::turn::admit::Input {
             root: &a.common.root,
             state_dir: &a.common.state_dir,
             package: &a.package,
@@ -1165,7 +1167,7 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
     let out = parent.join(a.out.file_name().unwrap_or_default());
     let request = plan_request(&a.plan)?;
     let plan = crate::turn::plan_only(
-        crate::admit::Input {
+        crate::turn::admit::Input {
             root: &a.plan.common.root,
             state_dir: &a.plan.common.state_dir,
             package: &a.plan.package,
@@ -1211,7 +1213,7 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
 }
 
 fn doctor_cmd(a: &DoctorArgs) -> Outcome {
-    let (text, value) = crate::doctor::report();
+    let (text, value) = crate::cli::doctor::report();
     let status = if value["status"] == "FAILED" {
         exit::SANDBOX
     } else {
@@ -1272,7 +1274,8 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
     Ok(Outcome::ok(stdout))
 }
 
-/// `--rootfs`, validated (see [`crate::admit::system_root`]).
+/// `--rootfs`, validated (see [`crate::turn::admit::system_root`]).
 fn rootfs(dir: Option<&std::path::Path>, root: &std::path::Path) -> Result<Option<PathBuf>> {
-    dir.map(|d| crate::admit::system_root(d, root)).transpose()
+    dir.map(|d| crate::turn::admit::system_root(d, root))
+        .transpose()
 }

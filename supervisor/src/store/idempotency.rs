@@ -26,9 +26,9 @@ use turnstile_policy::canonical;
 use turnstile_policy::request::BoundRequest;
 
 use crate::error::{Result, SupervisorError};
-use crate::ledger::LedgerKind;
-use crate::session::{Session, SessionLock};
-use crate::status::{TurnResult, TurnStatus};
+use crate::store::ledger::LedgerKind;
+use crate::store::session::{Session, SessionLock};
+use crate::store::status::{TurnResult, TurnStatus};
 
 /// The request as the key binds it: what would make a different turn.
 pub fn request_hash(package: &str, request: &BoundRequest) -> String {

@@ -10,7 +10,7 @@ use turnstile_policy::request::{BoundRequest, TurnRequest};
 use turnstile_policy::{Manifest, PackageId, SessionId, Violations};
 
 use crate::error::Result;
-use crate::layout::{StateDir, Workspace};
+use crate::store::layout::{StateDir, Workspace};
 
 /// A request admitted for one package of one workspace, bound to a session
 /// id (the real one, or a probe until the session exists).
@@ -49,10 +49,10 @@ pub fn admit(input: Input<'_>, session: SessionId) -> Result<Admission> {
     // executable, a read of a path that does not exist) are refused here.
     let rooted = input
         .system_root
-        .map(|image| crate::realfs::RootedFs::new(image, workspace.root_str()));
+        .map(|image| crate::turn::realfs::RootedFs::new(image, workspace.root_str()));
     let view: &dyn turnstile_policy::plan::FsView = match &rooted {
         Some(r) => r,
-        None => &crate::realfs::HostFs,
+        None => &crate::turn::realfs::HostFs,
     };
     turnstile_policy::grants::check_on_host(
         &manifest.capabilities,

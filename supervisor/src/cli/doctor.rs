@@ -67,8 +67,8 @@ pub fn report() -> (String, Value) {
     let denials = json!({
         "seccomp": if user_notif { json!({"observed": true, "via": "seccomp user notification"}) }
             else { json!({"observed": false, "why": "the kernel lacks SECCOMP_RET_USER_NOTIF"}) },
-        "landlock": {"observed": false, "why": crate::denials::LANDLOCK_UNOBSERVED},
-        "mount": {"observed": false, "why": crate::denials::MOUNT_UNOBSERVED},
+        "landlock": {"observed": false, "why": crate::turn::denials::LANDLOCK_UNOBSERVED},
+        "mount": {"observed": false, "why": crate::turn::denials::MOUNT_UNOBSERVED},
     });
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     let overlay = filesystems
@@ -270,10 +270,10 @@ pub fn health(state_dir: &Path) -> (String, Value) {
         )),
         Some(_) => {}
     }
-    let state = crate::layout::StateDir::at(state_dir);
+    let state = crate::store::layout::StateDir::at(state_dir);
     for (id, ws) in crate::recover::known_sessions(&state, None) {
         let mut entry = json!({"session_id": id.as_str(), "root": ws.root_str()});
-        let session = match crate::session::Session::open(&ws, &state, &id, None) {
+        let session = match crate::store::session::Session::open(&ws, &state, &id, None) {
             Ok(s) => s,
             Err(e) => {
                 failed.push(format!("session {id}: {e}"));
@@ -283,7 +283,7 @@ pub fn health(state_dir: &Path) -> (String, Value) {
             }
         };
         let mut warnings = Vec::new();
-        for kind in crate::ledger::LedgerKind::ALL {
+        for kind in crate::store::ledger::LedgerKind::ALL {
             match session.ledger(kind).verify() {
                 Ok(r) => warnings.extend(r.warnings),
                 Err(e) => {

@@ -42,9 +42,9 @@ use nix::unistd::unlinkat;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::capture::{Kind, RealizedWrite, Scope};
 use crate::error::{Result, SupervisorError};
 use crate::fsx;
+use crate::store::capture::{Kind, RealizedWrite, Scope};
 
 fn commit_err(detail: String) -> SupervisorError {
     SupervisorError::Commit { detail }

@@ -13,13 +13,13 @@ use turnstile_policy::session::{Clock, RandomSource, SessionIdGenerator};
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use crate::error::{Result, SupervisorError};
-use crate::evidence;
 use crate::fsx;
-use crate::layout::{StateDir, TURN_TIER, Workspace, check_tier};
-use crate::ledger::{LedgerFiles, LedgerKind, VerifyReport};
+use crate::store::evidence;
+use crate::store::layout::{StateDir, TURN_TIER, Workspace, check_tier};
+use crate::store::ledger::{LedgerFiles, LedgerKind, VerifyReport};
 
-pub use crate::lock::SessionLock;
-use crate::lock::lock_path;
+pub use crate::store::lock::SessionLock;
+use crate::store::lock::lock_path;
 
 /// Who a session belongs to, recorded when it is created (issue 25): the
 /// caller's uid, and for a pod's turn the tenant (its Kubernetes or
@@ -206,7 +206,7 @@ impl Session {
         for f in &files {
             f.create(&lock)?;
         }
-        crate::ledger::append_group(
+        crate::store::ledger::append_group(
             &lock,
             files
                 .iter()
@@ -395,16 +395,16 @@ impl Session {
         }
         let lock = self.lock()?;
         let evidence = self.ledger(LedgerKind::Evidence);
-        let entry = crate::evidence::object(json!({
+        let entry = crate::store::evidence::object(json!({
             "event": "session.access_refused",
-            "schema_version": crate::evidence::SCHEMA_VERSION,
+            "schema_version": crate::store::evidence::SCHEMA_VERSION,
             "ledger": LedgerKind::Evidence.as_str(),
             "session_id": self.id.as_str(),
             "owner": owner,
             "requester": requester,
             "ts": rfc3339_micros(at),
         }));
-        crate::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
+        crate::store::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
         Err(SupervisorError::SessionNotOwned {
             session: self.id.to_string(),
             owner: owner.to_string(),

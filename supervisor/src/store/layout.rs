@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use turnstile_policy::SessionId;
 
 use crate::error::{Result, SupervisorError};
-use crate::ledger::LedgerKind;
+use crate::store::ledger::LedgerKind;
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/turnstile";

@@ -14,7 +14,7 @@ use turnstile_policy::request::BoundRequest;
 use turnstile_policy::timefmt::rfc3339_micros;
 use turnstile_policy::{SessionId, Violations};
 
-use crate::ledger::LedgerKind;
+use crate::store::ledger::LedgerKind;
 
 /// Version of the entry schema written here.
 pub const SCHEMA_VERSION: u64 = 1;
@@ -62,7 +62,10 @@ impl RejectedTurn<'_> {
             .map(|v| {
                 let mut m = object(v.to_value());
                 m.insert("layer".into(), json!("pre-execution"));
-                m.insert("hint".into(), json!(crate::denials::pre_execution_hint(v)));
+                m.insert(
+                    "hint".into(),
+                    json!(v.hint()),
+                );
                 m.insert("count".into(), json!(1));
                 m.insert("session_id".into(), json!(self.request.session.as_str()));
                 m.insert("turn_number".into(), json!(self.turn_number));

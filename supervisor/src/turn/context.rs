@@ -17,9 +17,9 @@ use serde_json::{Map, Value, json};
 use turnstile_policy::canonical;
 
 use crate::error::{Result, SupervisorError};
-use crate::integrity::{IntegrityError, Problem};
-use crate::ledger::LedgerKind;
-use crate::session::{Session, SessionLock};
+use crate::store::integrity::{IntegrityError, Problem};
+use crate::store::ledger::LedgerKind;
+use crate::store::session::{Session, SessionLock};
 
 /// Version of the checkpoint format.
 pub const CHECKPOINT_VERSION: u64 = 1;

@@ -34,8 +34,8 @@ use turnstile_policy::canonical::{self, CanonicalError};
 
 use crate::error::{Result, SupervisorError};
 use crate::fsx;
-pub use crate::integrity::{IntegrityError, Problem};
-use crate::lock::SessionLock;
+pub use crate::store::integrity::{IntegrityError, Problem};
+use crate::store::lock::SessionLock;
 
 /// Largest ledger line accepted by the reader.
 pub const MAX_ENTRY_BYTES: usize = 16 << 20;

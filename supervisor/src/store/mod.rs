@@ -1,0 +1,17 @@
+//! The store: what a turn leaves behind and what proves it — the
+//! workspace and state-directory layout, sessions and their locks, the two
+//! hash-chained ledgers and their entries, capture of a turn's writes and
+//! their commit, idempotency records, and the recorded status of a turn.
+//! The store knows nothing of sandboxes, backends or the turn pipeline:
+//! those call into it, never the reverse.
+
+pub mod capture;
+pub mod commit;
+pub mod evidence;
+pub mod idempotency;
+pub mod integrity;
+pub mod layout;
+pub mod ledger;
+pub mod lock;
+pub mod session;
+pub mod status;
