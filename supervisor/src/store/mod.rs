@@ -13,5 +13,6 @@ pub mod integrity;
 pub mod layout;
 pub mod ledger;
 pub mod lock;
+pub mod record;
 pub mod session;
 pub mod status;

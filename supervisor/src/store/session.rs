@@ -395,15 +395,15 @@ impl Session {
         }
         let lock = self.lock()?;
         let evidence = self.ledger(LedgerKind::Evidence);
-        let entry = crate::store::evidence::object(json!({
-            "event": "session.access_refused",
-            "schema_version": crate::store::evidence::SCHEMA_VERSION,
-            "ledger": LedgerKind::Evidence.as_str(),
-            "session_id": self.id.as_str(),
-            "owner": owner,
-            "requester": requester,
-            "ts": rfc3339_micros(at),
-        }));
+        let entry = crate::store::record::to_object(&crate::store::record::AccessRefusedEntry {
+            event: crate::store::record::Event::SessionAccessRefused,
+            schema_version: crate::store::record::SCHEMA_VERSION,
+            ledger: LedgerKind::Evidence.as_str().to_owned(),
+            session_id: self.id.to_string(),
+            owner: owner.clone(),
+            requester: requester.clone(),
+            ts: rfc3339_micros(at),
+        });
         crate::store::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
         Err(SupervisorError::SessionNotOwned {
             session: self.id.to_string(),

@@ -17,7 +17,8 @@ pub struct TurnResult {
 }
 
 /// The status a turn is recorded with, in both ledgers and in `--json`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TurnStatus {
     /// The command exited 0 and its writes matched the declaration.
     Committed,

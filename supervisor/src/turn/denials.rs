@@ -10,11 +10,13 @@
 //! the mount layer (EROFS on the read-only view, ENOENT for what is not in
 //! it: no kernel record exists).
 
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
 use turnstile_policy::seccomp::SeccompProfile;
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use crate::sandbox::notify::Denials;
+use crate::store::record::{Layer, Observed, ViolatedCapability, Violation};
 
 /// Why Landlock's refusals are not in the evidence.
 pub const LANDLOCK_UNOBSERVED: &str = "Landlock reports denials only to the kernel audit subsystem; turnstile never changes the host's audit configuration and does not read audit records, so a Landlock EACCES is not recorded";
@@ -87,8 +89,12 @@ pub fn syscall_violations(
     session: &str,
     turn: u64,
     clock: TurnClock,
-) -> Vec<Value> {
-    let mut out: Vec<Value> = d
+) -> Vec<Violation> {
+    let baseline = || ViolatedCapability::DeniedSyscall {
+        capability: "sandbox baseline".into(),
+        pattern: None,
+    };
+    let mut out: Vec<Violation> = d
         .syscalls
         .iter()
         .map(|s| {
@@ -98,57 +104,75 @@ pub fn syscall_violations(
             let first = if clock.deterministic {
                 String::new()
             } else {
-                format!("; first by pid {} with arguments {:x?}", s.first_pid, s.first_args)
+                format!(
+                    "; first by pid {} with arguments {:x?}",
+                    s.first_pid, s.first_args
+                )
             };
             let at = if clock.deterministic {
                 clock.at
             } else {
                 clock.at + s.first_at.saturating_duration_since(clock.instant)
             };
-            json!({
-                "attempted_operation": "syscall",
-                "target": name,
-                "violated_capability": {"capability": "sandbox baseline", "kind": "denied_syscall", "pattern": null},
-                "details": format!(
+            Violation {
+                attempted_operation: "syscall".into(),
+                target: name.clone(),
+                violated_capability: baseline(),
+                details: format!(
                     "`{name}` was refused with {} {} time(s){first}",
                     nix::errno::Errno::from_raw(s.errno),
                     s.count
                 ),
-                "layer": "seccomp",
-                "hint": syscall_hint(profile, &name),
-                "count": s.count,
-                "session_id": session,
-                "turn_number": turn,
-                "timestamp": rfc3339_micros(at),
-            })
+                layer: Layer::Seccomp,
+                hint: Some(syscall_hint(profile, &name)),
+                count: s.count,
+                session_id: session.to_owned(),
+                turn_number: turn,
+                timestamp: Some(rfc3339_micros(at)),
+            }
         })
         .collect();
     if d.overflow > 0 {
-        out.push(json!({
-            "attempted_operation": "syscall",
-            "target": "(other syscalls)",
-            "violated_capability": {"capability": "sandbox baseline", "kind": "denied_syscall", "pattern": null},
-            "details": format!("{} more denials of syscalls beyond the first {} distinct ones", d.overflow, crate::sandbox::notify::MAX_DISTINCT),
-            "layer": "seccomp",
-            "hint": "denied by the sandbox baseline",
-            "count": d.overflow,
-            "session_id": session,
-            "turn_number": turn,
-            "timestamp": null,
-        }));
+        out.push(Violation {
+            attempted_operation: "syscall".into(),
+            target: "(other syscalls)".into(),
+            violated_capability: baseline(),
+            details: format!(
+                "{} more denials of syscalls beyond the first {} distinct ones",
+                d.overflow,
+                crate::sandbox::notify::MAX_DISTINCT
+            ),
+            layer: Layer::Seccomp,
+            hint: Some("denied by the sandbox baseline".into()),
+            count: d.overflow,
+            session_id: session.to_owned(),
+            turn_number: turn,
+            timestamp: None,
+        });
     }
     out
 }
 
 /// Which layers' denials this turn's evidence can show.
-pub fn observability(denials: &Result<Denials, String>) -> Value {
-    json!({
-        "seccomp": match denials {
-            Ok(_) => json!({"observed": true, "via": "seccomp user notification (exact, per turn)"}),
-            Err(why) => json!({"observed": false, "why": why}),
-        },
-        "landlock": {"observed": false, "why": LANDLOCK_UNOBSERVED},
-        "mount": {"observed": false, "why": MOUNT_UNOBSERVED},
-    })
+pub fn observability(denials: &Result<Denials, String>) -> BTreeMap<String, Observed> {
+    let not = |why: &str| Observed {
+        observed: false,
+        via: None,
+        why: Some(why.to_owned()),
+    };
+    BTreeMap::from([
+        (
+            "seccomp".to_owned(),
+            match denials {
+                Ok(_) => Observed {
+                    observed: true,
+                    via: Some("seccomp user notification (exact, per turn)".into()),
+                    why: None,
+                },
+                Err(why) => not(why),
+            },
+        ),
+        ("landlock".to_owned(), not(LANDLOCK_UNOBSERVED)),
+        ("mount".to_owned(), not(MOUNT_UNOBSERVED)),
+    ])
 }
-

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use time::OffsetDateTime;
 use turnstile_policy::plan::{self, Plan, PlanContext};
 use turnstile_policy::request::{BoundRequest, TurnRequest};
@@ -36,13 +36,13 @@ use crate::ids::{OsRandom, Sources, SystemClock};
 use crate::sandbox::{Ending, TurnDir};
 use crate::store::capture::{self, Scope};
 use crate::store::commit::{self};
-use crate::store::evidence::{SCHEMA_VERSION, object};
+use crate::store::evidence::SCHEMA_VERSION;
 use crate::store::layout::{StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::LedgerKind;
+use crate::store::record::Phases;
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::{Ended, Observed, TurnStatus, classify};
 use crate::turn::realfs::{HostFs, RootedFs};
-use turnstile_policy::error::codes;
 
 /// Everything `supervise run` was asked.
 #[derive(Debug, Clone)]
@@ -198,17 +198,33 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 &violations,
                 &sources,
             )?;
-            let value = json!({
-                "session_id": session.id.as_str(),
-                "turn_number": turn_number,
-                "status": TurnStatus::Violation.as_str(),
-                "exit_code": null,
-                "error": {"code": codes::SECURITY_POLICY_VIOLATION.code, "name": codes::SECURITY_POLICY_VIOLATION.name, "message": violations.to_string()},
-                "realized_writes": [],
-                "committed": [],
-                "violations": violations.0.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
-                "ledgers": ledgers(&session),
-            });
+            let rejected = crate::store::evidence::RejectedTurn {
+                request,
+                package_id: admission.manifest.package_id.as_str(),
+                turn_number,
+                violations: &violations,
+                at: sources.now(),
+            };
+            let value = serde_json::to_value(crate::store::record::TurnReport {
+                session_id: session.id.to_string(),
+                turn_number,
+                started_at: None,
+                finished_at: None,
+                status: TurnStatus::Violation,
+                exit_code: None,
+                termination: None,
+                error: Some(rejected.error()),
+                realized_writes: Vec::new(),
+                committed: Vec::new(),
+                ephemeral_writes: None,
+                violations: rejected.violations(),
+                enforcement: None,
+                resources: None,
+                ledgers: Some(ledgers(&session)),
+                durations: None,
+                replayed: false,
+            })
+            .unwrap_or_default();
             let result = TurnResult {
                 exit_status: TurnStatus::Violation.exit_status(None),
                 summary: format!("turn {turn_number}: refused before execution: {violations}"),
@@ -392,16 +408,16 @@ impl Turn<'_> {
         // It is written while the sandbox is built; the command starts only
         // once it is durable (the gate in `execute_timed`), so no effect of
         // the turn ever precedes it.
-        let body = object(json!({
-            "event": "turn.started",
-            "schema_version": SCHEMA_VERSION,
-            "session_id": sid,
-            "turn_number": self.turn_number,
-            "query_hash": query_hash,
-            "plan_hash": plan_hash,
-            "backend": self.backend.name(),
-            "ts": rfc3339_micros(self.started_at),
-        }));
+        let body = crate::store::record::to_object(&crate::store::record::TurnStartedEntry {
+            event: crate::store::record::Event::TurnStarted,
+            schema_version: SCHEMA_VERSION,
+            session_id: sid.to_owned(),
+            turn_number: self.turn_number,
+            query_hash: query_hash.clone(),
+            plan_hash,
+            backend: self.backend.name().to_owned(),
+            ts: rfc3339_micros(self.started_at),
+        });
         let exec_ledger = self.session.ledger(LedgerKind::Exec);
         let lock = self.lock;
         let mut outcome = std::thread::scope(|scope| -> Result<Outcome> {
@@ -422,7 +438,7 @@ impl Turn<'_> {
                 Ok(us) => {
                     outcome
                         .phases
-                        .splice(0..0, [("plan", plan_us), ("intent_entry", us)]);
+                        .prepend([("plan", plan_us), ("intent_entry", us)]);
                     Ok(outcome)
                 }
                 Err(e) => {
@@ -457,9 +473,9 @@ impl Turn<'_> {
 
     fn execute(&self, plan: Plan, intent: &mut Intent<'_>) -> Outcome {
         let mut clock = Instant::now();
-        let mut phases = Vec::new();
+        let mut phases = Phases::new();
         let mut outcome = self.execute_timed(plan, intent, &mut clock, &mut phases);
-        phases.push(("teardown", lap(&mut clock)));
+        phases.push("teardown", lap(&mut clock));
         outcome.phases = phases;
         outcome
     }
@@ -469,7 +485,7 @@ impl Turn<'_> {
         plan: Plan,
         intent: &mut Intent<'_>,
         clock: &mut Instant,
-        phases: &mut Vec<(&'static str, u64)>,
+        phases: &mut Phases,
     ) -> Outcome {
         let turn_path = self
             .session
@@ -510,7 +526,7 @@ impl Turn<'_> {
                 Err(e) => return Outcome::from_error(&e, Some(plan)),
             },
         };
-        phases.push(("prepare", lap(clock)));
+        phases.push("prepare", lap(clock));
         // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
         crate::interrupt::register(Some((self.opts.cgroup_root.clone(), cgroup)));
         let created = match begin {
@@ -551,7 +567,7 @@ impl Turn<'_> {
             })
             .collect();
         let _ = lap(clock);
-        phases.extend(execution.phases.iter().copied());
+        phases.extend(execution.phases.iter().map(|(n, v)| ((*n).to_owned(), *v)));
         let writes =
             match capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes) {
                 Ok(w) => w,
@@ -571,7 +587,7 @@ impl Turn<'_> {
             &format!("tmp/{}", self.session.id),
         );
         // "capture" = enumerate + hash + compare with the declaration.
-        phases.push(("capture", lap(clock)));
+        phases.push("capture", lap(clock));
         let u = &execution.usage;
         let posture_failure = execution
             .posture
@@ -635,7 +651,7 @@ impl Turn<'_> {
             verdict,
             committed: Vec::new(),
             plan: None,
-            phases: Vec::new(),
+            phases: Phases::new(),
             cleanup: None,
         };
         if status == TurnStatus::Committed && crate::interrupt::received().is_some() {
@@ -668,7 +684,7 @@ impl Turn<'_> {
                 }
             }
         }
-        phases.push(("commit", lap(clock)));
+        phases.push("commit", lap(clock));
         // The workspace is as the next turn will find it: a serve worker
         // builds that turn's sandbox now, while this one's entries are
         // written (a no-op elsewhere).

@@ -2,7 +2,7 @@
 //! both or neither), the `--json` object derived from the same values, and
 //! the entries of a turn refused before execution.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use turnstile_policy::Violations;
 use turnstile_policy::canonical;
 use turnstile_policy::plan::Plan;
@@ -15,8 +15,14 @@ use crate::error::{Result, SupervisorError};
 use crate::sandbox::{self, Ending, Execution};
 use crate::store::capture::{self, Verdict};
 use crate::store::commit::Committed;
-use crate::store::evidence::{RejectedTurn, SCHEMA_VERSION, object};
+use crate::store::evidence::RejectedTurn;
 use crate::store::ledger::LedgerKind;
+use crate::store::record::{
+    BackendMinimum, DeclaredWrite, Durations, Enforcement, EnforcementRecord, ErrorRecord, Event,
+    EvidenceEntry, ExecEntry, Layer, LedgerPaths, OutputRecord, Phases, Resources, SCHEMA_VERSION,
+    SeccompFacts, StreamOut, Termination, Timings, TurnReport, ViolatedCapability, Violation,
+    WriteRecord, to_object,
+};
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::TurnStatus;
 
@@ -52,11 +58,11 @@ pub fn record_rejected_turn(
     Ok(turn_number)
 }
 
-pub(super) fn ledgers(session: &Session) -> Value {
-    json!({
-        "exec": session.ledger(LedgerKind::Exec).path,
-        "evidence": session.ledger(LedgerKind::Evidence).path,
-    })
+pub(super) fn ledgers(session: &Session) -> LedgerPaths {
+    LedgerPaths {
+        exec: session.ledger(LedgerKind::Exec).path,
+        evidence: session.ledger(LedgerKind::Evidence).path,
+    }
 }
 
 /// How a turn ended, before rendering.
@@ -69,57 +75,190 @@ pub(super) struct Outcome {
     pub(super) verdict: Verdict,
     pub(super) committed: Vec<Committed>,
     pub(super) plan: Option<Plan>,
-    /// Where the time went: (phase, microseconds), in order.
-    pub(super) phases: Vec<(&'static str, u64)>,
+    /// Where the time went, in order.
+    pub(super) phases: Phases,
     /// The turn directory's removal, running while the ledgers are written.
     pub(super) cleanup: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The facts of one finished turn, typed: both ledger entries and the
+/// `--json` report are made from them.
+struct Facts {
+    now: String,
+    exit_code: Option<i32>,
+    termination: Option<Termination>,
+    violations: Vec<Violation>,
+    realized: Vec<WriteRecord>,
+    enforcement: Enforcement,
+    resources: Option<Resources>,
+    output: Option<OutputRecord>,
+    error: Option<ErrorRecord>,
+    wall_us: u64,
+}
+
 impl Turn<'_> {
     pub(super) fn finish(&self, query_hash: &str, o: Outcome) -> Result<TurnResult> {
-        let sid = self.session.id.as_str();
-        let now = rfc3339_micros(self.sources.now());
+        let facts = self.facts(&o);
         let deterministic = self.session.deterministic.is_some();
+        let result = serde_json::to_value(ResultDigest {
+            status: o.status,
+            exit_code: facts.exit_code,
+            realized_writes: &facts.realized,
+            committed: &o.committed,
+            violations: &facts.violations,
+        })
+        .unwrap_or_default();
+        let exec_entry = ExecEntry {
+            event: Event::TurnFinished,
+            schema_version: SCHEMA_VERSION,
+            session_id: self.session.id.to_string(),
+            turn_number: self.turn_number,
+            query_hash: query_hash.to_owned(),
+            result_hash: canonical::hash_value(&result).unwrap_or_default(),
+            status: Some(o.status),
+            exit_code: facts.exit_code,
+            termination: facts.termination.clone(),
+            error: facts.error.clone(),
+            backend: self.backend.name().to_owned(),
+            // Wall-clock measurements vary run to run: a deterministic
+            // session keeps them out of its ledgers (--json still has them).
+            timings: (!deterministic).then(|| Timings {
+                wall_us: facts.wall_us,
+                phases_us: Some(o.phases.clone()),
+            }),
+            ts: facts.now.clone(),
+        };
+        let evidence = self.evidence_entry(&facts, &o);
+        // Both finish entries land together or not at all.
+        let (exec, evidence_ledger) = (
+            self.session.ledger(LedgerKind::Exec),
+            self.session.ledger(LedgerKind::Evidence),
+        );
+        crate::store::ledger::append_group(
+            self.lock,
+            vec![
+                (&exec, vec![to_object(&exec_entry)]),
+                (&evidence_ledger, vec![to_object(&evidence)]),
+            ],
+        )?;
+        let report = self.report(facts, &o);
+        let summary = report.summary(&o.message);
+        Ok(TurnResult {
+            exit_status: o.exit_status(),
+            value: serde_json::to_value(&report).unwrap_or_default(),
+            summary,
+        })
+    }
+
+    /// What the turn's outcome says, typed once.
+    fn facts(&self, o: &Outcome) -> Facts {
+        let now = rfc3339_micros(self.sources.now());
         let x = o.execution.as_ref();
-        let command_exit = x.and_then(|x| match x.ending {
+        let exit_code = x.and_then(|x| match x.ending {
             Ending::Exited(c) => Some(c),
             _ => None,
         });
         let termination = x.map(|x| match &x.ending {
-            Ending::Exited(c) => json!({"exited": c}),
-            Ending::Signaled { signal, name } => json!({"signal": name, "number": signal}),
-            Ending::SetupFailed { stage, detail } => {
-                json!({"setup_failed": stage, "detail": detail})
-            }
-            Ending::ExecFailed { errno, error } => json!({"exec_failed": error, "errno": errno}),
+            Ending::Exited(c) => Termination::Exited { exited: *c },
+            Ending::Signaled { signal, name } => Termination::Signaled {
+                signal: name.clone(),
+                number: *signal,
+            },
+            Ending::SetupFailed { stage, detail } => Termination::SetupFailed {
+                setup_failed: stage.clone(),
+                detail: detail.clone(),
+            },
+            Ending::ExecFailed { errno, error } => Termination::ExecFailed {
+                exec_failed: error.clone(),
+                errno: *errno,
+            },
         });
-        let mut violations: Vec<Value> = Vec::new();
-        for w in &o.verdict.undeclared {
-            violations.push(json!({
-                "attempted_operation": "write",
-                "target": w.path,
-                "violated_capability": {"kind": "undeclared_write", "realized_kind": w.kind.as_str()},
-                "details": format!("`{}` ({}) was written but not declared: {}", w.path, w.kind.as_str(), w.kind.why_blocked()),
-                "session_id": sid, "turn_number": self.turn_number, "timestamp": now,
-            }));
+        let implied: std::collections::HashSet<&str> =
+            o.verdict.implied.iter().map(|w| w.path.as_str()).collect();
+        let realized = o
+            .writes
+            .iter()
+            .map(|w| WriteRecord {
+                implied_parent: implied.contains(w.path.as_str()),
+                ..WriteRecord::of(w)
+            })
+            .collect();
+        let measured = |v: Option<u64>| v.filter(|_| self.session.deterministic.is_none());
+        Facts {
+            violations: self.violations(o, &now),
+            exit_code,
+            termination,
+            realized,
+            enforcement: self.enforcement(o),
+            resources: x.map(|x| Resources {
+                peak_memory_bytes: measured(x.usage.peak_memory_bytes),
+                cpu_usage_us: measured(x.usage.cpu_usage_us),
+                oom_kills: x.usage.oom_kills,
+                pids_limit_hits: x.usage.pids_limit_hits,
+                disk_full: x.disk_full,
+            }),
+            output: x.map(|x| {
+                let stream = |s: &crate::sandbox::StreamRecord| StreamOut {
+                    bytes: s.bytes,
+                    forwarded: s.forwarded,
+                    sha256: s.sha256.clone(),
+                };
+                OutputRecord {
+                    stdout: stream(&x.stdout),
+                    stderr: stream(&x.stderr),
+                    truncated: x.output_truncated,
+                }
+            }),
+            error: o.error(),
+            wall_us: self.started.elapsed().as_micros() as u64,
+            now,
         }
-        for m in &o.verdict.missing {
-            violations.push(json!({
-                "attempted_operation": "write",
-                "target": m,
-                "violated_capability": {"kind": "missing_declared_output"},
-                "details": format!("declared output `{m}` was not produced as a regular file"),
-                "session_id": sid, "turn_number": self.turn_number, "timestamp": now,
-            }));
-        }
-        for v in &mut violations {
-            if let Value::Object(m) = v {
-                m.insert("layer".into(), json!("verify"));
-                m.insert("count".into(), json!(1));
-            }
-        }
-        // Denials observed inside the sandbox (FR-RT-011): they do not
-        // change the status (a program may handle EPERM), they are listed.
+    }
+
+    /// Verify's violations, then the denials observed inside the sandbox
+    /// (FR-RT-011): those do not change the status (a program may handle
+    /// EPERM), they are listed.
+    fn violations(&self, o: &Outcome, now: &str) -> Vec<Violation> {
+        let sid = self.session.id.as_str();
+        let verify = |target: &str, capability, details| Violation {
+            attempted_operation: "write".into(),
+            target: target.to_owned(),
+            violated_capability: capability,
+            details,
+            layer: Layer::Verify,
+            hint: None,
+            count: 1,
+            session_id: sid.to_owned(),
+            turn_number: self.turn_number,
+            timestamp: Some(now.to_owned()),
+        };
+        let mut violations: Vec<Violation> = o
+            .verdict
+            .undeclared
+            .iter()
+            .map(|w| {
+                verify(
+                    &w.path,
+                    ViolatedCapability::UndeclaredWrite {
+                        realized_kind: w.kind.as_str().to_owned(),
+                    },
+                    format!(
+                        "`{}` ({}) was written but not declared: {}",
+                        w.path,
+                        w.kind.as_str(),
+                        w.kind.why_blocked()
+                    ),
+                )
+            })
+            .collect();
+        violations.extend(o.verdict.missing.iter().map(|m| {
+            verify(
+                m,
+                ViolatedCapability::MissingDeclaredOutput,
+                format!("declared output `{m}` was not produced as a regular file"),
+            )
+        }));
+        let x = o.execution.as_ref();
         if let (Some(Ok(d)), Some(plan)) = (x.map(|x| &x.denials), o.plan.as_ref()) {
             violations.extend(crate::turn::denials::syscall_violations(
                 d,
@@ -129,170 +268,82 @@ impl Turn<'_> {
                 crate::turn::denials::TurnClock {
                     at: self.started_at,
                     instant: self.started,
-                    deterministic,
+                    deterministic: self.session.deterministic.is_some(),
                 },
             ));
         }
-        let implied: std::collections::HashSet<&str> =
-            o.verdict.implied.iter().map(|w| w.path.as_str()).collect();
-        let realized: Vec<Value> = o
-            .writes
-            .iter()
-            .map(|w| {
-                let mut v = w.to_value();
-                if implied.contains(w.path.as_str()) {
-                    v["implied_parent"] = json!(true);
-                }
-                v
-            })
-            .collect();
-        let committed: Vec<Value> = o
-            .committed
-            .iter()
-            .map(|c| json!({"path": c.path, "size": c.size, "sha256": c.sha256}))
-            .collect();
-        let enforcement = self.enforcement(&o);
-        let measured = |v: Option<u64>| if deterministic { Value::Null } else { json!(v) };
-        let resources = x.map(|x| {
-            json!({
-                "peak_memory_bytes": measured(x.usage.peak_memory_bytes),
-                "cpu_usage_us": measured(x.usage.cpu_usage_us),
-                "oom_kills": x.usage.oom_kills,
-                "pids_limit_hits": x.usage.pids_limit_hits,
-                "disk_full": x.disk_full,
-            })
-        });
-        let output = x.map(|x| {
-            json!({
-                "stdout": {"bytes": x.stdout.bytes, "forwarded": x.stdout.forwarded, "sha256": x.stdout.sha256},
-                "stderr": {"bytes": x.stderr.bytes, "forwarded": x.stderr.forwarded, "sha256": x.stderr.sha256},
-                "truncated": x.output_truncated,
-            })
-        });
-        let wall_us = self.started.elapsed().as_micros() as u64;
-        let phases: serde_json::Map<String, Value> = o
-            .phases
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), json!(v)))
-            .collect();
-        let error = o.error();
-        let result = json!({"status": o.status.as_str(), "exit_code": command_exit, "realized_writes": realized, "committed": committed, "violations": violations});
-        let result_hash = canonical::hash_value(&result).unwrap_or_default();
+        violations
+    }
 
-        let exec_entry = object(json!({
-            "event": "turn.finished",
-            "schema_version": SCHEMA_VERSION,
-            "session_id": sid,
-            "turn_number": self.turn_number,
-            "query_hash": query_hash,
-            "result_hash": result_hash,
-            "status": o.status.as_str(),
-            "exit_code": command_exit,
-            "termination": termination,
-            "error": error,
-            "backend": self.backend.name(),
-            // Wall-clock measurements vary run to run: a deterministic
-            // session keeps them out of its ledgers (--json still has them).
-            "timings": if deterministic { Value::Null } else { json!({"wall_us": wall_us, "phases_us": phases}) },
-            "ts": now,
-        }));
+    fn evidence_entry(&self, f: &Facts, o: &Outcome) -> EvidenceEntry {
         let r = self.request;
-        let mut evidence = object(json!({
-            "event": "turn.finished",
-            "schema_version": SCHEMA_VERSION,
-            "session_id": sid,
-            "turn_number": self.turn_number,
-            "package_id": self.manifest.package_id.as_str(),
-            "status": o.status.as_str(),
-            "command": r.command,
-            "timeout_seconds": r.timeout_seconds,
-            "execute_entry": self.execute_entry,
-            "declared_reads": r.declared_inputs,
-            "declared_writes": r.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
-            "realized_writes": realized,
-            "scratch_writes": o.verdict.scratch.iter().map(|w| w.to_value()).collect::<Vec<_>>(),
+        EvidenceEntry {
+            event: Event::TurnFinished,
+            schema_version: SCHEMA_VERSION,
+            session_id: self.session.id.to_string(),
+            turn_number: self.turn_number,
+            package_id: Some(self.manifest.package_id.to_string()),
+            status: Some(o.status),
+            command: Some(r.command.clone()),
+            timeout_seconds: r.timeout_seconds,
+            execute_entry: Some(self.execute_entry.clone()),
+            declared_reads: r.declared_inputs.clone(),
+            declared_writes: declared(r),
+            realized_writes: f.realized.clone(),
+            scratch_writes: o.verdict.scratch.iter().map(WriteRecord::of).collect(),
             // Written where nothing is ever committed: recorded, discarded.
-            "ephemeral_writes": o.execution.as_ref().map(|x| x.ephemeral.clone()),
-            "committed": committed,
-            "external_calls": [],
-            "violations": violations,
-            "enforcement": enforcement,
-            "resources": resources,
-            "output": output,
-            "termination": termination,
-            "error": error,
-            "ts": now,
-        }));
-        if let Some(w) = &r.work_order_id {
-            evidence.insert("work_order_id".into(), json!(w));
+            ephemeral_writes: o.execution.as_ref().map(|x| x.ephemeral.clone()),
+            committed: o.committed.clone(),
+            external_calls: Vec::new(),
+            violations: f.violations.clone(),
+            enforcement: Some(EnforcementRecord::Ran(Box::new(f.enforcement.clone()))),
+            resources: f.resources.clone(),
+            output: f.output.clone(),
+            termination: f.termination.clone(),
+            error: f.error.clone(),
+            ts: f.now.clone(),
+            work_order_id: r.work_order_id.clone(),
+            idempotency_key: r.idempotency_key.clone(),
         }
-        if let Some(k) = &r.idempotency_key {
-            evidence.insert("idempotency_key".into(), json!(k));
-        }
-        // Both finish entries land together or not at all.
-        let (exec, evidence_ledger) = (
-            self.session.ledger(LedgerKind::Exec),
-            self.session.ledger(LedgerKind::Evidence),
-        );
-        crate::store::ledger::append_group(
-            self.lock,
-            vec![
-                (&exec, vec![exec_entry]),
-                (&evidence_ledger, vec![evidence]),
-            ],
-        )?;
+    }
 
-        let value = json!({
-            "session_id": sid,
-            "turn_number": self.turn_number,
-            "started_at": rfc3339_micros(self.started_at),
-            "finished_at": now,
-            "status": o.status.as_str(),
-            "exit_code": command_exit,
-            "termination": termination,
-            "error": error,
-            "realized_writes": realized,
-            "committed": committed,
-            "ephemeral_writes": o.execution.as_ref().map(|x| x.ephemeral.clone()),
-            "violations": violations,
-            "enforcement": enforcement,
-            "resources": resources,
-            "ledgers": ledgers(self.session),
-            "durations": {
-                "wall_ms": wall_us as f64 / 1000.0,
+    /// The `--json` report, from the same facts as the entries.
+    fn report(&self, f: Facts, o: &Outcome) -> TurnReport {
+        let wall_ms = f.wall_us as f64 / 1000.0;
+        TurnReport {
+            session_id: self.session.id.to_string(),
+            turn_number: self.turn_number,
+            started_at: Some(rfc3339_micros(self.started_at)),
+            finished_at: Some(f.now),
+            status: o.status,
+            exit_code: f.exit_code,
+            termination: f.termination,
+            error: f.error,
+            realized_writes: f.realized,
+            committed: o.committed.clone(),
+            ephemeral_writes: o.execution.as_ref().map(|x| x.ephemeral.clone()),
+            violations: f.violations,
+            enforcement: Some(f.enforcement),
+            resources: f.resources,
+            ledgers: Some(ledgers(self.session)),
+            durations: Some(Durations {
+                wall_ms,
                 // Whether the sandbox was built for this turn (cold) or
                 // before it, from this plan's shape (serve's warm pool).
-                "sandbox": match &o.execution {
+                sandbox: match &o.execution {
                     Some(x) if x.warm => "warm",
                     Some(_) => "cold",
                     None => "none",
-                },
-                "ledger_entries_ms": self.started.elapsed().as_micros() as f64 / 1000.0 - wall_us as f64 / 1000.0,
-                "phases_ms": o.phases.iter().map(|(k, v)| ((*k).to_owned(), json!(*v as f64 / 1000.0))).collect::<serde_json::Map<String, Value>>(),
-            },
-        });
-        let mut summary = format!("turn {} of {sid}: {}", self.turn_number, o.status);
-        if let Some(code) = o.status.code() {
-            summary += &format!(" [{}] {}", code.code, o.message);
+                }
+                .into(),
+                ledger_entries_ms: self.started.elapsed().as_micros() as f64 / 1000.0 - wall_ms,
+                phases_ms: o.phases.millis(),
+            }),
+            replayed: false,
         }
-        for v in &violations {
-            summary += &format!(
-                "\n  - [{}] {}",
-                v["layer"].as_str().unwrap_or("verify"),
-                v["details"].as_str().unwrap_or_default()
-            );
-            if let Some(h) = v["hint"].as_str() {
-                summary += &format!("\n    hint: {h}");
-            }
-        }
-        Ok(TurnResult {
-            exit_status: o.exit_status(),
-            value,
-            summary,
-        })
     }
 
-    fn enforcement(&self, o: &Outcome) -> Value {
+    fn enforcement(&self, o: &Outcome) -> Enforcement {
         let mut degraded: Vec<String> = Vec::new();
         let landlock = o.execution.as_ref().and_then(|x| x.landlock.clone());
         if let Some(l) = &landlock {
@@ -309,33 +360,74 @@ impl Turn<'_> {
                 ));
             }
         }
-        json!({
-            "backend": self.backend.name(),
-            "backend_chosen_by": self.choice.by,
-            "backend_minimum": {"backend": self.choice.minimum.as_str(), "by": self.choice.minimum_by},
-            "namespaces": sandbox::NAMESPACES.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
-            "landlock_abi": landlock.as_ref().and_then(|l| l.get("kernel_abi").cloned()),
-            "landlock_status": landlock.as_ref().and_then(|l| l.get("status").cloned()),
-            "landlock": landlock,
-            "seccomp": o.plan.as_ref().map(|p| json!({
-                "mode": "filter", "default": "ENOSYS", "allowed": p.seccomp.allow.len(),
-                "denied_eperm": p.seccomp.deny.len(), "bad_arch": "kill_process"})),
-            "cgroup": o.execution.as_ref().map(|x| x.cgroup_version.as_str()),
-            "capabilities": "none",
-            "no_new_privs": true,
-            "uid": o.plan.as_ref().map(|p| p.uid),
-            "network": o.plan.as_ref().map(|p| p.network.clone()),
-            "posture": o.execution.as_ref().and_then(|x| x.posture.as_ref()).map(|p| {
-                let mut v = p.to_value();
-                if self.session.deterministic.is_some() {
-                    v["pid"] = Value::Null;
-                }
-                v
+        Enforcement {
+            backend: self.backend.name().to_owned(),
+            backend_chosen_by: Some(self.choice.by.clone()),
+            backend_minimum: Some(BackendMinimum {
+                backend: self.choice.minimum.as_str().to_owned(),
+                by: self.choice.minimum_by.clone(),
             }),
-            "denials_observed": o.execution.as_ref().map(|x| crate::turn::denials::observability(&x.denials)),
-            "degraded": degraded,
-        })
+            namespaces: sandbox::NAMESPACES
+                .iter()
+                .map(|(n, _)| (*n).to_owned())
+                .collect(),
+            landlock_abi: landlock.as_ref().and_then(|l| l.get("kernel_abi").cloned()),
+            landlock_status: landlock.as_ref().and_then(|l| l.get("status").cloned()),
+            landlock,
+            seccomp: o.plan.as_ref().map(|p| SeccompFacts {
+                mode: "filter".into(),
+                default: "ENOSYS".into(),
+                allowed: p.seccomp.allow.len() as u64,
+                denied_eperm: p.seccomp.deny.len() as u64,
+                bad_arch: "kill_process".into(),
+            }),
+            cgroup: o
+                .execution
+                .as_ref()
+                .map(|x| x.cgroup_version.as_str().to_owned()),
+            capabilities: "none".into(),
+            no_new_privs: true,
+            uid: o.plan.as_ref().map(|p| p.uid),
+            network: o.plan.as_ref().map(|p| p.network.clone()),
+            posture: o
+                .execution
+                .as_ref()
+                .and_then(|x| x.posture.as_ref())
+                .map(|p| {
+                    let mut v = p.to_value();
+                    if self.session.deterministic.is_some() {
+                        v["pid"] = Value::Null;
+                    }
+                    v
+                }),
+            denials_observed: o
+                .execution
+                .as_ref()
+                .map(|x| crate::turn::denials::observability(&x.denials)),
+            degraded,
+        }
     }
+}
+
+/// What the exec entry's `result_hash` covers.
+#[derive(serde::Serialize)]
+struct ResultDigest<'a> {
+    status: TurnStatus,
+    exit_code: Option<i32>,
+    realized_writes: &'a [WriteRecord],
+    committed: &'a [Committed],
+    violations: &'a [Violation],
+}
+
+/// The request's declared outputs as recorded.
+pub(crate) fn declared(r: &BoundRequest) -> Vec<DeclaredWrite> {
+    r.declared_outputs
+        .iter()
+        .map(|d| DeclaredWrite {
+            path: d.path.clone(),
+            role: d.role.clone(),
+        })
+        .collect()
 }
 
 /// The evidence's line for a Landlock ruleset the kernel enforced only in
@@ -369,7 +461,7 @@ impl Outcome {
             verdict: Verdict::default(),
             committed: Vec::new(),
             plan,
-            phases: Vec::new(),
+            phases: Phases::new(),
             cleanup: None,
         }
     }
@@ -384,10 +476,12 @@ impl Outcome {
 
     /// The error object of the entries and `--json` (none for statuses
     /// that are not errors).
-    pub(super) fn error(&self) -> Option<Value> {
-        self.status
-            .code()
-            .map(|code| json!({"code": code.code, "name": code.name, "message": self.message}))
+    pub(super) fn error(&self) -> Option<ErrorRecord> {
+        self.status.code().map(|code| ErrorRecord {
+            code: code.code.to_owned(),
+            name: code.name.to_owned(),
+            message: self.message.clone(),
+        })
     }
 
     pub(super) fn exit_status(&self) -> u8 {
@@ -406,6 +500,7 @@ pub(super) fn interrupted_message() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_partial_landlock_names_the_rights_it_ran_without() {

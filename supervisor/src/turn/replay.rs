@@ -25,7 +25,9 @@ use crate::error::{Result, SupervisorError};
 use crate::ids::Sources;
 use crate::store::layout::{StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::LedgerKind;
+use crate::store::record::{DeclaredWrite, Event, EvidenceEntry, Read, read_all};
 use crate::store::session::Session;
+use crate::store::status::TurnStatus;
 
 /// What `replay` found.
 #[derive(Debug)]
@@ -120,40 +122,87 @@ fn tree(dir: &Path) -> BTreeMap<String, String> {
 
 /// The recorded request of a turn, with the original session id turned back
 /// into `<session_id>` (so the replayed session's paths follow).
-fn request_of(entry: &Value, sid: &str) -> Result<TurnRequest> {
-    let unbind = |v: &Value| -> Value {
-        serde_json::from_str(&v.to_string().replace(sid, "<session_id>")).unwrap_or(Value::Null)
-    };
-    let mut doc = json!({
-        "command": unbind(&entry["command"]),
-        "declared_inputs": unbind(&entry["declared_reads"]),
-        "declared_outputs": unbind(&entry["declared_writes"]),
-    });
-    for k in ["work_order_id", "idempotency_key", "timeout_seconds"] {
-        if !entry[k].is_null() {
-            doc[k] = entry[k].clone();
-        }
+fn request_of(entry: &EvidenceEntry, sid: &str) -> Result<TurnRequest> {
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        command: &'a [String],
+        declared_inputs: &'a [String],
+        declared_outputs: &'a [DeclaredWrite],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        work_order_id: &'a Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        idempotency_key: &'a Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_seconds: Option<u64>,
     }
-    Ok(TurnRequest::from_json(doc.to_string().as_bytes())?)
+    let doc = serde_json::to_string(&Doc {
+        command: entry.command.as_deref().unwrap_or_default(),
+        declared_inputs: &entry.declared_reads,
+        declared_outputs: &entry.declared_writes,
+        work_order_id: &entry.work_order_id,
+        idempotency_key: &entry.idempotency_key,
+        timeout_seconds: entry.timeout_seconds,
+    })
+    .map_err(|e| SupervisorError::invalid("--session", e.to_string()))?;
+    Ok(TurnRequest::from_json(
+        doc.replace(sid, "<session_id>").as_bytes(),
+    )?)
 }
 
-/// The comparable outcome of one turn (session id replaced).
-fn outcome(entry: &Value, sid: &str) -> Value {
-    let v = json!({
-        "turn_number": entry["turn_number"],
-        "status": entry["status"],
-        "exit_code": entry["exit_code"],
-        "committed": entry["committed"].as_array().map(|c| c.iter().map(|x| json!({"path": x["path"], "sha256": x["sha256"]})).collect::<Vec<_>>()),
-        "violations": entry["violations"].as_array().map(|c| c.iter().map(|x| json!({"op": x["attempted_operation"], "target": x["target"], "layer": x["layer"]})).collect::<Vec<_>>()),
-    });
-    serde_json::from_str(&v.to_string().replace(sid, "<session_id>")).unwrap_or(v)
+/// The comparable outcome of one turn, with the session id turned back
+/// into `<session_id>`.
+#[derive(Debug, PartialEq, Eq, serde::Serialize)]
+struct Compared {
+    turn_number: u64,
+    status: Option<TurnStatus>,
+    exit_code: Option<i32>,
+    committed: Vec<(String, String)>,
+    violations: Vec<(String, String, &'static str)>,
 }
 
-fn finished(entries: &[Value]) -> Vec<&Value> {
+fn outcome(entry: &EvidenceEntry, sid: &str) -> Compared {
+    let unbind = |s: &str| s.replace(sid, "<session_id>");
+    Compared {
+        turn_number: entry.turn_number,
+        status: entry.status,
+        exit_code: entry.exit_code(),
+        committed: entry
+            .committed
+            .iter()
+            .map(|c| (unbind(&c.path), c.sha256.clone()))
+            .collect(),
+        violations: entry
+            .violations
+            .iter()
+            .map(|v| {
+                (
+                    unbind(&v.attempted_operation),
+                    unbind(&v.target),
+                    v.layer.as_str(),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn finished(entries: &[Read<EvidenceEntry>]) -> Vec<&EvidenceEntry> {
     entries
         .iter()
-        .filter(|e| e["event"] == "turn.finished")
+        .map(|e| &e.body)
+        .filter(|e| e.event == Event::TurnFinished)
         .collect()
+}
+
+/// The evidence entries of `session`, verified and typed.
+fn evidence_of(session: &Session) -> Result<(Vec<Value>, Vec<Read<EvidenceEntry>>)> {
+    let raw = session.ledger(LedgerKind::Evidence).verified_entries()?;
+    let typed = read_all::<EvidenceEntry>(&raw).map_err(|e| {
+        SupervisorError::invalid(
+            "--session",
+            format!("an evidence entry does not read as one: {e}"),
+        )
+    })?;
+    Ok((raw, typed))
 }
 
 /// Replays `session` of `root` into `into`.
@@ -167,15 +216,16 @@ pub fn replay(
     let ws = Workspace::open(root)?;
     let state = StateDir::open(state_dir, &ws, false)?;
     let original = Session::open(&ws, &state, session, None)?;
-    let evidence = original.ledger(LedgerKind::Evidence).verified_entries()?;
+    let (evidence, typed) = evidence_of(&original)?;
     let exec = original.ledger(LedgerKind::Exec).verified_entries()?;
-    let turns = finished(&evidence);
-    if let Some(e) = turns.iter().find(|e| e["command"].is_null()) {
+    let turns = finished(&typed);
+    if let Some(e) = turns.iter().find(|e| e.command.is_none()) {
         return Err(SupervisorError::invalid(
             "--session",
             format!(
                 "turn {} was closed by recovery ({}); its request is not recorded, so the session cannot be replayed",
-                e["turn_number"], e["status"]
+                e.turn_number,
+                e.status.map_or("unknown", TurnStatus::as_str)
             ),
         ));
     }
@@ -222,7 +272,7 @@ pub fn replay(
         let opts = crate::turn::RunOptions {
             root: new_root.clone(),
             state_dir: new_state.clone(),
-            package: e["package_id"].as_str().unwrap_or_default().to_owned(),
+            package: e.package_id.clone().unwrap_or_default(),
             session: Some(rsid.clone()),
             request: request_of(e, osid)?,
             json: true,
@@ -232,8 +282,8 @@ pub fn replay(
             // level's table (entries from before backends were recorded ran
             // natively).
             backend: match (
-                e["enforcement"]["backend_chosen_by"].as_str(),
-                e["enforcement"]["backend"].as_str(),
+                e.ran().and_then(|x| x.backend_chosen_by.as_deref()),
+                e.ran().map(|x| x.backend.as_str()),
             ) {
                 (Some("--backend"), Some(b)) => Some(b.to_owned()),
                 (Some(_), _) => None,
@@ -247,7 +297,7 @@ pub fn replay(
         crate::turn::run_turn(&opts)?;
     }
     let again = Session::open(&new_ws, &new_st, &replayed.id, None)?;
-    let r_evidence = again.ledger(LedgerKind::Evidence).verified_entries()?;
+    let (r_evidence, r_typed) = evidence_of(&again)?;
     let r_exec = again.ledger(LedgerKind::Exec).verified_entries()?;
     let mut difference = None;
     if original.deterministic.is_some() {
@@ -266,18 +316,21 @@ pub fn replay(
         }
     }
     if difference.is_none() {
-        let (a, b) = (finished(&evidence), finished(&r_evidence));
+        let (a, b) = (finished(&typed), finished(&r_typed));
         for i in 0..a.len().max(b.len()) {
             let (x, y) = (
                 a.get(i).map(|e| outcome(e, osid)),
                 b.get(i).map(|e| outcome(e, &rsid)),
             );
             if x != y {
+                let show = |c: Option<Compared>| {
+                    serde_json::to_string(&c).unwrap_or_else(|_| "(unreadable)".into())
+                };
                 difference = Some(format!(
                     "turn {}: original {} / replay {}",
                     i + 1,
-                    x.unwrap_or(Value::Null),
-                    y.unwrap_or(Value::Null)
+                    show(x),
+                    show(y)
                 ));
                 break;
             }
