@@ -687,34 +687,35 @@ fn context_cmd(a: &ContextArgs) -> Result<Outcome> {
     }
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, None)?;
-    let v = crate::turn::context::context(&session, a.as_of.as_deref())?;
+    let r = crate::turn::context::context(&session, a.as_of.as_deref())?;
     if a.common.json {
-        return Ok(Outcome::ok(format!("{v}\n")));
+        return Ok(Outcome::ok(format!("{}\n", to_json(&r))));
     }
-    let c = &v["context"];
     let mut text = format!(
         "context of {id} as of {} ({} entries replayed{})\n",
         a.as_of.as_deref().unwrap_or("now"),
-        v["entries_replayed"],
-        v["checkpoint"]
-            .as_str()
+        r.entries_replayed,
+        r.checkpoint
+            .as_deref()
             .map(|p| format!(" after checkpoint {p}"))
             .unwrap_or_default()
     );
-    for t in c["turns"].as_array().into_iter().flatten() {
+    for t in &r.context.turns {
         text += &format!(
             "turn {}: {}\n",
-            t["turn_number"],
-            t["status"].as_str().unwrap_or("?")
+            t.turn_number,
+            t.status.map_or("?", |s| s.as_str())
         );
     }
-    for (p, o) in c["outputs"].as_object().into_iter().flatten() {
-        text += &format!(
-            "output {p} sha256 {}\n",
-            o["sha256"].as_str().unwrap_or("?")
-        );
+    for (p, o) in &r.context.outputs {
+        text += &format!("output {p} sha256 {}\n", o.sha256);
     }
     Ok(Outcome::ok(text))
+}
+
+/// A value as one line of JSON (`--json` output).
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
 fn explain(a: &ExplainArgs) -> Result<Outcome> {

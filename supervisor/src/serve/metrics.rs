@@ -15,6 +15,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
+use crate::store::record::TurnReport;
+use crate::store::status::TurnStatus;
+
 type Labels = Vec<(String, String)>;
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
@@ -137,27 +140,30 @@ impl Metrics {
     /// package's trust level when known, and how long it took.
     pub fn turn_finished(&self, value: &Value, trust_level: Option<&str>, took_ms: f64) {
         self.event_duration.observe(took_ms);
-        let Some(status) = value["status"].as_str() else {
+        let Ok(report) = serde_json::from_value::<TurnReport>(value.clone()) else {
             // Refused before a turn existed (bad request, unknown session…).
             self.turns
                 .get_or_create(&labels(&[("status", "rejected"), ("backend", "none")]))
                 .inc();
             return;
         };
-        let backend = value["enforcement"]["backend"].as_str().unwrap_or("none");
+        let status = report.status;
+        let backend = report
+            .enforcement
+            .as_ref()
+            .map_or("none", |e| e.backend.as_str());
         self.turns
-            .get_or_create(&labels(&[("status", status), ("backend", backend)]))
+            .get_or_create(&labels(&[("status", status.as_str()), ("backend", backend)]))
             .inc();
-        for v in value["violations"].as_array().into_iter().flatten() {
-            let layer = v["layer"].as_str().unwrap_or("pre-execution");
+        for v in &report.violations {
             self.violations
-                .get_or_create(&labels(&[("layer", layer)]))
+                .get_or_create(&labels(&[("layer", v.layer.as_str())]))
                 .inc();
         }
         // A turn refused by the pre-execution check or replayed never
         // spawned a sandbox.
-        if status != "violation" && value["replayed"] != Value::Bool(true) {
-            let built = !matches!(status, "sandbox_error" | "posture_failed");
+        if status != TurnStatus::Violation && !report.replayed {
+            let built = !matches!(status, TurnStatus::SandboxError | TurnStatus::PostureFailed);
             self.spawns
                 .get_or_create(&labels(&[
                     ("status", if built { "success" } else { "failure" }),
@@ -168,22 +174,23 @@ impl Metrics {
             // Cold: the sandbox's build (spawn) for the turn; warm: the
             // wait for the pooled one (warm_take) — then, as for a cold one,
             // until the command is restricted and parked (init_until_ready).
-            let phases = &value["durations"]["phases_ms"];
-            let (source, build) = match value["durations"]["sandbox"].as_str() {
-                Some("warm") => ("warm", phases["warm_take"].as_f64().unwrap_or(0.0)),
-                _ => ("cold", phases["spawn"].as_f64().unwrap_or(0.0)),
+            let durations = report.durations.unwrap_or_default();
+            let phase = |n: &str| durations.phases_ms.get(n).copied();
+            let (source, build) = match durations.sandbox.as_str() {
+                "warm" => ("warm", phase("warm_take").unwrap_or(0.0)),
+                _ => ("cold", phase("spawn").unwrap_or(0.0)),
             };
-            if let Some(ready) = phases["init_until_ready"].as_f64() {
+            if let Some(ready) = phase("init_until_ready") {
                 self.spawn_duration
                     .get_or_create(&labels(&[("source", source)]))
                     .observe((build + ready) / 1000.0);
             }
         }
         let reason = match status {
-            "committed" => "completed",
-            "timeout" => "timeout",
-            "interrupted" | "aborted" => "user",
-            s if s.starts_with("limit") || s.ends_with("_limit") => "resource",
+            TurnStatus::Committed => "completed",
+            TurnStatus::Timeout => "timeout",
+            TurnStatus::Interrupted | TurnStatus::Aborted => "user",
+            TurnStatus::MemoryLimit | TurnStatus::PidsLimit | TurnStatus::DiskLimit => "resource",
             _ => "error",
         };
         self.terminations

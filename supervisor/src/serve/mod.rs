@@ -786,19 +786,24 @@ pub(crate) fn run_worker(
 }
 
 fn log_turn(reply: &Reply, took: Duration) {
-    let v = &reply.value;
+    let report = serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
+    let r = report.as_ref();
     let span = tracing::info_span!(
         "turn",
-        session_id = v["session_id"].as_str().unwrap_or(""),
-        turn = v["turn_number"].as_u64().unwrap_or(0),
-        backend = v["enforcement"]["backend"].as_str().unwrap_or(""),
+        session_id = r.map_or("", |r| r.session_id.as_str()),
+        turn = r.map_or(0, |r| r.turn_number),
+        backend = r
+            .and_then(|r| r.enforcement.as_ref())
+            .map_or("", |e| e.backend.as_str()),
     );
     let _g = span.enter();
     tracing::info!(
-        status = v["status"].as_str().unwrap_or("error"),
+        status = r.map_or("error", |r| r.status.as_str()),
         exit_status = reply.exit_status,
         duration_ms = took.as_secs_f64() * 1000.0,
-        sandbox = v["durations"]["sandbox"].as_str().unwrap_or("none"),
+        sandbox = r
+            .and_then(|r| r.durations.as_ref())
+            .map_or("none", |d| d.sandbox.as_str()),
         "turn finished"
     );
 }

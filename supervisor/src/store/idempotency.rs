@@ -20,24 +20,51 @@
 
 use std::path::PathBuf;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use turnstile_policy::canonical;
 use turnstile_policy::request::BoundRequest;
 
 use crate::error::{Result, SupervisorError};
 use crate::store::ledger::LedgerKind;
+use crate::store::record::{EvidenceEntry, Event, TurnReport, read_all};
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::{TurnResult, TurnStatus};
 
 /// The request as the key binds it: what would make a different turn.
 pub fn request_hash(package: &str, request: &BoundRequest) -> String {
+    #[derive(Serialize)]
+    struct Bound<'a> {
+        package: &'a str,
+        request: Value,
+    }
     let mut v = request.to_value();
     if let Some(m) = v.as_object_mut() {
         m.remove("idempotency_key");
         m.remove("work_order_id");
     }
-    canonical::hash_value(&json!({"package": package, "request": v})).unwrap_or_default()
+    let bound = serde_json::to_value(Bound {
+        package,
+        request: v,
+    })
+    .unwrap_or_default();
+    canonical::hash_value(&bound).unwrap_or_default()
+}
+
+/// The record's file: the key, what it ran, and once finished what it
+/// returned.
+#[derive(Debug, Serialize, Deserialize)]
+struct RecordDoc {
+    key: String,
+    request_hash: String,
+    turn_number: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exit_status: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    summary: Option<String>,
 }
 
 fn path(session: &Session, key: &str) -> PathBuf {
@@ -67,28 +94,28 @@ pub fn lookup(session: &Session, _lock: &SessionLock, key: &str) -> Result<Optio
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io("read idempotency record", &p)(e)),
     };
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+    let doc: RecordDoc = serde_json::from_slice(&bytes).map_err(|e| {
         io("parse idempotency record", &p)(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     })?;
-    let result = match (&v["exit_status"], &v["result"], &v["summary"]) {
-        (Value::Number(n), r @ Value::Object(_), Value::String(s)) => {
-            Some((n.as_u64().unwrap_or(1) as u8, r.clone(), s.clone()))
-        }
+    let result = match (doc.exit_status, doc.result, doc.summary) {
+        (Some(n), Some(r @ Value::Object(_)), Some(s)) => Some((n, r, s)),
         _ => None,
     };
     Ok(Some(Record {
-        request_hash: v["request_hash"].as_str().unwrap_or_default().to_owned(),
-        turn_number: v["turn_number"].as_u64().unwrap_or(0),
+        request_hash: doc.request_hash,
+        turn_number: doc.turn_number,
         result,
     }))
 }
 
-fn write(session: &Session, key: &str, v: &Value) -> Result<()> {
-    let p = path(session, key);
+fn write(session: &Session, doc: &RecordDoc) -> Result<()> {
+    let p = path(session, &doc.key);
     if let Some(dir) = p.parent() {
         crate::fsx::create_private_dir_all(dir)?;
     }
-    crate::fsx::write_atomic(&p, format!("{v}\n").as_bytes())
+    let text = serde_json::to_string(doc)
+        .map_err(|e| SupervisorError::invalid("idempotency_key", e.to_string()))?;
+    crate::fsx::write_atomic(&p, format!("{text}\n").as_bytes())
 }
 
 /// Records that `key` is about to run turn `turn_number` (durable before
@@ -102,8 +129,14 @@ pub fn begin(
 ) -> Result<()> {
     write(
         session,
-        key,
-        &json!({"key": key, "request_hash": request_hash, "turn_number": turn_number}),
+        &RecordDoc {
+            key: key.to_owned(),
+            request_hash: request_hash.to_owned(),
+            turn_number,
+            exit_status: None,
+            result: None,
+            summary: None,
+        },
     )
 }
 
@@ -118,9 +151,14 @@ pub fn finish(
 ) -> Result<()> {
     write(
         session,
-        key,
-        &json!({"key": key, "request_hash": request_hash, "turn_number": turn_number,
-            "exit_status": result.exit_status, "result": result.value, "summary": result.summary}),
+        &RecordDoc {
+            key: key.to_owned(),
+            request_hash: request_hash.to_owned(),
+            turn_number,
+            exit_status: Some(result.exit_status),
+            result: Some(result.value.clone()),
+            summary: Some(result.summary.clone()),
+        },
     )
 }
 
@@ -132,7 +170,7 @@ pub fn began(session: &Session, turn: u64) -> Result<bool> {
         .ledger(LedgerKind::Exec)
         .verified_entries()?
         .iter()
-        .any(|e| e["turn_number"] == turn))
+        .any(|e| e.get("turn_number").and_then(Value::as_u64) == Some(turn)))
 }
 
 /// What a repeated key returns: the recorded result, or — for a turn whose
@@ -144,8 +182,8 @@ pub fn replay(session: &Session, key: &str, record: &Record) -> Result<TurnResul
         None => from_ledger(session, record.turn_number)?,
     };
     if let Some(m) = value.as_object_mut() {
-        m.insert("replayed".into(), json!(true));
-        m.insert("idempotency_key".into(), json!(key));
+        m.insert("replayed".into(), Value::Bool(true));
+        m.insert("idempotency_key".into(), Value::String(key.to_owned()));
     }
     Ok(TurnResult {
         exit_status,
@@ -158,32 +196,43 @@ pub fn replay(session: &Session, key: &str, record: &Record) -> Result<TurnResul
 }
 
 fn from_ledger(session: &Session, turn: u64) -> Result<(u8, Value, String)> {
-    let entry = session
-        .ledger(LedgerKind::Evidence)
-        .verified_entries()?
+    let raw = session.ledger(LedgerKind::Evidence).verified_entries()?;
+    let entries = read_all::<EvidenceEntry>(&raw).map_err(|e| SupervisorError::Commit {
+        detail: format!("an evidence entry does not read as one: {e}"),
+    })?;
+    let entry = entries
         .into_iter()
         .rev()
-        .find(|e| e["event"] == "turn.finished" && e["turn_number"] == turn)
+        .map(|e| e.body)
+        .find(|e| e.event == Event::TurnFinished && e.turn_number == turn)
         .ok_or_else(|| SupervisorError::Commit {
             detail: format!(
                 "the idempotency record names turn {turn}, which has no finish entry even after recovery"
             ),
         })?;
-    let status = TurnStatus::parse(entry["status"].as_str().unwrap_or_default())
-        .unwrap_or(TurnStatus::Aborted);
-    let value = json!({
-        "session_id": session.id.as_str(),
-        "turn_number": turn,
-        "status": status.as_str(),
-        "exit_code": entry["exit_code"],
-        "error": entry["error"],
-        "realized_writes": entry["realized_writes"],
-        "committed": entry["committed"],
-        "violations": entry["violations"],
-    });
+    let status = entry.status.unwrap_or(TurnStatus::Aborted);
+    let report = TurnReport {
+        session_id: session.id.to_string(),
+        turn_number: turn,
+        started_at: None,
+        finished_at: None,
+        status,
+        exit_code: entry.exit_code(),
+        termination: entry.termination.clone(),
+        error: entry.error,
+        realized_writes: entry.realized_writes,
+        committed: entry.committed,
+        ephemeral_writes: None,
+        violations: entry.violations,
+        enforcement: None,
+        resources: None,
+        ledgers: None,
+        durations: None,
+        replayed: false,
+    };
     Ok((
         status.exit_status(None),
-        value,
+        serde_json::to_value(report).unwrap_or_default(),
         format!("turn {turn} of {}: {}", session.id, status.as_str()),
     ))
 }
