@@ -796,6 +796,36 @@ mod tests {
     }
 
     #[test]
+    fn issue_25_the_example_pod_uses_a_workspace_the_example_shim_config_maps() {
+        let options = Options::parse(
+            include_str!("../../examples/kubernetes/shim.json"),
+            Path::new("examples/kubernetes/shim.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            options.backend, None,
+            "the example lets trust levels choose"
+        );
+        let pod = include_str!("../../examples/kubernetes/runtimeclass.yaml");
+        let value = |key: &str| {
+            pod.lines()
+                .find_map(|l| l.trim().strip_prefix(key))
+                .map(str::trim)
+                .unwrap_or_else(|| panic!("no `{key}` in the example pod"))
+        };
+        let name = WorkspaceName::try_from(value("io.turnstile.workspace:")).unwrap();
+        let entry = options.workspaces.get(&name).expect("mapped");
+        let namespace = value("namespace:");
+        assert!(
+            entry
+                .namespaces
+                .as_ref()
+                .is_some_and(|n| n.iter().any(|x| x == namespace)),
+            "{entry:?} is not for namespace {namespace}"
+        );
+    }
+
+    #[test]
     fn issue_24_check_report_violations_are_summarised() {
         let out = br#"{"decision":"refused","violations":[{"details":"execute /bin/ls"},{"kind":"read"}]}"#;
         assert_eq!(
