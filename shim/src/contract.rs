@@ -1,8 +1,12 @@
-//! The shim contract, pure: a container's `config.json` and annotations,
-//! and the shim's options, become one typed [`Turn`], which becomes the
+//! The shim contract, pure: a container's `config.json` and annotations
+//! become a typed [`Request`] (refused, naming the annotation, before
+//! anything is mounted), which with the workspace root the shim's
+//! [`Options`] map its name to becomes one [`Turn`], which becomes the
 //! exact argv of `supervise check` (admission at Create) and `supervise
-//! run` (the turn at Start). Nothing here touches the system but reading
-//! the image rootfs to resolve `argv[0]` through the image's `PATH`.
+//! run` (the turn at Start). Also the typed outputs of `supervise` the
+//! shim reads ([`CheckReport`]; exit statuses are `exit::RunExit`).
+//! Nothing here touches the system but reading the image rootfs to
+//! resolve `argv[0]` through the image's `PATH`.
 
 use std::path::{Path, PathBuf};
 
