@@ -1,14 +1,19 @@
-//! The shim contract, pure: a container's `config.json` and annotations,
-//! and the shim's options, become one typed [`Turn`], which becomes the
+//! The shim contract, pure: a container's `config.json` and annotations
+//! become a typed [`Request`] (refused, naming the annotation, before
+//! anything is mounted), which with the workspace root the shim's
+//! [`Options`] map its name to becomes one [`Turn`], which becomes the
 //! exact argv of `supervise check` (admission at Create) and `supervise
-//! run` (the turn at Start). Nothing here touches the system but reading
-//! the image rootfs to resolve `argv[0]` through the image's `PATH`.
+//! run` (the turn at Start). Also the typed outputs of `supervise` the
+//! shim reads ([`CheckReport`]; exit statuses are `exit::RunExit`).
+//! Nothing here touches the system but reading the image rootfs to
+//! resolve `argv[0]` through the image's `PATH`.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::error::ShimError;
+use crate::workspaces::{WorkspaceName, Workspaces};
 
 /// Annotation keys (on the container, or on the pod: CRI copies pod
 /// annotations it is configured to pass through).
@@ -18,33 +23,90 @@ pub const SESSION: &str = "io.turnstile.session";
 pub const OUTPUTS: &str = "io.turnstile.outputs";
 pub const WORK_ORDER: &str = "io.turnstile.work-order";
 
-/// Backends `supervise run` may use under the shim.
-pub const BACKENDS: [&str; 4] = ["runc", "crun", "runsc", "native"];
+/// The contract's namespace: every annotation under it must be one of
+/// [`KNOWN_ANNOTATIONS`] (a typo or a key of a later version is refused,
+/// TS1047, never ignored).
+pub const ANNOTATION_PREFIX: &str = "io.turnstile.";
+/// Every `io.turnstile.*` annotation the shim reads — the one list.
+pub const KNOWN_ANNOTATIONS: [&str; 5] = [WORKSPACE, PACKAGE, SESSION, OUTPUTS, WORK_ORDER];
+
+/// A backend the options may name for `supervise run --backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Runc,
+    Crun,
+    Runsc,
+    Native,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 4] = [Self::Runc, Self::Crun, Self::Runsc, Self::Native];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Crun => "crun",
+            Self::Runsc => "runsc",
+            Self::Native => "native",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = Self::ALL.iter().map(|b| b.as_str()).collect();
+                format!("backend `{s}` is not one of {}", all.join(", "))
+            })
+    }
+}
 
 /// The shim's options: a JSON file named by the runtime options'
 /// `ConfigPath` (containerd's `[...runtimes.turnstile.options]`, or `ctr
 /// run --runtime-config-path`), else [`DEFAULT_CONFIG`] when it exists,
-/// else the defaults.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// else the defaults (which map no workspace: every turn is refused until
+/// `workspaces` names some).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// The OCI runtime under the turn (`runc` by default).
-    #[serde(default = "default_backend")]
-    pub backend: String,
+    /// The backend `supervise run` is told to use; `None` (the default):
+    /// no `--backend`, so `supervise` chooses by the package's trust level.
+    pub backend: Option<Backend>,
     /// Supervisor state (overlay uppers, anchors, locks).
-    #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
     /// The `supervise` binary (default: next to the shim, else on PATH).
-    #[serde(default)]
     pub supervise: Option<PathBuf>,
+    /// Workspace names -> host roots (see `workspaces`).
+    pub workspaces: Workspaces,
+}
+
+/// The options document as written (`workspaces` parsed apart, so its
+/// errors name the field).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OptionsDoc {
+    #[serde(default)]
+    backend: Option<String>,
+    #[serde(default = "default_state_dir")]
+    state_dir: PathBuf,
+    #[serde(default)]
+    supervise: Option<PathBuf>,
+    #[serde(default)]
+    workspaces: Option<serde_json::Value>,
 }
 
 /// Where the shim looks for its options when containerd names none.
 pub const DEFAULT_CONFIG: &str = "/etc/turnstile/shim.json";
-
-fn default_backend() -> String {
-    "runc".into()
-}
 
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/turnstile")
@@ -53,9 +115,10 @@ fn default_state_dir() -> PathBuf {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            backend: default_backend(),
+            backend: None,
             state_dir: default_state_dir(),
             supervise: None,
+            workspaces: Workspaces::default(),
         }
     }
 }
@@ -63,27 +126,34 @@ impl Default for Options {
 impl Options {
     /// Parses the options file's text; the field at fault is named.
     pub fn parse(text: &str, source: &Path) -> Result<Self, ShimError> {
-        let o: Options = serde_json::from_str(text).map_err(|e| ShimError::Options {
+        let invalid = |reason: String| ShimError::Options {
             path: source.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-        if !BACKENDS.contains(&o.backend.as_str()) {
-            return Err(ShimError::Options {
-                path: source.to_path_buf(),
-                reason: format!(
-                    "backend `{}` is not one of {}",
-                    o.backend,
-                    BACKENDS.join(", ")
-                ),
-            });
+            reason,
+        };
+        let doc: OptionsDoc = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let backend = doc
+            .backend
+            .as_deref()
+            .map(str::parse::<Backend>)
+            .transpose()
+            .map_err(invalid)?;
+        if !doc.state_dir.is_absolute() {
+            return Err(invalid("state_dir must be an absolute path".into()));
         }
-        if !o.state_dir.is_absolute() {
-            return Err(ShimError::Options {
+        let workspaces = match &doc.workspaces {
+            None => Workspaces::default(),
+            Some(v) => Workspaces::from_value(v).map_err(|e| ShimError::OptionsField {
                 path: source.to_path_buf(),
-                reason: "state_dir must be an absolute path".into(),
-            });
-        }
-        Ok(o)
+                field: e.field,
+                reason: e.reason,
+            })?,
+        };
+        Ok(Self {
+            backend,
+            state_dir: doc.state_dir,
+            supervise: doc.supervise,
+            workspaces,
+        })
     }
 }
 
@@ -98,6 +168,9 @@ pub struct Output {
 /// What a container asks for, as a turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Turn {
+    /// The name the container gave (`io.turnstile.workspace`).
+    pub workspace_name: WorkspaceName,
+    /// Its host root, from the shim's `workspaces`.
     pub workspace: PathBuf,
     pub package: String,
     pub session: Option<String>,
@@ -108,6 +181,19 @@ pub struct Turn {
     pub argv: Vec<String>,
     /// The image rootfs (the turn's system view).
     pub rootfs: PathBuf,
+}
+
+/// A container's contract as its spec states it, before anything is
+/// mounted or resolved: the workspace is still a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub workspace: WorkspaceName,
+    pub package: String,
+    pub session: Option<String>,
+    pub outputs: Vec<Output>,
+    pub work_order: Option<String>,
+    process: Process,
+    root: String,
 }
 
 /// The parts of `config.json` the shim reads (the rest is containerd's and
@@ -122,7 +208,7 @@ pub struct Spec {
     pub annotations: std::collections::BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct Process {
     #[serde(default)]
     pub args: Vec<String>,
@@ -155,18 +241,44 @@ fn required<'a>(spec: &'a Spec, key: &'static str) -> Result<&'a str, ShimError>
     })
 }
 
-/// The turn a container's spec asks for; `bundle` is where its rootfs is
-/// when `root.path` is relative. Refused, naming the field: a missing
-/// workspace or package, absent outputs (FR-RT-013: `[]` is the explicit
-/// "writes nothing"), malformed outputs, no process args, a terminal.
-pub fn turn_from_spec(spec: &Spec, bundle: &Path) -> Result<Turn, ShimError> {
-    let workspace = PathBuf::from(required(spec, WORKSPACE)?);
-    if !workspace.is_absolute() {
-        return Err(ShimError::Annotation {
-            key: WORKSPACE,
-            reason: format!("`{}` is not an absolute host path", workspace.display()),
-        });
+/// Refuses any `io.turnstile.*` annotation that is not one of
+/// [`KNOWN_ANNOTATIONS`] (TS1047): every container, the pod sandbox too.
+pub fn refuse_unknown_annotations(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<(), ShimError> {
+    match annotations
+        .keys()
+        .find(|k| k.starts_with(ANNOTATION_PREFIX) && !KNOWN_ANNOTATIONS.contains(&k.as_str()))
+    {
+        Some(key) => Err(ShimError::UnknownAnnotation {
+            key: key.clone(),
+            known: KNOWN_ANNOTATIONS.join(", "),
+        }),
+        None => Ok(()),
     }
+}
+
+/// The request a container's spec makes. Refused, naming the field: an
+/// unknown `io.turnstile.*` key (TS1047), a workspace that is not a name
+/// (TS1043), a missing workspace or package, absent outputs (FR-RT-013:
+/// `[]` is the explicit "writes nothing"), malformed outputs, no process
+/// args, a terminal. Pure: nothing is read or created.
+pub fn request_from_spec(spec: &Spec) -> Result<Request, ShimError> {
+    refuse_unknown_annotations(&spec.annotations)?;
+    let workspace = match spec.annotations.get(WORKSPACE) {
+        None => {
+            return Err(ShimError::Annotation {
+                key: WORKSPACE,
+                reason: "is required: the name of one of the shim's `workspaces`".into(),
+            });
+        }
+        Some(v) => {
+            WorkspaceName::try_from(v.as_str()).map_err(|reason| ShimError::WorkspaceName {
+                value: v.clone(),
+                reason,
+            })?
+        }
+    };
     let package = required(spec, PACKAGE)?.to_owned();
     let session = annotation(spec, SESSION)?.map(str::to_owned);
     let outputs_raw = annotation(spec, OUTPUTS)?.ok_or(ShimError::Annotation {
@@ -205,23 +317,46 @@ pub fn turn_from_spec(spec: &Spec, bundle: &Path) -> Result<Turn, ShimError> {
             reason: "the container has no command".into(),
         });
     }
-    let root = spec.root.as_ref().map_or("rootfs", |r| r.path.as_str());
-    let rootfs = if Path::new(root).is_absolute() {
-        PathBuf::from(root)
-    } else {
-        bundle.join(root)
-    };
-    let mut argv = process.args.clone();
-    argv[0] = resolve_program(&argv[0], &process.env, &rootfs);
-    Ok(Turn {
+    let root = spec
+        .root
+        .as_ref()
+        .map_or_else(|| "rootfs".to_owned(), |r| r.path.clone());
+    Ok(Request {
         workspace,
         package,
         session,
         outputs,
         work_order,
-        argv,
-        rootfs,
+        process,
+        root,
     })
+}
+
+impl Request {
+    /// The turn, once the workspace name is resolved to `workspace` and
+    /// the image is mounted: `bundle` is where the rootfs is when
+    /// `root.path` is relative; `argv[0]` is resolved in the image.
+    pub fn into_turn(self, workspace: PathBuf, bundle: &Path) -> Turn {
+        let rootfs = if Path::new(&self.root).is_absolute() {
+            PathBuf::from(&self.root)
+        } else {
+            bundle.join(&self.root)
+        };
+        let mut argv = self.process.args;
+        if let Some(first) = argv.first_mut() {
+            *first = resolve_program(first, &self.process.env, &rootfs);
+        }
+        Turn {
+            workspace_name: self.workspace,
+            workspace,
+            package: self.package,
+            session: self.session,
+            outputs: self.outputs,
+            work_order: self.work_order,
+            argv,
+            rootfs,
+        }
+    }
 }
 
 /// `argv[0]` without a `/` is looked up in the image's `PATH` (the
@@ -288,13 +423,13 @@ impl Turn {
     /// command's; the turn's result goes to `events` (EventEnvelope v1
     /// lines) and its summary line to the container's stderr.
     pub fn run_args(&self, options: &Options, events: &Path) -> Vec<String> {
-        let mut a = vec![
-            "run".to_owned(),
-            "--backend".to_owned(),
-            options.backend.clone(),
-            "--events".to_owned(),
-            events.display().to_string(),
-        ];
+        let mut a = vec!["run".to_owned()];
+        // No backend configured: `supervise` chooses by the package's
+        // trust level (and refuses an explicit one that is too weak).
+        if let Some(b) = options.backend {
+            a.extend(["--backend".to_owned(), b.to_string()]);
+        }
+        a.extend(["--events".to_owned(), events.display().to_string()]);
         a.extend(self.common(options));
         if let Some(w) = &self.work_order {
             a.extend(["--work-order".to_owned(), w.clone()]);
@@ -302,6 +437,42 @@ impl Turn {
         a.push("--".to_owned());
         a.extend(self.argv.iter().cloned());
         a
+    }
+}
+
+/// What `supervise check --json` prints, the part the shim reads: the
+/// violations of a refused turn (exit 11).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CheckReport {
+    pub violations: Vec<CheckViolation>,
+}
+
+/// One violation: its `details` sentence (the rest is kept to quote it
+/// whole when there is none).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CheckViolation {
+    #[serde(default)]
+    pub details: Option<String>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl CheckReport {
+    /// The violations as one line (`; ` between them), or `None` when
+    /// `stdout` is not a check report.
+    pub fn summary_of(stdout: &[u8]) -> Option<String> {
+        let report: CheckReport = serde_json::from_slice(stdout).ok()?;
+        Some(
+            report
+                .violations
+                .into_iter()
+                .map(|v| {
+                    v.details
+                        .unwrap_or_else(|| serde_json::Value::Object(v.rest).to_string())
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
     }
 }
 
@@ -365,11 +536,15 @@ mod tests {
         }
     }
 
-    const BASE: [(&str, &str); 2] = [(WORKSPACE, "/ws"), (PACKAGE, "bb")];
+    const BASE: [(&str, &str); 2] = [(WORKSPACE, "ws"), (PACKAGE, "bb")];
+
+    fn turn(ann: &[(&str, &str)], args: &[&str]) -> Result<Turn, ShimError> {
+        Ok(request_from_spec(&spec(ann, args))?.into_turn(PathBuf::from("/ws"), Path::new("/b")))
+    }
 
     #[test]
     fn fr_rt_013_absent_outputs_are_refused_naming_the_annotation() {
-        let e = turn_from_spec(&spec(&BASE, &["/bin/sh"]), Path::new("/b")).unwrap_err();
+        let e = turn(&BASE, &["/bin/sh"]).unwrap_err();
         assert_eq!(e.code(), "TS1201");
         assert!(e.to_string().contains(OUTPUTS), "{e}");
         assert!(e.to_string().contains("FR-RT-013"), "{e}");
@@ -384,23 +559,18 @@ mod tests {
                 WORKSPACE,
             ),
             (
-                vec![(WORKSPACE, "rel"), (PACKAGE, "bb"), (OUTPUTS, "[]")],
-                vec!["/bin/sh"],
-                WORKSPACE,
-            ),
-            (
-                vec![(WORKSPACE, "/ws"), (OUTPUTS, "[]")],
+                vec![(WORKSPACE, "ws"), (OUTPUTS, "[]")],
                 vec!["/bin/sh"],
                 PACKAGE,
             ),
             (
-                vec![(WORKSPACE, "/ws"), (PACKAGE, "bb"), (OUTPUTS, "{}")],
+                vec![(WORKSPACE, "ws"), (PACKAGE, "bb"), (OUTPUTS, "{}")],
                 vec!["/bin/sh"],
                 OUTPUTS,
             ),
             (
                 vec![
-                    (WORKSPACE, "/ws"),
+                    (WORKSPACE, "ws"),
                     (PACKAGE, "bb"),
                     (OUTPUTS, r#"[{"path":"a"}]"#),
                 ],
@@ -408,13 +578,56 @@ mod tests {
                 OUTPUTS,
             ),
             (
-                vec![(WORKSPACE, "/ws"), (PACKAGE, "bb"), (OUTPUTS, "[]")],
+                vec![(WORKSPACE, "ws"), (PACKAGE, "bb"), (OUTPUTS, "[]")],
                 vec![],
                 "process.args",
             ),
         ] {
-            let e = turn_from_spec(&spec(&ann, &args), Path::new("/b")).unwrap_err();
+            let e = turn(&ann, &args).unwrap_err();
             assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn issue_25_a_workspace_path_or_non_name_is_refused_at_the_contract() {
+        for (value, why) in [
+            ("/etc", "a path"),
+            ("/srv/agents/other-tenant", "a path"),
+            ("team/../b", "a path"),
+            ("..", "`..`"),
+            ("", "empty"),
+            ("ws name", "contains"),
+        ] {
+            let ann = [(WORKSPACE, value), (PACKAGE, "bb"), (OUTPUTS, "[]")];
+            let e = turn(&ann, &["/bin/true"]).unwrap_err();
+            assert_eq!(e.code(), "TS1043", "{value:?}: {e}");
+            let t = e.to_string();
+            assert!(t.contains(WORKSPACE) && t.contains(why), "{value:?}: {t}");
+        }
+    }
+
+    #[test]
+    fn issue_25_unknown_io_turnstile_keys_are_refused_others_are_not_ours() {
+        let mut ann = BASE.to_vec();
+        ann.extend([(OUTPUTS, "[]"), ("io.turnstile.foo", "1")]);
+        let e = turn(&ann, &["/bin/true"]).unwrap_err();
+        assert_eq!(e.code(), "TS1047");
+        assert!(e.to_string().contains("io.turnstile.foo"), "{e}");
+        assert!(e.to_string().contains(WORKSPACE), "lists the known: {e}");
+        // A near miss of a known key is unknown too.
+        let mut ann = BASE.to_vec();
+        ann.extend([(OUTPUTS, "[]"), ("io.turnstile.output", "[]")]);
+        assert_eq!(turn(&ann, &["/bin/true"]).unwrap_err().code(), "TS1047");
+        // Other prefixes are not the contract's business.
+        let mut ann = BASE.to_vec();
+        ann.extend([
+            (OUTPUTS, "[]"),
+            ("io.turnstilex", "1"),
+            ("org.example.x", "1"),
+        ]);
+        assert!(turn(&ann, &["/bin/true"]).is_ok());
+        for key in KNOWN_ANNOTATIONS {
+            assert!(key.starts_with(ANNOTATION_PREFIX), "{key}");
         }
     }
 
@@ -429,8 +642,12 @@ mod tests {
             (SESSION, "SES-1"),
             (WORK_ORDER, "WO-7"),
         ]);
-        let t = turn_from_spec(&spec(&ann, &["/bin/sh", "-c", "x"]), Path::new("/b")).unwrap();
-        let o = Options::default();
+        let t = turn(&ann, &["/bin/sh", "-c", "x"]).unwrap();
+        assert_eq!(t.workspace_name.to_string(), "ws");
+        let o = Options {
+            backend: Some(Backend::Runc),
+            ..Options::default()
+        };
         assert_eq!(
             t.check_args(&o),
             [
@@ -484,8 +701,28 @@ mod tests {
         );
         let mut ann = BASE.to_vec();
         ann.push((OUTPUTS, "[]"));
-        let t = turn_from_spec(&spec(&ann, &["/bin/true"]), Path::new("/b")).unwrap();
+        let t = turn(&ann, &["/bin/true"]).unwrap();
         assert!(t.check_args(&o).contains(&"--no-outputs".to_owned()));
+    }
+
+    #[test]
+    fn issue_25_without_a_configured_backend_run_passes_none() {
+        let mut ann = BASE.to_vec();
+        ann.push((OUTPUTS, "[]"));
+        let t = turn(&ann, &["/bin/true"]).unwrap();
+        let args = t.run_args(&Options::default(), Path::new("/b/e.jsonl"));
+        assert!(!args.iter().any(|a| a == "--backend"), "{args:?}");
+        assert_eq!(args[..3], ["run", "--events", "/b/e.jsonl"]);
+        let o = Options {
+            backend: Some(Backend::Crun),
+            ..Options::default()
+        };
+        assert_eq!(
+            t.run_args(&o, Path::new("/e"))[..3],
+            ["run", "--backend", "crun"]
+        );
+        // `check` never names a backend (it only admits).
+        assert!(!t.check_args(&o).iter().any(|a| a == "--backend"));
     }
 
     #[test]
@@ -506,16 +743,101 @@ mod tests {
         assert_eq!(Options::parse("{}", p).unwrap(), Options::default());
         let o = Options::parse(r#"{"backend":"crun","state_dir":"/s"}"#, p).unwrap();
         assert_eq!(
-            (o.backend.as_str(), o.state_dir.as_path()),
-            ("crun", Path::new("/s"))
+            (o.backend, o.state_dir.as_path()),
+            (Some(Backend::Crun), Path::new("/s"))
         );
         for bad in [
             r#"{"backend":"docker"}"#,
+            r#"{"backend":7}"#,
             r#"{"state_dir":"rel"}"#,
             r#"{"x":1}"#,
         ] {
-            assert!(Options::parse(bad, p).is_err(), "{bad}");
+            let e = Options::parse(bad, p).unwrap_err();
+            assert_eq!(e.code(), "TS1203", "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn issue_25_backend_has_no_default() {
+        let p = Path::new("/s.json");
+        assert_eq!(Options::default().backend, None);
+        assert_eq!(
+            Options::parse(r#"{"state_dir":"/s"}"#, p).unwrap().backend,
+            None
+        );
+        for b in Backend::ALL {
+            let o = Options::parse(&format!(r#"{{"backend":"{b}"}}"#), p).unwrap();
+            assert_eq!(o.backend, Some(b));
+        }
+    }
+
+    #[test]
+    fn issue_25_options_workspaces_errors_name_the_field_and_code() {
+        let p = Path::new("/s.json");
+        for (text, field) in [
+            (r#"{"workspaces":["a"]}"#, "`workspaces`"),
+            (r#"{"workspaces":{"a":{}}}"#, "`workspaces.a.root`"),
+            (
+                r#"{"workspaces":{"a":{"root":"/x","namespaces":[1]}}}"#,
+                "`workspaces.a.namespaces[0]`",
+            ),
+            (
+                r#"{"workspaces":{"a":{"root":"/x","namespaces":{"x":1}}}}"#,
+                "`workspaces.a.namespaces`",
+            ),
+        ] {
+            let e = Options::parse(text, p).unwrap_err();
+            assert_eq!(e.code(), "TS1048", "{text}: {e}");
+            assert!(e.to_string().contains(field), "{text}: {e}");
+        }
+        let o = Options::parse(
+            r#"{"workspaces":{"a":{"root":"/srv/a","namespaces":["n"]}}}"#,
+            p,
+        )
+        .unwrap();
+        let a = WorkspaceName::try_from("a").unwrap();
+        assert_eq!(o.workspaces.get(&a).unwrap().root, Path::new("/srv/a"));
+    }
+
+    #[test]
+    fn issue_25_the_example_pod_uses_a_workspace_the_example_shim_config_maps() {
+        let options = Options::parse(
+            include_str!("../../examples/kubernetes/shim.json"),
+            Path::new("examples/kubernetes/shim.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            options.backend, None,
+            "the example lets trust levels choose"
+        );
+        let pod = include_str!("../../examples/kubernetes/runtimeclass.yaml");
+        let value = |key: &str| {
+            pod.lines()
+                .find_map(|l| l.trim().strip_prefix(key))
+                .map(str::trim)
+                .unwrap_or_else(|| panic!("no `{key}` in the example pod"))
+        };
+        let name = WorkspaceName::try_from(value("io.turnstile.workspace:")).unwrap();
+        let entry = options.workspaces.get(&name).expect("mapped");
+        let namespace = value("namespace:");
+        assert!(
+            entry
+                .namespaces
+                .as_ref()
+                .is_some_and(|n| n.iter().any(|x| x == namespace)),
+            "{entry:?} is not for namespace {namespace}"
+        );
+    }
+
+    #[test]
+    fn issue_24_check_report_violations_are_summarised() {
+        let out = br#"{"decision":"refused","violations":[{"details":"execute /bin/ls"},{"kind":"read"}]}"#;
+        assert_eq!(
+            CheckReport::summary_of(out).as_deref(),
+            Some(r#"execute /bin/ls; {"kind":"read"}"#)
+        );
+        assert_eq!(CheckReport::summary_of(b"{}"), None);
+        assert_eq!(CheckReport::summary_of(b"not json"), None);
     }
 
     #[test]

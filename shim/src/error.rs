@@ -27,7 +27,10 @@ pub enum ShimError {
     /// `supervise` refused the input (its exit 2), naming the field.
     #[error("{0}")]
     Refused(String),
-    /// The runtime the options name is not available (`supervise` exit 20).
+    /// The backend cannot run the turn (`supervise` exit 20): not
+    /// installed (E2040), cannot enforce a required layer (TS1025), weaker
+    /// than the package's trust level allows (TS1040), or the sandbox could
+    /// not be built (E2041). Never retried with another backend.
     #[error("{0}")]
     Unavailable(String),
     /// A request in the wrong state (Start twice, Delete while running…).
@@ -42,6 +45,44 @@ pub enum ShimError {
     /// The OCI runtime running a CRI pod sandbox (pause) container failed.
     #[error("pod sandbox: `{op}` failed: {reason}")]
     Sandbox { op: String, reason: String },
+    /// `io.turnstile.workspace` is not a workspace name (a path, `..`,
+    /// empty…): it names an entry of the shim's `workspaces`, never a path.
+    #[error(
+        "annotation `io.turnstile.workspace` `{value}` {reason}: it names one of the shim's `workspaces`, never a host path"
+    )]
+    WorkspaceName { value: String, reason: String },
+    /// The workspace name is not in the shim's `workspaces` (the known
+    /// names are not listed: a pod must not learn other tenants').
+    #[error(
+        "annotation `io.turnstile.workspace`: no workspace `{name}` in the shim's `workspaces`"
+    )]
+    WorkspaceUnknown { name: String },
+    /// The workspace is not for the container's namespace.
+    #[error(
+        "annotation `io.turnstile.workspace`: workspace `{name}` is not for namespace `{namespace}` (its `namespaces` list)"
+    )]
+    WorkspaceNamespace { name: String, namespace: String },
+    /// The configured root cannot be a workspace (a symlink, missing, not
+    /// a directory): the shim's configuration is at fault.
+    #[error("annotation `io.turnstile.workspace`: workspace `{name}`: `workspaces.{name}.root` `{}` {reason}", root.display())]
+    WorkspaceRoot {
+        name: String,
+        root: PathBuf,
+        reason: String,
+    },
+    /// An `io.turnstile.*` annotation the contract does not know.
+    #[error("annotation `{key}` is not part of the contract (known: {known})")]
+    UnknownAnnotation { key: String, known: String },
+    /// A malformed field of the shim's options (`workspaces…`), named.
+    #[error("shim options {}: `{field}` {reason}", path.display())]
+    OptionsField {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+    /// The namespace a workspace is checked against cannot be told.
+    #[error("namespace: {0}")]
+    Namespace(String),
     /// Host I/O (bundle, fifos, rootfs mounts, spawning `supervise`).
     #[error("{op} {}: {source}", path.display())]
     Io {
@@ -61,23 +102,37 @@ impl ShimError {
             Self::Options { .. } => "TS1203",
             Self::Violation { .. } => "E2042",
             Self::Refused(_) => "TS1204",
-            Self::Unavailable(_) => "E2040",
+            Self::Unavailable(m) => unavailable_code(m),
             Self::State(_) => "TS1205",
             Self::Unsupported(_) => "TS1206",
             Self::NotFound(_) => "TS1207",
             Self::Io { .. } => "TS1208",
             Self::Sandbox { .. } => "TS1209",
+            Self::WorkspaceName { .. } => "TS1043",
+            Self::WorkspaceUnknown { .. } => "TS1044",
+            Self::WorkspaceNamespace { .. } => "TS1045",
+            Self::WorkspaceRoot { .. } => "TS1046",
+            Self::UnknownAnnotation { .. } => "TS1047",
+            Self::OptionsField { .. } => "TS1048",
+            Self::Namespace(_) => "TS1049",
         }
     }
 
     fn ttrpc_code(&self) -> ttrpc::Code {
         match self {
-            Self::Annotation { .. } | Self::Spec { .. } | Self::Refused(_) => {
-                ttrpc::Code::INVALID_ARGUMENT
-            }
-            Self::Options { .. } | Self::Violation { .. } | Self::State(_) => {
-                ttrpc::Code::FAILED_PRECONDITION
-            }
+            Self::Annotation { .. }
+            | Self::Spec { .. }
+            | Self::Refused(_)
+            | Self::WorkspaceName { .. }
+            | Self::WorkspaceUnknown { .. }
+            | Self::UnknownAnnotation { .. }
+            | Self::Namespace(_) => ttrpc::Code::INVALID_ARGUMENT,
+            Self::WorkspaceNamespace { .. } => ttrpc::Code::PERMISSION_DENIED,
+            Self::Options { .. }
+            | Self::OptionsField { .. }
+            | Self::WorkspaceRoot { .. }
+            | Self::Violation { .. }
+            | Self::State(_) => ttrpc::Code::FAILED_PRECONDITION,
             Self::Unavailable(_) => ttrpc::Code::UNAVAILABLE,
             Self::Unsupported(_) => ttrpc::Code::UNIMPLEMENTED,
             Self::NotFound(_) => ttrpc::Code::NOT_FOUND,
@@ -89,6 +144,15 @@ impl ShimError {
         let path = path.into();
         move |source| Self::Io { op, path, source }
     }
+}
+
+/// The code of a `supervise` exit-20 refusal, as its message names it
+/// (E2040 when it names none).
+fn unavailable_code(message: &str) -> &'static str {
+    ["TS1040", "TS1025", "E2041", "E2040"]
+        .into_iter()
+        .find(|c| message.contains(c))
+        .unwrap_or("E2040")
 }
 
 impl From<ShimError> for ttrpc::Error {
@@ -129,6 +193,20 @@ mod tests {
                 ttrpc::Code::UNIMPLEMENTED,
             ),
             (ShimError::NotFound("x".into()), ttrpc::Code::NOT_FOUND),
+            (
+                ShimError::WorkspaceNamespace {
+                    name: "a".into(),
+                    namespace: "b".into(),
+                },
+                ttrpc::Code::PERMISSION_DENIED,
+            ),
+            (
+                ShimError::UnknownAnnotation {
+                    key: "io.turnstile.foo".into(),
+                    known: String::new(),
+                },
+                ttrpc::Code::INVALID_ARGUMENT,
+            ),
         ] {
             let want = e.code();
             match ttrpc::Error::from(e) {

@@ -1,12 +1,17 @@
 //! `containerd-shim-turnstile-v2`: a containerd shim v2 (runtime type
 //! `io.containerd.turnstile.v2`, CRI handler `turnstile`) that runs each
 //! container as one turnstile turn through `supervise run`. See
-//! `service` for the lifecycle and `contract` for the annotations.
+//! `service` for the lifecycle, `runner` for the seam it drives turns
+//! through, `contract` for the annotations and `workspaces` for which host
+//! directories a container may use.
 
 mod contract;
 mod error;
+mod exit;
+mod runner;
 mod sandbox;
 mod service;
+mod workspaces;
 
 use std::os::fd::IntoRawFd;
 use std::sync::Arc;

@@ -34,6 +34,8 @@ const IMAGE: &str = "docker.io/turnstile/busybox:cri-test";
 const PAUSE: &str = "docker.io/turnstile/pause:cri-test";
 /// CRI's ContainerState EXITED.
 const EXITED: i32 = 2;
+/// The test pod's Kubernetes namespace (the shim maps workspace `ws` to it).
+const POD_NAMESPACE: &str = "agents";
 
 /// What the CRI path creates outside containerd's directory, removed on
 /// drop even when the test fails: the CNI bridge, the pod cgroup parent,
@@ -266,9 +268,23 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
         .to_string(),
     )
     .unwrap();
+    // Workspace names (issue 25): `ws` for the pod's Kubernetes namespace
+    // `agents` — not containerd's (`k8s.io` for every pod) — and another
+    // tenant's `other`, for `tenant-a` only. runc named, as before issue
+    // 25 made the backend optional.
+    let other = tempfile::tempdir().unwrap();
     std::fs::write(
         conf.path().join("shim.json"),
-        serde_json::json!({ "state_dir": fx.state, "supervise": supervise_bin() }).to_string(),
+        serde_json::json!({
+            "state_dir": fx.state,
+            "supervise": supervise_bin(),
+            "backend": "runc",
+            "workspaces": {
+                "ws": {"root": fx.root, "namespaces": [POD_NAMESPACE]},
+                "other": {"root": other.path(), "namespaces": ["tenant-a"]},
+            },
+        })
+        .to_string(),
     )
     .unwrap();
 
@@ -315,16 +331,13 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
         metadata: Some(PodSandboxMetadata {
             name: "turn-pod".into(),
             uid: format!("uid-{tag}"),
-            namespace: "default".into(),
+            namespace: POD_NAMESPACE.into(),
             attempt: 0,
         }),
         hostname: "turn-pod".into(),
         log_directory: logs.display().to_string(),
         annotations: HashMap::from([
-            (
-                "io.turnstile.workspace".to_owned(),
-                fx.root.display().to_string(),
-            ),
+            ("io.turnstile.workspace".to_owned(), "ws".to_owned()),
             ("io.turnstile.package".to_owned(), "bb".to_owned()),
             (
                 "io.turnstile.outputs".to_owned(),
@@ -484,6 +497,55 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
     rt.block_on(cri.remove_container(RemoveContainerRequest { container_id: id }))
         .unwrap_or_else(|e| panic!("RemoveContainer violation: {e}"));
 
+    // Issue 25: another tenant's workspace name, asked for by this pod (a
+    // container-level annotation, as a CRI client may set): its pod
+    // namespace is `agents`, the workspace is for `tenant-a` only — the
+    // shim checks the pod's namespace, which the CRI plugin wrote on the
+    // spec, and StartContainer fails naming it; nothing is written there.
+    let id = rt
+        .block_on(cri.create_container(CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "other-tenant".into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: IMAGE.into(),
+                    ..Default::default()
+                }),
+                command: vec!["sh".into(), "-c".into(), "echo RAN".into()],
+                annotations: HashMap::from([(
+                    "io.turnstile.workspace".to_owned(),
+                    "other".to_owned(),
+                )]),
+                log_path: "other-tenant.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(pod.clone()),
+        }))
+        .unwrap_or_else(|e| panic!("CreateContainer other-tenant: {e}"))
+        .into_inner()
+        .container_id;
+    let refused = rt
+        .block_on(cri.start_container(StartContainerRequest {
+            container_id: id.clone(),
+        }))
+        .expect_err("another namespace's workspace must fail StartContainer");
+    assert!(
+        refused.message().contains("TS1045")
+            && refused
+                .message()
+                .contains(&format!("namespace `{POD_NAMESPACE}`")),
+        "{refused}"
+    );
+    assert!(
+        std::fs::read_dir(other.path()).unwrap().next().is_none(),
+        "nothing in the other tenant's workspace"
+    );
+    rt.block_on(cri.remove_container(RemoveContainerRequest { container_id: id }))
+        .unwrap_or_else(|e| panic!("RemoveContainer other-tenant: {e}"));
+
     let sid = committed.unwrap();
     assert_eq!(
         std::fs::read(fx.root.join(format!("output/{sid}/r.txt"))).unwrap(),
@@ -513,7 +575,13 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
     let cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
     before.assert_clean(
         &mut c,
-        &[&fx.root, &fx.state, images.path(), conf.path()],
+        &[
+            &fx.root,
+            &fx.state,
+            images.path(),
+            conf.path(),
+            other.path(),
+        ],
         &cgroups,
     );
 }

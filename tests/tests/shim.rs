@@ -8,27 +8,130 @@
 //! violation fails the create, absent outputs fail the create (FR-RT-013),
 //! a hand-set CRI sandbox annotation is refused,
 //! the ledgers verify — and nothing is left: no containerd, no shim, no
-//! mount under its root or /run/containerd.
+//! mount under its root or /run/containerd. Issue 25: hostile pods (a
+//! workspace that is a path, an unknown `io.turnstile.*` key, a workspace
+//! not for the container's namespace) are refused at Create with nothing
+//! created, and without a configured backend the package's trust level
+//! chooses (an untrusted package is not run under runc).
+//!
+//! The tests take one lock: each runs its own containerd, and both check
+//! that nothing new is left under /run/containerd.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 
 use turnstile_tests::containerd::{Containerd, Leftovers};
 use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, busybox_rootfs, require_root, supervise_bin};
 
 const IMAGE: &str = "docker.io/turnstile/busybox:test";
 
-/// The shim's options for this test: state in the test's own directory
-/// (never /var/lib/turnstile), handed over as containerd's runtime
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The shim's options for a test: state in the test's own directory
+/// (never /var/lib/turnstile), the workspace `ws` mapped to `ws` for
+/// namespace `default`, plus `extra`; handed over as containerd's runtime
 /// options do (`ctr run --runtime-config-path`).
-fn options_file(dir: &Path, state: &Path) -> PathBuf {
+fn options_file(dir: &Path, state: &Path, ws: &Path, extra: serde_json::Value) -> PathBuf {
     let p = dir.join("shim.json");
-    std::fs::write(
-        &p,
-        serde_json::json!({ "state_dir": state, "supervise": supervise_bin() }).to_string(),
-    )
-    .unwrap();
+    let mut o = serde_json::json!({
+        "state_dir": state,
+        "supervise": supervise_bin(),
+        "workspaces": {"ws": {"root": ws, "namespaces": ["default"]}},
+    });
+    if let (Some(o), serde_json::Value::Object(extra)) = (o.as_object_mut(), extra) {
+        o.extend(extra);
+    }
+    std::fs::write(&p, o.to_string()).unwrap();
     p
+}
+
+/// What both tests need: the shim binary and an image archive.
+struct Setup {
+    shim: PathBuf,
+    image_dir: tempfile::TempDir,
+    archive: PathBuf,
+}
+
+/// The tools, the shim binary and the image; `None` (skipped, said why)
+/// when a tool is missing and the run does not require them.
+fn setup(test: &str) -> Option<Setup> {
+    if !require_root(test) {
+        return None;
+    }
+    let strict = std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1");
+    for tool in ["containerd", "ctr", "python3"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            assert!(!strict, "{tool} is required (apt-get install containerd)");
+            eprintln!("turnstile-test: SKIPPED: {tool} missing");
+            return None;
+        }
+    }
+    // The shim and supervise side by side, on containerd's PATH.
+    let shim = supervise_bin().with_file_name("containerd-shim-turnstile-v2");
+    assert!(
+        shim.is_file(),
+        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
+    );
+    let image_dir = tempfile::tempdir().unwrap();
+    let rootfs = image_dir.path().join("rootfs");
+    if !busybox_rootfs(&rootfs) {
+        assert!(!strict, "busybox-static is required");
+        return None;
+    }
+    let archive = image_dir.path().join("image.tar");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/oci_archive.py");
+    let st = Command::new("python3")
+        .arg(&script)
+        .arg(&rootfs)
+        .arg(&archive)
+        .arg(IMAGE)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    Some(Setup {
+        shim,
+        image_dir,
+        archive,
+    })
+}
+
+/// A private containerd with the image imported.
+fn containerd(s: &Setup) -> Containerd {
+    let c = Containerd::start(
+        s.shim.parent().unwrap(),
+        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable = true",
+    );
+    let imported = c.ctr(&["images", "import", s.archive.to_str().unwrap()]);
+    assert!(imported.status.success(), "{}", text(&imported));
+    c
+}
+
+/// `ctr run --rm` through the shim with these annotations.
+fn ctr_run(c: &Containerd, annotations: &[String], id: &str, argv: &[&str]) -> Output {
+    let config = c.dir.path().join("shim.json").display().to_string();
+    let fifos = c.dir.path().join("fifo").display().to_string();
+    let mut args = vec![
+        "run",
+        "--rm",
+        "--runtime",
+        "io.containerd.turnstile.v2",
+        "--runtime-config-path",
+        &config,
+        "--fifo-dir",
+        &fifos,
+    ];
+    for a in annotations {
+        args.extend(["--annotation", a.as_str()]);
+    }
+    args.extend([IMAGE, id]);
+    args.extend(argv);
+    c.ctr(&args)
 }
 
 /// Waits until no shim of `c` is running (after a Create that failed or
@@ -50,8 +153,8 @@ fn sessions_in(t: &str) -> Vec<String> {
         .collect()
 }
 
-fn run(c: &Containerd, ws: &Path, id: &str, outputs: Option<&str>, script: &str) -> Output {
-    let wsa = format!("io.turnstile.workspace={}", ws.display());
+fn run(c: &Containerd, id: &str, outputs: Option<&str>, script: &str) -> Output {
+    let wsa = "io.turnstile.workspace=ws".to_owned();
     let config = c.dir.path().join("shim.json").display().to_string();
     let fifos = c.dir.path().join("fifo").display().to_string();
     let mut args = vec![
@@ -87,57 +190,27 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
-    if !require_root("issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses") {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) =
+        setup("issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses")
+    else {
         return;
-    }
-    let strict = std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1");
-    for tool in ["containerd", "ctr", "python3"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            assert!(!strict, "{tool} is required (apt-get install containerd)");
-            eprintln!("turnstile-test: SKIPPED: {tool} missing");
-            return;
-        }
-    }
-    // The shim and supervise side by side, on containerd's PATH.
-    let shim = supervise_bin().with_file_name("containerd-shim-turnstile-v2");
-    assert!(
-        shim.is_file(),
-        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
-    );
-    let image_dir = tempfile::tempdir().unwrap();
-    let rootfs = image_dir.path().join("rootfs");
-    if !busybox_rootfs(&rootfs) {
-        assert!(!strict, "busybox-static is required");
-        return;
-    }
-    let archive = image_dir.path().join("image.tar");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/oci_archive.py");
-    let st = Command::new("python3")
-        .arg(&script)
-        .arg(&rootfs)
-        .arg(&archive)
-        .arg(IMAGE)
-        .status()
-        .unwrap();
-    assert!(st.success());
-
+    };
     let before = Leftovers::before();
     let fx = Fixture::new();
     let mut sessions = Vec::new();
     {
-        let mut c = Containerd::start(
-            shim.parent().unwrap(),
-            "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable = true",
+        let mut c = containerd(&setup);
+        // The runc backend named (as the default was before issue 25), so
+        // this test keeps covering an explicit backend.
+        options_file(
+            c.dir.path(),
+            &fx.state,
+            &fx.root,
+            serde_json::json!({"backend": "runc"}),
         );
-        options_file(c.dir.path(), &fx.state);
-        let imported = c.ctr(&["images", "import", archive.to_str().unwrap()]);
-        assert!(imported.status.success(), "{}", text(&imported));
-
         fx.install("bb", BUSYBOX_MANIFEST);
         fx.write("data/in.txt", b"hello\n");
         fx.write("data/secret/key", b"k\n");
@@ -146,7 +219,6 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         // A declared output commits (bytes + ledger).
         let out = run(
             &c,
-            &ws,
             "commit",
             Some(r#"[{"path":"output/<session_id>/r.txt","role":"result"}]"#),
             r#"cat data/in.txt > "output/$TURNSTILE_SESSION_ID/r.txt"; cat data/secret/key && echo SECRET-READ; echo ok"#,
@@ -186,7 +258,6 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         // An undeclared write blocks: exit 12, nothing committed.
         let out = run(
             &c,
-            &ws,
             "block",
             Some("[]"),
             r#"echo x > "output/$TURNSTILE_SESSION_ID/r.txt""#,
@@ -203,13 +274,12 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         assert!(!ws.join(format!("output/{sid}/r.txt")).exists());
 
         // A forbidden read fails inside the turn (exit 10: the command failed).
-        let out = run(&c, &ws, "forbidden", Some("[]"), "cat data/secret/key");
+        let out = run(&c, "forbidden", Some("[]"), "cat data/secret/key");
         sessions.extend(sessions_in(&text(&out)));
         assert_eq!(out.status.code(), Some(10), "{}", text(&out));
         assert_no_shim(&c, "a finished run");
 
         // A capability violation fails the create, naming it; nothing ran.
-        let wsa = format!("io.turnstile.workspace={}", ws.display());
         let config = c.dir.path().join("shim.json").display().to_string();
         let out = c.ctr(&[
             "run",
@@ -219,7 +289,7 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             "--runtime-config-path",
             &config,
             "--annotation",
-            &wsa,
+            "io.turnstile.workspace=ws",
             "--annotation",
             "io.turnstile.package=bb",
             "--annotation",
@@ -236,7 +306,7 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         assert_no_shim(&c, "a Create refused for a capability violation");
 
         // FR-RT-013: absent outputs fail the create, naming the annotation.
-        let out = run(&c, &ws, "no-outputs", None, "true");
+        let out = run(&c, "no-outputs", None, "true");
         let t = text(&out);
         assert!(
             !out.status.success() && t.contains("io.turnstile.outputs") && t.contains("TS1201"),
@@ -283,12 +353,187 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
         // outside the test's state dir.
         let cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
         assert!(!cgroups.is_empty());
-        before.assert_clean(&mut c, &[&fx.root, &fx.state, image_dir.path()], &cgroups);
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, setup.image_dir.path()],
+            &cgroups,
+        );
         for sid in &sessions {
             assert!(
                 !Path::new("/var/lib/turnstile/sessions").join(sid).exists(),
                 "{sid}: state written to /var/lib/turnstile"
             );
         }
+    }
+}
+
+/// Every path under `dir` (recursively), for "nothing was created".
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn issue_25_hostile_pods_are_refused_at_create_and_the_trust_level_picks_the_backend() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) =
+        setup("issue_25_hostile_pods_are_refused_at_create_and_the_trust_level_picks_the_backend")
+    else {
+        return;
+    };
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    // Another tenant's workspace, mapped for namespace `tenant-a` only.
+    let other = tempfile::tempdir().unwrap();
+    let hostile = tempfile::tempdir().unwrap();
+    let never = hostile.path().join("never-created");
+    let mut sessions = Vec::new();
+    {
+        let mut c = containerd(&setup);
+        // No backend: `supervise` chooses by the package's trust level.
+        options_file(
+            c.dir.path(),
+            &fx.state,
+            &fx.root,
+            serde_json::json!({"workspaces": {
+                "ws": {"root": fx.root, "namespaces": ["default"]},
+                "other": {"root": other.path(), "namespaces": ["tenant-a"]},
+            }}),
+        );
+        fx.install("bb", BUSYBOX_MANIFEST);
+        let untrusted = BUSYBOX_MANIFEST.replacen('{', r#"{"trust_level": "untrusted","#, 1);
+        fx.install("bb-untrusted", &untrusted);
+        let root_before = tree(&fx.root);
+        let contract = |ws: &str, pkg: &str| {
+            vec![
+                format!("io.turnstile.workspace={ws}"),
+                format!("io.turnstile.package={pkg}"),
+                "io.turnstile.outputs=[]".to_owned(),
+            ]
+        };
+        let refused = |annotations: Vec<String>, id: &str, code: &str, names: &str| {
+            let out = ctr_run(
+                &c,
+                &annotations,
+                id,
+                &["sh", "-c", "echo RAN; touch /tmp/x"],
+            );
+            let t = text(&out);
+            assert!(
+                !out.status.success()
+                    && t.contains(code)
+                    && t.contains(names)
+                    && !t.contains("RAN"),
+                "{id}: want {code} naming {names}:\n{t}\n{}",
+                c.log()
+            );
+            assert_no_shim(&c, id);
+            // Nothing created: no session, no state, nothing in any
+            // workspace, not the path the pod named.
+            assert!(
+                !fx.state.exists(),
+                "{id}: state created: {:?}",
+                tree(&fx.state)
+            );
+            assert_eq!(tree(&fx.root), root_before, "{id}");
+            assert!(tree(other.path()).is_empty(), "{id}");
+            assert!(!never.exists(), "{id}");
+        };
+
+        // A workspace annotation that is a host path: refused, whether the
+        // path does not exist, is /etc, or is the very workspace's root.
+        refused(
+            contract(never.to_str().unwrap(), "bb"),
+            "hostile-path",
+            "TS1043",
+            "io.turnstile.workspace",
+        );
+        refused(
+            contract("/etc", "bb"),
+            "hostile-etc",
+            "TS1043",
+            "never a host path",
+        );
+        refused(
+            contract(fx.root.to_str().unwrap(), "bb"),
+            "hostile-own-path",
+            "TS1043",
+            "io.turnstile.workspace",
+        );
+        refused(contract("..", "bb"), "hostile-dotdot", "TS1043", "`..`");
+        // An io.turnstile.* key the contract does not know.
+        let mut a = contract("ws", "bb");
+        a.push("io.turnstile.foo=bar".to_owned());
+        refused(a, "hostile-unknown-key", "TS1047", "io.turnstile.foo");
+        // Another tenant's workspace, from namespace `default`.
+        refused(
+            contract("other", "bb"),
+            "hostile-namespace",
+            "TS1045",
+            "namespace `default`",
+        );
+        // A name nobody configured.
+        refused(
+            contract("nope", "bb"),
+            "hostile-unknown-name",
+            "TS1044",
+            "`nope`",
+        );
+
+        // No backend configured: a standard package runs on the backend its
+        // trust level picks (the built-in table: native), recorded so.
+        let out = ctr_run(
+            &c,
+            &contract("ws", "bb"),
+            "by-trust-level",
+            &["sh", "-c", "echo ok"],
+        );
+        let t = text(&out);
+        sessions.extend(sessions_in(&t));
+        assert_eq!(out.status.code(), Some(0), "{t}\n{}", c.log());
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let e = &ev.last().unwrap()["enforcement"];
+        assert_eq!(e["backend"], "native", "{e}");
+        assert!(
+            e["backend_chosen_by"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("trust_level standard")),
+            "{e}"
+        );
+        // An untrusted package is not run under runc: its level's backend
+        // (kata) is not installed here, so `supervise run` refuses (exit
+        // 20, E2040, nothing ran) — the shim does not retry another one.
+        let out = ctr_run(
+            &c,
+            &contract("ws", "bb-untrusted"),
+            "untrusted",
+            &["sh", "-c", "echo RAN"],
+        );
+        let t = text(&out);
+        sessions.extend(sessions_in(&t));
+        assert_eq!(out.status.code(), Some(20), "{t}\n{}", c.log());
+        assert!(t.contains("E2040") && !t.contains("RAN"), "{t}");
+        assert_no_shim(&c, "an untrusted package refused by its backend");
+
+        let cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, other.path(), setup.image_dir.path()],
+            &cgroups,
+        );
     }
 }

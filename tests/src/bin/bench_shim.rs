@@ -77,14 +77,19 @@ fn main() {
         let p = c.dir.path().join(format!("shim-{backend}.json"));
         std::fs::write(
             &p,
-            serde_json::json!({"backend": backend, "state_dir": fx.state, "supervise": supervise_bin()})
-                .to_string(),
+            serde_json::json!({
+                "backend": backend,
+                "state_dir": fx.state,
+                "supervise": supervise_bin(),
+                "workspaces": {"bench": {"root": fx.root}},
+            })
+            .to_string(),
         )
         .unwrap();
         p
     };
     let turn_annotations = vec![
-        format!("io.turnstile.workspace={}", fx.root.display()),
+        "io.turnstile.workspace=bench".to_owned(),
         "io.turnstile.package=bench".to_owned(),
         "io.turnstile.outputs=[]".to_owned(),
     ];
@@ -96,7 +101,7 @@ fn main() {
             annotations: Vec::new(),
         },
         System {
-            label: "turnstile shim, backend runc (default)",
+            label: "turnstile shim, backend runc",
             runtime: "io.containerd.turnstile.v2",
             config: Some(options("runc")),
             annotations: turn_annotations.clone(),

@@ -1,0 +1,450 @@
+//! The one seam between the task service and the host: [`TurnRunner`],
+//! the operations the service needs (mount the image, admit a turn, start
+//! it with the container's stdio, signal it, clean up, and the CRI pod
+//! sandbox's runc calls), and [`Publisher`], where task events go.
+//!
+//! [`SuperviseRunner`] is the real one: it spawns `supervise check` and
+//! `supervise run` with the argv `contract` builds and reads their exit
+//! statuses as [`RunExit`]. The service never spawns, mounts or signals
+//! anything itself, so its lifecycle is unit-tested against a recording
+//! fake (`service::tests`). Nothing here decides anything about a turn:
+//! what runs is the contract's, whether it may run is `supervise`'s.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use containerd_shim::protos::protobuf::MessageDyn;
+use containerd_shim::protos::types::mount::Mount;
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{Context, warn};
+
+use crate::contract::{CheckReport, Options, Turn};
+use crate::error::ShimError;
+use crate::exit::RunExit;
+use crate::sandbox::{self, Runc};
+
+/// The events file `supervise run --events` appends the turn's
+/// EventEnvelope v1 lines to, in the bundle.
+pub const EVENTS_FILE: &str = "turnstile-events.jsonl";
+/// The pid of the running `supervise run`, in the bundle (for the shim's
+/// `delete` action after a dead daemon).
+pub const PID_FILE: &str = "turnstile-supervise.pid";
+
+/// The fifos containerd hands over for the container's stdio (`""`: none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskStdio {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// What `supervise check` said at Create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// Exit 0: the turn may run.
+    Admitted,
+    /// Exit 11: refused by the pre-execution check; the violations, one
+    /// line.
+    Violation { violations: String },
+    /// Any other status (2 bad input, 20 unavailable…) and its message.
+    Refused { exit: RunExit, message: String },
+}
+
+/// A process the service waits for: a turn's `supervise run`, or the pod
+/// sandbox's init.
+pub trait Process: Send {
+    fn pid(&self) -> u32;
+    /// Blocks until it ends.
+    fn wait(self: Box<Self>) -> RunExit;
+}
+
+/// The operations the task service drives a turn (or a pod sandbox) with.
+pub trait TurnRunner: Send + Sync {
+    /// Create: mount the image containerd hands over at `rootfs`.
+    fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError>;
+    /// Undo [`mount_rootfs`](Self::mount_rootfs) (a refused Create, Delete).
+    fn unmount_rootfs(&self, rootfs: &Path);
+    /// Create: the pre-execution check.
+    fn check(&self, turn: &Turn, options: &Options) -> Result<Checked, ShimError>;
+    /// Create, after a violation: `supervise run` records the refused turn
+    /// (it refuses before running anything); its output, for the error.
+    /// Its events go to [`EVENTS_FILE`] in `bundle`.
+    fn record_refusal(
+        &self,
+        turn: &Turn,
+        options: &Options,
+        bundle: &Path,
+    ) -> Result<String, ShimError>;
+    /// Start: the turn, with the container's stdio; its events go to
+    /// [`EVENTS_FILE`] in `bundle`.
+    fn start(
+        &self,
+        turn: &Turn,
+        options: &Options,
+        bundle: &Path,
+        stdio: &TaskStdio,
+    ) -> Result<Box<dyn Process>, ShimError>;
+    /// Kill: `signal` to the task's process.
+    fn signal(&self, pid: u32, signal: nix::sys::signal::Signal) -> Result<(), ShimError>;
+    /// Create of a CRI pod sandbox: `runc create`; its init's pid.
+    fn sandbox_create(&self, runc: &Runc, bundle: &Path, id: &str) -> Result<u32, ShimError>;
+    /// Start of a pod sandbox: `runc start`; its init (`pid`) to wait for.
+    fn sandbox_start(
+        &self,
+        runc: &Runc,
+        bundle: &Path,
+        id: &str,
+        pid: u32,
+    ) -> Result<Box<dyn Process>, ShimError>;
+    /// Delete of a pod sandbox (and cleanup of a failed create):
+    /// `runc delete --force`.
+    fn sandbox_delete(&self, runc: &Runc, bundle: &Path, id: &str) -> Result<(), ShimError>;
+}
+
+/// Where task events go: containerd's event service, or a recorder.
+pub trait Publisher: Send + Sync {
+    fn publish(
+        &self,
+        topic: &str,
+        namespace: &str,
+        event: Box<dyn MessageDyn>,
+    ) -> Result<(), String>;
+}
+
+impl Publisher for RemotePublisher {
+    fn publish(
+        &self,
+        topic: &str,
+        namespace: &str,
+        event: Box<dyn MessageDyn>,
+    ) -> Result<(), String> {
+        RemotePublisher::publish(self, Context::default(), topic, namespace, event)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The real runner: `supervise` and `runc` processes, mounts, signals.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SuperviseRunner;
+
+/// `supervise`: the options' path, else next to this binary, else on PATH.
+fn supervise_binary(options: &Options) -> PathBuf {
+    if let Some(p) = &options.supervise {
+        return p.clone();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("supervise")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("supervise"))
+}
+
+fn output(
+    cmd: &mut Command,
+    what: &'static str,
+    supervise: &Path,
+) -> Result<std::process::Output, ShimError> {
+    cmd.stdin(Stdio::null())
+        .output()
+        .map_err(ShimError::io(what, supervise))
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+    .trim()
+    .to_owned()
+}
+
+fn exit_of(s: std::process::ExitStatus) -> RunExit {
+    use std::os::unix::process::ExitStatusExt;
+    RunExit::from_wait(s.code(), s.signal())
+}
+
+/// Mounts one of the rootfs mounts containerd hands over (the snapshot:
+/// overlay, or a bind for the native snapshotter) at `target`. Done here,
+/// not by the library's `mount_rootfs`, which waits for a helper child
+/// through the library's reaper (this shim waits for its children itself).
+fn mount_one(kind: &str, source: &str, options: &[String], target: &Path) -> Result<(), ShimError> {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::empty();
+    let mut data: Vec<&str> = Vec::new();
+    for o in options {
+        match o.as_str() {
+            "ro" => flags |= MsFlags::MS_RDONLY,
+            "rw" | "defaults" => {}
+            "bind" => flags |= MsFlags::MS_BIND,
+            "rbind" => flags |= MsFlags::MS_BIND | MsFlags::MS_REC,
+            "nosuid" => flags |= MsFlags::MS_NOSUID,
+            "nodev" => flags |= MsFlags::MS_NODEV,
+            "noexec" => flags |= MsFlags::MS_NOEXEC,
+            other => data.push(other),
+        }
+    }
+    let data = data.join(",");
+    let fstype = (!flags.contains(MsFlags::MS_BIND)).then_some(kind);
+    let fail = |e: nix::errno::Errno| ShimError::Io {
+        op: "mount the image rootfs at",
+        path: target.to_path_buf(),
+        source: std::io::Error::other(format!("{kind} from {source}: {e}")),
+    };
+    nix::mount::mount(
+        Some(source),
+        target,
+        fstype,
+        flags,
+        (!data.is_empty()).then_some(data.as_str()),
+    )
+    .map_err(fail)?;
+    if flags.contains(MsFlags::MS_BIND) && flags.contains(MsFlags::MS_RDONLY) {
+        nix::mount::mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            flags | MsFlags::MS_REMOUNT,
+            None::<&str>,
+        )
+        .map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Detaches the image rootfs (not mounted, or gone: nothing to do).
+pub fn unmount_rootfs(rootfs: &Path) {
+    if let Err(e) = nix::mount::umount2(rootfs, nix::mount::MntFlags::MNT_DETACH) {
+        if e != nix::errno::Errno::EINVAL && e != nix::errno::Errno::ENOENT {
+            warn!("unmount {}: {e}", rootfs.display());
+        }
+    }
+}
+
+/// Runs runc in the bundle with no stdio (a container's init inherits
+/// runc's: a pipe here would never reach EOF); its diagnostics are in the
+/// `--log` file, quoted on failure.
+pub fn run_runc(
+    runc: &Runc,
+    bundle: &Path,
+    args: Vec<std::ffi::OsString>,
+    op: &str,
+) -> Result<(), ShimError> {
+    let status = Command::new(&runc.binary)
+        .args(args)
+        .current_dir(bundle)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(ShimError::io("run", &runc.binary))?;
+    if status.success() {
+        return Ok(());
+    }
+    let log = std::fs::read_to_string(bundle.join(sandbox::LOG_FILE)).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+    Err(ShimError::Sandbox {
+        op: format!("runc {op}"),
+        reason: format!(
+            "{status}; runc log: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ),
+    })
+}
+
+/// The exit status of a process this shim reaps but did not spawn (the
+/// sandbox's init, reparented to us as the subreaper when runc exited).
+fn wait_reparented(pid: u32) -> RunExit {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    let p = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(0));
+    loop {
+        match waitpid(p, None) {
+            Ok(WaitStatus::Exited(_, code)) => return RunExit::from_code(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return RunExit::Signaled(sig as i32),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                warn!("wait for pid {pid}: {e}");
+                return RunExit::Other(255);
+            }
+        }
+    }
+}
+
+/// A `supervise run` this shim spawned; its pid file goes when it ends.
+struct SuperviseProcess {
+    child: std::process::Child,
+    pid_file: PathBuf,
+}
+
+impl Process for SuperviseProcess {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait(mut self: Box<Self>) -> RunExit {
+        let exit = match self.child.wait() {
+            Ok(s) => exit_of(s),
+            Err(e) => {
+                warn!("wait for pid {}: {e}", self.child.id());
+                RunExit::Other(255)
+            }
+        };
+        let _ = std::fs::remove_file(&self.pid_file);
+        exit
+    }
+}
+
+/// The pod sandbox's init, reparented to this shim.
+struct Reparented(u32);
+
+impl Process for Reparented {
+    fn pid(&self) -> u32 {
+        self.0
+    }
+
+    fn wait(self: Box<Self>) -> RunExit {
+        wait_reparented(self.0)
+    }
+}
+
+/// The container's stdio as `supervise run`'s: the output fifos opened
+/// read+write (which never blocks), stdin read-only without blocking on
+/// a writer, then made blocking again.
+fn open_stdio(stdio: &TaskStdio) -> Result<[Stdio; 3], ShimError> {
+    let open_out = |p: &str| -> Result<Stdio, ShimError> {
+        if p.is_empty() {
+            return Ok(Stdio::null());
+        }
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .map(Stdio::from)
+            .map_err(ShimError::io("open output fifo", p))
+    };
+    let stdin = &stdio.stdin;
+    let stdin = if stdin.is_empty() {
+        Stdio::null()
+    } else {
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(stdin)
+            .map_err(ShimError::io("open stdin fifo", stdin))?;
+        let flags = nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(|e| ShimError::io("open stdin fifo", stdin)(e.into()))?;
+        let mut flags = nix::fcntl::OFlag::from_bits_truncate(flags);
+        flags.remove(nix::fcntl::OFlag::O_NONBLOCK);
+        nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETFL(flags))
+            .map_err(|e| ShimError::io("open stdin fifo", stdin)(e.into()))?;
+        Stdio::from(f)
+    };
+    Ok([stdin, open_out(&stdio.stdout)?, open_out(&stdio.stderr)?])
+}
+
+impl TurnRunner for SuperviseRunner {
+    fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError> {
+        for m in mounts {
+            mount_one(&m.type_, &m.source, &m.options, rootfs)?;
+        }
+        Ok(())
+    }
+
+    fn unmount_rootfs(&self, rootfs: &Path) {
+        unmount_rootfs(rootfs);
+    }
+
+    fn check(&self, turn: &Turn, options: &Options) -> Result<Checked, ShimError> {
+        let supervise = supervise_binary(options);
+        let check = output(
+            Command::new(&supervise).args(turn.check_args(options)),
+            "run",
+            &supervise,
+        )?;
+        Ok(match exit_of(check.status) {
+            RunExit::Committed => Checked::Admitted,
+            RunExit::Violation => Checked::Violation {
+                violations: CheckReport::summary_of(&check.stdout).unwrap_or_else(|| text(&check)),
+            },
+            exit => Checked::Refused {
+                exit,
+                message: text(&check),
+            },
+        })
+    }
+
+    fn record_refusal(
+        &self,
+        turn: &Turn,
+        options: &Options,
+        bundle: &Path,
+    ) -> Result<String, ShimError> {
+        let supervise = supervise_binary(options);
+        let record = output(
+            Command::new(&supervise).args(turn.run_args(options, &bundle.join(EVENTS_FILE))),
+            "run",
+            &supervise,
+        )?;
+        Ok(text(&record))
+    }
+
+    fn start(
+        &self,
+        turn: &Turn,
+        options: &Options,
+        bundle: &Path,
+        stdio: &TaskStdio,
+    ) -> Result<Box<dyn Process>, ShimError> {
+        let supervise = supervise_binary(options);
+        let [stdin, stdout, stderr] = open_stdio(stdio)?;
+        let child = Command::new(&supervise)
+            .args(turn.run_args(options, &bundle.join(EVENTS_FILE)))
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .map_err(ShimError::io("spawn", &supervise))?;
+        let pid_file = bundle.join(PID_FILE);
+        let _ = std::fs::write(&pid_file, child.id().to_string());
+        Ok(Box::new(SuperviseProcess { child, pid_file }))
+    }
+
+    fn signal(&self, pid: u32, signal: nix::sys::signal::Signal) -> Result<(), ShimError> {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(0)),
+            signal,
+        )
+        .map_err(|e| ShimError::io("signal", format!("pid {pid}"))(e.into()))
+    }
+
+    fn sandbox_create(&self, runc: &Runc, bundle: &Path, id: &str) -> Result<u32, ShimError> {
+        std::fs::create_dir_all(&runc.root).map_err(ShimError::io("create", &runc.root))?;
+        let root_file = bundle.join(sandbox::ROOT_FILE);
+        std::fs::write(&root_file, runc.root.display().to_string())
+            .map_err(ShimError::io("write", &root_file))?;
+        run_runc(runc, bundle, runc.create_args(bundle, id), "create")?;
+        let pid_file = bundle.join(sandbox::PID_FILE);
+        let text = std::fs::read_to_string(&pid_file).map_err(ShimError::io("read", &pid_file))?;
+        text.trim().parse::<u32>().map_err(|e| ShimError::Sandbox {
+            op: "runc create".into(),
+            reason: format!("pid file {}: {e}", pid_file.display()),
+        })
+    }
+
+    fn sandbox_start(
+        &self,
+        runc: &Runc,
+        bundle: &Path,
+        id: &str,
+        pid: u32,
+    ) -> Result<Box<dyn Process>, ShimError> {
+        run_runc(runc, bundle, runc.start_args(id), "start")?;
+        Ok(Box::new(Reparented(pid)))
+    }
+
+    fn sandbox_delete(&self, runc: &Runc, bundle: &Path, id: &str) -> Result<(), ShimError> {
+        run_runc(runc, bundle, runc.delete_args(id), "delete")
+    }
+}
