@@ -181,6 +181,10 @@ pub struct Turn {
     pub argv: Vec<String>,
     /// The image rootfs (the turn's system view).
     pub rootfs: PathBuf,
+    /// The namespace the workspace was resolved for (the pod's Kubernetes
+    /// namespace on the CRI path, else the containerd namespace): the
+    /// tenant a session it starts belongs to (`supervise run --tenant`).
+    pub tenant: String,
 }
 
 /// A container's contract as its spec states it, before anything is
@@ -336,7 +340,7 @@ impl Request {
     /// The turn, once the workspace name is resolved to `workspace` and
     /// the image is mounted: `bundle` is where the rootfs is when
     /// `root.path` is relative; `argv[0]` is resolved in the image.
-    pub fn into_turn(self, workspace: PathBuf, bundle: &Path) -> Turn {
+    pub fn into_turn(self, workspace: PathBuf, bundle: &Path, tenant: &str) -> Turn {
         let rootfs = if Path::new(&self.root).is_absolute() {
             PathBuf::from(&self.root)
         } else {
@@ -355,6 +359,7 @@ impl Request {
             work_order: self.work_order,
             argv,
             rootfs,
+            tenant: tenant.to_owned(),
         }
     }
 }
@@ -430,6 +435,9 @@ impl Turn {
             a.extend(["--backend".to_owned(), b.to_string()]);
         }
         a.extend(["--events".to_owned(), events.display().to_string()]);
+        // A session belongs to the tenant (and package) that started it;
+        // another pod's turns are refused (TS1041).
+        a.extend(["--tenant".to_owned(), self.tenant.clone()]);
         a.extend(self.common(options));
         if let Some(w) = &self.work_order {
             a.extend(["--work-order".to_owned(), w.clone()]);
@@ -539,7 +547,11 @@ mod tests {
     const BASE: [(&str, &str); 2] = [(WORKSPACE, "ws"), (PACKAGE, "bb")];
 
     fn turn(ann: &[(&str, &str)], args: &[&str]) -> Result<Turn, ShimError> {
-        Ok(request_from_spec(&spec(ann, args))?.into_turn(PathBuf::from("/ws"), Path::new("/b")))
+        Ok(request_from_spec(&spec(ann, args))?.into_turn(
+            PathBuf::from("/ws"),
+            Path::new("/b"),
+            "team-a",
+        ))
     }
 
     #[test]
@@ -679,6 +691,8 @@ mod tests {
                 "runc",
                 "--events",
                 "/b/turn-events.jsonl",
+                "--tenant",
+                "team-a",
                 "--root",
                 "/ws",
                 "--state-dir",

@@ -308,7 +308,7 @@ impl TaskService {
         let workspace = options.workspaces.resolve(&request.workspace, &namespace)?;
         self.runner.mount_rootfs(&req.rootfs, &rootfs)?;
         // argv[0] is resolved in the mounted image.
-        let turn = request.into_turn(workspace, &bundle);
+        let turn = request.into_turn(workspace, &bundle, &namespace);
         // From here on a refusal unmounts what it mounted.
         let admitted = match self.runner.check(&turn, &options) {
             Ok(Checked::Admitted) => Ok(()),

@@ -514,6 +514,24 @@ fn issue_25_hostile_pods_are_refused_at_create_and_the_trust_level_picks_the_bac
                 .is_some_and(|s| s.starts_with("trust_level standard")),
             "{e}"
         );
+        // A foreign session: another package of the tenant names the
+        // session `bb` started. Refused at Start (exit 2, TS1041), nothing
+        // runs, and the refusal is in the owner's evidence.
+        fx.install("bb2", BUSYBOX_MANIFEST);
+        let mut foreign = contract("ws", "bb2");
+        foreign.push(format!("io.turnstile.session={sid}"));
+        let out = ctr_run(&c, &foreign, "foreign-session", &["sh", "-c", "echo RAN"]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{t}\n{}", c.log());
+        assert!(t.contains("TS1041") && !t.contains("RAN"), "{t}");
+        assert_no_shim(&c, "a foreign session");
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let refusal = ev.last().unwrap();
+        assert_eq!(refusal["event"], "session.access_refused", "{refusal}");
+        assert_eq!(refusal["owner"]["tenant"], "default", "{refusal}");
+        assert_eq!(refusal["requester"]["package"], "bb2", "{refusal}");
+        fx.assert_ledgers_intact(&sid);
+
         // An untrusted package is not run under runc: its level's backend
         // (kata) is not installed here, so `supervise run` refuses (exit
         // 20, E2040, nothing ran) — the shim does not retry another one.

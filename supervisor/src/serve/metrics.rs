@@ -153,7 +153,10 @@ impl Metrics {
             .as_ref()
             .map_or("none", |e| e.backend.as_str());
         self.turns
-            .get_or_create(&labels(&[("status", status.as_str()), ("backend", backend)]))
+            .get_or_create(&labels(&[
+                ("status", status.as_str()),
+                ("backend", backend),
+            ]))
             .inc();
         for v in &report.violations {
             self.violations

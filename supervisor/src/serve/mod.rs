@@ -786,7 +786,8 @@ pub(crate) fn run_worker(
 }
 
 fn log_turn(reply: &Reply, took: Duration) {
-    let report = serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
+    let report =
+        serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
     let r = report.as_ref();
     let span = tracing::info_span!(
         "turn",

@@ -28,7 +28,7 @@ use turnstile_policy::request::BoundRequest;
 
 use crate::error::{Result, SupervisorError};
 use crate::store::ledger::LedgerKind;
-use crate::store::record::{EvidenceEntry, Event, TurnReport, read_all};
+use crate::store::record::{Event, EvidenceEntry, TurnReport, read_all};
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::{TurnResult, TurnStatus};
 

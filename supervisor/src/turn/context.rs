@@ -22,7 +22,7 @@ use crate::error::{Result, SupervisorError};
 use crate::store::commit::Committed;
 use crate::store::integrity::{IntegrityError, Problem};
 use crate::store::ledger::LedgerKind;
-use crate::store::record::{EvidenceEntry, Event, Read, Violation, WriteRecord, read_all};
+use crate::store::record::{Event, EvidenceEntry, Read, Violation, WriteRecord, read_all};
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::TurnStatus;
 
