@@ -53,18 +53,20 @@ pub struct Deterministic {
 }
 
 impl Deterministic {
-    pub fn to_value(&self) -> serde_json::Value {
-        serde_json::json!({"seed": self.seed, "clock": turnstile_policy::timefmt::rfc3339_micros(self.clock)})
+    /// As recorded in the session's record.
+    pub fn to_doc(&self) -> DeterministicDoc {
+        DeterministicDoc {
+            seed: self.seed,
+            clock: turnstile_policy::timefmt::rfc3339_micros(self.clock),
+        }
     }
 
-    pub fn from_value(v: &serde_json::Value) -> Option<Self> {
-        let clock = OffsetDateTime::parse(
-            v.get("clock")?.as_str()?,
-            &time::format_description::well_known::Rfc3339,
-        )
-        .ok()?;
+    /// From the session's record (`None`: not a valid one).
+    pub fn from_doc(d: &DeterministicDoc) -> Option<Self> {
+        let clock =
+            OffsetDateTime::parse(&d.clock, &time::format_description::well_known::Rfc3339).ok()?;
         Some(Self {
-            seed: v.get("seed")?.as_u64()?,
+            seed: d.seed,
             clock,
         })
     }
@@ -138,6 +140,13 @@ impl RandomSource for Sources {
     fn next_u64(&self) -> Result<u64, PolicyError> {
         self.random.next_u64()
     }
+}
+
+/// A deterministic session's parameters as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeterministicDoc {
+    pub seed: u64,
+    pub clock: String,
 }
 
 #[cfg(test)]

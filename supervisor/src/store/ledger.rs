@@ -28,7 +28,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use turnstile_policy::SessionId;
 use turnstile_policy::canonical::{self, CanonicalError};
 
@@ -36,6 +36,7 @@ use crate::error::{Result, SupervisorError};
 use crate::fsx;
 pub use crate::store::integrity::{IntegrityError, Problem};
 use crate::store::lock::SessionLock;
+use crate::store::record::{Event, to_object};
 
 /// Largest ledger line accepted by the reader.
 pub const MAX_ENTRY_BYTES: usize = 16 << 20;
@@ -77,7 +78,7 @@ pub fn genesis_hash(kind: LedgerKind, session: &SessionId) -> String {
 
 /// An append that was announced in the anchor before its bytes were
 /// written (write-ahead): what the ledger becomes once the bytes land.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Pending {
     /// The file length once the append is complete.
     pub len: u64,
@@ -85,7 +86,9 @@ pub struct Pending {
     pub seq: u64,
     pub entry_hash: String,
     pub head_offset: u64,
+    #[serde(default)]
     pub last_turn: Option<u64>,
+    #[serde(default)]
     pub open_turn: Option<u64>,
     /// sha256 of exactly the bytes being appended.
     pub tail_sha256: String,
@@ -122,30 +125,95 @@ pub struct Anchor {
 const SLOT_BYTES: usize = 1024;
 const SLOT_MAGIC: &[u8] = b"TSA1 ";
 
+/// The entry recovery appends for an interrupted append it settled.
+#[derive(serde::Serialize)]
+struct LedgerRecovered<'a> {
+    event: &'static str,
+    session_id: &'a str,
+    action: &'static str,
+    bytes: u64,
+    sha256: &'a str,
+    reason: &'static str,
+    ts: &'a str,
+}
+
+/// The fields of an entry the chain itself reads: any JSON, judged by the
+/// verifier (a field of the wrong type is a problem it names, not a parse
+/// error).
+#[derive(Default)]
+struct ChainFields {
+    seq: Option<Value>,
+    session_id: Option<Value>,
+    previous_hash: Option<Value>,
+    turn_number: Option<Value>,
+    event: Option<Value>,
+}
+
+impl ChainFields {
+    /// The chain's fields of `map`, in one pass (the body is not copied).
+    fn of(map: &Map<String, Value>) -> Self {
+        let mut c = Self::default();
+        for (k, v) in map {
+            let slot = match k.as_str() {
+                "seq" => &mut c.seq,
+                "session_id" => &mut c.session_id,
+                "previous_hash" => &mut c.previous_hash,
+                "turn_number" => &mut c.turn_number,
+                "event" => &mut c.event,
+                _ => continue,
+            };
+            *slot = Some(v.clone());
+        }
+        c
+    }
+
+    fn turn(&self) -> Option<u64> {
+        self.turn_number.as_ref().and_then(Value::as_u64)
+    }
+
+    fn event(&self) -> Event {
+        self.event
+            .clone()
+            .and_then(|e| serde_json::from_value(e).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// An anchor as written: the state, bound to its ledger and session.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AnchorDoc {
+    ledger: String,
+    session_id: String,
+    seq: u64,
+    entry_hash: String,
+    len: u64,
+    #[serde(default)]
+    head_offset: Option<u64>,
+    #[serde(default)]
+    last_turn: Option<u64>,
+    #[serde(default)]
+    open_turn: Option<u64>,
+    #[serde(default)]
+    generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending: Option<Pending>,
+}
+
 impl Anchor {
     fn to_value(&self, kind: LedgerKind, session: &SessionId) -> Value {
-        let mut v = json!({
-            "ledger": kind.as_str(),
-            "session_id": session.as_str(),
-            "seq": self.seq,
-            "entry_hash": self.entry_hash,
-            "len": self.len,
-            "head_offset": self.head_offset,
-            "last_turn": self.last_turn,
-            "open_turn": self.open_turn,
-            "generation": self.generation,
-        });
-        if let (Some(p), Some(m)) = (&self.pending, v.as_object_mut()) {
-            m.insert(
-                "pending".into(),
-                json!({
-                    "len": p.len, "seq": p.seq, "entry_hash": p.entry_hash,
-                    "head_offset": p.head_offset, "last_turn": p.last_turn, "open_turn": p.open_turn,
-                    "tail_sha256": p.tail_sha256, "group": p.group,
-                }),
-            );
-        }
-        v
+        serde_json::to_value(AnchorDoc {
+            ledger: kind.as_str().to_owned(),
+            session_id: session.to_string(),
+            seq: self.seq,
+            entry_hash: self.entry_hash.clone(),
+            len: self.len,
+            head_offset: self.head_offset,
+            last_turn: self.last_turn,
+            open_turn: self.open_turn,
+            generation: self.generation,
+            pending: self.pending.clone(),
+        })
+        .unwrap_or_default()
     }
 
     /// One slot: magic, the sha256 of the JSON, the canonical JSON, a
@@ -170,50 +238,19 @@ impl Anchor {
     }
 
     fn from_value(v: &Value, kind: LedgerKind, session: &SessionId) -> Result<Self, String> {
-        let field = |k: &str| v.get(k).ok_or_else(|| format!("missing `{k}`"));
-        if field("ledger")?.as_str() != Some(kind.as_str())
-            || field("session_id")?.as_str() != Some(session.as_str())
-        {
+        let d: AnchorDoc = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+        if d.ledger != kind.as_str() || d.session_id != session.as_str() {
             return Err("belongs to another ledger or session".into());
         }
-        let pending = match v.get("pending") {
-            None | Some(Value::Null) => None,
-            Some(p) => {
-                let u = |k: &str| {
-                    p.get(k)
-                        .and_then(Value::as_u64)
-                        .ok_or_else(|| format!("`pending.{k}` is not an integer"))
-                };
-                let s = |k: &str| {
-                    p.get(k)
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("`pending.{k}` is not a string"))
-                };
-                Some(Pending {
-                    len: u("len")?,
-                    seq: u("seq")?,
-                    entry_hash: s("entry_hash")?,
-                    head_offset: u("head_offset")?,
-                    last_turn: p.get("last_turn").and_then(Value::as_u64),
-                    open_turn: p.get("open_turn").and_then(Value::as_u64),
-                    tail_sha256: s("tail_sha256")?,
-                    group: s("group")?,
-                })
-            }
-        };
         Ok(Self {
-            seq: field("seq")?.as_u64().ok_or("`seq` is not an integer")?,
-            entry_hash: field("entry_hash")?
-                .as_str()
-                .ok_or("`entry_hash` is not a string")?
-                .to_owned(),
-            len: field("len")?.as_u64().ok_or("`len` is not an integer")?,
-            head_offset: v.get("head_offset").and_then(Value::as_u64),
-            last_turn: v.get("last_turn").and_then(Value::as_u64),
-            open_turn: v.get("open_turn").and_then(Value::as_u64),
-            generation: v.get("generation").and_then(Value::as_u64).unwrap_or(0),
-            pending,
+            seq: d.seq,
+            entry_hash: d.entry_hash,
+            len: d.len,
+            head_offset: d.head_offset,
+            last_turn: d.last_turn,
+            open_turn: d.open_turn,
+            generation: d.generation,
+            pending: d.pending,
         })
     }
 
@@ -725,19 +762,20 @@ impl LedgerFiles {
             let Value::Object(mut map) = value else {
                 return Err(at(Problem::NotObject));
             };
-            let seq_field = map.get("seq").and_then(Value::as_u64);
+            let chain = ChainFields::of(&map);
+            let seq_field = chain.seq.as_ref().and_then(Value::as_u64);
             let at_seq = |problem| self.integrity(Some(line_no), seq_field, problem);
             match canonical::to_vec(&Value::Object(map.clone())) {
                 Ok(bytes) if bytes == raw => {}
                 _ => return Err(at_seq(Problem::NotCanonical)),
             }
-            if let Some(t) = map.get("turn_number").and_then(Value::as_u64) {
+            if let Some(t) = chain.turn() {
                 last_turn = last_turn.max(t);
-                match map.get("event").and_then(Value::as_str) {
-                    Some("turn.started") => {
+                match chain.event() {
+                    Event::TurnStarted => {
                         open_turns.insert(t);
                     }
-                    Some("turn.finished") => {
+                    Event::TurnFinished => {
                         open_turns.remove(&t);
                     }
                     _ => {}
@@ -760,7 +798,7 @@ impl LedgerFiles {
             let Some(recorded) = recorded.as_str().map(str::to_owned) else {
                 return Err(at_seq(Problem::MissingField("entry_hash")));
             };
-            match map.get("seq") {
+            match &chain.seq {
                 Some(Value::Number(n)) if n.as_u64() == Some(line_no) => {}
                 Some(other) => {
                     return Err(at_seq(Problem::SeqMismatch {
@@ -769,7 +807,7 @@ impl LedgerFiles {
                 }
                 None => return Err(at_seq(Problem::MissingField("seq"))),
             }
-            match map.get("session_id").and_then(Value::as_str) {
+            match chain.session_id.as_ref().and_then(Value::as_str) {
                 Some(s) if s == self.session.as_str() => {}
                 Some(s) => {
                     return Err(at_seq(Problem::WrongSession {
@@ -778,7 +816,7 @@ impl LedgerFiles {
                 }
                 None => return Err(at_seq(Problem::MissingField("session_id"))),
             }
-            match map.get("previous_hash").and_then(Value::as_str) {
+            match chain.previous_hash.as_ref().and_then(Value::as_str) {
                 Some(p) if p == expected_prev => {}
                 Some(p) => {
                     return Err(at_seq(Problem::BrokenLink {
@@ -890,21 +928,22 @@ fn prepare<'a>(
                 format!("`{k}` is set by the ledger, not the caller"),
             ));
         }
-        let turn = body.get("turn_number").and_then(Value::as_u64);
-        match (body.get("event").and_then(Value::as_str), turn) {
-            (Some("turn.started"), Some(t)) => open_turn = Some(t),
-            (Some("turn.finished"), Some(t)) if open_turn == Some(t) => open_turn = None,
+        let chain = ChainFields::of(&body);
+        let turn = chain.turn();
+        match (chain.event(), turn) {
+            (Event::TurnStarted, Some(t)) => open_turn = Some(t),
+            (Event::TurnFinished, Some(t)) if open_turn == Some(t) => open_turn = None,
             _ => {}
         }
         seq += 1;
-        body.insert("seq".into(), json!(seq));
-        body.insert("previous_hash".into(), json!(prev));
+        body.insert("seq".into(), Value::from(seq));
+        body.insert("previous_hash".into(), Value::from(prev.clone()));
         let value = Value::Object(body);
         let entry_hash = canonical::hash_value(&value).map_err(|e| canon_err("entry", e))?;
         let Value::Object(mut body) = value else {
             unreachable!("constructed as an object above")
         };
-        body.insert("entry_hash".into(), json!(entry_hash));
+        body.insert("entry_hash".into(), Value::from(entry_hash.clone()));
         let mut line =
             canonical::to_vec(&Value::Object(body)).map_err(|e| canon_err("entry", e))?;
         line.push(b'\n');
@@ -1094,21 +1133,19 @@ pub fn recover_tails(
         .iter()
         .filter_map(|r| {
             let files = ledgers.iter().find(|f| f.kind == r.kind)?;
-            let Value::Object(m) = json!({
-                "event": "ledger.recovered",
-                "session_id": files.session.as_str(),
-                "action": r.action,
-                "bytes": r.bytes,
-                "sha256": r.sha256,
-                "reason": if r.action == "completed" {
+            let m = to_object(&LedgerRecovered {
+                event: "ledger.recovered",
+                session_id: files.session.as_str(),
+                action: r.action,
+                bytes: r.bytes,
+                sha256: &r.sha256,
+                reason: if r.action == "completed" {
                     "an append was interrupted after every byte landed; acknowledged at recovery"
                 } else {
                     "an append was interrupted before it was whole; its bytes were discarded"
                 },
-                "ts": now,
-            }) else {
-                return None;
-            };
+                ts: &now,
+            });
             Some((files, vec![m]))
         })
         .collect();

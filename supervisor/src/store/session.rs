@@ -6,7 +6,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
-use serde_json::{Value, json};
 use turnstile_policy::SessionId;
 use turnstile_policy::canonical;
 use turnstile_policy::session::{Clock, RandomSource, SessionIdGenerator};
@@ -75,6 +74,33 @@ impl std::fmt::Display for Owner {
         }
         Ok(())
     }
+}
+
+/// A session's record in the state directory (`session.json`): written
+/// first when it is created, read whenever it is opened.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionRecord {
+    #[serde(default)]
+    pub session_id: String,
+    #[serde(default = "default_tier")]
+    pub tier: String,
+    pub root: String,
+    #[serde(default)]
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deterministic: Option<crate::ids::DeterministicDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+}
+
+fn default_tier() -> String {
+    TURN_TIER.to_owned()
+}
+
+/// Parses a session record (canonical JSON).
+fn read_record(bytes: &[u8]) -> std::result::Result<SessionRecord, String> {
+    let v = canonical::parse_canonical(bytes).map_err(|e| e.to_string())?;
+    serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
 /// A session of one workspace.
@@ -168,20 +194,20 @@ impl Session {
         // The record first: whoever sweeps an unfinished creation learns
         // from it which workspace to clean.
         let now = clock.now();
-        let mut meta = json!({
-            "session_id": self.id.as_str(),
-            "tier": self.tier,
-            "root": self.workspace.root_str(),
-            "created_at": rfc3339_micros(now),
-        });
-        if let Some(d) = &self.deterministic {
-            meta["deterministic"] = d.to_value();
-        }
-        if let Some(o) = &self.owner {
-            meta["owner"] = serde_json::to_value(o)
-                .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
-        }
-        let bytes = canonical::to_vec(&meta)
+        let meta = SessionRecord {
+            session_id: self.id.to_string(),
+            tier: self.tier.clone(),
+            root: self.workspace.root_str().to_owned(),
+            created_at: rfc3339_micros(now),
+            deterministic: self
+                .deterministic
+                .as_ref()
+                .map(crate::ids::Deterministic::to_doc),
+            owner: self.owner.clone(),
+        };
+        let value = serde_json::to_value(&meta)
+            .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
+        let bytes = canonical::to_vec(&value)
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
         fsx::write_atomic(&new_state.join("session.json"), &bytes)?;
 
@@ -251,36 +277,30 @@ impl Session {
             check_tier(t)?;
         }
         let meta_path = state.session_meta(id);
-        let recorded =
-            match fsx::read_small(&meta_path, 64 * 1024) {
-                Ok(bytes) => Some(canonical::parse_canonical(&bytes).map_err(|e| {
-                    SupervisorError::StateIo {
-                        op: "parse session record",
-                        path: meta_path.clone(),
-                        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-                    }
-                })?),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(source) => {
-                    return Err(SupervisorError::StateIo {
-                        op: "read session record",
-                        path: meta_path,
-                        source,
-                    });
-                }
-            };
+        let recorded = match fsx::read_small(&meta_path, 64 * 1024) {
+            Ok(bytes) => Some(read_record(&bytes).map_err(|e| SupervisorError::StateIo {
+                op: "parse session record",
+                path: meta_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(SupervisorError::StateIo {
+                    op: "read session record",
+                    path: meta_path,
+                    source,
+                });
+            }
+        };
         let tier = match &recorded {
             Some(meta) => {
-                if meta.get("root").and_then(Value::as_str) != Some(workspace.root_str()) {
+                if meta.root != workspace.root_str() {
                     return Err(SupervisorError::SessionNotFound {
                         session: id.to_string(),
                         path: workspace.root().to_path_buf(),
                     });
                 }
-                let recorded_tier = meta
-                    .get("tier")
-                    .and_then(Value::as_str)
-                    .unwrap_or(TURN_TIER);
+                let recorded_tier = meta.tier.as_str();
                 if let Some(t) = tier.filter(|t| *t != recorded_tier) {
                     return Err(SupervisorError::invalid(
                         "--tier",
@@ -314,18 +334,9 @@ impl Session {
         };
         let deterministic = recorded
             .as_ref()
-            .and_then(|m| m.get("deterministic"))
-            .and_then(crate::ids::Deterministic::from_value);
-        let owner = match recorded.as_ref().and_then(|m| m.get("owner")) {
-            None => None,
-            Some(v) => Some(serde_json::from_value::<Owner>(v.clone()).map_err(|e| {
-                SupervisorError::StateIo {
-                    op: "parse session owner",
-                    path: state.session_meta(id),
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-                }
-            })?),
-        };
+            .and_then(|m| m.deterministic.as_ref())
+            .and_then(crate::ids::Deterministic::from_doc);
+        let owner = recorded.and_then(|m| m.owner);
         Ok(Self {
             id: id.clone(),
             tier,
@@ -486,13 +497,9 @@ pub fn sweep_unfinished(state: &StateDir, workspace: Option<&Workspace>) -> Resu
         }
         let meta = fsx::read_small(&dir.join("session.json"), 64 * 1024)
             .ok()
-            .and_then(|b| canonical::parse_canonical(&b).ok());
+            .and_then(|b| read_record(&b).ok());
         if let Some(meta) = meta {
-            let root = meta.get("root").and_then(Value::as_str).unwrap_or_default();
-            let tier = meta
-                .get("tier")
-                .and_then(Value::as_str)
-                .unwrap_or(TURN_TIER);
+            let (root, tier) = (meta.root.as_str(), meta.tier.as_str());
             let ws = match workspace {
                 Some(w) if w.root_str() == root => Some(w.clone()),
                 Some(_) => continue,
