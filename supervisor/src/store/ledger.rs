@@ -1144,7 +1144,7 @@ pub fn recover_tails(
                 } else {
                     "an append was interrupted before it was whole; its bytes were discarded"
                 },
-                ts: &now,
+                ts: now,
             });
             Some((files, vec![m]))
         })
