@@ -3,7 +3,11 @@
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::store::record::Observed;
 
 use crate::sandbox::{cgroup, landlock};
 
@@ -27,8 +31,67 @@ fn which(name: &str) -> Option<String> {
     .map(|p| p.display().to_string())
 }
 
+/// An installed runtime, or not.
+#[derive(Debug, Clone, Serialize)]
+pub struct Runtime {
+    pub name: &'static str,
+    pub path: Option<String>,
+}
+
+/// What this host has of Kata.
+#[derive(Debug, Clone, Serialize)]
+pub struct KataStatus {
+    pub usable: bool,
+    pub binary: Option<std::path::PathBuf>,
+    pub kvm: bool,
+    pub missing: Vec<String>,
+}
+
+/// `supervise doctor --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoctorReport {
+    pub status: &'static str,
+    pub reasons: Vec<String>,
+    pub root: bool,
+    pub landlock_abi: u32,
+    pub landlock_abi_required: u32,
+    pub landlock_unenforced: Vec<String>,
+    pub seccomp: bool,
+    pub overlayfs: bool,
+    pub user_namespaces: u64,
+    pub cgroup: Option<&'static str>,
+    pub runtimes: Vec<Runtime>,
+    pub denials_observed: BTreeMap<String, Observed>,
+    pub host_devices: Vec<String>,
+    pub kata: KataStatus,
+}
+
+/// One session in `supervise health --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionHealth {
+    pub session_id: String,
+    pub root: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<String>,
+    pub warnings: Vec<String>,
+    pub leftovers: Vec<String>,
+}
+
+/// `supervise health --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthReport {
+    pub status: &'static str,
+    pub reasons: Vec<String>,
+    pub host: DoctorReport,
+    pub state_dir: String,
+    pub state_free_bytes: Option<u64>,
+    pub sessions: Vec<SessionHealth>,
+}
+
 /// The health report.
-pub fn report() -> (String, Value) {
+pub fn report() -> (String, DoctorReport) {
     let mut failed = Vec::new();
     let mut degraded = Vec::new();
     let root = nix::unistd::geteuid().is_root();
@@ -64,12 +127,33 @@ pub fn report() -> (String, Value) {
         .unwrap_or_default()
         .split_whitespace()
         .any(|a| a == "user_notif");
-    let denials = json!({
-        "seccomp": if user_notif { json!({"observed": true, "via": "seccomp user notification"}) }
-            else { json!({"observed": false, "why": "the kernel lacks SECCOMP_RET_USER_NOTIF"}) },
-        "landlock": {"observed": false, "why": crate::turn::denials::LANDLOCK_UNOBSERVED},
-        "mount": {"observed": false, "why": crate::turn::denials::MOUNT_UNOBSERVED},
-    });
+    let not = |why: &str| Observed {
+        observed: false,
+        via: None,
+        why: Some(why.to_owned()),
+    };
+    let denials = BTreeMap::from([
+        (
+            "seccomp".to_owned(),
+            if user_notif {
+                Observed {
+                    observed: true,
+                    via: Some("seccomp user notification".into()),
+                    why: None,
+                }
+            } else {
+                not("the kernel lacks SECCOMP_RET_USER_NOTIF")
+            },
+        ),
+        (
+            "landlock".to_owned(),
+            not(crate::turn::denials::LANDLOCK_UNOBSERVED),
+        ),
+        (
+            "mount".to_owned(),
+            not(crate::turn::denials::MOUNT_UNOBSERVED),
+        ),
+    ]);
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     let overlay = filesystems
         .lines()
@@ -91,27 +175,39 @@ pub fn report() -> (String, Value) {
     let kata_missing = kata.missing();
     let host_devices = host_device_damage(Path::new("/dev"));
     degraded.extend(host_devices.iter().cloned());
-    let runtimes: Vec<Value> = ["runc", "crun", "runsc", "kata-runtime", "bwrap"]
+    let runtimes: Vec<Runtime> = ["runc", "crun", "runsc", "kata-runtime", "bwrap"]
         .iter()
-        .map(|r| json!({"name": r, "path": which(r)}))
+        .map(|r| Runtime {
+            name: r,
+            path: which(r),
+        })
         .collect();
     let status = status_of(&failed, &degraded);
-    let value = json!({
-        "status": status,
-        "reasons": failed.iter().chain(&degraded).collect::<Vec<_>>(),
-        "root": root,
-        "landlock_abi": abi,
-        "landlock_abi_required": turnstile_policy::plan::LANDLOCK_ABI,
-        "landlock_unenforced": unenforced.iter().chain(&unenforced_net).collect::<Vec<_>>(),
-        "seccomp": seccomp,
-        "overlayfs": overlay,
-        "user_namespaces": userns,
-        "cgroup": cg.map(cgroup::Version::as_str),
-        "runtimes": runtimes,
-        "denials_observed": denials,
-        "host_devices": host_devices,
-        "kata": {"usable": kata_missing.is_empty(), "binary": kata.binary, "kvm": kata.kvm, "missing": kata_missing},
-    });
+    let value = DoctorReport {
+        status,
+        reasons: failed.iter().chain(&degraded).cloned().collect(),
+        root,
+        landlock_abi: abi,
+        landlock_abi_required: turnstile_policy::plan::LANDLOCK_ABI,
+        landlock_unenforced: unenforced
+            .iter()
+            .chain(&unenforced_net)
+            .map(|s| s.to_string())
+            .collect(),
+        seccomp,
+        overlayfs: overlay,
+        user_namespaces: userns,
+        cgroup: cg.map(cgroup::Version::as_str),
+        runtimes,
+        denials_observed: denials,
+        host_devices,
+        kata: KataStatus {
+            usable: kata_missing.is_empty(),
+            binary: kata.binary.clone(),
+            kvm: kata.kvm,
+            missing: kata_missing.clone(),
+        },
+    };
     let mut text = format!("turnstile doctor: {status}\n");
     text += &format!("  root:            {}\n", if root { "yes" } else { "no" });
     text += &format!(
@@ -139,11 +235,11 @@ pub fn report() -> (String, Value) {
             "no"
         }
     );
-    for r in &runtimes {
+    for r in &value.runtimes {
         text += &format!(
             "  {:<15}  {}\n",
-            r["name"].as_str().unwrap_or_default(),
-            r["path"].as_str().unwrap_or("not installed")
+            r.name,
+            r.path.as_deref().unwrap_or("not installed")
         );
     }
     text += &format!(
@@ -242,16 +338,15 @@ const STATE_MIN_FREE_BYTES: u64 = 256 << 20;
 /// free space, sessions whose ledgers do not verify (FAILED), and what a
 /// stopped supervisor left unrecovered (DEGRADED: run `supervise recover`).
 /// Read-only: nothing is recovered or changed.
-pub fn health(state_dir: &Path) -> (String, Value) {
+pub fn health(state_dir: &Path) -> (String, HealthReport) {
     let (_, host) = report();
     let mut failed: Vec<String> = Vec::new();
     let mut degraded: Vec<String> = Vec::new();
-    for r in host["reasons"].as_array().into_iter().flatten() {
-        let r = r.as_str().unwrap_or_default().to_owned();
-        if host["status"] == "FAILED" {
-            failed.push(r);
+    for r in &host.reasons {
+        if host.status == "FAILED" {
+            failed.push(r.clone());
         } else {
-            degraded.push(r);
+            degraded.push(r.clone());
         }
     }
     let mut sessions = Vec::new();
@@ -272,12 +367,19 @@ pub fn health(state_dir: &Path) -> (String, Value) {
     }
     let state = crate::store::layout::StateDir::at(state_dir);
     for (id, ws) in crate::recover::known_sessions(&state, None) {
-        let mut entry = json!({"session_id": id.as_str(), "root": ws.root_str()});
+        let mut entry = SessionHealth {
+            session_id: id.to_string(),
+            root: ws.root_str().to_owned(),
+            error: None,
+            integrity: None,
+            warnings: Vec::new(),
+            leftovers: Vec::new(),
+        };
         let session = match crate::store::session::Session::open(&ws, &state, &id, None) {
             Ok(s) => s,
             Err(e) => {
                 failed.push(format!("session {id}: {e}"));
-                entry["error"] = json!(e.to_string());
+                entry.error = Some(e.to_string());
                 sessions.push(entry);
                 continue;
             }
@@ -288,7 +390,7 @@ pub fn health(state_dir: &Path) -> (String, Value) {
                 Ok(r) => warnings.extend(r.warnings),
                 Err(e) => {
                     failed.push(format!("session {id}: {} ledger: {e}", kind.as_str()));
-                    entry["integrity"] = json!(e.to_string());
+                    entry.integrity = Some(e.to_string());
                 }
             }
         }
@@ -310,24 +412,24 @@ pub fn health(state_dir: &Path) -> (String, Value) {
                     .join("; ")
             ));
         }
-        entry["warnings"] = json!(warnings);
-        entry["leftovers"] = json!(leftovers);
+        entry.warnings = warnings;
+        entry.leftovers = leftovers;
         sessions.push(entry);
     }
     let status = status_of(&failed, &degraded);
-    let value = json!({
-        "status": status,
-        "reasons": failed.iter().chain(&degraded).collect::<Vec<_>>(),
-        "host": host,
-        "state_dir": state_dir.display().to_string(),
-        "state_free_bytes": free,
-        "sessions": sessions,
-    });
+    let value = HealthReport {
+        status,
+        reasons: failed.iter().chain(&degraded).cloned().collect(),
+        host,
+        state_dir: state_dir.display().to_string(),
+        state_free_bytes: free,
+        sessions,
+    };
     let mut text = format!("turnstile health: {status}\n");
     text += &format!(
         "  state dir: {} ({} sessions, {} MiB free)\n",
         state_dir.display(),
-        value["sessions"].as_array().map_or(0, Vec::len),
+        value.sessions.len(),
         free.map_or(0, |f| f >> 20)
     );
     for reason in failed.iter().chain(&degraded) {

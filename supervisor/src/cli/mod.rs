@@ -9,7 +9,7 @@ pub mod doctor;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::{Value, json};
+use serde_json::Value;
 use turnstile_policy::path as ppath;
 use turnstile_policy::prompt::{HashedInput, PromptHeader};
 use turnstile_policy::request::{self, DeclaredOutput, RequestDoc, TurnRequest};
@@ -21,7 +21,9 @@ use crate::ids::{OsRandom, SystemClock};
 use crate::sandbox::cgroup::root as cgroup_root;
 use crate::store::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::{LedgerKind, VerifyReport};
+use crate::store::record::{Event, EvidenceEntry, Observed, Violation, read_all};
 use crate::store::session::Session;
+use crate::store::status::TurnStatus;
 pub use crate::turn::outcome::{Outcome, error_outcome, error_value, run_turn_outcome};
 
 /// argv[1] of the sandbox's own init (not a user command).
@@ -517,12 +519,16 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Health(a) => {
             let (text, value) = crate::cli::doctor::health(&a.state_dir);
             Ok(Outcome {
-                status: if value["status"] == "FAILED" {
+                status: if value.status == "FAILED" {
                     exit::FAILURE
                 } else {
                     exit::OK
                 },
-                stdout: if a.json { format!("{value}\n") } else { text },
+                stdout: if a.json {
+                    format!("{}\n", to_json(&value))
+                } else {
+                    text
+                },
                 stderr: String::new(),
             })
         }
@@ -582,34 +588,62 @@ fn session_new(a: &SessionNewArgs) -> Result<Outcome> {
         )?,
     };
     let stdout = if a.common.json {
-        json!({
-            "session_id": session.id.as_str(),
-            "tier": session.tier,
-            "ledgers": {
-                "exec": session.ledger(LedgerKind::Exec).path,
-                "evidence": session.ledger(LedgerKind::Evidence).path,
+        #[derive(serde::Serialize)]
+        struct Created<'a> {
+            session_id: &'a str,
+            tier: &'a str,
+            ledgers: crate::store::record::LedgerPaths,
+            scratch_dir: std::path::PathBuf,
+            output_dir: std::path::PathBuf,
+        }
+        to_json(&Created {
+            session_id: session.id.as_str(),
+            tier: &session.tier,
+            ledgers: crate::store::record::LedgerPaths {
+                exec: session.ledger(LedgerKind::Exec).path,
+                evidence: session.ledger(LedgerKind::Evidence).path,
             },
-            "scratch_dir": ws.scratch_dir(&session.id),
-            "output_dir": ws.output_dir(&session.id),
+            scratch_dir: ws.scratch_dir(&session.id),
+            output_dir: ws.output_dir(&session.id),
         })
-        .to_string()
     } else {
         session.id.to_string()
     };
     Ok(Outcome::ok(stdout + "\n"))
 }
 
-fn report_value(r: &VerifyReport) -> Value {
-    json!({
-        "ledger": r.kind.as_str(),
-        "path": r.path,
-        "intact": true,
-        "entries": r.entries,
-        "legacy_entries": r.legacy_entries,
-        "bytes": r.bytes,
-        "head_hash": r.head_hash,
-        "warnings": r.warnings,
-    })
+/// One ledger as `ledger verify --json` reports it.
+#[derive(Debug, serde::Serialize)]
+#[serde(untagged)]
+enum LedgerCheck<'a> {
+    Intact {
+        ledger: &'static str,
+        path: &'a std::path::Path,
+        intact: bool,
+        entries: u64,
+        legacy_entries: u64,
+        bytes: u64,
+        head_hash: &'a str,
+        warnings: &'a [String],
+    },
+    Tampered {
+        ledger: &'static str,
+        intact: bool,
+        error: crate::turn::outcome::ErrorObject,
+    },
+}
+
+fn report_check(r: &VerifyReport) -> LedgerCheck<'_> {
+    LedgerCheck::Intact {
+        ledger: r.kind.as_str(),
+        path: &r.path,
+        intact: true,
+        entries: r.entries,
+        legacy_entries: r.legacy_entries,
+        bytes: r.bytes,
+        head_hash: &r.head_hash,
+        warnings: &r.warnings,
+    }
 }
 
 fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
@@ -650,22 +684,32 @@ fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
     })
 }
 
+/// `supervise checkpoint --json`.
+#[derive(serde::Serialize)]
+struct CheckpointWritten<'a> {
+    path: &'a std::path::Path,
+    checkpoint: &'a Value,
+}
+
 fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
     let id = SessionId::parse(&a.session)?;
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, None)?;
     let (lock, _) =
         crate::recover::lock_for_write(&session, &cgroup_root(), &crate::ids::SystemClock)?;
-    let (path, c) = crate::turn::context::checkpoint(&session, &lock)?;
+    let (path, c, seq) = crate::turn::context::checkpoint(&session, &lock)?;
     let text = format!(
         "{}\n",
         if a.common.json {
-            json!({"path": path.display().to_string(), "checkpoint": c}).to_string()
+            to_json(&CheckpointWritten {
+                path: &path,
+                checkpoint: &c,
+            })
         } else {
             format!(
                 "checkpoint {} covers evidence entry {}",
                 path.display(),
-                c["covers"]["seq"]
+                seq.map_or_else(|| "none".to_owned(), |s| s.to_string())
             )
         }
     );
@@ -728,52 +772,68 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
     }
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, None)?;
-    let ledger = session.ledger(LedgerKind::Evidence);
-    let entry = ledger
-        .verified_entries()?
+    let raw = session.ledger(LedgerKind::Evidence).verified_entries()?;
+    let entry = read_all::<EvidenceEntry>(&raw)
+        .map_err(|e| {
+            SupervisorError::invalid(
+                "--session",
+                format!("an evidence entry does not read as one: {e}"),
+            )
+        })?
         .into_iter()
         .rev()
-        .find(|e| e["event"] == "turn.finished" && e["turn_number"] == a.turn)
+        .map(|e| e.body)
+        .find(|e| e.event == Event::TurnFinished && e.turn_number == a.turn)
         .ok_or_else(|| SupervisorError::InvalidArgument {
             field: "--turn".into(),
             reason: format!("session {id} has no finished turn {}", a.turn),
         })?;
-    let violations = entry["violations"].as_array().cloned().unwrap_or_default();
-    let observed = entry["enforcement"]["denials_observed"].clone();
+    let observed = entry.ran().and_then(|e| e.denials_observed.clone());
     if a.common.json {
-        let v = json!({"session_id": id.as_str(), "turn_number": a.turn,
-            "status": entry["status"], "violations": violations, "denials_observed": observed});
-        return Ok(Outcome::ok(format!("{v}\n")));
+        #[derive(serde::Serialize)]
+        struct Explained<'a> {
+            session_id: &'a str,
+            turn_number: u64,
+            status: Option<TurnStatus>,
+            violations: &'a [Violation],
+            denials_observed: &'a Option<std::collections::BTreeMap<String, Observed>>,
+        }
+        let v = Explained {
+            session_id: id.as_str(),
+            turn_number: a.turn,
+            status: entry.status,
+            violations: &entry.violations,
+            denials_observed: &observed,
+        };
+        return Ok(Outcome::ok(format!("{}\n", to_json(&v))));
     }
     let mut text = format!(
         "turn {} of {id}: {}\n",
         a.turn,
-        entry["status"].as_str().unwrap_or("?")
+        entry.status.map_or("?", TurnStatus::as_str)
     );
-    if violations.is_empty() {
+    if entry.violations.is_empty() {
         text += "no refusal was recorded\n";
     }
-    for v in &violations {
+    for v in &entry.violations {
         text += &format!(
             "- [{}] {} {} (x{})\n    {}\n",
-            v["layer"].as_str().unwrap_or("verify"),
-            v["attempted_operation"].as_str().unwrap_or("?"),
-            v["target"].as_str().unwrap_or("?"),
-            v["count"].as_u64().unwrap_or(1),
-            v["details"].as_str().unwrap_or_default()
+            v.layer.as_str(),
+            v.attempted_operation,
+            v.target,
+            v.count,
+            v.details
         );
-        if let Some(h) = v["hint"].as_str() {
+        if let Some(h) = &v.hint {
             text += &format!("    hint: {h}\n");
         }
     }
-    if let Some(layers) = observed.as_object() {
-        for (layer, o) in layers {
-            if o["observed"] == false {
-                text += &format!(
-                    "note: {layer} refusals are not observable here: {}\n",
-                    o["why"].as_str().unwrap_or("?")
-                );
-            }
+    for (layer, o) in observed.iter().flatten() {
+        if !o.observed {
+            text += &format!(
+                "note: {layer} refusals are not observable here: {}\n",
+                o.why.as_deref().unwrap_or("?")
+            );
         }
     }
     Ok(Outcome::ok(text))
@@ -784,6 +844,7 @@ fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, a.tier.as_deref())?;
     let mut ledgers = Vec::new();
+    let mut reports = Vec::new();
     let mut text = String::new();
     let mut stderr = String::new();
     let mut intact = true;
@@ -800,24 +861,40 @@ fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
                 for w in &r.warnings {
                     stderr += &format!("supervise: warning: {w}\n");
                 }
-                ledgers.push(report_value(&r));
+                reports.push(r);
             }
             Err(e @ SupervisorError::Integrity(_)) => {
                 text += &format!("{:<15} TAMPERED  {e}\n", kind.file_name());
                 stderr += &error_outcome(&e, false).stderr;
-                ledgers.push(
-                    json!({"ledger": kind.as_str(), "intact": false, "error": error_value(&e)}),
-                );
+                ledgers.push((
+                    kind,
+                    LedgerCheck::Tampered {
+                        ledger: kind.as_str(),
+                        intact: false,
+                        error: crate::turn::outcome::error_object(&e),
+                    },
+                ));
                 intact = false;
             }
             Err(e) => return Err(e),
         }
     }
+    ledgers.extend(reports.iter().map(|r| (r.kind, report_check(r))));
+    // In the ledgers' own order.
+    ledgers.sort_by_key(|(k, _)| LedgerKind::ALL.iter().position(|x| x == k));
     let stdout = if a.common.json {
-        format!(
-            "{}\n",
-            json!({"session_id": id.as_str(), "intact": intact, "ledgers": ledgers})
-        )
+        #[derive(serde::Serialize)]
+        struct Verified<'a> {
+            session_id: &'a str,
+            intact: bool,
+            ledgers: Vec<LedgerCheck<'a>>,
+        }
+        let v = Verified {
+            session_id: id.as_str(),
+            intact,
+            ledgers: ledgers.into_iter().map(|(_, c)| c).collect(),
+        };
+        format!("{}\n", to_json(&v))
     } else {
         text
     };
@@ -879,18 +956,23 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
                 ),
             ));
         }
-        let mut payload = env.payload.clone();
-        match payload.get("idempotency_key") {
-            Some(k) if k != &json!(env.idempotency_key) => {
+        // The payload is a TurnRequest document; its key is the envelope's.
+        let bytes = serde_json::to_vec(&env.payload).unwrap_or_default();
+        let mut doc: RequestDoc =
+            turnstile_policy::strict::from_json_slice(&bytes).map_err(|e| {
+                let (field, reason) = e.field_and_reason();
+                SupervisorError::invalid(&format!("envelope.payload.{field}"), reason)
+            })?;
+        match &doc.idempotency_key {
+            Some(k) if *k != env.idempotency_key => {
                 return Err(SupervisorError::invalid(
                     "envelope.payload.idempotency_key",
                     "differs from the envelope's idempotency_key; give it once",
                 ));
             }
-            _ => payload["idempotency_key"] = json!(env.idempotency_key),
+            _ => doc.idempotency_key = Some(env.idempotency_key.clone()),
         }
-        let doc = serde_json::to_vec(&payload).unwrap_or_default();
-        return Ok(TurnRequest::from_json(&doc)?);
+        return Ok(TurnRequest::from_doc(doc)?);
     }
     if r.no_outputs && !r.outputs.is_empty() {
         return Err(SupervisorError::invalid(
@@ -920,6 +1002,17 @@ pub fn request_from_args(r: &RequestArgs) -> Result<TurnRequest> {
     })?)
 }
 
+/// `supervise check --json`.
+#[derive(serde::Serialize)]
+struct Checked<'a> {
+    allowed: bool,
+    package: &'a str,
+    session_id: &'a str,
+    execute_entry: Option<&'a str>,
+    violations: Vec<Value>,
+    exit_code: u8,
+}
+
 fn check(a: &CheckArgs) -> Result<Outcome> {
     let session = match &a.session {
         Some(s) => SessionId::parse(s)?,
@@ -945,13 +1038,13 @@ fn check(a: &CheckArgs) -> Result<Outcome> {
     let stdout = if a.common.json {
         format!(
             "{}\n",
-            json!({
-                "allowed": decision.is_ok(),
-                "package": package.as_str(),
-                "session_id": session.as_str(),
-                "execute_entry": entry,
-                "violations": violations.iter().map(|v| v.to_value()).collect::<Vec<_>>(),
-                "exit_code": status,
+            to_json(&Checked {
+                allowed: decision.is_ok(),
+                package: package.as_str(),
+                session_id: session.as_str(),
+                execute_entry: entry.as_deref(),
+                violations: violations.iter().map(|v| v.to_value()).collect(),
+                exit_code: status,
             })
         )
     } else {
@@ -1205,7 +1298,11 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
     let stdout = if a.plan.common.json {
         format!(
             "{}\n",
-            json!({"bundle": out, "backend": a.backend, "config": out.join("config.json")})
+            to_json(&BundleWritten {
+                bundle: &out,
+                backend: &a.backend,
+                config: out.join("config.json"),
+            })
         )
     } else {
         format!("bundle for {} written to {}\n", a.backend, out.display())
@@ -1213,16 +1310,36 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
     Ok(Outcome::ok(stdout))
 }
 
+/// `supervise bundle --json`.
+#[derive(serde::Serialize)]
+struct BundleWritten<'a> {
+    bundle: &'a std::path::Path,
+    backend: &'a str,
+    config: PathBuf,
+}
+
+/// `supervise recover --json`.
+#[derive(serde::Serialize)]
+struct Recovered {
+    sessions_checked: usize,
+    unfinished_creations_removed: Vec<String>,
+    recovered: Vec<Value>,
+}
+
 fn doctor_cmd(a: &DoctorArgs) -> Outcome {
     let (text, value) = crate::cli::doctor::report();
-    let status = if value["status"] == "FAILED" {
+    let status = if value.status == "FAILED" {
         exit::SANDBOX
     } else {
         exit::OK
     };
     Outcome {
         status,
-        stdout: if a.json { format!("{value}\n") } else { text },
+        stdout: if a.json {
+            format!("{}\n", to_json(&value))
+        } else {
+            text
+        },
         stderr: String::new(),
     }
 }
@@ -1246,10 +1363,10 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
     let stdout = if a.json {
         format!(
             "{}\n",
-            json!({
-                "sessions_checked": sessions.len(),
-                "unfinished_creations_removed": swept,
-                "recovered": acted.iter().map(|r| r.to_value()).collect::<Vec<_>>(),
+            to_json(&Recovered {
+                sessions_checked: sessions.len(),
+                unfinished_creations_removed: swept.clone(),
+                recovered: acted.iter().map(|r| r.to_value()).collect(),
             })
         )
     } else {

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use serde_json::json;
 use turnstile_policy::request::TurnRequest;
 
 use super::wire::{Reply, RunRequest, send_with_fds};
@@ -30,23 +29,45 @@ pub fn absolute(p: &Path) -> Result<PathBuf> {
 
 /// The TurnRequest document of a validated request.
 pub fn request_doc(r: &TurnRequest) -> serde_json::Value {
-    json!({
-        "command": r.command,
-        "declared_inputs": r.declared_inputs,
-        "declared_outputs": r.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
-        "work_order_id": r.work_order_id,
-        "idempotency_key": r.idempotency_key,
-        "timeout_seconds": r.timeout_seconds,
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        command: &'a [String],
+        declared_inputs: &'a [String],
+        declared_outputs: Vec<crate::store::record::DeclaredWrite>,
+        work_order_id: &'a Option<String>,
+        idempotency_key: &'a Option<String>,
+        timeout_seconds: Option<u64>,
+    }
+    serde_json::to_value(Doc {
+        command: &r.command,
+        declared_inputs: &r.declared_inputs,
+        declared_outputs: r
+            .declared_outputs
+            .iter()
+            .map(|d| crate::store::record::DeclaredWrite {
+                path: d.path.clone(),
+                role: d.role.clone(),
+            })
+            .collect(),
+        work_order_id: &r.work_order_id,
+        idempotency_key: &r.idempotency_key,
+        timeout_seconds: r.timeout_seconds,
     })
+    .unwrap_or_default()
+}
+
+/// A request line as the daemon reads it (`op` names the request).
+#[derive(serde::Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Line<'a> {
+    Run(&'a RunRequest),
+    Health { json: bool },
 }
 
 /// `supervise run --server SOCKET …` with the request the CLI built
 /// (paths absolute: the daemon has its own working directory).
 pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
-    let mut v = serde_json::to_value(wire).unwrap_or_default();
-    if let Some(m) = v.as_object_mut() {
-        m.insert("op".into(), json!("run"));
-    }
+    let v = serde_json::to_value(Line::Run(wire)).unwrap_or_default();
     // A signal from here on is forwarded to the turn, not fatal here.
     crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
         op: "install signal handlers",
@@ -58,7 +79,8 @@ pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
 
 /// `supervise health --server SOCKET`.
 pub fn health(socket: &Path, json: bool) -> Result<Outcome> {
-    exchange(socket, &json!({"op": "health", "json": json}), false)
+    let v = serde_json::to_value(Line::Health { json }).unwrap_or_default();
+    exchange(socket, &v, false)
 }
 
 fn exchange(socket: &Path, v: &serde_json::Value, with_fds: bool) -> Result<Outcome> {

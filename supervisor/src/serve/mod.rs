@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill, sigaction};
 use nix::unistd::Pid;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::error::{Result, SupervisorError, exit};
 use crate::turn::outcome::Outcome;
@@ -258,24 +258,36 @@ impl Daemon {
     }
 
     /// The daemon's health: READY while it accepts turns.
-    pub fn health(&self) -> Value {
+    pub fn health(&self) -> DaemonHealth {
         let stopping = self.stopping.load(Ordering::SeqCst);
-        json!({
-            "status": if stopping { "DEGRADED" } else { "READY" },
-            "reasons": if stopping { vec!["stopping: no new turns are accepted"] } else { Vec::<&str>::new() },
-            "daemon": {
-                "pid": std::process::id(),
-                "uptime_seconds": self.started.elapsed().as_secs_f64(),
-                "state_dir": self.state_dir,
-                "socket": self.socket,
-                "turns_in_flight": self.in_flight(),
-                "turns_served": self.turns_served.load(Ordering::SeqCst),
-                "recovered_at_start": self.recovered.lock().map(|v| v.clone()).unwrap_or(Value::Null),
-                "metrics": self.metrics_addr,
-                "warm_pool_size": self.warm_pool_size(),
-                "bus": self.bus_status.lock().map(|v| v.clone()).unwrap_or(Value::Null),
+        DaemonHealth {
+            status: if stopping { "DEGRADED" } else { "READY" }.into(),
+            reasons: if stopping {
+                vec!["stopping: no new turns are accepted".into()]
+            } else {
+                Vec::new()
             },
-        })
+            daemon: DaemonState {
+                pid: std::process::id(),
+                uptime_seconds: self.started.elapsed().as_secs_f64(),
+                state_dir: self.state_dir.clone(),
+                socket: self.socket.clone(),
+                turns_in_flight: self.in_flight() as u64,
+                turns_served: self.turns_served.load(Ordering::SeqCst),
+                recovered_at_start: self
+                    .recovered
+                    .lock()
+                    .map(|v| v.clone())
+                    .unwrap_or(Value::Null),
+                metrics: self.metrics_addr.map(|a| a.to_string()),
+                warm_pool_size: self.warm_pool_size() as u64,
+                bus: self
+                    .bus_status
+                    .lock()
+                    .map(|v| v.clone())
+                    .unwrap_or(Value::Null),
+            },
+        }
     }
 }
 
@@ -364,11 +376,16 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         &cgroup_root,
         &crate::ids::SystemClock,
     )?;
-    let recovered = json!({
-        "sessions_checked": sessions.len(),
-        "unfinished_creations_removed": swept,
-        "recovered": sessions.iter().filter(|r| !r.is_empty()).map(|r| r.to_value()).collect::<Vec<_>>(),
-    });
+    let recovered = serde_json::to_value(RecoveredAtStart {
+        sessions_checked: sessions.len(),
+        unfinished_creations_removed: swept,
+        recovered: sessions
+            .iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| r.to_value())
+            .collect(),
+    })
+    .unwrap_or_default();
     tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
     let metrics = Arc::new(metrics::Metrics::new());
     let metrics_addr = match o.metrics {
@@ -513,6 +530,37 @@ fn send_reply(conn: &UnixStream, r: &Reply) {
     let _ = (&*conn).write_all(&line);
 }
 
+/// `health --server`'s answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DaemonHealth {
+    pub status: String,
+    pub reasons: Vec<String>,
+    pub daemon: DaemonState,
+}
+
+/// The daemon's own state, in its health.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DaemonState {
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub state_dir: PathBuf,
+    pub socket: Option<PathBuf>,
+    pub turns_in_flight: u64,
+    pub turns_served: u64,
+    pub recovered_at_start: Value,
+    pub metrics: Option<String>,
+    pub warm_pool_size: u64,
+    pub bus: Value,
+}
+
+/// What recovery at start found.
+#[derive(Debug, serde::Serialize)]
+struct RecoveredAtStart {
+    sessions_checked: usize,
+    unfinished_creations_removed: Vec<String>,
+    recovered: Vec<Value>,
+}
+
 fn error_reply(e: &SupervisorError, json: bool) -> Reply {
     let o = crate::turn::outcome::error_outcome(e, json);
     Reply {
@@ -520,7 +568,7 @@ fn error_reply(e: &SupervisorError, json: bool) -> Reply {
         printed: false,
         stdout: o.stdout,
         stderr: o.stderr,
-        value: json!({"error": crate::turn::outcome::error_value(e), "exit_code": e.exit_status()}),
+        value: crate::turn::outcome::ErrorReply::of(e).to_value(),
         trust_level: None,
         stays: false,
     }
@@ -569,17 +617,14 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
     };
     match request {
         Request::Health { json } => {
-            let v = d.health();
-            d.metrics.health_check(v["status"] == "READY");
+            let h = d.health();
+            d.metrics.health_check(h.status == "READY");
             let stdout = if json {
-                format!("{v}\n")
+                format!("{}\n", serde_json::to_string(&h).unwrap_or_default())
             } else {
                 format!(
                     "{} (daemon pid {}, {} turn(s) in flight, {} served)\n",
-                    v["status"].as_str().unwrap_or_default(),
-                    v["daemon"]["pid"],
-                    v["daemon"]["turns_in_flight"],
-                    v["daemon"]["turns_served"]
+                    h.status, h.daemon.pid, h.daemon.turns_in_flight, h.daemon.turns_served
                 )
             };
             send_reply(
@@ -589,7 +634,7 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                     printed: false,
                     stdout,
                     stderr: String::new(),
-                    value: v,
+                    value: serde_json::to_value(&h).unwrap_or_default(),
                     trust_level: None,
                     stays: false,
                 },

@@ -123,7 +123,7 @@ fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
         }
         Err(e) => (
             crate::turn::outcome::error_outcome(&e, false),
-            serde_json::json!({"error": crate::turn::outcome::error_value(&e), "exit_code": e.exit_status()}),
+            crate::turn::outcome::ErrorReply::of(&e).to_value(),
         ),
     };
     let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());

@@ -229,6 +229,7 @@ fn from_ledger(session: &Session, turn: u64) -> Result<(u8, Value, String)> {
         ledgers: None,
         durations: None,
         replayed: false,
+        idempotency_key: None,
     };
     Ok((
         status.exit_status(None),

@@ -483,6 +483,9 @@ pub struct TurnReport {
     /// Returned from an idempotency record, not run again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replayed: bool,
+    /// The key it was returned for (with `replayed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 impl TurnReport {

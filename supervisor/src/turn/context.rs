@@ -171,8 +171,9 @@ fn evidence(session: &Session) -> Result<Vec<Read<EvidenceEntry>>> {
     })
 }
 
-/// Writes a checkpoint of everything the evidence ledger holds now.
-pub fn checkpoint(session: &Session, _lock: &SessionLock) -> Result<(PathBuf, Value)> {
+/// Writes a checkpoint of everything the evidence ledger holds now: its
+/// path, the document and the seq of the entry it covers.
+pub fn checkpoint(session: &Session, _lock: &SessionLock) -> Result<(PathBuf, Value, Option<u64>)> {
     let entries = evidence(session)?;
     let mut state = Context::empty(session.id.as_str());
     for e in &entries {
@@ -204,7 +205,7 @@ pub fn checkpoint(session: &Session, _lock: &SessionLock) -> Result<(PathBuf, Va
     let name_seq = seq.map_or_else(|| "null".to_owned(), |s| s.to_string());
     let path = d.join(format!("{name_ts}-{name_seq}.json"));
     crate::fsx::write_atomic(&path, format!("{c}\n").as_bytes())?;
-    Ok((path, c))
+    Ok((path, c, seq))
 }
 
 /// A checkpoint file, checked against its own hash, its session and the

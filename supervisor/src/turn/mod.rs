@@ -223,6 +223,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 ledgers: Some(ledgers(&session)),
                 durations: None,
                 replayed: false,
+                idempotency_key: None,
             })
             .unwrap_or_default();
             let result = TurnResult {

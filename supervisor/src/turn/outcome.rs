@@ -5,10 +5,12 @@
 
 use std::path::PathBuf;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use turnstile_policy::request::TurnRequest;
 
 use crate::error::{Result, SupervisorError, exit};
+use crate::store::record::{DeclaredWrite, TurnReport};
 
 /// What a subcommand produced.
 #[derive(Debug)]
@@ -29,22 +31,69 @@ impl Outcome {
     }
 }
 
-/// The error as a JSON object: code, name, message (with causes), field, and
-/// for integrity errors the ledger, line and seq.
-pub fn error_value(e: &SupervisorError) -> Value {
-    let code = e.code();
-    let mut err = json!({"code": code.code, "name": code.name, "message": error_chain(e)});
-    if let Some(m) = err.as_object_mut() {
-        if let Some(f) = e.field() {
-            m.insert("field".into(), json!(f));
-        }
-        if let SupervisorError::Integrity(i) = e {
-            m.insert("ledger".into(), json!(i.ledger));
-            m.insert("line".into(), json!(i.line));
-            m.insert("seq".into(), json!(i.seq));
+/// An error as `--json` prints it: code, name, message (with causes),
+/// field, and for integrity errors the ledger, line and seq.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorObject {
+    pub code: String,
+    pub name: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<IntegrityAt>,
+}
+
+/// Where an integrity error was found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntegrityAt {
+    pub ledger: PathBuf,
+    pub line: Option<u64>,
+    pub seq: Option<u64>,
+}
+
+/// The one JSON object of a failed command: the error and the exit status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub error: ErrorObject,
+    pub exit_code: u8,
+}
+
+impl ErrorReply {
+    pub fn of(e: &SupervisorError) -> Self {
+        Self {
+            error: error_object(e),
+            exit_code: e.exit_status(),
         }
     }
-    err
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// The error as its JSON object.
+pub fn error_object(e: &SupervisorError) -> ErrorObject {
+    let code = e.code();
+    ErrorObject {
+        code: code.code.to_owned(),
+        name: code.name.to_owned(),
+        message: error_chain(e),
+        field: e.field().map(str::to_owned),
+        integrity: match e {
+            SupervisorError::Integrity(i) => Some(IntegrityAt {
+                ledger: i.ledger.clone(),
+                line: i.line,
+                seq: i.seq,
+            }),
+            _ => None,
+        },
+    }
+}
+
+/// The error as a JSON object ([`ErrorObject`]).
+pub fn error_value(e: &SupervisorError) -> Value {
+    serde_json::to_value(error_object(e)).unwrap_or_default()
 }
 
 fn error_chain(e: &SupervisorError) -> String {
@@ -62,10 +111,7 @@ fn error_chain(e: &SupervisorError) -> String {
 pub fn error_outcome(e: &SupervisorError, json: bool) -> Outcome {
     let code = e.code();
     let stdout = if json {
-        format!(
-            "{}\n",
-            json!({"error": error_value(e), "exit_code": e.exit_status()})
-        )
+        format!("{}\n", ErrorReply::of(e).to_value())
     } else {
         String::new()
     };
@@ -91,10 +137,7 @@ pub fn run_turn_outcome(
 ) -> (Outcome, Value) {
     match run_turn_inner(opts, events) {
         Ok((outcome, value)) => (outcome, value),
-        Err(e) => (
-            error_outcome(&e, opts.json),
-            json!({"error": error_value(&e), "exit_code": e.exit_status()}),
-        ),
+        Err(e) => (error_outcome(&e, opts.json), ErrorReply::of(&e).to_value()),
     }
 }
 
@@ -138,38 +181,69 @@ fn emit_events(
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     use turnstile_policy::envelope::{EventEnvelope, SCHEMA_VERSION, Source};
-    let sid = v["session_id"].as_str().unwrap_or_default();
-    let turn = v["turn_number"].as_u64().unwrap_or(0);
+    #[derive(Serialize)]
+    struct Requested<'a> {
+        command: &'a [String],
+        declared_inputs: &'a [String],
+        declared_outputs: Vec<DeclaredWrite>,
+        work_order_id: &'a Option<String>,
+        idempotency_key: &'a Option<String>,
+        timeout_seconds: Option<u64>,
+    }
+    #[derive(Serialize)]
+    struct Started<'a> {
+        session_id: &'a str,
+        turn_number: u64,
+    }
+    let report: TurnReport = serde_json::from_value(v.clone())
+        .map_err(|e| SupervisorError::invalid("--events", format!("the turn's report: {e}")))?;
+    let (sid, turn) = (report.session_id.as_str(), report.turn_number);
     let key = request
         .idempotency_key
         .clone()
         .unwrap_or_else(|| format!("{sid}/turn-{turn}"));
-    let finished = v["finished_at"].as_str().unwrap_or_default().to_owned();
-    let started = v["started_at"].as_str().unwrap_or(&finished).to_owned();
+    let finished = report.finished_at.clone().unwrap_or_default();
+    let started = report
+        .started_at
+        .clone()
+        .unwrap_or_else(|| finished.clone());
+    fn payload<T: Serialize>(x: &T) -> Value {
+        serde_json::to_value(x).unwrap_or_default()
+    }
     let mut events: Vec<(&str, String, Value)> = vec![
         (
             "turn.requested",
             started.clone(),
-            json!({
-                "command": request.command,
-                "declared_inputs": request.declared_inputs,
-                "declared_outputs": request.declared_outputs.iter().map(|d| d.to_value()).collect::<Vec<_>>(),
-                "work_order_id": request.work_order_id,
-                "idempotency_key": request.idempotency_key,
-                "timeout_seconds": request.timeout_seconds,
+            payload(&Requested {
+                command: &request.command,
+                declared_inputs: &request.declared_inputs,
+                declared_outputs: request
+                    .declared_outputs
+                    .iter()
+                    .map(|d| DeclaredWrite {
+                        path: d.path.clone(),
+                        role: d.role.clone(),
+                    })
+                    .collect(),
+                work_order_id: &request.work_order_id,
+                idempotency_key: &request.idempotency_key,
+                timeout_seconds: request.timeout_seconds,
             }),
         ),
         (
             "turn.started",
             started,
-            json!({"session_id": sid, "turn_number": turn}),
+            payload(&Started {
+                session_id: sid,
+                turn_number: turn,
+            }),
         ),
     ];
-    for x in v["violations"].as_array().into_iter().flatten() {
-        events.push(("turn.violation", finished.clone(), x.clone()));
+    for x in &report.violations {
+        events.push(("turn.violation", finished.clone(), payload(x)));
     }
     // Durations are measurements (floating point), not part of the event.
-    let mut result = v.clone();
+    let mut result = payload(&report);
     if let Some(m) = result.as_object_mut() {
         m.remove("durations");
     }

@@ -340,6 +340,7 @@ impl Turn<'_> {
                 phases_ms: o.phases.millis(),
             }),
             replayed: false,
+            idempotency_key: None,
         }
     }
 
