@@ -31,14 +31,16 @@ use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use turnstile_policy::error::{ErrorCode, codes};
 
 use super::Daemon;
 use super::wire::RunRequest;
 use crate::error::{Result, SupervisorError};
+use crate::store::record::TurnReport;
+use crate::store::status::TurnStatus;
 
 /// The rules file, relative to the bus directory.
 pub const RULES_FILE: &str = "rules.v0.1.yaml";
@@ -194,8 +196,13 @@ impl BusError {
         }
     }
 
-    fn to_value(&self) -> Value {
-        json!({"code": self.code.code, "name": self.code.name, "field": self.field, "message": self.message})
+    fn record(&self) -> BusErrorRecord {
+        BusErrorRecord {
+            code: self.code.code.to_owned(),
+            name: self.code.name.to_owned(),
+            field: self.field.clone(),
+            message: self.message.clone(),
+        }
     }
 }
 
@@ -422,9 +429,117 @@ fn prepare(
 
 /// What became of a message.
 enum Disposition {
-    Done(Value),
-    Failed(Value),
+    Done(Outcome),
+    Failed(Outcome),
     Held(String),
+}
+
+/// How one message ended: the body of its evidence file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Outcome {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    msg_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rule: Option<String>,
+    status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<BusErrorRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    actions: Option<Vec<ActionResult>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    skipped: Option<Vec<Skipped>>,
+}
+
+impl Outcome {
+    fn rejected(e: &BusError) -> Self {
+        Self {
+            status: "rejected".into(),
+            error: Some(e.record()),
+            ..Self::default()
+        }
+    }
+}
+
+/// A rule not chosen, and the guard that failed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Skipped {
+    rule: String,
+    guard: String,
+    expected: Value,
+    got: Value,
+}
+
+/// One action of the chosen rule.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ActionResult {
+    index: usize,
+    rendered: String,
+    argv: Vec<String>,
+    workspace: PathBuf,
+    package: String,
+    mode: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    would_execute: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_status: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn_number: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<TurnStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replayed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
+}
+
+/// A bus error as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct BusErrorRecord {
+    code: String,
+    name: String,
+    field: String,
+    message: String,
+}
+
+/// An evidence file: the outcome, the message and when.
+#[derive(Debug, Serialize, Deserialize)]
+struct EvidenceFile {
+    #[serde(flatten)]
+    outcome: Outcome,
+    file: String,
+    message: Value,
+    message_sha256: String,
+    processed_at: String,
+    schema: String,
+}
+
+/// What the daemon's health says of the bus.
+#[derive(Debug, Serialize)]
+struct BusStatus<'a> {
+    dir: &'a std::path::Path,
+    held: Vec<Held>,
+    rules: usize,
+}
+
+/// A message waiting for its approval.
+#[derive(Debug, Serialize)]
+struct Held {
+    file: String,
+    msg_id: Option<String>,
+    waiting_for: Option<PathBuf>,
+}
+
+/// The turn request of a live action.
+#[derive(Serialize)]
+struct ActionRequest<'a> {
+    command: &'a [String],
+    declared_outputs: Vec<crate::store::record::DeclaredWrite>,
+    work_order_id: &'a str,
+    idempotency_key: String,
 }
 
 /// The bus served by a daemon.
@@ -536,7 +651,7 @@ impl Bus {
                 self.finish_claimed(d, &name);
             }
         }
-        let held: Vec<Value> = self
+        let held: Vec<Held> = self
             .listing("processing")
             .into_iter()
             .map(|f| {
@@ -544,11 +659,20 @@ impl Bus {
                     .ok()
                     .and_then(|b| parse_message(&b).ok())
                     .map(|m| m.msg_id);
-                json!({"file": f, "msg_id": id, "waiting_for": id.as_ref().map(|i| self.sub("approvals").join(i))})
+                Held {
+                    waiting_for: id.as_ref().map(|i| self.sub("approvals").join(i)),
+                    file: f,
+                    msg_id: id,
+                }
             })
             .collect();
         if let Ok(mut s) = d.bus_status.lock() {
-            *s = json!({"dir": self.dir, "held": held, "rules": self.rules.rules.len()});
+            *s = serde_json::to_value(BusStatus {
+                dir: &self.dir,
+                held,
+                rules: self.rules.rules.len(),
+            })
+            .unwrap_or_default();
         }
     }
 
@@ -593,8 +717,8 @@ impl Bus {
                 let p = self.sub(sub).join(&name);
                 let matches = std::fs::read(&p)
                     .ok()
-                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                    .is_some_and(|v| v["message_sha256"] == sha);
+                    .and_then(|b| serde_json::from_slice::<EvidenceFile>(&b).ok())
+                    .is_some_and(|v| v.message_sha256 == sha);
                 if matches {
                     return Some(p);
                 }
@@ -615,13 +739,7 @@ impl Bus {
                     "message",
                     format!("unreadable: {e}"),
                 );
-                self.write_evidence(
-                    d,
-                    f,
-                    b"",
-                    Disposition::Failed(json!({"status": "rejected", "error": err.to_value()})),
-                    t,
-                );
+                self.write_evidence(d, f, b"", Disposition::Failed(Outcome::rejected(&err)), t);
                 return;
             }
         };
@@ -648,25 +766,23 @@ impl Bus {
         disposition: Disposition,
         t: Instant,
     ) {
-        let (sub, mut v) = match disposition {
+        let (sub, outcome) = match disposition {
             Disposition::Done(v) => ("output", v),
             Disposition::Failed(v) => ("error", v),
             Disposition::Held(_) => return,
         };
-        let message: Value =
-            serde_json::from_slice(bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(bytes)));
-        if let Some(m) = v.as_object_mut() {
-            m.insert("file".into(), json!(f));
-            m.insert("message".into(), message);
-            m.insert("message_sha256".into(), json!(sha256_hex(bytes)));
-            m.insert(
-                "processed_at".into(),
-                json!(turnstile_policy::timefmt::rfc3339_micros(
-                    turnstile_policy::session::Clock::now(&crate::ids::SystemClock)
-                )),
-            );
-            m.insert("schema".into(), json!("turnstile.bus.evidence/v0.1"));
-        }
+        let message: Value = serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()));
+        let v = EvidenceFile {
+            outcome,
+            file: f.to_owned(),
+            message,
+            message_sha256: sha256_hex(bytes),
+            processed_at: turnstile_policy::timefmt::rfc3339_micros(
+                turnstile_policy::session::Clock::now(&crate::ids::SystemClock),
+            ),
+            schema: "turnstile.bus.evidence/v0.1".into(),
+        };
         let dir = self.sub(sub);
         let stem = f.trim_end_matches(".json");
         let name = (0..1000)
@@ -706,7 +822,7 @@ impl Bus {
         tracing::info!(
             file = f,
             to = sub,
-            status = v["status"].as_str().unwrap_or(""),
+            status = v.outcome.status.as_str(),
             "bus: message finished"
         );
         let _ = t;
@@ -719,11 +835,11 @@ impl Bus {
             Ok(m) => m,
             Err(e) => {
                 d.metrics.turn_finished(
-                    &json!({"error": e.to_value()}),
+                    &serde_json::to_value(Outcome::rejected(&e)).unwrap_or_default(),
                     None,
                     t.elapsed().as_secs_f64() * 1000.0,
                 );
-                return Disposition::Failed(json!({"status": "rejected", "error": e.to_value()}));
+                return Disposition::Failed(Outcome::rejected(&e));
             }
         };
         let mut skipped = Vec::new();
@@ -736,13 +852,23 @@ impl Bus {
             }
             if let Some(p) = r.guards.phase {
                 if p != m.context.phase {
-                    skipped.push(json!({"rule": r.id, "guard": "phase", "expected": p, "got": m.context.phase}));
+                    skipped.push(Skipped {
+                        rule: r.id.clone(),
+                        guard: "phase".into(),
+                        expected: Value::from(p),
+                        got: Value::from(m.context.phase),
+                    });
                     continue;
                 }
             }
             if let Some(c) = &r.guards.category {
                 if !c.contains(&m.category) {
-                    skipped.push(json!({"rule": r.id, "guard": "category", "expected": c.iter().map(|x| x.as_str()).collect::<Vec<_>>(), "got": m.category.as_str()}));
+                    skipped.push(Skipped {
+                        rule: r.id.clone(),
+                        guard: "category".into(),
+                        expected: c.iter().map(|x| Value::from(x.as_str())).collect(),
+                        got: Value::from(m.category.as_str()),
+                    });
                     continue;
                 }
             }
@@ -766,9 +892,13 @@ impl Bus {
                     }
                 ),
             );
-            return Disposition::Failed(
-                json!({"msg_id": m.msg_id, "status": "no_rule", "error": e.to_value(), "skipped": skipped}),
-            );
+            return Disposition::Failed(Outcome {
+                msg_id: Some(m.msg_id.clone()),
+                status: "no_rule".into(),
+                error: Some(e.record()),
+                skipped: Some(skipped),
+                ..Outcome::default()
+            });
         };
         if rule.guards.approval == Approval::Required
             && !self.sub("approvals").join(&m.msg_id).exists()
@@ -798,42 +928,70 @@ impl Bus {
             match prepare(a, &vars, &format!("rules[{ri}].actions[{j}]"), default_mode) {
                 Ok(p) => prepared.push(p),
                 Err(e) => {
-                    return Disposition::Failed(
-                        json!({"msg_id": m.msg_id, "rule": rule.id, "status": "disallowed", "error": e.to_value(), "skipped": skipped}),
-                    );
+                    return Disposition::Failed(Outcome {
+                        msg_id: Some(m.msg_id.clone()),
+                        rule: Some(rule.id.clone()),
+                        status: "disallowed".into(),
+                        error: Some(e.record()),
+                        skipped: Some(skipped),
+                        actions: None,
+                    });
                 }
             }
         }
         let mut results = Vec::new();
         let mut ok = true;
         for (j, (a, p)) in rule.actions.iter().zip(&prepared).enumerate() {
-            let mut r = json!({"index": j, "rendered": p.rendered, "argv": p.argv, "workspace": a.workspace, "package": a.package});
+            let mut r = ActionResult {
+                index: j,
+                rendered: p.rendered.clone(),
+                argv: p.argv.clone(),
+                workspace: a.workspace.clone(),
+                package: a.package.clone(),
+                mode: "live".into(),
+                would_execute: None,
+                exit_status: None,
+                session_id: None,
+                turn_number: None,
+                status: None,
+                replayed: None,
+                error: None,
+                output: None,
+            };
             if p.mode == Mode::DryRun {
-                r["mode"] = json!("dry-run");
-                r["would_execute"] = json!(p.argv);
+                r.mode = "dry-run".into();
+                r.would_execute = Some(p.argv.clone());
                 results.push(r);
                 continue;
             }
-            r["mode"] = json!("live");
             match self.run_live(d, &m, j, a, p) {
                 Ok((reply, log)) => {
-                    let v = &reply.value;
-                    r["exit_status"] = json!(reply.exit_status);
-                    r["session_id"] = v["session_id"].clone();
-                    r["turn_number"] = v["turn_number"].clone();
-                    r["status"] = v["status"].clone();
-                    r["replayed"] = json!(v["replayed"] == Value::Bool(true));
-                    if !v["error"].is_null() {
-                        r["error"] = v["error"].clone();
+                    r.exit_status = Some(reply.exit_status);
+                    match serde_json::from_value::<TurnReport>(reply.value.clone()) {
+                        Ok(t) => {
+                            r.session_id = Some(t.session_id);
+                            r.turn_number = Some(t.turn_number);
+                            r.status = Some(t.status);
+                            r.replayed = Some(t.replayed);
+                            r.error = t.error.map(|e| serde_json::to_value(e).unwrap_or_default());
+                        }
+                        // Refused before a turn existed: the error object.
+                        Err(_) => {
+                            r.error = serde_json::from_value::<crate::turn::outcome::ErrorReply>(
+                                reply.value.clone(),
+                            )
+                            .ok()
+                            .map(|e| serde_json::to_value(e.error).unwrap_or_default());
+                        }
                     }
-                    r["output"] = json!(log);
+                    r.output = Some(log);
                     if reply.exit_status != 0 {
                         ok = false;
                     }
                 }
                 Err(e) => {
-                    r["error"] = crate::turn::outcome::error_value(&e);
-                    r["exit_status"] = json!(e.exit_status());
+                    r.error = Some(crate::turn::outcome::error_value(&e));
+                    r.exit_status = Some(e.exit_status());
                     ok = false;
                 }
             }
@@ -842,7 +1000,14 @@ impl Bus {
                 break;
             }
         }
-        let v = json!({"msg_id": m.msg_id, "rule": rule.id, "status": if ok { "done" } else { "failed" }, "actions": results, "skipped": skipped});
+        let v = Outcome {
+            msg_id: Some(m.msg_id.clone()),
+            rule: Some(rule.id.clone()),
+            status: if ok { "done" } else { "failed" }.into(),
+            error: None,
+            actions: Some(results),
+            skipped: Some(skipped),
+        };
         if ok {
             Disposition::Done(v)
         } else {
@@ -888,12 +1053,20 @@ impl Bus {
             json: false,
             events: None,
             deterministic: None,
-            request: json!({
-                "command": p.argv,
-                "declared_outputs": a.outputs.iter().map(|o| json!({"path": o.path, "role": o.role})).collect::<Vec<_>>(),
-                "work_order_id": m.msg_id,
-                "idempotency_key": format!("bus:{}:{j}", m.msg_id),
-            }),
+            request: serde_json::to_value(ActionRequest {
+                command: &p.argv,
+                declared_outputs: a
+                    .outputs
+                    .iter()
+                    .map(|o| crate::store::record::DeclaredWrite {
+                        path: o.path.clone(),
+                        role: o.role.clone(),
+                    })
+                    .collect(),
+                work_order_id: &m.msg_id,
+                idempotency_key: format!("bus:{}:{j}", m.msg_id),
+            })
+            .unwrap_or_default(),
         };
         let t = Instant::now();
         let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
@@ -958,6 +1131,7 @@ impl Bus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn msg() -> serde_json::Value {
         json!({"msg_id": "M-1", "category": "B", "msg_type": "COMMAND", "command_type": "exec",
