@@ -13,18 +13,17 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
 use crate::sandbox::cgroup::TurnCgroup;
 
+// The signal handler's state: the only statics (a handler can reach
+// nothing else).
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
-/// The running turn's cgroup: (cgroup root, name).
-static CURRENT: Mutex<Option<(PathBuf, String)>> = Mutex::new(None);
-static INSTALLED: OnceLock<()> = OnceLock::new();
 
 extern "C" fn on_signal(signal: nix::libc::c_int) {
     SIGNAL.store(signal, Ordering::SeqCst);
@@ -32,23 +31,60 @@ extern "C" fn on_signal(signal: nix::libc::c_int) {
     if fd >= 0 {
         let byte = [1u8];
         // SAFETY: write(2) is async-signal-safe; `byte` is a valid buffer of
-        // length 1 and `fd` is the pipe's write end, kept open for the life
-        // of the process. A full pipe or an error is harmless: the watcher
-        // is already awake.
+        // length 1 and `fd` is the pipe's write end, open while a guard
+        // lives (the guard clears WAKE_FD before closing it). A full pipe or
+        // an error is harmless: the watcher is already awake.
         let _ = unsafe { nix::libc::write(fd, byte.as_ptr().cast(), 1) };
     }
 }
 
-/// Installs the handlers and starts the watcher (once per process).
-pub fn install() -> std::io::Result<()> {
-    if INSTALLED.get().is_some() {
-        return Ok(());
+/// The running turn's cgroup, as the run that owns it registers it: what
+/// the watcher kills when a signal arrives. Cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct Interrupts {
+    /// (cgroup root, name).
+    current: Arc<Mutex<Option<(PathBuf, String)>>>,
+}
+
+impl Interrupts {
+    /// Registers the running turn's cgroup (`None` unregisters).
+    pub fn register(&self, turn: Option<(PathBuf, String)>) {
+        if let Ok(mut c) = self.current.lock() {
+            *c = turn;
+        }
+        // A signal that arrived before registration still kills the turn.
+        if received().is_some() {
+            let fd = WAKE_FD.load(Ordering::SeqCst);
+            if fd >= 0 {
+                let _ = nix::unistd::write(
+                    // SAFETY: the write end stays open while WAKE_FD names
+                    // it (the guard clears it first).
+                    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                    &[1u8],
+                );
+            }
+        }
     }
+
+    fn current(&self) -> Option<(PathBuf, String)> {
+        self.current.lock().map(|c| c.clone()).unwrap_or(None)
+    }
+}
+
+/// Handlers installed and a watcher running for one run: dropping it stops
+/// the watcher (the handlers stay: a later signal is only recorded).
+#[derive(Debug)]
+pub struct Guard {
+    wake: Option<OwnedFd>,
+    watcher: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Installs the handlers and starts a watcher that kills what `interrupts`
+/// registers, for as long as the returned guard lives.
+pub fn install(interrupts: &Interrupts) -> std::io::Result<Guard> {
     let (read, write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
-    // The write end lives as long as the process.
-    std::mem::forget(write);
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_RESTART,
@@ -59,25 +95,38 @@ pub fn install() -> std::io::Result<()> {
         // atomic store and write(2)).
         unsafe { sigaction(signal, &action) }.map_err(std::io::Error::from)?;
     }
-    std::thread::Builder::new()
+    let theirs = interrupts.clone();
+    let watcher = std::thread::Builder::new()
         .name("interrupt".into())
-        .spawn(move || watch(read))?;
-    let _ = INSTALLED.set(());
-    Ok(())
+        .spawn(move || watch(read, &theirs))?;
+    Ok(Guard {
+        wake: Some(write),
+        watcher: Some(watcher),
+    })
 }
 
-fn watch(read: OwnedFd) {
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // The handler stops writing first, then the pipe closes: the
+        // watcher reads EOF and ends.
+        if let Some(w) = self.wake.take() {
+            let _ = WAKE_FD.compare_exchange(w.as_raw_fd(), -1, Ordering::SeqCst, Ordering::SeqCst);
+            drop(w);
+        }
+        if let Some(t) = self.watcher.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn watch(read: OwnedFd, interrupts: &Interrupts) {
     let mut byte = [0u8; 1];
     while let Ok(n) = nix::unistd::read(&read, &mut byte) {
         if n == 0 {
             return;
         }
         // Kill the registered turn until it unregisters.
-        loop {
-            let current = CURRENT.lock().map(|c| c.clone()).unwrap_or(None);
-            let Some((root, name)) = current else {
-                break;
-            };
+        while let Some((root, name)) = interrupts.current() {
             for cg in TurnCgroup::leftovers(&root, &name) {
                 cg.kill_all();
             }
@@ -98,23 +147,5 @@ pub fn received() -> Option<Signal> {
     match SIGNAL.load(Ordering::SeqCst) {
         0 => None,
         n => Signal::try_from(n).ok(),
-    }
-}
-
-/// Registers the running turn's cgroup (`None` unregisters).
-pub fn register(turn: Option<(PathBuf, String)>) {
-    if let Ok(mut c) = CURRENT.lock() {
-        *c = turn;
-    }
-    // A signal that arrived before registration still kills the turn.
-    if received().is_some() {
-        let fd = WAKE_FD.load(Ordering::SeqCst);
-        if fd >= 0 {
-            let _ = nix::unistd::write(
-                // SAFETY: the write end is never closed (forgotten above).
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-                &[1u8],
-            );
-        }
     }
 }

@@ -53,6 +53,16 @@ pub trait Backend {
     fn take_warm(&self, _plan: &Plan) -> Option<Warm> {
         None
     }
+
+    /// A finished turn's directory removal (running on its own thread):
+    /// joined now, or — with a warm pool — after the reply.
+    fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
+        let _ = cleanup.join();
+    }
+
+    /// The turn committed: build the next turn's sandbox, if this backend
+    /// keeps one.
+    fn refill(&self) {}
 }
 
 /// Hands a warm sandbox its turn (what `create` does for a cold one).
@@ -172,9 +182,12 @@ pub fn by_name(
     kind: BackendKind,
     cgroup_root: &std::path::Path,
     json_mode: bool,
+    pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>>,
 ) -> Result<Box<dyn Backend>> {
     match kind {
-        BackendKind::Native => Ok(Box::new(NativeBackend::new(cgroup_root, json_mode))),
+        BackendKind::Native => Ok(Box::new(
+            NativeBackend::new(cgroup_root, json_mode).pooled(pool),
+        )),
         BackendKind::Runc => Ok(Box::new(runc::RuncBackend::new(cgroup_root, json_mode)?)),
         BackendKind::Crun => Ok(Box::new(runc::RuncBackend::named(
             "crun",

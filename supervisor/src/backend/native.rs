@@ -2,12 +2,14 @@
 //! [`crate::sandbox`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::sys::signal::Signal;
 use turnstile_policy::plan::Plan;
 
 use super::{Backend, Sandbox, Warm};
 use crate::error::Result;
+use crate::sandbox::pool::WarmPool;
 use crate::sandbox::{self, Created, Execution, TurnDir, posture::Posture};
 
 /// Namespaces, mounts, cgroup, Landlock, seccomp — from the supervisor.
@@ -15,6 +17,8 @@ use crate::sandbox::{self, Created, Execution, TurnDir, posture::Posture};
 pub struct NativeBackend {
     cgroup_root: PathBuf,
     json_mode: bool,
+    /// A serve worker's warm pool (`None`: every turn builds its own).
+    pool: Option<Arc<WarmPool>>,
 }
 
 impl NativeBackend {
@@ -24,7 +28,15 @@ impl NativeBackend {
         Self {
             cgroup_root: cgroup_root.to_path_buf(),
             json_mode,
+            pool: None,
         }
+    }
+
+    /// With a warm pool: turns take what it built for their shape, and it
+    /// builds the next from theirs.
+    pub fn pooled(mut self, pool: Option<Arc<WarmPool>>) -> Self {
+        self.pool = pool;
+        self
     }
 }
 
@@ -34,7 +46,9 @@ impl Backend for NativeBackend {
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
-        sandbox::pool::remember(plan, &turn.path, &self.cgroup_root);
+        if let Some(pool) = &self.pool {
+            pool.remember(plan, &turn.path, &self.cgroup_root);
+        }
         Ok(Box::new(sandbox::create(
             plan,
             turn,
@@ -44,8 +58,9 @@ impl Backend for NativeBackend {
     }
 
     fn take_warm(&self, plan: &Plan) -> Option<Warm> {
-        let (dir, parked, cgroup) = sandbox::pool::take(plan)?.into_parts();
-        sandbox::pool::remember(plan, &dir.path, &self.cgroup_root);
+        let pool = self.pool.as_ref()?;
+        let (dir, parked, cgroup) = pool.take(plan)?.into_parts();
+        pool.remember(plan, &dir.path, &self.cgroup_root);
         let json_mode = self.json_mode;
         Some(Warm {
             dir,
@@ -54,6 +69,21 @@ impl Backend for NativeBackend {
                 Ok(Box::new(parked.begin(plan, json_mode)?) as Box<dyn Sandbox>)
             }),
         })
+    }
+
+    fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
+        match &self.pool {
+            Some(pool) => pool.after_turn(cleanup),
+            None => {
+                let _ = cleanup.join();
+            }
+        }
+    }
+
+    fn refill(&self) {
+        if let Some(pool) = &self.pool {
+            pool.refill();
+        }
     }
 }
 

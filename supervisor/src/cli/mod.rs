@@ -1169,6 +1169,8 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         sources: crate::ids::Sources::system(),
         backend: a.backend.clone(),
         tenant: a.tenant.clone(),
+        pool: None,
+        interrupts: crate::interrupt::Interrupts::default(),
         config: a.config.clone(),
         deterministic,
         rootfs: a.rootfs.clone(),

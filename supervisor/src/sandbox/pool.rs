@@ -8,7 +8,8 @@
 //! and the workspace as they are then, so a manifest or workspace change
 //! that changes the view changes the shape.
 //!
-//! One warm sandbox per process at most (a worker serves one session). It
+//! One warm sandbox per pool, one pool per worker (a worker serves one
+//! session; the pool is the worker's, handed to the native backend). It
 //! lives in the session's state directory as `warm-<id>` (its turn
 //! directory), `warm-<id>.lock` (locked by the owner for as long as the
 //! sandbox exists) and the cgroup `<session>-w<id>`; its init dies with the
@@ -18,7 +19,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use nix::fcntl::{Flock, FlockArg};
 use turnstile_policy::plan::Plan;
@@ -72,132 +73,184 @@ enum Slot {
 
 #[derive(Debug)]
 struct Pool {
-    /// The pool thread's queue (`None`: pooling is off in this process).
-    builder: Option<std::sync::mpsc::Sender<Last>>,
     last: Option<Last>,
     slot: Slot,
     made: u64,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool {
-    builder: None,
-    last: None,
-    slot: Slot::Empty,
-    made: 0,
-});
-static BUILT: Condvar = Condvar::new();
-
-fn pool() -> MutexGuard<'static, Pool> {
-    POOL.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// What the pool's owner and its builder thread share.
+#[derive(Debug)]
+struct Shared {
+    pool: Mutex<Pool>,
+    built: Condvar,
+    /// Turn directories being removed (see [`WarmPool::after_turn`]).
+    cleanups: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
-/// Lets this process keep a warm sandbox (a `serve` worker; `supervise run`
-/// never does: nothing would take it). Starts the pool thread, which
-/// builds them: a sandbox's init dies with the thread that started it, so
-/// that thread lives as long as the process.
-pub fn enable() -> Result<()> {
-    let mut p = pool();
-    if p.builder.is_some() {
-        return Ok(());
+impl Shared {
+    fn pool(&self) -> MutexGuard<'_, Pool> {
+        self.pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    let (tx, rx) = std::sync::mpsc::channel::<Last>();
-    std::thread::Builder::new()
-        .name("warm-pool".into())
-        .spawn(move || {
-            for last in rx {
-                let built = build(&last);
-                let mut p = pool();
-                p.slot = match built {
-                    Ok(w) => Slot::Ready(Box::new(w)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not build a warm sandbox; the next turn builds its own");
-                        Slot::Empty
-                    }
-                };
-                BUILT.notify_all();
-            }
-        })
-        .map_err(|e| SupervisorError::Sandbox {
-            step: "start the warm pool",
-            detail: e.to_string(),
-            source: Some(e),
-        })?;
-    p.builder = Some(tx);
-    Ok(())
+
+    /// Waits while the builder builds; returns the guard.
+    fn settled(&self) -> MutexGuard<'_, Pool> {
+        let mut p = self.pool();
+        while matches!(p.slot, Slot::Building) {
+            p = self
+                .built
+                .wait(p)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        p
+    }
 }
 
-/// Records the Plan a native turn runs with: the next warm sandbox is built
-/// from its shape. `turn_dir` is the turn's directory (in the session's
-/// state directory).
-pub fn remember(plan: &Plan, turn_dir: &Path, cgroup_root: &Path) {
-    let mut p = pool();
-    if p.builder.is_none() {
-        return;
-    }
-    if let Some(session_dir) = turn_dir.parent() {
-        p.last = Some(Last {
-            plan: plan.clone(),
-            session_dir: session_dir.to_path_buf(),
-            cgroup_root: cgroup_root.to_path_buf(),
+/// One process's warm pool (a `serve` worker's; `supervise run` has none:
+/// nothing would take what it built). Owned by the worker and handed to
+/// the native backend for each turn; dropping it stops the builder thread.
+#[derive(Debug)]
+pub struct WarmPool {
+    shared: Arc<Shared>,
+    /// The builder thread's queue.
+    builder: std::sync::mpsc::Sender<Last>,
+}
+
+impl WarmPool {
+    /// Starts the builder thread. A sandbox's init dies with the thread
+    /// that started it, so that thread lives as long as the pool.
+    pub fn start() -> Result<Self> {
+        let shared = Arc::new(Shared {
+            pool: Mutex::new(Pool {
+                last: None,
+                slot: Slot::Empty,
+                made: 0,
+            }),
+            built: Condvar::new(),
+            cleanups: Mutex::new(Vec::new()),
         });
+        let (tx, rx) = std::sync::mpsc::channel::<Last>();
+        let theirs = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("warm-pool".into())
+            .spawn(move || {
+                for last in rx {
+                    let built = build(&theirs, &last);
+                    let mut p = theirs.pool();
+                    p.slot = match built {
+                        Ok(w) => Slot::Ready(Box::new(w)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not build a warm sandbox; the next turn builds its own");
+                            Slot::Empty
+                        }
+                    };
+                    theirs.built.notify_all();
+                }
+            })
+            .map_err(|e| SupervisorError::Sandbox {
+                step: "start the warm pool",
+                detail: e.to_string(),
+                source: Some(e),
+            })?;
+        Ok(Self {
+            shared,
+            builder: tx,
+        })
     }
-}
 
-/// Waits while the pool thread builds; returns the guard.
-fn settled() -> MutexGuard<'static, Pool> {
-    let mut p = pool();
-    while matches!(p.slot, Slot::Building) {
-        p = BUILT
-            .wait(p)
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    /// Records the Plan a native turn runs with: the next warm sandbox is
+    /// built from its shape. `turn_dir` is the turn's directory (in the
+    /// session's state directory).
+    pub fn remember(&self, plan: &Plan, turn_dir: &Path, cgroup_root: &Path) {
+        if let Some(session_dir) = turn_dir.parent() {
+            self.shared.pool().last = Some(Last {
+                plan: plan.clone(),
+                session_dir: session_dir.to_path_buf(),
+                cgroup_root: cgroup_root.to_path_buf(),
+            });
+        }
     }
-    p
-}
 
-/// The warm sandbox, when it was built from exactly `plan`'s shape (the
-/// same session, mounts, limits…), every host path it shows is still the
-/// file or directory it was built with, and its PID 1 is parked; anything
-/// else is discarded (killed, unmounted, removed) and the turn builds cold.
-pub fn take(plan: &Plan) -> Option<Warm> {
-    let slot = std::mem::replace(&mut settled().slot, Slot::Empty);
-    let Slot::Ready(mut warm) = slot else {
-        return None;
-    };
-    if warm.parked.shape() != &plan.shape() {
-        tracing::debug!("warm sandbox discarded: the turn's plan has another shape");
-        return None;
+    /// The warm sandbox, when it was built from exactly `plan`'s shape (the
+    /// same session, mounts, limits…), every host path it shows is still
+    /// the file or directory it was built with, and its PID 1 is parked;
+    /// anything else is discarded (killed, unmounted, removed) and the turn
+    /// builds cold.
+    pub fn take(&self, plan: &Plan) -> Option<Warm> {
+        let slot = std::mem::replace(&mut self.shared.settled().slot, Slot::Empty);
+        let Slot::Ready(mut warm) = slot else {
+            return None;
+        };
+        if warm.parked.shape() != &plan.shape() {
+            tracing::debug!("warm sandbox discarded: the turn's plan has another shape");
+            return None;
+        }
+        if warm.parked.sources_changed() {
+            tracing::debug!(
+                "warm sandbox discarded: a path it shows was replaced since it was built"
+            );
+            return None;
+        }
+        if !warm.parked.parked() {
+            tracing::warn!("warm sandbox discarded: its init ended before it was parked");
+            return None;
+        }
+        Some(*warm)
     }
-    if warm.parked.sources_changed() {
-        tracing::debug!("warm sandbox discarded: a path it shows was replaced since it was built");
-        return None;
-    }
-    if !warm.parked.parked() {
-        tracing::warn!("warm sandbox discarded: its init ended before it was parked");
-        return None;
-    }
-    Some(*warm)
-}
 
-/// Whether a warm sandbox is waiting or being built.
-pub fn is_warm() -> bool {
-    !matches!(pool().slot, Slot::Empty)
-}
-
-/// Has the pool thread build the warm sandbox for the session's next turn
-/// from the last Plan's shape, if pooling is on and none is waiting. Call
-/// once the turn's commit is done (the sandbox shows the workspace as the
-/// next turn will find it).
-pub fn refill() {
-    let mut p = pool();
-    if !matches!(p.slot, Slot::Empty) {
-        return;
+    /// Whether a warm sandbox is waiting or being built.
+    pub fn is_warm(&self) -> bool {
+        !matches!(self.shared.pool().slot, Slot::Empty)
     }
-    let (Some(tx), Some(last)) = (&p.builder, &p.last) else {
-        return;
-    };
-    if tx.send(last.clone()).is_ok() {
-        p.slot = Slot::Building;
+
+    /// Has the builder build the warm sandbox for the session's next turn
+    /// from the last Plan's shape, if none is waiting. Call once the
+    /// turn's commit is done (the sandbox shows the workspace as the next
+    /// turn will find it).
+    pub fn refill(&self) {
+        let mut p = self.shared.pool();
+        if !matches!(p.slot, Slot::Empty) {
+            return;
+        }
+        let Some(last) = p.last.clone() else {
+            return;
+        };
+        if self.builder.send(last).is_ok() {
+            p.slot = Slot::Building;
+        }
+    }
+
+    /// A finished turn's directory removal, joined by [`WarmPool::settle`]
+    /// once the reply is sent, so the client does not wait for the
+    /// unmounts.
+    pub fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
+        self.shared
+            .cleanups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(cleanup);
+    }
+
+    /// Joins the turn directory removals [`WarmPool::after_turn`] deferred.
+    pub fn settle(&self) {
+        let all: Vec<_> = self
+            .shared
+            .cleanups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for c in all {
+            let _ = c.join();
+        }
+    }
+
+    /// Discards the warm sandbox, if any (the worker is going away).
+    pub fn drain(&self) {
+        self.settle();
+        let slot = std::mem::replace(&mut self.shared.settled().slot, Slot::Empty);
+        drop(slot);
     }
 }
 
@@ -205,9 +258,9 @@ pub fn refill() {
 /// first (created already locked: an O_TMPFILE file linked into place, so
 /// no recovery ever sees it unlocked while its owner lives), then the turn
 /// directory and the parked sandbox.
-fn build(last: &Last) -> Result<Warm> {
+fn build(shared: &Shared, last: &Last) -> Result<Warm> {
     let id = {
-        let mut p = pool();
+        let mut p = shared.pool();
         p.made += 1;
         format!("{}-{}", std::process::id(), p.made)
     };
@@ -250,42 +303,6 @@ fn build(last: &Last) -> Result<Warm> {
         dir,
         cgroup,
     })
-}
-
-/// Turn directories being removed (see [`after_turn`]).
-static CLEANUPS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
-
-/// A finished turn's directory removal: joined now, or — in a serve worker
-/// — by [`settle`] once the reply is sent, so the client does not wait for
-/// the unmounts.
-pub fn after_turn(cleanup: std::thread::JoinHandle<()>) {
-    if pool().builder.is_none() {
-        let _ = cleanup.join();
-        return;
-    }
-    CLEANUPS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(cleanup);
-}
-
-/// Joins the turn directory removals [`after_turn`] deferred.
-pub fn settle() {
-    let all: Vec<_> = CLEANUPS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .drain(..)
-        .collect();
-    for c in all {
-        let _ = c.join();
-    }
-}
-
-/// Discards the warm sandbox, if any (the worker is going away).
-pub fn drain() {
-    settle();
-    let slot = std::mem::replace(&mut settled().slot, Slot::Empty);
-    drop(slot);
 }
 
 fn lock_exclusive(file: File, path: &Path) -> Result<Flock<File>> {

@@ -69,11 +69,14 @@ enum Line<'a> {
 pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
     let v = serde_json::to_value(Line::Run(wire)).unwrap_or_default();
     // A signal from here on is forwarded to the turn, not fatal here.
-    crate::interrupt::install().map_err(|source| SupervisorError::StateIo {
-        op: "install signal handlers",
-        path: PathBuf::new(),
-        source,
-    })?;
+    let _watching =
+        crate::interrupt::install(&crate::interrupt::Interrupts::default()).map_err(|source| {
+            SupervisorError::StateIo {
+                op: "install signal handlers",
+                path: PathBuf::new(),
+                source,
+            }
+        })?;
     exchange(socket, &v, true)
 }
 

@@ -53,6 +53,8 @@ pub fn main() -> u8 {
         return 1;
     };
     let mut status = 0;
+    // The worker's warm pool, started by the first job that keeps it.
+    let mut pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>> = None;
     loop {
         let (line, _, fds) = match recv_line_with_fds(&sock) {
             Ok(x) if !x.0.is_empty() => x,
@@ -61,11 +63,15 @@ pub fn main() -> u8 {
         };
         let job: std::result::Result<Job, _> = serde_json::from_slice(&line);
         let mut keep = job.as_ref().is_ok_and(|j| j.keep_warm);
-        if keep {
-            if let Err(e) = crate::sandbox::pool::enable() {
-                // The turn still runs, cold, and this worker does not stay.
-                tracing::warn!(error = %e, "no warm pool in this worker");
-                keep = false;
+        if keep && pool.is_none() {
+            match crate::sandbox::pool::WarmPool::start() {
+                Ok(p) => pool = Some(std::sync::Arc::new(p)),
+                Err(e) => {
+                    // The turn still runs, cold, and this worker does not
+                    // stay.
+                    tracing::warn!(error = %e, "no warm pool in this worker");
+                    keep = false;
+                }
             }
         }
         // The client's descriptors are this turn's stdout and stderr.
@@ -77,7 +83,7 @@ pub fn main() -> u8 {
         }
         drop(fds);
         crate::interrupt::reset();
-        let reply = turn(job);
+        let reply = turn(job, pool.as_ref().filter(|_| keep));
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();
         // Never hold the client's descriptors while waiting: a reader of
@@ -96,24 +102,32 @@ pub fn main() -> u8 {
         text.push(b'\n');
         let sent = (&sock).write_all(&text).is_ok();
         // The turn's directory goes before the next turn begins.
-        crate::sandbox::pool::settle();
+        if let Some(p) = &pool {
+            p.settle();
+        }
         if !sent || !keep {
             break;
         }
     }
-    crate::sandbox::pool::drain();
+    if let Some(p) = &pool {
+        p.drain();
+    }
     status
 }
 
 /// Runs one job; the reply (the turn's output already written to the
 /// client's descriptors).
-fn turn(job: std::result::Result<Job, serde_json::Error>) -> Reply {
+fn turn(
+    job: std::result::Result<Job, serde_json::Error>,
+    pool: Option<&std::sync::Arc<crate::sandbox::pool::WarmPool>>,
+) -> Reply {
     let mut trust_level = None;
     let parsed = job
         .map_err(|e| SupervisorError::invalid("request", e.to_string()))
         .and_then(|j| to_options(&j.run));
     let (outcome, value) = match parsed {
-        Ok((opts, events)) => {
+        Ok((mut opts, events)) => {
+            opts.pool = pool.cloned();
             let r = crate::turn::outcome::run_turn_outcome(&opts, events.as_deref());
             trust_level = turnstile_policy::PackageId::parse(&opts.package)
                 .ok()
@@ -187,6 +201,8 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             sources: crate::ids::Sources::system(),
             backend: r.backend.clone(),
             tenant: r.tenant.clone(),
+            pool: None,
+            interrupts: crate::interrupt::Interrupts::default(),
             config: r
                 .config
                 .clone()

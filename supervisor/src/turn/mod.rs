@@ -61,6 +61,11 @@ pub struct RunOptions {
     pub backend: Option<String>,
     /// `--tenant`: who a new session belongs to (with the package).
     pub tenant: Option<String>,
+    /// Where the run registers the turn's cgroup for its interrupt
+    /// watcher (the run installs the watcher: see `turn::outcome`).
+    pub interrupts: crate::interrupt::Interrupts,
+    /// A serve worker's warm pool (`None` for `supervise run`).
+    pub pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>>,
     /// The system configuration file (`--config`).
     pub config: PathBuf,
     /// Deterministic mode for the session `run` starts (without --session).
@@ -101,7 +106,12 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     // chosen runtime is missing (E2040); nothing exists yet.
     let choice =
         crate::backend::select::choose(flag, admission.manifest.trust_level, &opts.config)?;
-    let backend = crate::backend::by_name(choice.backend, &opts.cgroup_root, opts.json)?;
+    let backend = crate::backend::by_name(
+        choice.backend,
+        &opts.cgroup_root,
+        opts.json,
+        opts.pool.clone(),
+    )?;
     // A layer the backend cannot enforce refuses the turn (exit 20) unless
     // the manifest accepts running without it; nothing exists yet.
     let allowed_degraded: Vec<String> = admission
@@ -467,7 +477,7 @@ impl Turn<'_> {
         }
         if let Some(c) = cleanup {
             // A serve worker joins it after its reply (see sandbox::pool).
-            crate::sandbox::pool::after_turn(c);
+            self.backend.after_turn(c);
         }
         result
     }
@@ -529,7 +539,9 @@ impl Turn<'_> {
         };
         phases.push("prepare", lap(clock));
         // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
-        crate::interrupt::register(Some((self.opts.cgroup_root.clone(), cgroup)));
+        self.opts
+            .interrupts
+            .register(Some((self.opts.cgroup_root.clone(), cgroup)));
         let created = match begin {
             Some(begin) => begin(&plan),
             None => self.backend.create(&plan, &turn_dir),
@@ -549,7 +561,7 @@ impl Turn<'_> {
             sandbox.start();
             sandbox.wait()
         });
-        crate::interrupt::register(None);
+        self.opts.interrupts.register(None);
         let execution = match executed {
             Ok(x) => x,
             Err(_) if crate::interrupt::received().is_some() => {
@@ -690,7 +702,7 @@ impl Turn<'_> {
         // builds that turn's sandbox now, while this one's entries are
         // written (a no-op elsewhere).
         if crate::interrupt::received().is_none() {
-            crate::sandbox::pool::refill();
+            self.backend.refill();
         }
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);

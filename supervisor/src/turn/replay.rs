@@ -290,6 +290,8 @@ pub fn replay(
                 (None, b) => Some(b.unwrap_or("native").to_owned()),
             },
             tenant: None,
+            pool: None,
+            interrupts: crate::interrupt::Interrupts::default(),
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
             rootfs: None,
