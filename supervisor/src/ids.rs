@@ -142,6 +142,35 @@ impl RandomSource for Sources {
     }
 }
 
+/// A turn's identity: its session and its 1-based number. Displayed as
+/// `<session>-t<number>`, the one spelling of the name of its cgroup, its
+/// OCI container and its log span.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TurnId {
+    pub session: String,
+    pub number: u64,
+}
+
+impl TurnId {
+    pub fn new(session: impl Into<String>, number: u64) -> Self {
+        Self {
+            session: session.into(),
+            number,
+        }
+    }
+
+    /// The turn a Plan was compiled for.
+    pub fn of(plan: &turnstile_policy::plan::Plan) -> Self {
+        Self::new(plan.session_id.clone(), plan.turn_number)
+    }
+}
+
+impl std::fmt::Display for TurnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-t{}", self.session, self.number)
+    }
+}
+
 /// A deterministic session's parameters as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeterministicDoc {

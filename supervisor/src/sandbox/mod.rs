@@ -601,7 +601,7 @@ pub fn execute(
 /// Builds the sandbox and parks it before the command's `execve` (see
 /// [`Created`]): [`park`] then [`Parked::begin`] with the same Plan.
 pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) -> Result<Created> {
-    let cg_name = format!("{}-t{}", plan.session_id, plan.turn_number);
+    let cg_name = crate::ids::TurnId::of(plan).to_string();
     park(plan, turn, cgroup_root, &cg_name)?.begin(plan, json_mode)
 }
 

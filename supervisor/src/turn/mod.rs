@@ -531,7 +531,7 @@ impl Turn<'_> {
             None => match TurnDir::create(turn_path, &plan) {
                 Ok(d) => (
                     d,
-                    format!("{}-t{}", plan.session_id, plan.turn_number),
+                    crate::ids::TurnId::of(&plan).to_string(),
                     None,
                 ),
                 Err(e) => return Outcome::from_error(&e, Some(plan)),
