@@ -4,10 +4,16 @@
 //! writable scope (lower: the idmapped workspace directory; upper and
 //! work: the turn's scratch tmpfs), whose merged directories the bundle
 //! binds in; unmounted on drop, whatever step failed —, the turn's bundle
-//! over that view, the phase laps, and reaping the container's process.
+//! over that view, the phase laps, reaping the container's process, and
+//! the turn's [`Guard`]: what ends the container when its supervisor is
+//! SIGKILLed.
 
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use turnstile_policy::plan::Plan;
@@ -176,4 +182,173 @@ pub fn reap(pid: i32, runtime: &str, what: &str) -> crate::sandbox::Ending {
             detail: format!("waiting for the {what}: {other:?}"),
         },
     }
+}
+
+/// argv[1] that makes `supervise` a turn's guard (not a user command).
+pub const GUARD: &str = "__turn-guard";
+/// argv[0] of the guard.
+const GUARD_NAME: &str = "turnstile-guard";
+/// What the supervisor writes before it lets its guard go: the turn was
+/// torn down by the supervisor itself.
+const DISARM: u8 = b'D';
+
+/// A turn's guard: a small process (this binary, [`guard_main`]) that ends
+/// an OCI turn whose supervisor died — SIGKILL included, which no handler
+/// and no drop sees.
+///
+/// A runc, crun or runsc container outlives its supervisor: its processes
+/// descend from the runtime, so a parent-death signal set where we spawn
+/// the runtime fires when `run --detach` or `create` exits, not when we do;
+/// and its runtime record, cgroup directories and the turn's mounts are
+/// host state that no process death removes. The guard holds the read end
+/// of a pipe whose write end only the supervisor holds (close-on-exec, so
+/// no runtime and no container inherits it): EOF without [`DISARM`] means
+/// the supervisor's last descriptor table is gone. It then takes the
+/// session lock (without waiting for it: a holder is a later writer, and
+/// every writer recovers the session first, under that lock) and does what
+/// recovery would: the runtime's `delete --force`, the cgroup's kill and
+/// removal in every hierarchy, the turn's mounts and directory. The turn's
+/// finish entries stay recovery's (they need the ledgers' writer).
+///
+/// The guard is in its own process group (a SIGKILL to the supervisor's
+/// group spares it), outside the turn's cgroup and namespaces, as root on
+/// the host side: the turn (uid 65534, its own PID namespace, no
+/// capabilities) cannot see, signal or write to it, and it reads nothing
+/// but the pipe and the host's own records.
+///
+/// Cost on a normal turn: one `posix_spawn` (the guard's startup runs
+/// beside the runtime's) and one write and wait at the end — measured in
+/// the commit that added it.
+#[derive(Debug)]
+pub struct Guard {
+    child: Child,
+    /// The write end: dropping it without [`DISARM`] fires the guard.
+    arm: Option<OwnedFd>,
+}
+
+impl Guard {
+    /// Starts the guard of container `id` (`runtime`) whose turn directory
+    /// is `turn_dir` and cgroup `<cgroup_root>/…/turnstile/<id>`.
+    pub fn spawn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Path) -> Result<Self> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| err("guard pipe", e.to_string()))?;
+        // No pre_exec hook: std spawns this with posix_spawn (vfork), the
+        // cheapest way to start a process; fd 0 is the pipe.
+        let child = Command::new("/proc/self/exe")
+            .arg0(GUARD_NAME)
+            .arg(GUARD)
+            .arg(runtime)
+            .arg(id)
+            .arg(turn_dir)
+            .arg(cgroup_root)
+            .env_clear()
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| err("start the turn's guard", e.to_string()))?;
+        Ok(Self {
+            child,
+            arm: Some(write),
+        })
+    }
+
+    /// Lets the guard go without it doing anything (the supervisor tore
+    /// the turn down itself), and reaps it. Idempotent.
+    pub fn disarm(&mut self) {
+        if let Some(arm) = self.arm.take() {
+            let _ = nix::unistd::write(&arm, &[DISARM]);
+            drop(arm);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
+/// Entry point of `supervise __turn-guard RUNTIME ID TURN_DIR CGROUP_ROOT`
+/// (see [`Guard`]). Never returns.
+pub fn guard_main(args: &[OsString]) -> ! {
+    let [runtime, id, turn_dir, cgroup_root] = args else {
+        std::process::exit(2)
+    };
+    let (Some(runtime), Some(id)) = (runtime.to_str(), id.to_str()) else {
+        std::process::exit(2)
+    };
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(std::io::stdin(), &mut byte) {
+            Ok(1) if byte[0] == DISARM => std::process::exit(0),
+            Ok(0) => break,
+            Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+            // The pipe is unreadable: the supervisor cannot be told from
+            // here; fail closed (what follows is idempotent).
+            Err(_) => break,
+        }
+    }
+    let turn_dir = Path::new(turn_dir);
+    let Some(_lock) = session_lock(turn_dir) else {
+        std::process::exit(0)
+    };
+    end_dead_turn(runtime, id, turn_dir, Path::new(cgroup_root));
+    std::process::exit(0)
+}
+
+/// The session lock of `turn_dir` (`<session state>/lock`), taken without
+/// blocking: `None` when a later writer holds it (that writer recovered
+/// the session under it). The dead supervisor's descriptors close in the
+/// same exit as its end of the pipe: a moment's retry covers that.
+fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::File>>> {
+    use nix::fcntl::{Flock, FlockArg};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = turn_dir.parent()?.join("lock");
+    let Ok(mut file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&path)
+    else {
+        // No session lock: nothing can race us for this turn.
+        return Some(None);
+    };
+    let deadline = Instant::now() + Duration::from_millis(500);
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Some(Some(lock)),
+            Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR))
+                if Instant::now() < deadline =>
+            {
+                file = f;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// What is left of OCI turn `id` whose supervisor is dead, removed:
+/// the runtime's record (`delete --force`, which also kills the
+/// container; runsc's needs its gofer alive, so it goes before the
+/// cgroup's kill), every process in the turn's cgroup, its directories
+/// in every hierarchy, and every mount at or under `turn_dir`, then the
+/// directory. The caller holds the session lock. Idempotent.
+pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Path) {
+    use crate::sandbox::cgroup::TurnCgroup;
+    match runtime {
+        "runsc" => super::runsc::forget(id),
+        _ => super::runc::forget(id),
+    }
+    for cg in TurnCgroup::leftovers(cgroup_root, id)
+        .into_iter()
+        .filter(|cg| cg.name() == Some(id))
+    {
+        cg.kill_all();
+        cg.remove();
+    }
+    TurnCgroup::sweep_unmanaged(cgroup_root, id);
+    let _ = crate::recover::remove_turn_dir(turn_dir);
 }
