@@ -1148,16 +1148,17 @@ fn issue_25_recovery_removes_an_oci_turn_whose_guard_was_killed_too() {
         let sid = fx.new_session();
         let marker = format!("issue25-{runtime}-guardless-{}", std::process::id());
         let mut child = start_sleeping_oci_turn(&fx, &sid, runtime, 1, &marker, false);
-        let guards = pgrep_full(&format!(
-            "^turnstile-guard __turn-guard {runtime} {sid}-t1 "
-        ));
-        assert_eq!(guards.len(), 1, "{runtime}: the turn's guard: {guards:?}");
-        let guard: i32 = guards[0]
+        // The guard: supervise's child named turnstile-guard.
+        let out = Command::new("pgrep")
+            .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+            .output()
+            .expect("pgrep (procps) is required");
+        let guards: Vec<i32> = String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!(guards.len(), 1, "{runtime}: the turn's guard: {guards:?}");
+        let guard = guards[0];
         signal_to(guard, nix::libc::SIGKILL);
         kill(&mut child, false, nix::libc::SIGKILL);
         std::thread::sleep(Duration::from_millis(300));
