@@ -1159,6 +1159,26 @@ fn issue_25_recovery_removes_an_oci_turn_whose_guard_was_killed_too() {
             .collect();
         assert_eq!(guards.len(), 1, "{runtime}: the turn's guard: {guards:?}");
         let guard = guards[0];
+        // Out of the turn's reach: its own process group, not in the
+        // turn's cgroup, holding nothing but its pipe and /dev/null.
+        let stat = std::fs::read_to_string(format!("/proc/{guard}/stat")).unwrap();
+        let pgrp = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(2);
+        assert_eq!(pgrp, Some(guard.to_string().as_str()), "{runtime}: {stat}");
+        let cgroups = std::fs::read_to_string(format!("/proc/{guard}/cgroup")).unwrap();
+        assert!(!cgroups.contains(&sid), "{runtime}: guard in {cgroups}");
+        let fds: Vec<String> = std::fs::read_dir(format!("/proc/{guard}/fd"))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let target = std::fs::read_link(e.path()).unwrap_or_default();
+                format!(
+                    "{} -> {}",
+                    e.file_name().to_string_lossy(),
+                    target.display()
+                )
+            })
+            .collect();
+        assert_eq!(fds.len(), 3, "{runtime}: the guard holds {fds:?}");
         signal_to(guard, nix::libc::SIGKILL);
         kill(&mut child, false, nix::libc::SIGKILL);
         std::thread::sleep(Duration::from_millis(300));

@@ -212,9 +212,13 @@ pub fn forget(id: &str) {
 /// are `<session>-t<n>` (runsc names its files `<id>_sandbox:<id>.state`
 /// and the like, so only the leading digits count).
 pub fn records(prefix: &str) -> std::collections::BTreeSet<String> {
+    records_in(Path::new(RUNTIME_ROOT), prefix)
+}
+
+fn records_in(root: &Path, prefix: &str) -> std::collections::BTreeSet<String> {
     let mut ids = std::collections::BTreeSet::new();
     for runtime in ["runc", "crun", "runsc"] {
-        let dir = Path::new(RUNTIME_ROOT).join(runtime);
+        let dir = root.join(runtime);
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = entry.file_name();
             let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
@@ -547,6 +551,31 @@ mod tests {
         .unwrap();
         assert_eq!(parent_of(proc.path(), 42), Some(7));
         assert_eq!(parent_of(proc.path(), 43), None);
+    }
+
+    #[test]
+    fn runtime_records_name_the_turns_of_a_session_and_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for d in [
+            "runc/SES-a-t1",
+            "crun/SES-a-t12",
+            "runc/SES-b-t1",
+            "runc/SES-a-w3",
+        ] {
+            std::fs::create_dir_all(r.join(d)).unwrap();
+        }
+        std::fs::create_dir_all(r.join("runsc")).unwrap();
+        for f in [
+            "SES-a-t7_sandbox:SES-a-t7.state",
+            "SES-a-t7_sandbox:SES-a-t7.lock",
+            "SES-a-tx",
+        ] {
+            std::fs::write(r.join("runsc").join(f), "").unwrap();
+        }
+        let ids: Vec<String> = records_in(r, "SES-a-t").into_iter().collect();
+        assert_eq!(ids, ["SES-a-t1", "SES-a-t12", "SES-a-t7"]);
+        assert!(records_in(&r.join("none"), "SES-a-t").is_empty());
     }
 
     #[test]
