@@ -329,8 +329,16 @@ fn check_after_kill_on(
 
 /// One uninterrupted turn's wall time, to spread the kill points over.
 fn measure(fx: &Fixture, sid: &str, n: usize, nested: bool) -> Duration {
+    measure_on(fx, sid, n, nested, None)
+}
+
+fn measure_on(fx: &Fixture, sid: &str, n: usize, nested: bool, backend: Option<&str>) -> Duration {
     let t = Instant::now();
-    let mut child = spawn(fx, &turn_args_in(sid, n, nested), false);
+    let mut child = spawn(
+        fx,
+        &on_backend(turn_args_in(sid, n, nested), backend),
+        false,
+    );
     let status = child.wait().unwrap();
     assert!(status.success(), "uninterrupted turn failed: {status}");
     t.elapsed()
@@ -340,7 +348,22 @@ fn kill_sweep(n: usize, points: usize, group: bool) {
     kill_sweep_in(n, points, group, false);
 }
 
+/// `args` with `--backend B` in front, when given.
+fn on_backend(args: Vec<String>, backend: Option<&str>) -> Vec<String> {
+    match backend {
+        Some(b) => ["--backend".to_owned(), b.to_owned()]
+            .into_iter()
+            .chain(args)
+            .collect(),
+        None => args,
+    }
+}
+
 fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
+    kill_sweep_on(n, points, group, nested, None);
+}
+
+fn kill_sweep_on(n: usize, points: usize, group: bool, nested: bool, backend: Option<&str>) {
     // `TURNSTILE_CRASH_POINTS=K` multiplies the kill points (a longer
     // sweep for local runs; CI keeps the default).
     let points = points
@@ -352,7 +375,7 @@ fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
     let fx = Fixture::new();
     fx.install("c", MANIFEST);
     let sid = fx.new_session();
-    let whole = measure(&fx, &sid, n, nested);
+    let whole = measure_on(&fx, &sid, n, nested, backend);
     let mut committed_kills = 0;
     let mut never_started = 0;
     for k in 0..points {
@@ -371,7 +394,11 @@ fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
             }
         }
         let before = last_turn(&fx, &sid);
-        let mut child = spawn(&fx, &turn_args_in(&sid, n, nested), group);
+        let mut child = spawn(
+            &fx,
+            &on_backend(turn_args_in(&sid, n, nested), backend),
+            group,
+        );
         std::thread::sleep(delay);
         kill(&mut child, group, nix::libc::SIGKILL);
         let what = format!(
@@ -379,7 +406,7 @@ fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
             if group { "group" } else { "pid" },
             delay
         );
-        match check_after_kill_in(&fx, &sid, before, n, nested, &what).as_deref() {
+        match check_after_kill_on(&fx, &sid, before, n, nested, &what, backend).as_deref() {
             Some("committed") => committed_kills += 1,
             None => never_started += 1,
             _ => {}
@@ -1206,5 +1233,24 @@ fn issue_25_recovery_removes_an_oci_turn_whose_guard_was_killed_too() {
         let what = format!("{runtime}, guard and supervise killed");
         let status = check_after_kill_on(&fx, &sid, 0, 0, false, &what, Some(runtime));
         assert_eq!(status.as_deref(), Some("aborted"), "{what}");
+    }
+}
+
+/// Issue 25, at any instant: a runc (then crun) turn with one output killed
+/// at points spread over it — before its guard exists, while the runtime
+/// starts, during the command, teardown and commit: the session recovers
+/// (the next turn on the same backend exits 0, the ledgers verify, the
+/// turn ends once, all or nothing lands) and nothing of it is left.
+#[test]
+fn issue_25_sigkill_at_many_points_of_runc_and_crun_turns_recovers() {
+    let test = "issue_25_sigkill_at_many_points_of_runc_and_crun_turns_recovers";
+    if !require_root(test) {
+        return;
+    }
+    for runtime in ["runc", "crun"] {
+        if require_runtime(test, runtime) {
+            kill_sweep_on(1, 10, false, false, Some(runtime));
+            kill_sweep_on(1, 6, true, false, Some(runtime));
+        }
     }
 }
