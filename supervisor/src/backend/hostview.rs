@@ -256,7 +256,10 @@ impl Guard {
             argv.iter().map(|a| a.as_ptr()).collect();
         argv_ptrs.push(std::ptr::null());
         let envp: [*const nix::libc::c_char; 1] = [std::ptr::null()];
-        let devnull = std::fs::File::open("/dev/null")
+        let devnull = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
             .map_err(|e| err("start the turn's guard", format!("/dev/null: {e}")))?;
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| err("guard pipe", e.to_string()))?;

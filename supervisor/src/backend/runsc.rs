@@ -173,6 +173,13 @@ pub fn forget(id: &str) {
         let _ = b.output(&RunscCmd::Delete { id }, &log);
         let _ = std::fs::remove_file(log);
     }
+    // A `runsc create` killed before it wrote the sandbox's state leaves
+    // only its lock file, which `delete` does not know (measured: SIGKILL
+    // of supervise during `create`).
+    let root = Path::new(ROOT);
+    if !root.join(format!("{id}_sandbox:{id}.state")).exists() {
+        let _ = std::fs::remove_file(root.join(format!("{id}_sandbox:{id}.lock")));
+    }
 }
 
 /// stderr of the sandbox, with the init's report line taken out of it:
