@@ -15,6 +15,10 @@ fn main() -> ExitCode {
         let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
         init::main(std::path::Path::new(&dir));
     }
+    // An OCI turn's guard (backend::runc::GUARD): no logging, no clap.
+    if args.len() >= 2 && args[1] == turnstile_supervisor::backend::runc::GUARD {
+        turnstile_supervisor::backend::runc::guard_main(&args[2..]);
+    }
     if args.len() >= 4 && args[1] == "__landlock-exec" {
         use turnstile_supervisor::sandbox::landlock_exec;
         let rules = args[2].to_string_lossy().into_owned();

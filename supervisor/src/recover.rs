@@ -6,8 +6,10 @@
 //! Under the session lock — so no live turn of the session exists — in
 //! this order:
 //!
-//! 1. the dead turns' cgroups are killed and removed (nothing of a turn
-//!    outlives its supervisor for longer than this);
+//! 1. the dead turns' OCI containers are deleted from their runtime
+//!    (`delete --force`), their cgroups killed and removed in every
+//!    hierarchy (nothing of a turn outlives its supervisor for longer than
+//!    this; an OCI turn's guard normally did all of it already);
 //! 2. their turn directories are unmounted (the turn tmpfs and the scratch
 //!    tmpfs inside it) and removed;
 //! 3. interrupted ledger appends are settled ([`ledger::recover_tails`]);
@@ -88,7 +90,7 @@ fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Sup
 }
 
 /// Unmounts everything at or below `dir` (deepest first) and removes it.
-fn remove_turn_dir(dir: &Path) -> Result<()> {
+pub(crate) fn remove_turn_dir(dir: &Path) -> Result<()> {
     use nix::mount::{MntFlags, umount2};
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(state_io(
         "read mountinfo",
@@ -249,8 +251,17 @@ pub fn recover_session(
         session_id: sid.clone(),
         ..SessionRecovery::default()
     };
-    // 1. Nothing of a dead turn keeps running.
-    for cg in TurnCgroup::leftovers(cgroup_root, &format!("{sid}-t")) {
+    // 1. Nothing of a dead turn keeps running. An OCI turn's runtime
+    // record goes first (its guard normally removed it within a second of
+    // the supervisor's death; see `backend::hostview::Guard`): `delete
+    // --force` kills its container, and runsc's needs the sandbox's gofer
+    // alive, which the cgroup's kill would take.
+    let prefix = format!("{sid}-t");
+    for id in crate::backend::runc::records(&prefix) {
+        crate::backend::runc::forget(&id);
+        crate::backend::runsc::forget(&id);
+    }
+    for cg in TurnCgroup::leftovers(cgroup_root, &prefix) {
         r.processes_killed += cg.pids().len();
         if !cg.kill_all() {
             return Err(SupervisorError::Sandbox {
@@ -266,8 +277,10 @@ pub fn recover_session(
             });
         }
         cg.remove();
-        if let Some(name) = cg.dirs().first().and_then(|d| d.file_name()) {
-            r.cgroups.push(name.to_string_lossy().into_owned());
+        if let Some(name) = cg.name() {
+            // The directories an OCI runtime made in the other hierarchies.
+            TurnCgroup::sweep_unmanaged(cgroup_root, name);
+            r.cgroups.push(name.to_owned());
         }
     }
     // 2. Mounts and turn directories.
@@ -275,13 +288,9 @@ pub fn recover_session(
     let (dirs, journals) = leftovers(&state_dir);
     for n in dirs {
         let dir = session.state().turn_dir(&session.id, n);
-        // An OCI container of the dead turn: its processes died with the
-        // cgroup above; its record and the cgroup dirs its runtime made in
-        // the controllers turnstile does not manage go too.
-        let id = format!("{sid}-t{n}");
-        crate::backend::runc::forget(&id);
-        crate::backend::runsc::forget(&id);
-        TurnCgroup::sweep_unmanaged(cgroup_root, &id);
+        // An OCI turn's cgroup directories in the hierarchies turnstile
+        // does not manage, if its managed ones were already gone.
+        TurnCgroup::sweep_unmanaged(cgroup_root, &format!("{sid}-t{n}"));
         remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }

@@ -7,6 +7,12 @@
 //! (`aborted` unless it committed), its outputs are all there with exact
 //! bytes or none is, and no mount, cgroup, process, turn dir or staging file
 //! of it remains.
+//!
+//! Issue 25: a runc, crun or runsc turn whose supervisor is SIGKILLed (the
+//! process, or its group) leaves nothing — no process, runtime record,
+//! cgroup in any hierarchy or mount — within 5 s, before any later
+//! `supervise` runs; and recovery removes all of it when even the turn's
+//! guard was killed.
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -119,19 +125,10 @@ fn assert_nothing_left(fx: &Fixture, sid: &str) {
         !mounts.lines().any(|l| l.contains(state.as_str())),
         "a mount under the state dir survived:\n{mounts}"
     );
-    for controller in ["memory", "pids", "cpu", "cpuacct", "unified", ""] {
-        let base = Path::new("/sys/fs/cgroup")
-            .join(controller)
-            .join("turnstile");
-        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            assert!(
-                !name.starts_with(sid),
-                "cgroup {} survived",
-                e.path().display()
-            );
-        }
-    }
+    let cgroups = session_cgroups(sid);
+    assert!(cgroups.is_empty(), "cgroups survived: {cgroups:?}");
+    let records = runtime_records(sid);
+    assert!(records.is_empty(), "runtime records survived: {records:?}");
     let session_state = fx.state.join("sessions").join(sid);
     for e in std::fs::read_dir(&session_state).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -154,6 +151,45 @@ fn assert_nothing_left(fx: &Fixture, sid: &str) {
             }
         }
     }
+}
+
+/// The session's cgroup directories, in every hierarchy (the v1
+/// controllers, name=systemd, the unified mount, or a v2 root).
+fn session_cgroups(sid: &str) -> Vec<String> {
+    let root = Path::new("/sys/fs/cgroup");
+    let mut bases = vec![root.join("turnstile")];
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        bases.push(e.path().join("turnstile"));
+    }
+    let mut found = Vec::new();
+    for base in bases {
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(sid) {
+                let procs = std::fs::read_to_string(e.path().join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(",");
+                found.push(format!("{} (pids: [{procs}])", e.path().display()));
+            }
+        }
+    }
+    found
+}
+
+/// What the OCI runtimes still record of the session's containers (their
+/// `--root` is /run/turnstile/<runtime>).
+fn runtime_records(sid: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for runtime in ["runc", "crun", "runsc"] {
+        let dir = Path::new("/run/turnstile").join(runtime);
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().contains(sid) {
+                found.push(e.path().display().to_string());
+            }
+        }
+    }
+    found
 }
 
 /// exec-ledger entries of one turn.
@@ -188,17 +224,26 @@ fn check_after_kill_in(
     nested: bool,
     what: &str,
 ) -> Option<String> {
-    let next = fx.run(
-        "c",
-        &[
-            "--session",
-            sid,
-            "--no-outputs",
-            "--json",
-            "--",
-            "/bin/true",
-        ],
-    );
+    check_after_kill_on(fx, sid, before, n, nested, what, None)
+}
+
+/// [`check_after_kill_in`] with the next turn on `backend` (default: the
+/// package's).
+fn check_after_kill_on(
+    fx: &Fixture,
+    sid: &str,
+    before: u64,
+    n: usize,
+    nested: bool,
+    what: &str,
+    backend: Option<&str>,
+) -> Option<String> {
+    let mut args = vec!["--session", sid, "--no-outputs", "--json"];
+    if let Some(b) = backend {
+        args.extend(["--backend", b]);
+    }
+    args.extend(["--", "/bin/true"]);
+    let next = fx.run("c", &args);
     assert_eq!(
         next.status, 0,
         "{what}: the next turn failed:\n{}{}",
@@ -284,8 +329,16 @@ fn check_after_kill_in(
 
 /// One uninterrupted turn's wall time, to spread the kill points over.
 fn measure(fx: &Fixture, sid: &str, n: usize, nested: bool) -> Duration {
+    measure_on(fx, sid, n, nested, None)
+}
+
+fn measure_on(fx: &Fixture, sid: &str, n: usize, nested: bool, backend: Option<&str>) -> Duration {
     let t = Instant::now();
-    let mut child = spawn(fx, &turn_args_in(sid, n, nested), false);
+    let mut child = spawn(
+        fx,
+        &on_backend(turn_args_in(sid, n, nested), backend),
+        false,
+    );
     let status = child.wait().unwrap();
     assert!(status.success(), "uninterrupted turn failed: {status}");
     t.elapsed()
@@ -295,7 +348,22 @@ fn kill_sweep(n: usize, points: usize, group: bool) {
     kill_sweep_in(n, points, group, false);
 }
 
+/// `args` with `--backend B` in front, when given.
+fn on_backend(args: Vec<String>, backend: Option<&str>) -> Vec<String> {
+    match backend {
+        Some(b) => ["--backend".to_owned(), b.to_owned()]
+            .into_iter()
+            .chain(args)
+            .collect(),
+        None => args,
+    }
+}
+
 fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
+    kill_sweep_on(n, points, group, nested, None);
+}
+
+fn kill_sweep_on(n: usize, points: usize, group: bool, nested: bool, backend: Option<&str>) {
     // `TURNSTILE_CRASH_POINTS=K` multiplies the kill points (a longer
     // sweep for local runs; CI keeps the default).
     let points = points
@@ -305,9 +373,21 @@ fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
             .unwrap_or(1)
             .max(1);
     let fx = Fixture::new();
-    fx.install("c", MANIFEST);
+    if backend == Some("runsc") {
+        // gVisor: no Landlock, and its sentry counts against the memory
+        // limit.
+        fx.install(
+            "c",
+            &MANIFEST.replace(r#""memory": "256Mi", "#, "").replace(
+                r#""timeout_seconds": 30}"#,
+                r#""timeout_seconds": 30}, "allow_degraded": ["landlock"]"#,
+            ),
+        );
+    } else {
+        fx.install("c", MANIFEST);
+    }
     let sid = fx.new_session();
-    let whole = measure(&fx, &sid, n, nested);
+    let whole = measure_on(&fx, &sid, n, nested, backend);
     let mut committed_kills = 0;
     let mut never_started = 0;
     for k in 0..points {
@@ -326,15 +406,42 @@ fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
             }
         }
         let before = last_turn(&fx, &sid);
-        let mut child = spawn(&fx, &turn_args_in(&sid, n, nested), group);
+        let mut child = spawn(
+            &fx,
+            &on_backend(turn_args_in(&sid, n, nested), backend),
+            group,
+        );
         std::thread::sleep(delay);
         kill(&mut child, group, nix::libc::SIGKILL);
         let what = format!(
-            "{n} outputs, kill {} at {:?} ({k}/{points})",
+            "{}{n} outputs, kill {} at {:?} ({k}/{points})",
+            backend.map(|b| format!("{b}, ")).unwrap_or_default(),
             if group { "group" } else { "pid" },
             delay
         );
-        match check_after_kill_in(&fx, &sid, before, n, nested, &what).as_deref() {
+        if backend.is_some() {
+            // Issue 25: the turn's guard, not the next supervise, ends it.
+            // (Its mounts may wait for recovery: a kill before the backend
+            // started the guard leaves the turn directory's tmpfs.)
+            let killed = Instant::now();
+            loop {
+                let left: Vec<String> = pgrep_full(&sid)
+                    .into_iter()
+                    .chain(session_cgroups(&sid))
+                    .chain(runtime_records(&sid))
+                    .collect();
+                if left.is_empty() {
+                    break;
+                }
+                assert!(
+                    killed.elapsed() < Duration::from_secs(5),
+                    "{what}: 5 s after the kill, still left:\n{}",
+                    left.join("\n")
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        match check_after_kill_on(&fx, &sid, before, n, nested, &what, backend).as_deref() {
             Some("committed") => committed_kills += 1,
             None => never_started += 1,
             _ => {}
@@ -869,4 +976,328 @@ fn crash_full_workspace_disk_at_commit_is_exit_1_and_nothing_lands() {
         "{finished:?}"
     );
     assert_nothing_left(&fx, &sid);
+}
+
+/// The package of the OCI turns (gVisor has no Landlock: runsc needs
+/// `allow_degraded`). No memory limit: runsc's sentry counts against it.
+fn oci_manifest(runtime: &str) -> String {
+    let degraded = if runtime == "runsc" {
+        r#", "allow_degraded": ["landlock"]"#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{
+  "capabilities": {{
+    "read": ["installed/c/**"],
+    "write": ["output/<session_id>/**"],
+    "execute": ["/bin/sh", "/bin/true", "/bin/sleep"]
+  }},
+  "limits": {{"timeout_seconds": 120}}{degraded}
+}}"#
+    )
+}
+
+/// Whether `runtime` is installed; a missing one skips (saying so) —
+/// unless `TURNSTILE_REQUIRE_KERNEL=1`, where it fails.
+fn require_runtime(test: &str, runtime: &str) -> bool {
+    let installed = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(runtime).is_file());
+    if installed {
+        return true;
+    }
+    let reason = format!("{runtime} is not installed (cargo xtask setup)");
+    if std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1") {
+        panic!("{test}: {reason}, and TURNSTILE_REQUIRE_KERNEL=1 forbids skipping");
+    }
+    eprintln!("turnstile-test: SKIPPED {test} on {runtime}: {reason}");
+    false
+}
+
+/// `pgrep -f PATTERN`: the matching processes' pids and command lines.
+fn pgrep_full(pattern: &str) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-a", "-f", pattern])
+        .output()
+        .expect("pgrep (procps) is required");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Everything of the session's OCI turns a dead supervisor could leave on
+/// the host, as a list of what is there: processes naming the session or
+/// the command's marker, cgroup directories (with their pids) in every
+/// hierarchy, runtime records, mounts under the state directory.
+fn oci_leftovers(fx: &Fixture, sid: &str, marker: &str) -> Vec<String> {
+    let mut left: Vec<String> = pgrep_full(sid)
+        .into_iter()
+        .chain(pgrep_full(marker))
+        .map(|p| format!("process {p}"))
+        .collect();
+    left.extend(
+        session_cgroups(sid)
+            .into_iter()
+            .map(|c| format!("cgroup {c}")),
+    );
+    left.extend(
+        runtime_records(sid)
+            .into_iter()
+            .map(|r| format!("runtime record {r}")),
+    );
+    let state = format!("{}/", fx.state.display());
+    left.extend(
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(state.as_str()))
+            .map(|l| format!("mount {l}")),
+    );
+    left
+}
+
+/// Starts turn `turn` of `sid` on `runtime`: `sh` writes `started` to its
+/// scratch, then sleeps 30 s (the shell, which waits for sleep, carries
+/// `marker` in its argv). Returns once the command runs.
+fn start_sleeping_oci_turn(
+    fx: &Fixture,
+    sid: &str,
+    runtime: &str,
+    turn: u64,
+    marker: &str,
+    group: bool,
+) -> Child {
+    let script = format!("echo > \"$TMPDIR/started\"; /bin/sleep 30; echo {marker}");
+    let args: Vec<String> = [
+        "--package",
+        "c",
+        "--session",
+        sid,
+        "--backend",
+        runtime,
+        "--no-outputs",
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut child = spawn(fx, &args, group);
+    // The command's scratch writes land in the turn's overlay uppers on the
+    // host (gVisor's processes are not visible to pgrep on the host).
+    let uppers = fx
+        .state
+        .join("sessions")
+        .join(sid)
+        .join(format!("turn-{turn}/scratch/upper"));
+    let started = Instant::now();
+    loop {
+        let running = std::fs::read_dir(&uppers)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("started").exists());
+        if running {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{runtime}: supervise ended before the command ran: {status}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{runtime}: the turn's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Waits (up to 5 s) until nothing of the session's killed OCI turn is
+/// left; returns how long that took.
+fn assert_gone_within_5s(fx: &Fixture, sid: &str, marker: &str, what: &str) -> Duration {
+    let killed = Instant::now();
+    loop {
+        let left = oci_leftovers(fx, sid, marker);
+        if left.is_empty() {
+            return killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "{what}: 5 s after the SIGKILL, with no supervise running, still left:\n{}",
+            left.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Issue 25: SIGKILL of `supervise` (alone, then with its whole group)
+/// during a `sleep 30` turn on `runtime`: within 5 s, without any later
+/// supervise, nothing of the turn is left; then the next turn on the same
+/// backend exits 0, both ledgers verify, and the killed turn is `aborted`
+/// exactly once in both.
+fn killed_oci_turn_leaves_nothing(test: &str, runtime: &str) {
+    if !require_root(test) || !require_runtime(test, runtime) {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", &oci_manifest(runtime));
+    let sid = fx.new_session();
+    for (turn, group) in [(1u64, false), (3, true)] {
+        let what = format!(
+            "{runtime}, SIGKILL to the {}",
+            if group { "group" } else { "pid" }
+        );
+        let marker = format!("issue25-{runtime}-{turn}-{}", std::process::id());
+        let mut child = start_sleeping_oci_turn(&fx, &sid, runtime, turn, &marker, group);
+        kill(&mut child, group, nix::libc::SIGKILL);
+        let took = assert_gone_within_5s(&fx, &sid, &marker, &what);
+        eprintln!("{what}: nothing of the turn left {took:?} after the kill");
+        let status = check_after_kill_on(&fx, &sid, turn - 1, 0, false, &what, Some(runtime));
+        assert_eq!(status.as_deref(), Some("aborted"), "{what}");
+        let finished: Vec<Value> = turn_entries(&fx, &sid, turn)
+            .into_iter()
+            .filter(|e| e["event"] == "turn.finished")
+            .collect();
+        assert_eq!(finished[0]["error"]["code"], "TS1023", "{what}");
+    }
+}
+
+#[test]
+fn issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runc_turn() {
+    killed_oci_turn_leaves_nothing(
+        "issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runc_turn",
+        "runc",
+    );
+}
+
+#[test]
+fn issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_crun_turn() {
+    killed_oci_turn_leaves_nothing(
+        "issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_crun_turn",
+        "crun",
+    );
+}
+
+#[test]
+fn issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runsc_turn() {
+    killed_oci_turn_leaves_nothing(
+        "issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runsc_turn",
+        "runsc",
+    );
+}
+
+/// Issue 25, the fallback: the turn's guard is SIGKILLed first, then
+/// supervise — the container, its runtime record, cgroups and mounts stay;
+/// `supervise recover` removes every one of them (`delete --force` on
+/// runc, crun and runsc alike) and closes the turn `aborted` once; the
+/// next turn exits 0.
+#[test]
+fn issue_25_recovery_removes_an_oci_turn_whose_guard_was_killed_too() {
+    let test = "issue_25_recovery_removes_an_oci_turn_whose_guard_was_killed_too";
+    if !require_root(test) {
+        return;
+    }
+    for runtime in ["runc", "crun", "runsc"] {
+        if !require_runtime(test, runtime) {
+            continue;
+        }
+        let fx = Fixture::new();
+        fx.install("c", &oci_manifest(runtime));
+        let sid = fx.new_session();
+        let marker = format!("issue25-{runtime}-guardless-{}", std::process::id());
+        let mut child = start_sleeping_oci_turn(&fx, &sid, runtime, 1, &marker, false);
+        // The guard: supervise's child named turnstile-guard.
+        let out = Command::new("pgrep")
+            .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+            .output()
+            .expect("pgrep (procps) is required");
+        let guards: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!(guards.len(), 1, "{runtime}: the turn's guard: {guards:?}");
+        let guard = guards[0];
+        // Out of the turn's reach: its own process group, not in the
+        // turn's cgroup, holding nothing but its pipe and /dev/null.
+        let stat = std::fs::read_to_string(format!("/proc/{guard}/stat")).unwrap();
+        let pgrp = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(2);
+        assert_eq!(pgrp, Some(guard.to_string().as_str()), "{runtime}: {stat}");
+        let cgroups = std::fs::read_to_string(format!("/proc/{guard}/cgroup")).unwrap();
+        assert!(!cgroups.contains(&sid), "{runtime}: guard in {cgroups}");
+        let fds: Vec<String> = std::fs::read_dir(format!("/proc/{guard}/fd"))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let target = std::fs::read_link(e.path()).unwrap_or_default();
+                format!(
+                    "{} -> {}",
+                    e.file_name().to_string_lossy(),
+                    target.display()
+                )
+            })
+            .collect();
+        assert_eq!(fds.len(), 3, "{runtime}: the guard holds {fds:?}");
+        signal_to(guard, nix::libc::SIGKILL);
+        kill(&mut child, false, nix::libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(300));
+        let left = oci_leftovers(&fx, &sid, &marker);
+        assert!(
+            left.iter().any(|l| l.starts_with("runtime record")),
+            "{runtime}: without its guard the turn should still be there: {left:?}"
+        );
+        let t = Instant::now();
+        let r = Fixture::raw(&[
+            "recover",
+            "--root",
+            fx.root.to_str().unwrap(),
+            "--state-dir",
+            fx.state.to_str().unwrap(),
+        ]);
+        assert_eq!(r.status, 0, "{runtime}: {}{}", r.stdout, r.stderr);
+        eprintln!("{runtime}: `supervise recover` took {:?}", t.elapsed());
+        let left = oci_leftovers(&fx, &sid, &marker);
+        assert!(
+            left.is_empty(),
+            "{runtime}: recovery left:\n{}",
+            left.join("\n")
+        );
+        let what = format!("{runtime}, guard and supervise killed");
+        let status = check_after_kill_on(&fx, &sid, 0, 0, false, &what, Some(runtime));
+        assert_eq!(status.as_deref(), Some("aborted"), "{what}");
+    }
+}
+
+/// Issue 25, at any instant: a runc (then crun) turn with one output killed
+/// at points spread over it — before its guard exists, while the runtime
+/// starts, during the command, teardown and commit: the session recovers
+/// (the next turn on the same backend exits 0, the ledgers verify, the
+/// turn ends once, all or nothing lands) and nothing of it is left.
+#[test]
+fn issue_25_sigkill_at_many_points_of_runc_and_crun_turns_recovers() {
+    let test = "issue_25_sigkill_at_many_points_of_runc_and_crun_turns_recovers";
+    if !require_root(test) {
+        return;
+    }
+    for runtime in ["runc", "crun"] {
+        if require_runtime(test, runtime) {
+            kill_sweep_on(1, 10, false, false, Some(runtime));
+            kill_sweep_on(1, 6, true, false, Some(runtime));
+        }
+    }
+}
+
+/// Issue 25, at any instant, under gVisor: the same sweep over a runsc
+/// turn (`runsc create`, `start`, the command, `delete`, commit).
+#[test]
+fn issue_25_sigkill_at_many_points_of_a_runsc_turn_recovers() {
+    let test = "issue_25_sigkill_at_many_points_of_a_runsc_turn_recovers";
+    if !require_root(test) || !require_runtime(test, "runsc") {
+        return;
+    }
+    kill_sweep_on(1, 6, false, false, Some("runsc"));
+    kill_sweep_on(1, 4, true, false, Some("runsc"));
 }

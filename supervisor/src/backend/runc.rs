@@ -16,7 +16,10 @@
 //! no capability, uid 65534, its own namespaces) and only then lets it exec
 //! the command. The supervisor is the container's child subreaper, so it
 //! waits for the command itself; on return the cgroup is empty, the
-//! container deleted and the overlays unmounted.
+//! container deleted and the overlays unmounted. A supervisor killed
+//! meanwhile (SIGKILL included) leaves that to the turn's guard
+//! ([`super::hostview::Guard`], started before anything of the turn
+//! exists), within milliseconds of its death.
 //!
 //! Differences from native, recorded as degradations: the workspace is not
 //! idmapped (runc 1.1 has no idmapped mounts: the owner's DAC bits apply to
@@ -41,6 +44,8 @@ use crate::error::{Result, SupervisorError};
 use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
 
 use crate::sandbox::sandbox_err as err;
+
+pub use super::hostview::{GUARD, guard_main};
 
 /// An OCI runtime binary driven through its CLI: runc, or crun (the same
 /// command line).
@@ -202,6 +207,32 @@ pub fn forget(id: &str) {
     }
 }
 
+/// The container ids `<prefix><n>` that any runtime (runc, crun, runsc)
+/// still has a record of under [`RUNTIME_ROOT`]: a dead session's turns
+/// are `<session>-t<n>` (runsc names its files `<id>_sandbox:<id>.state`
+/// and the like, so only the leading digits count).
+pub fn records(prefix: &str) -> std::collections::BTreeSet<String> {
+    records_in(Path::new(RUNTIME_ROOT), prefix)
+}
+
+fn records_in(root: &Path, prefix: &str) -> std::collections::BTreeSet<String> {
+    let mut ids = std::collections::BTreeSet::new();
+    for runtime in ["runc", "crun", "runsc"] {
+        let dir = root.join(runtime);
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+                continue;
+            };
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if digits > 0 {
+                ids.insert(format!("{prefix}{}", &rest[..digits]));
+            }
+        }
+    }
+    ids
+}
+
 /// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
 /// command name, which may itself contain `)`).
 fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
@@ -226,6 +257,8 @@ struct RuncSandbox {
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
     torn_down: bool,
+    /// Ends the turn if the supervisor dies; disarmed once torn down.
+    guard: Option<super::hostview::Guard>,
 }
 
 impl Backend for RuncBackend {
@@ -238,6 +271,10 @@ impl Backend for RuncBackend {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;
         let id = format!("{}-t{}", plan.session_id, plan.turn_number);
+        // First: from here a SIGKILLed supervisor's turn is ended by its
+        // guard, not left to the next recovery.
+        let guard =
+            super::hostview::Guard::spawn(self.runtime, &id, &turn.path, &self.cgroup_root)?;
         let cg = Arc::new(cgroup::TurnCgroup::create(
             &self.cgroup_root,
             &id,
@@ -260,6 +297,7 @@ impl Backend for RuncBackend {
                 .collect(),
             scratch: turn.path.join(init::SCRATCH_DIR),
             torn_down: false,
+            guard: Some(guard),
         };
         // Drop tears down whatever was built if a step below fails.
         let view = sb
@@ -398,6 +436,9 @@ impl RuncSandbox {
         self.cg.kill_all();
         self.cg.remove();
         cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_root, &self.id);
+        if let Some(mut guard) = self.guard.take() {
+            guard.disarm();
+        }
     }
 }
 
@@ -510,6 +551,31 @@ mod tests {
         .unwrap();
         assert_eq!(parent_of(proc.path(), 42), Some(7));
         assert_eq!(parent_of(proc.path(), 43), None);
+    }
+
+    #[test]
+    fn runtime_records_name_the_turns_of_a_session_and_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for d in [
+            "runc/SES-a-t1",
+            "crun/SES-a-t12",
+            "runc/SES-b-t1",
+            "runc/SES-a-w3",
+        ] {
+            std::fs::create_dir_all(r.join(d)).unwrap();
+        }
+        std::fs::create_dir_all(r.join("runsc")).unwrap();
+        for f in [
+            "SES-a-t7_sandbox:SES-a-t7.state",
+            "SES-a-t7_sandbox:SES-a-t7.lock",
+            "SES-a-tx",
+        ] {
+            std::fs::write(r.join("runsc").join(f), "").unwrap();
+        }
+        let ids: Vec<String> = records_in(r, "SES-a-t").into_iter().collect();
+        assert_eq!(ids, ["SES-a-t1", "SES-a-t12", "SES-a-t7"]);
+        assert!(records_in(&r.join("none"), "SES-a-t").is_empty());
     }
 
     #[test]

@@ -25,6 +25,10 @@
 //! ([`Backend::cannot_enforce`]), so the turn is refused before anything
 //! runs unless the manifest's `allow_degraded` lists `landlock`; then the
 //! init runs without it and the evidence says so.
+//!
+//! A supervisor killed during the turn (SIGKILL included) leaves the
+//! sandbox, its record and the turn's mounts to the turn's guard
+//! ([`super::hostview::Guard`]), which removes them within a second.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -169,6 +173,13 @@ pub fn forget(id: &str) {
         let _ = b.output(&RunscCmd::Delete { id }, &log);
         let _ = std::fs::remove_file(log);
     }
+    // A `runsc create` killed before it wrote the sandbox's state leaves
+    // only its lock file, which `delete` does not know (measured: SIGKILL
+    // of supervise during `create`).
+    let root = Path::new(ROOT);
+    if !root.join(format!("{id}_sandbox:{id}.state")).exists() {
+        let _ = std::fs::remove_file(root.join(format!("{id}_sandbox:{id}.lock")));
+    }
 }
 
 /// stderr of the sandbox, with the init's report line taken out of it:
@@ -260,6 +271,8 @@ struct RunscSandbox {
     scratch: PathBuf,
     created: bool,
     torn_down: bool,
+    /// Ends the turn if the supervisor dies; disarmed once torn down.
+    guard: Option<super::hostview::Guard>,
 }
 
 impl Backend for RunscBackend {
@@ -279,6 +292,10 @@ impl Backend for RunscBackend {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;
         let id = format!("{}-t{}", plan.session_id, plan.turn_number);
+        // First: from here a SIGKILLed supervisor's turn is ended by its
+        // guard (`runsc delete --force`, the cgroup, the mounts), not left
+        // to the next recovery.
+        let guard = super::hostview::Guard::spawn("runsc", &id, &turn.path, &self.cgroup_root)?;
         // The cgroup holds gVisor's own tasks too (PIDS_OVERHEAD).
         let mut limits = plan.limits.clone();
         limits.pids = limits.pids.saturating_add(PIDS_OVERHEAD);
@@ -302,6 +319,7 @@ impl Backend for RunscBackend {
             scratch: turn.path.join(init::SCRATCH_DIR),
             created: false,
             torn_down: false,
+            guard: Some(guard),
         };
         // Drop tears down whatever was built if a step below fails.
         let view = sb
@@ -424,6 +442,9 @@ impl RunscSandbox {
         self.cg.kill_all();
         self.cg.remove();
         cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_root, &self.id);
+        if let Some(mut guard) = self.guard.take() {
+            guard.disarm();
+        }
         // The gofer (and a sandbox never waited for) became our children
         // too: reap what has exited, never block.
         while let Ok(

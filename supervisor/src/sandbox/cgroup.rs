@@ -338,6 +338,11 @@ impl TurnCgroup {
         &self.dirs
     }
 
+    /// The cgroup's name (`turnstile/<name>` in each hierarchy).
+    pub fn name(&self) -> Option<&str> {
+        self.dirs.first()?.file_name()?.to_str()
+    }
+
     /// Removes the cgroup directories (they must be empty).
     pub fn remove(&self) {
         for d in &self.dirs {
