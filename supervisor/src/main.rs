@@ -35,21 +35,22 @@ fn main() -> ExitCode {
             }
         }
     }
-    // The daemon logs JSON (one span per turn); its turn workers log as
-    // `supervise run` does, to the client's stderr.
-    let daemon = args.len() >= 2 && args[1] == "serve";
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG").unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new(if daemon { "info" } else { "warn" })
-        });
+    // The daemon logs JSON by default (a span per turn and per phase); its
+    // turn workers log as `supervise run` does, to the client's stderr;
+    // `--log-format` chooses.
+    let format = cli::LogFormat::from_args(&args);
+    let json = format == cli::LogFormat::Json;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if json { "info" } else { "warn" }));
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false);
-    if daemon {
+    if json {
         fmt.json()
             .with_current_span(true)
             .with_span_list(false)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .init();
     } else {
         fmt.init();

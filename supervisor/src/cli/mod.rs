@@ -141,8 +141,46 @@ pub enum Command {
     Serve(ServeArgs),
 }
 
+/// A log format (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// The format `args` (the process's arguments) ask for, read before
+    /// clap parses them (logging is set up first): the subcommand's
+    /// `--log-format`, else its default.
+    pub fn from_args(args: &[std::ffi::OsString]) -> Self {
+        let mut it = args.iter().map(|a| a.to_string_lossy());
+        let sub = args.get(1).map(|a| a.to_string_lossy().into_owned());
+        let mut format = match sub.as_deref() {
+            Some("serve") => Self::Json,
+            _ => Self::Text,
+        };
+        while let Some(a) = it.next() {
+            let value = match a.strip_prefix("--log-format") {
+                Some("") => it.next().map(|v| v.into_owned()),
+                Some(rest) => rest.strip_prefix('=').map(str::to_owned),
+                None => continue,
+            };
+            match value.as_deref() {
+                Some("json") => format = Self::Json,
+                Some("text") => format = Self::Text,
+                _ => {}
+            }
+        }
+        format
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// How the daemon logs to stderr: `json` (default; one object per event,
+    /// a span per turn and per phase, closed with its duration) or `text`.
+    #[arg(long, value_enum, default_value = "json")]
+    pub log_format: LogFormat,
     /// Supervisor state directory (the one every client names).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -375,6 +413,11 @@ pub struct CheckArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub common: Common,
+    /// How `run` logs to stderr: `text` (default; warnings only) or
+    /// `json` (one object per event: the turn's span and one per phase,
+    /// each closed with its duration; filter with TURNSTILE_LOG).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// The turn's system view from an image rootfs DIR (its /usr, /bin,
     /// /lib, /etc set…) instead of the host's; the workspace keeps its host
     /// path. What the containerd shim passes as the container's rootfs.

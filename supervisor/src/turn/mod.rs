@@ -378,8 +378,43 @@ fn lap(since: &mut Instant) -> u64 {
     us
 }
 
+/// The phase a turn is in, as a span (a child of the turn's): entering the
+/// next closes the last.
+#[derive(Default)]
+struct Stage(Option<tracing::span::EnteredSpan>);
+
+impl Stage {
+    fn enter(&mut self, phase: &'static str) {
+        self.0 = None;
+        self.0 = Some(tracing::info_span!("phase", phase).entered());
+    }
+}
+
 impl Turn<'_> {
     fn run(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
+        // One span per turn (OpenTelemetry-style names), a child per phase.
+        let span = tracing::info_span!(
+            "turn",
+            turn_id = %crate::ids::TurnId::new(self.session.id.as_str(), self.turn_number),
+            backend = self.backend.name(),
+            status = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let _in_turn = span.enter();
+        let started = self.started;
+        let result = self.run_in_span(allowed);
+        if let Ok(r) = &result {
+            if let Ok(report) =
+                serde_json::from_value::<crate::store::record::TurnReport>(r.value.clone())
+            {
+                span.record("status", report.status.as_str());
+            }
+        }
+        span.record("duration_ms", started.elapsed().as_secs_f64() * 1000.0);
+        result
+    }
+
+    fn run_in_span(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
         let sid = self.session.id.as_str().to_owned();
         let query_hash = canonical::hash_value(&self.request.to_value()).unwrap_or_default();
         let ctx = PlanContext {
@@ -400,7 +435,10 @@ impl Turn<'_> {
             Some(r) => r,
             None => &HostFs,
         };
-        let plan = plan::compile(&ctx, self.manifest, self.request, allowed, view);
+        let plan = {
+            let _phase = tracing::info_span!("phase", phase = "plan").entered();
+            plan::compile(&ctx, self.manifest, self.request, allowed, view)
+        };
         let plan_us = lap(&mut clock);
         // The plan's hash does not depend on where the workspace is: its
         // root is hashed as `<root>` (replay into another directory, and
@@ -485,7 +523,9 @@ impl Turn<'_> {
     fn execute(&self, plan: Plan, intent: &mut Intent<'_>) -> Outcome {
         let mut clock = Instant::now();
         let mut phases = Phases::new();
-        let mut outcome = self.execute_timed(plan, intent, &mut clock, &mut phases);
+        let mut stage = Stage::default();
+        let mut outcome = self.execute_timed(plan, intent, &mut clock, &mut phases, &mut stage);
+        stage.enter("teardown");
         phases.push("teardown", lap(&mut clock));
         outcome.phases = phases;
         outcome
@@ -497,7 +537,9 @@ impl Turn<'_> {
         intent: &mut Intent<'_>,
         clock: &mut Instant,
         phases: &mut Phases,
+        stage: &mut Stage,
     ) -> Outcome {
+        stage.enter("prepare");
         let turn_path = self
             .session
             .state()
@@ -529,15 +571,12 @@ impl Turn<'_> {
         let (turn_dir, cgroup, begin) = match warm {
             Some(w) => (w.dir, w.cgroup, Some(w.begin)),
             None => match TurnDir::create(turn_path, &plan) {
-                Ok(d) => (
-                    d,
-                    crate::ids::TurnId::of(&plan).to_string(),
-                    None,
-                ),
+                Ok(d) => (d, crate::ids::TurnId::of(&plan).to_string(), None),
                 Err(e) => return Outcome::from_error(&e, Some(plan)),
             },
         };
         phases.push("prepare", lap(clock));
+        stage.enter("sandbox");
         // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
         self.opts
             .interrupts
@@ -580,6 +619,7 @@ impl Turn<'_> {
             })
             .collect();
         let _ = lap(clock);
+        stage.enter("capture");
         phases.extend(execution.phases.iter().map(|(n, v)| ((*n).to_owned(), *v)));
         let writes =
             match capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes) {
@@ -601,6 +641,7 @@ impl Turn<'_> {
         );
         // "capture" = enumerate + hash + compare with the declaration.
         phases.push("capture", lap(clock));
+        stage.enter("verify_commit");
         let u = &execution.usage;
         let posture_failure = execution
             .posture
