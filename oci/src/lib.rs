@@ -9,13 +9,16 @@
 //!   `oci_spec::runtime::Spec`;
 //! - [`vm`]: the runtime-spec 1.3 `vm` object with `hwConfig`, which
 //!   oci-spec does not model;
-//! - [`seccomp`]: the seccomp profile as `linux.seccomp`.
+//! - [`seccomp`]: the seccomp profile as `linux.seccomp`;
+//! - [`runtime`]: the runtimes' command lines (runc, crun, runsc), typed
+//!   and pinned by tests.
 //!
 //! [`Plan`]: turnstile_policy::plan::Plan
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod error;
+pub mod runtime;
 pub mod seccomp;
 pub mod vm;
 
@@ -24,4 +27,5 @@ pub use config::{
     REPORT_PREFIX, REPORT_STDERR_FLAG, build,
 };
 pub use error::OciError;
+pub use runtime::{Runtime, RuntimeCmd};
 pub use vm::{VmConfig, VmHwConfig, VmKernel};

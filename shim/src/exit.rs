@@ -40,19 +40,23 @@ pub enum RunExit {
 impl RunExit {
     /// The status of a process that exited with `code`.
     pub fn from_code(code: i32) -> Self {
-        match code {
-            0 => Self::Committed,
-            1 => Self::HostIo,
-            2 => Self::BadInput,
-            3 => Self::LedgerIntegrity,
-            10 => Self::CommandFailed,
-            11 => Self::Violation,
-            12 => Self::Blocked,
-            13 => Self::Limit,
-            14 => Self::Timeout,
-            20 => Self::Unavailable,
+        use turnstile_supervisor::error::exit;
+        let Ok(c) = u8::try_from(code) else {
+            return Self::Other(code);
+        };
+        match c {
+            exit::OK => Self::Committed,
+            exit::FAILURE => Self::HostIo,
+            exit::BAD_INPUT => Self::BadInput,
+            exit::INTEGRITY => Self::LedgerIntegrity,
+            exit::COMMAND_FAILED => Self::CommandFailed,
+            exit::VIOLATION => Self::Violation,
+            exit::WRITE_MISMATCH => Self::Blocked,
+            exit::RESOURCE_LIMIT => Self::Limit,
+            exit::TIMEOUT => Self::Timeout,
+            exit::SANDBOX => Self::Unavailable,
             129..=192 => Self::Signaled(code - 128),
-            other => Self::Other(other),
+            _ => Self::Other(code),
         }
     }
 
@@ -68,20 +72,21 @@ impl RunExit {
 
     /// The integer status (what containerd reports as the task's).
     pub fn code(self) -> i32 {
-        match self {
-            Self::Committed => 0,
-            Self::HostIo => 1,
-            Self::BadInput => 2,
-            Self::LedgerIntegrity => 3,
-            Self::CommandFailed => 10,
-            Self::Violation => 11,
-            Self::Blocked => 12,
-            Self::Limit => 13,
-            Self::Timeout => 14,
-            Self::Unavailable => 20,
-            Self::Signaled(n) => 128 + n,
-            Self::Other(c) => c,
-        }
+        use turnstile_supervisor::error::exit;
+        i32::from(match self {
+            Self::Committed => exit::OK,
+            Self::HostIo => exit::FAILURE,
+            Self::BadInput => exit::BAD_INPUT,
+            Self::LedgerIntegrity => exit::INTEGRITY,
+            Self::CommandFailed => exit::COMMAND_FAILED,
+            Self::Violation => exit::VIOLATION,
+            Self::Blocked => exit::WRITE_MISMATCH,
+            Self::Limit => exit::RESOURCE_LIMIT,
+            Self::Timeout => exit::TIMEOUT,
+            Self::Unavailable => exit::SANDBOX,
+            Self::Signaled(n) => return 128 + n,
+            Self::Other(c) => return c,
+        })
     }
 
     /// containerd's `exit_status` (unsigned; a negative code is 255).

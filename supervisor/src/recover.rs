@@ -89,63 +89,6 @@ fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Sup
     move |source| SupervisorError::StateIo { op, path, source }
 }
 
-/// Unmounts everything at or below `dir` (deepest first) and removes it.
-pub(crate) fn remove_turn_dir(dir: &Path) -> Result<()> {
-    use nix::mount::{MntFlags, umount2};
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(state_io(
-        "read mountinfo",
-        Path::new("/proc/self/mountinfo"),
-    ))?;
-    let prefix = dir.to_string_lossy().into_owned();
-    let mut points: Vec<String> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mount_path)
-        .filter(|p| p == &prefix || p.starts_with(&format!("{prefix}/")))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        match umount2(Path::new(&p), MntFlags::MNT_DETACH) {
-            // Gone meanwhile (its own turn's cleanup got there first).
-            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
-            Err(e) => {
-                return Err(SupervisorError::StateIo {
-                    op: "unmount a dead turn's tmpfs",
-                    path: PathBuf::from(&p),
-                    source: e.into(),
-                });
-            }
-        }
-    }
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(state_io("remove a dead turn's directory", dir)(e)),
-    }
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount_path(raw: &str) -> String {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Some(v) = raw
-                .get(i + 1..i + 4)
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-            {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Removes what a dead owner left of its warm sandboxes in `session_dir`
 /// (see [`crate::sandbox::pool`]): their cgroups (killing what runs in
 /// them), turn directories and lock files. Returns their ids.
@@ -192,7 +135,7 @@ fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<S
             }
             cg.remove();
         }
-        remove_turn_dir(&session_dir.join(format!("{}{id}", pool::WARM_PREFIX)))?;
+        crate::sandbox::remove_turn_dir(&session_dir.join(format!("{}{id}", pool::WARM_PREFIX)))?;
         match std::fs::remove_file(pool::lock_path(session_dir, &id)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -257,9 +200,8 @@ pub fn recover_session(
     // --force` kills its container, and runsc's needs the sandbox's gofer
     // alive, which the cgroup's kill would take.
     let prefix = format!("{sid}-t");
-    for id in crate::backend::runc::records(&prefix) {
-        crate::backend::runc::forget(&id);
-        crate::backend::runsc::forget(&id);
+    for id in crate::backend::runtime::records(&prefix) {
+        crate::backend::runtime::forget(&id);
     }
     for cg in TurnCgroup::leftovers(cgroup_root, &prefix) {
         r.processes_killed += cg.pids().len();
@@ -291,7 +233,7 @@ pub fn recover_session(
         // An OCI turn's cgroup directories in the hierarchies turnstile
         // does not manage, if its managed ones were already gone.
         TurnCgroup::sweep_unmanaged(cgroup_root, &format!("{sid}-t{n}"));
-        remove_turn_dir(&dir)?;
+        crate::sandbox::remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }
     // ... and the warm sandboxes of a dead `serve` worker (a live one's

@@ -431,10 +431,8 @@ fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::Fil
 /// directory. The caller holds the session lock. Idempotent.
 pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Path) {
     use crate::sandbox::cgroup::TurnCgroup;
-    match runtime {
-        "runsc" => super::runsc::forget(id),
-        _ => super::runc::forget(id),
-    }
+    let _ = runtime;
+    super::runtime::forget(id);
     for cg in TurnCgroup::leftovers(cgroup_root, id)
         .into_iter()
         .filter(|cg| cg.name() == Some(id))
@@ -443,5 +441,5 @@ pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Pat
         cg.remove();
     }
     TurnCgroup::sweep_unmanaged(cgroup_root, id);
-    let _ = crate::recover::remove_turn_dir(turn_dir);
+    let _ = crate::sandbox::remove_turn_dir(turn_dir);
 }

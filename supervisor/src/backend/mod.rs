@@ -16,6 +16,7 @@ pub mod kata;
 mod native;
 pub mod runc;
 pub mod runsc;
+pub mod runtime;
 pub mod select;
 
 use nix::sys::signal::Signal;

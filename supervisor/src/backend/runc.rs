@@ -30,18 +30,19 @@ use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::mount::{MsFlags, mount};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use turnstile_policy::plan::Plan;
 
+use super::runtime::Driver;
 use super::{Backend, Sandbox};
 use crate::error::{Result, SupervisorError};
 use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
+use turnstile_oci::{Runtime, RuntimeCmd};
 
 use crate::sandbox::sandbox_err as err;
 
@@ -51,59 +52,11 @@ pub use super::hostview::{GUARD, guard_main};
 /// command line).
 #[derive(Debug, Clone)]
 pub struct RuncBackend {
+    /// runc or crun.
     runtime: &'static str,
-    binary: PathBuf,
+    driver: Driver,
     cgroup_root: PathBuf,
     json_mode: bool,
-}
-
-/// The runtimes' `--root` (their state), per host: `<this>/<runtime>`.
-const RUNTIME_ROOT: &str = "/run/turnstile";
-
-/// The typed command lines (tested against exact argv).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuncCmd<'a> {
-    /// `run --detach`: create and start; the container's process is
-    /// turnstile's init, which parks until the supervisor's go.
-    RunDetached {
-        bundle: &'a Path,
-        pid_file: &'a Path,
-        id: &'a str,
-    },
-    Delete {
-        id: &'a str,
-    },
-}
-
-impl RuncCmd<'_> {
-    /// The arguments after the binary (`--root` and `--log` first).
-    pub fn argv(&self, root: &Path, log: &Path) -> Vec<String> {
-        let mut v = vec![
-            "--root".to_owned(),
-            root.display().to_string(),
-            "--log".to_owned(),
-            log.display().to_string(),
-        ];
-        match self {
-            Self::RunDetached {
-                bundle,
-                pid_file,
-                id,
-            } => v.extend([
-                "run".into(),
-                "--detach".into(),
-                "--bundle".into(),
-                bundle.display().to_string(),
-                "--pid-file".into(),
-                pid_file.display().to_string(),
-                "--preserve-fds".into(),
-                "2".into(),
-                (*id).to_owned(),
-            ]),
-            Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
-        }
-        v
-    }
 }
 
 impl RuncBackend {
@@ -114,123 +67,18 @@ impl RuncBackend {
 
     /// `runtime` (runc or crun), or E2040 when it is not installed.
     pub fn named(runtime: &'static str, cgroup_root: &Path, json_mode: bool) -> Result<Self> {
-        let binary = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
-            .iter()
-            .map(|d| Path::new(d).join(runtime))
-            .find(|p| p.is_file())
-            .ok_or_else(|| SupervisorError::RuntimeUnavailable {
-                runtime: runtime.into(),
-                reason: format!("{runtime} is not installed (apt-get install {runtime})"),
+        let which = Runtime::parse(runtime)
+            .filter(|r| *r != Runtime::Runsc)
+            .ok_or_else(|| {
+                SupervisorError::invalid("--backend", format!("`{runtime}` is not runc or crun"))
             })?;
         Ok(Self {
             runtime,
-            binary,
+            driver: Driver::locate(which)?,
             cgroup_root: cgroup_root.to_path_buf(),
             json_mode,
         })
     }
-
-    fn root(&self) -> PathBuf {
-        Path::new(RUNTIME_ROOT).join(self.runtime)
-    }
-
-    /// The runtime's command. crun refuses the hybrid cgroup layout
-    /// (cgroup v1 plus a cgroup2 mount at /sys/fs/cgroup/unified): it runs
-    /// in a private mount namespace where a tmpfs hides that mount (the
-    /// host is unchanged; MACHINE-NOTES).
-    fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.binary);
-        let unified = Path::new("/sys/fs/cgroup/unified");
-        if self.runtime == "crun" && unified.join("cgroup.controllers").exists() {
-            // SAFETY: after fork, only unshare(2) and mount(2) with
-            // arguments prepared before the fork (async-signal-safe).
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
-                    mount(
-                        None::<&str>,
-                        "/",
-                        None::<&str>,
-                        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                        None::<&str>,
-                    )?;
-                    mount(
-                        Some("tmpfs"),
-                        "/sys/fs/cgroup/unified",
-                        Some("tmpfs"),
-                        MsFlags::empty(),
-                        None::<&str>,
-                    )?;
-                    Ok(())
-                });
-            }
-        }
-        cmd
-    }
-
-    fn run(&self, cmd: &RuncCmd<'_>, log: &Path) -> Result<()> {
-        let out = self
-            .command()
-            .args(cmd.argv(&self.root(), log))
-            .stdin(crate::sandbox::empty_stdin()?)
-            .output()
-            .map_err(|e| err("run runtime", format!("{}: {e}", self.runtime)))?;
-        if out.status.success() {
-            return Ok(());
-        }
-        let logged = std::fs::read_to_string(log).unwrap_or_default();
-        Err(err(
-            "run runtime",
-            format!(
-                "{} {:?}: {}{}",
-                self.runtime,
-                cmd,
-                String::from_utf8_lossy(&out.stderr).trim(),
-                logged.lines().last().unwrap_or_default()
-            ),
-        ))
-    }
-}
-
-/// Deletes a runtime's record of container `id` if there is one (recovery
-/// of a turn whose supervisor died).
-pub fn forget(id: &str) {
-    for runtime in ["runc", "crun"] {
-        if !Path::new(RUNTIME_ROOT).join(runtime).join(id).exists() {
-            continue;
-        }
-        if let Ok(b) = RuncBackend::named(runtime, Path::new("/sys/fs/cgroup"), false) {
-            let log = std::env::temp_dir().join(format!("turnstile-{runtime}-forget-{id}.log"));
-            let _ = b.run(&RuncCmd::Delete { id }, &log);
-            let _ = std::fs::remove_file(log);
-        }
-    }
-}
-
-/// The container ids `<prefix><n>` that any runtime (runc, crun, runsc)
-/// still has a record of under [`RUNTIME_ROOT`]: a dead session's turns
-/// are `<session>-t<n>` (runsc names its files `<id>_sandbox:<id>.state`
-/// and the like, so only the leading digits count).
-pub fn records(prefix: &str) -> std::collections::BTreeSet<String> {
-    records_in(Path::new(RUNTIME_ROOT), prefix)
-}
-
-fn records_in(root: &Path, prefix: &str) -> std::collections::BTreeSet<String> {
-    let mut ids = std::collections::BTreeSet::new();
-    for runtime in ["runc", "crun", "runsc"] {
-        let dir = root.join(runtime);
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = entry.file_name();
-            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
-                continue;
-            };
-            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-            if digits > 0 {
-                ids.insert(format!("{prefix}{}", &rest[..digits]));
-            }
-        }
-    }
-    ids
 }
 
 /// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
@@ -315,16 +163,14 @@ impl Backend for RuncBackend {
         let (go_r, go_w) = pipe()?;
         let (rw, gr) = (ready_w.as_raw_fd(), go_r.as_raw_fd());
         let pid_file = turn.path.join("runc.pid");
-        let create = RuncCmd::RunDetached {
+        let create = RuntimeCmd::RunDetached {
             bundle: &bundle_dir,
             pid_file: &pid_file,
             id: &id,
+            preserve_fds: 2,
         };
-        let mut cmd = self.command();
-        cmd.args(create.argv(&self.root(), &sb.log))
-            .stdin(crate::sandbox::empty_stdin()?)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = self.driver.command(&create, &sb.log)?;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         // SAFETY: after fork, only dup2(2) of descriptors opened before the
         // fork (async-signal-safe); errors are returned as raw errno.
         unsafe {
@@ -429,7 +275,8 @@ impl RuncSandbox {
         }
         let _ = self
             .backend
-            .run(&RuncCmd::Delete { id: &self.id }, &self.log);
+            .driver
+            .run(&RuntimeCmd::Delete { id: &self.id }, &self.log);
         if let Some(view) = self.view.as_mut() {
             view.unmount();
         }
@@ -551,70 +398,5 @@ mod tests {
         .unwrap();
         assert_eq!(parent_of(proc.path(), 42), Some(7));
         assert_eq!(parent_of(proc.path(), 43), None);
-    }
-
-    #[test]
-    fn runtime_records_name_the_turns_of_a_session_and_nothing_else() {
-        let root = tempfile::tempdir().unwrap();
-        let r = root.path();
-        for d in [
-            "runc/SES-a-t1",
-            "crun/SES-a-t12",
-            "runc/SES-b-t1",
-            "runc/SES-a-w3",
-        ] {
-            std::fs::create_dir_all(r.join(d)).unwrap();
-        }
-        std::fs::create_dir_all(r.join("runsc")).unwrap();
-        for f in [
-            "SES-a-t7_sandbox:SES-a-t7.state",
-            "SES-a-t7_sandbox:SES-a-t7.lock",
-            "SES-a-tx",
-        ] {
-            std::fs::write(r.join("runsc").join(f), "").unwrap();
-        }
-        let ids: Vec<String> = records_in(r, "SES-a-t").into_iter().collect();
-        assert_eq!(ids, ["SES-a-t1", "SES-a-t12", "SES-a-t7"]);
-        assert!(records_in(&r.join("none"), "SES-a-t").is_empty());
-    }
-
-    #[test]
-    fn runc_command_lines_are_exact() {
-        let (root, log) = (Path::new("/run/t"), Path::new("/s/t/runc.log"));
-        assert_eq!(
-            RuncCmd::RunDetached {
-                bundle: Path::new("/s/t/bundle"),
-                pid_file: Path::new("/s/t/runc.pid"),
-                id: "SES-x-t1"
-            }
-            .argv(root, log),
-            [
-                "--root",
-                "/run/t",
-                "--log",
-                "/s/t/runc.log",
-                "run",
-                "--detach",
-                "--bundle",
-                "/s/t/bundle",
-                "--pid-file",
-                "/s/t/runc.pid",
-                "--preserve-fds",
-                "2",
-                "SES-x-t1"
-            ]
-        );
-        assert_eq!(
-            RuncCmd::Delete { id: "i" }.argv(root, log),
-            [
-                "--root",
-                "/run/t",
-                "--log",
-                "/s/t/runc.log",
-                "delete",
-                "--force",
-                "i"
-            ]
-        );
     }
 }

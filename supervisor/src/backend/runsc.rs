@@ -32,7 +32,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,12 +41,15 @@ use serde_json::Value;
 use turnstile_oci::REPORT_PREFIX;
 use turnstile_policy::plan::Plan;
 
+use super::runtime::Driver;
 use super::{Backend, Sandbox};
-use crate::error::{Result, SupervisorError};
+use crate::error::Result;
 use crate::sandbox::sandbox_err as err;
 use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
+use turnstile_oci::{Runtime, RuntimeCmd};
 
 /// The runtime's `--root` (its state).
+/// runsc's state (the driver's root for it).
 const ROOT: &str = "/run/turnstile/runsc";
 
 /// Host tasks gVisor itself needs in the turn's cgroup (the sentry's and
@@ -57,128 +60,23 @@ pub const PIDS_OVERHEAD: u32 = 256;
 
 #[derive(Debug, Clone)]
 pub struct RunscBackend {
-    binary: PathBuf,
+    driver: Driver,
     cgroup_root: PathBuf,
     json_mode: bool,
-}
-
-/// The typed command lines (tested against exact argv).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunscCmd<'a> {
-    Create {
-        bundle: &'a Path,
-        pid_file: &'a Path,
-        id: &'a str,
-    },
-    Start {
-        id: &'a str,
-    },
-    Delete {
-        id: &'a str,
-    },
-}
-
-impl RunscCmd<'_> {
-    /// The arguments after the binary: the global flags, then the command.
-    /// `ptrace`: the only platform that works on these hosts (kvm hangs,
-    /// systrap is newer than Debian's runsc); `--network=none`: the
-    /// sandbox's loopback only (`isolated`); `--oci-seccomp`: the bundle's
-    /// seccomp filter is installed inside the sandbox (off by default).
-    pub fn argv(&self, root: &Path, log: &Path) -> Vec<String> {
-        let mut v: Vec<String> = vec![
-            "--root".into(),
-            root.display().to_string(),
-            "--log".into(),
-            log.display().to_string(),
-            "--platform=ptrace".into(),
-            "--network=none".into(),
-            "--oci-seccomp".into(),
-        ];
-        match self {
-            Self::Create {
-                bundle,
-                pid_file,
-                id,
-            } => v.extend([
-                "create".into(),
-                "--bundle".into(),
-                bundle.display().to_string(),
-                "--pid-file".into(),
-                pid_file.display().to_string(),
-                (*id).to_owned(),
-            ]),
-            Self::Start { id } => v.extend(["start".into(), (*id).to_owned()]),
-            Self::Delete { id } => v.extend(["delete".into(), "--force".into(), (*id).to_owned()]),
-        }
-        v
-    }
 }
 
 impl RunscBackend {
     /// The runsc backend, or E2040 when runsc is not installed.
     pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
-        let binary = ["/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .ok_or_else(|| SupervisorError::RuntimeUnavailable {
-                runtime: "runsc".into(),
-                reason: "runsc (gVisor) is not installed (apt-get install runsc)".into(),
-            })?;
         Ok(Self {
-            binary,
+            driver: Driver::locate(Runtime::Runsc)?,
             cgroup_root: cgroup_root.to_path_buf(),
             json_mode,
         })
     }
 
-    fn output(&self, cmd: &RunscCmd<'_>, log: &Path) -> Result<Vec<u8>> {
-        let out = Command::new(&self.binary)
-            .args(cmd.argv(Path::new(ROOT), log))
-            .stdin(crate::sandbox::empty_stdin()?)
-            .output()
-            .map_err(|e| err("run runsc", e.to_string()))?;
-        if out.status.success() {
-            return Ok(out.stdout);
-        }
-        Err(err(
-            "run runsc",
-            format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        ))
-    }
-}
-
-/// Deletes runsc's record of container `id` if there is one (recovery of
-/// a turn whose supervisor died).
-pub fn forget(id: &str) {
-    if !Path::new(ROOT)
-        .join(format!("{id}_sandbox:{id}.state"))
-        .exists()
-        && !Path::new(ROOT).join(id).exists()
-    {
-        // runsc names its state files after the sandbox; ask it instead of
-        // guessing when anything of this id may exist.
-        let listed = std::fs::read_dir(ROOT)
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .any(|e| e.file_name().to_string_lossy().contains(id))
-            })
-            .unwrap_or(false);
-        if !listed {
-            return;
-        }
-    }
-    if let Ok(b) = RunscBackend::new(Path::new("/sys/fs/cgroup"), false) {
-        let log = std::env::temp_dir().join(format!("turnstile-runsc-forget-{id}.log"));
-        let _ = b.output(&RunscCmd::Delete { id }, &log);
-        let _ = std::fs::remove_file(log);
-    }
-    // A `runsc create` killed before it wrote the sandbox's state leaves
-    // only its lock file, which `delete` does not know (measured: SIGKILL
-    // of supervise during `create`).
-    let root = Path::new(ROOT);
-    if !root.join(format!("{id}_sandbox:{id}.state")).exists() {
-        let _ = std::fs::remove_file(root.join(format!("{id}_sandbox:{id}.lock")));
+    fn output(&self, cmd: &RuntimeCmd<'_>, log: &Path) -> Result<Vec<u8>> {
+        self.driver.run(cmd, log)
     }
 }
 
@@ -347,15 +245,15 @@ impl Backend for RunscBackend {
         sb.lap("bundle");
 
         let pid_file = turn.path.join("runsc.pid");
-        let create = RunscCmd::Create {
+        let create = RuntimeCmd::Create {
             bundle: &bundle_dir,
             pid_file: &pid_file,
             id: &id,
         };
         // The sandbox inherits these pipes: the command's stdout and stderr.
-        let mut child = Command::new(&self.binary)
-            .args(create.argv(Path::new(ROOT), &sb.log))
-            .stdin(crate::sandbox::empty_stdin()?)
+        let mut child = self
+            .driver
+            .command(&create, &sb.log)?
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -422,7 +320,7 @@ impl RunscSandbox {
         if std::mem::take(&mut self.created) {
             let _ = self
                 .backend
-                .output(&RunscCmd::Delete { id: &self.id }, &self.log);
+                .output(&RuntimeCmd::Delete { id: &self.id }, &self.log);
         }
     }
 
@@ -525,7 +423,7 @@ impl Sandbox for RunscSandbox {
     fn start(&mut self) {
         if let Err(e) = self
             .backend
-            .output(&RunscCmd::Start { id: &self.id }, &self.log)
+            .output(&RuntimeCmd::Start { id: &self.id }, &self.log)
         {
             self.start_failed = Some(e.to_string());
             self.cg.kill_all();
@@ -647,47 +545,6 @@ impl Sandbox for RunscSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn runsc_command_lines_are_exact() {
-        let (root, log) = (Path::new("/run/t"), Path::new("/s/runsc.log"));
-        let global = [
-            "--root",
-            "/run/t",
-            "--log",
-            "/s/runsc.log",
-            "--platform=ptrace",
-            "--network=none",
-            "--oci-seccomp",
-        ];
-        let with = |tail: &[&str]| -> Vec<String> {
-            global.iter().chain(tail).map(|s| (*s).to_owned()).collect()
-        };
-        assert_eq!(
-            RunscCmd::Create {
-                bundle: Path::new("/s/bundle"),
-                pid_file: Path::new("/s/runsc.pid"),
-                id: "S-t1"
-            }
-            .argv(root, log),
-            with(&[
-                "create",
-                "--bundle",
-                "/s/bundle",
-                "--pid-file",
-                "/s/runsc.pid",
-                "S-t1"
-            ])
-        );
-        assert_eq!(
-            RunscCmd::Start { id: "i" }.argv(root, log),
-            with(&["start", "i"])
-        );
-        assert_eq!(
-            RunscCmd::Delete { id: "i" }.argv(root, log),
-            with(&["delete", "--force", "i"])
-        );
-    }
 
     fn split(input: &[u8]) -> (Vec<u8>, Option<Value>) {
         let slot = Arc::new(Mutex::new(None));

@@ -238,6 +238,69 @@ impl TurnDir {
     }
 }
 
+/// Unmounts everything at or below turn directory `dir` (deepest first) and
+/// removes it: what recovery and an OCI turn's guard do with a dead
+/// turn's directory.
+pub fn remove_turn_dir(dir: &Path) -> Result<()> {
+    use nix::mount::{MntFlags, umount2};
+    let state_io = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SupervisorError::StateIo { op, path, source }
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(state_io(
+        "read mountinfo",
+        Path::new("/proc/self/mountinfo"),
+    ))?;
+    let prefix = dir.to_string_lossy().into_owned();
+    let mut points: Vec<String> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount_path)
+        .filter(|p| p == &prefix || p.starts_with(&format!("{prefix}/")))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        match umount2(Path::new(&p), MntFlags::MNT_DETACH) {
+            // Gone meanwhile (its own turn's cleanup got there first).
+            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+            Err(e) => {
+                return Err(SupervisorError::StateIo {
+                    op: "unmount a dead turn's tmpfs",
+                    path: PathBuf::from(&p),
+                    source: e.into(),
+                });
+            }
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(state_io("remove a dead turn's directory", dir)(e)),
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Some(v) = raw
+                .get(i + 1..i + 4)
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Whether the scratch tmpfs at `scratch` is full (blocks or inodes): the
 /// turn hit its `disk` or `files` limit. Every backend asks this.
 pub fn scratch_full(scratch: &Path) -> bool {

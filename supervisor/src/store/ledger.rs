@@ -32,9 +32,9 @@ use serde_json::{Map, Value};
 use turnstile_policy::SessionId;
 use turnstile_policy::canonical::{self, CanonicalError};
 
+pub use crate::error::{IntegrityError, Problem};
 use crate::error::{Result, SupervisorError};
 use crate::fsx;
-pub use crate::store::integrity::{IntegrityError, Problem};
 use crate::store::lock::SessionLock;
 use crate::store::record::{Event, to_object};
 

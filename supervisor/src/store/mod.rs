@@ -9,7 +9,6 @@ pub mod capture;
 pub mod commit;
 pub mod evidence;
 pub mod idempotency;
-pub mod integrity;
 pub mod layout;
 pub mod ledger;
 pub mod lock;

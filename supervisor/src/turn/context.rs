@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use turnstile_policy::canonical;
 
+use crate::error::{IntegrityError, Problem};
 use crate::error::{Result, SupervisorError};
 use crate::store::commit::Committed;
-use crate::store::integrity::{IntegrityError, Problem};
 use crate::store::ledger::LedgerKind;
 use crate::store::record::{Event, EvidenceEntry, Read, Violation, WriteRecord, read_all};
 use crate::store::session::{Session, SessionLock};
