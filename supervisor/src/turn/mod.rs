@@ -524,13 +524,18 @@ impl Turn<'_> {
         let mut clock = Instant::now();
         let mut phases = Phases::new();
         let mut stage = Stage::default();
-        let mut outcome = self.execute_timed(plan, intent, &mut clock, &mut phases, &mut stage);
+        let mut outcome = self
+            .execute_timed(plan, intent, &mut clock, &mut phases, &mut stage)
+            .unwrap_or_else(|o| o);
         stage.enter("teardown");
         phases.push("teardown", lap(&mut clock));
         outcome.phases = phases;
         outcome
     }
 
+    /// The turn from its plan to its commit, step by step: prepare, run,
+    /// capture, judge, commit. A step that cannot go on returns the turn's
+    /// outcome as its error.
     fn execute_timed(
         &self,
         plan: Plan,
@@ -538,52 +543,105 @@ impl Turn<'_> {
         clock: &mut Instant,
         phases: &mut Phases,
         stage: &mut Stage,
-    ) -> Outcome {
+    ) -> std::result::Result<Outcome, Outcome> {
         stage.enter("prepare");
-        let turn_path = self
-            .session
-            .state()
-            .turn_dir(&self.session.id, self.turn_number);
+        let prepared = self.prepare(&plan, intent).map_err(|e| e.with(&plan))?;
+        phases.push("prepare", lap(clock));
+        stage.enter("sandbox");
+        let execution = self
+            .run_sandbox(
+                &plan,
+                intent,
+                prepared.begin,
+                &prepared.turn_dir,
+                prepared.cgroup,
+            )
+            .map_err(|e| e.with(&plan))?;
+        let _ = lap(clock);
+        stage.enter("capture");
+        phases.extend(execution.phases.iter().map(|(n, v)| ((*n).to_owned(), *v)));
+        let (scopes, writes, verdict) = match self.capture(&plan, &execution) {
+            Ok(c) => c,
+            Err(mut o) => {
+                o.execution = Some(execution);
+                o.plan = Some(plan);
+                return Err(o);
+            }
+        };
+        // "capture" = enumerate + hash + compare with the declaration.
+        phases.push("capture", lap(clock));
+        stage.enter("verify_commit");
+        let mut outcome = judge(&plan, &execution, writes, verdict);
+        self.commit(&plan, &scopes, &mut outcome);
+        phases.push("commit", lap(clock));
+        // The workspace is as the next turn will find it: a serve worker
+        // builds that turn's sandbox now, while this one's entries are
+        // written (a no-op elsewhere).
+        if crate::interrupt::received().is_none() {
+            self.backend.refill();
+        }
+        outcome.execution = Some(execution);
+        outcome.plan = Some(plan);
+        outcome.cleanup = Some(prepared.turn_dir.remove_in_background());
+        Ok(outcome)
+    }
+
+    /// The writable scopes as mount points, then the turn's directory: a
+    /// warm sandbox built before the turn from this plan's shape (serve's
+    /// pool), or a directory for one built now.
+    fn prepare(&self, plan: &Plan, intent: &mut Intent<'_>) -> StepResult<Prepared> {
         // Writable scopes must exist as mount points: create the missing
         // ones (empty directories, never through a symlink), as session
-        // start does for tmp/<sid>/ and output/<sid>/.
-        // Creating one is a change to the workspace: only after the intent
-        // entry is durable.
+        // start does for tmp/<sid>/ and output/<sid>/. Creating one is a
+        // change to the workspace: only after the intent entry is durable.
         let missing = plan
             .writable_scopes
             .iter()
             .any(|s| std::fs::symlink_metadata(self.workspace.root().join(s)).is_err());
         if missing && !intent.durable() {
-            return Outcome::failed(
+            return Err(Failed::new(
                 TurnStatus::SandboxError,
                 "the intent entry could not be written".into(),
-                Some(plan),
-            );
+            ));
         }
         for scope in &plan.writable_scopes {
-            if let Err(e) = commit::open_dir_creating(self.workspace.root(), scope) {
-                return Outcome::from_error(&e, Some(plan));
-            }
+            commit::open_dir_creating(self.workspace.root(), scope).map_err(Failed::from)?;
         }
-        // A sandbox built before the turn from this plan's shape (serve's
-        // warm pool), or one built now.
-        let warm = self.backend.take_warm(&plan);
-        let (turn_dir, cgroup, begin) = match warm {
-            Some(w) => (w.dir, w.cgroup, Some(w.begin)),
-            None => match TurnDir::create(turn_path, &plan) {
-                Ok(d) => (d, crate::ids::TurnId::of(&plan).to_string(), None),
-                Err(e) => return Outcome::from_error(&e, Some(plan)),
+        let turn_path = self
+            .session
+            .state()
+            .turn_dir(&self.session.id, self.turn_number);
+        Ok(match self.backend.take_warm(plan) {
+            Some(w) => Prepared {
+                turn_dir: w.dir,
+                cgroup: w.cgroup,
+                begin: Some(w.begin),
             },
-        };
-        phases.push("prepare", lap(clock));
-        stage.enter("sandbox");
+            None => Prepared {
+                turn_dir: TurnDir::create(turn_path, plan).map_err(Failed::from)?,
+                cgroup: crate::ids::TurnId::of(plan).to_string(),
+                begin: None,
+            },
+        })
+    }
+
+    /// Builds (or begins the warm) sandbox, starts the command once the
+    /// intent entry is durable, and waits for every process of the turn.
+    fn run_sandbox(
+        &self,
+        plan: &Plan,
+        intent: &mut Intent<'_>,
+        begin: Option<crate::backend::Begin>,
+        turn_dir: &TurnDir,
+        cgroup: String,
+    ) -> StepResult<crate::sandbox::Execution> {
         // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
         self.opts
             .interrupts
             .register(Some((self.opts.cgroup_root.clone(), cgroup)));
         let created = match begin {
-            Some(begin) => begin(&plan),
-            None => self.backend.create(&plan, &turn_dir),
+            Some(begin) => begin(plan),
+            None => self.backend.create(plan, turn_dir),
         };
         let executed = created.and_then(|mut sandbox| {
             // The gate: the command starts only once the intent entry is
@@ -601,13 +659,23 @@ impl Turn<'_> {
             sandbox.wait()
         });
         self.opts.interrupts.register(None);
-        let execution = match executed {
-            Ok(x) => x,
-            Err(_) if crate::interrupt::received().is_some() => {
-                return Outcome::interrupted(Some(plan));
+        executed.map_err(|e| {
+            if crate::interrupt::received().is_some() {
+                Failed::new(TurnStatus::Interrupted, interrupted_message())
+            } else {
+                Failed::from(e)
             }
-            Err(e) => return Outcome::from_error(&e, Some(plan)),
-        };
+        })
+    }
+
+    /// What the turn wrote, enumerated from the overlay uppers and compared
+    /// with its declaration.
+    fn capture(
+        &self,
+        plan: &Plan,
+        execution: &crate::sandbox::Execution,
+    ) -> std::result::Result<(Vec<Scope>, Vec<capture::RealizedWrite>, capture::Verdict), Outcome>
+    {
         let scopes: Vec<Scope> = plan
             .writable_scopes
             .iter()
@@ -618,137 +686,172 @@ impl Turn<'_> {
                 upper: upper.clone(),
             })
             .collect();
-        let _ = lap(clock);
-        stage.enter("capture");
-        phases.extend(execution.phases.iter().map(|(n, v)| ((*n).to_owned(), *v)));
-        let writes =
-            match capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes) {
-                Ok(w) => w,
-                Err(e) => {
-                    let mut o = Outcome::from_error(&e, Some(plan));
-                    if let SupervisorError::CaptureLimit(_) = e {
-                        o.status = TurnStatus::DiskLimit;
-                    }
-                    o.execution = Some(execution);
-                    return o;
+        let writes = capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes)
+            .map_err(|e| {
+                let mut o = Outcome::from_error(&e, None);
+                if let SupervisorError::CaptureLimit(_) = e {
+                    o.status = TurnStatus::DiskLimit;
                 }
-            };
-
+                o
+            })?;
         let verdict = capture::verify(
             &writes,
             &self.request.declared_outputs,
             &format!("tmp/{}", self.session.id),
         );
-        // "capture" = enumerate + hash + compare with the declaration.
-        phases.push("capture", lap(clock));
-        stage.enter("verify_commit");
-        let u = &execution.usage;
-        let posture_failure = execution
-            .posture
-            .as_ref()
-            .filter(|p| !p.ok())
-            .map(|p| p.failures.join("; "));
-        let observed = Observed {
-            ended: match &execution.ending {
-                Ending::Exited(c) => Ended::Exited(*c),
-                Ending::SetupFailed { .. } => Ended::SetupFailed,
-                Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
-            },
-            interrupted: crate::interrupt::received().is_some(),
-            posture_failed: posture_failure.is_some(),
-            timed_out: execution.timed_out,
-            oom_killed: u.oom_kills > 0,
-            pids_limited: u.pids_limit_hits > 0,
-            disk_full: execution.disk_full,
-            writes_match: verdict.matches(),
-        };
-        let status = classify(&observed);
-        let limits = &plan.limits;
-        let message = match status {
-            TurnStatus::Interrupted => interrupted_message(),
-            TurnStatus::PostureFailed => {
-                format!(
-                    "posture check failed: {}",
-                    posture_failure.unwrap_or_default()
-                )
-            }
-            TurnStatus::Timeout => format!("the turn exceeded {} s", limits.timeout_seconds),
-            TurnStatus::SandboxError => match &execution.ending {
-                Ending::SetupFailed { stage, detail } => format!("{stage}: {detail}"),
-                _ => "the sandbox failed".into(),
-            },
-            TurnStatus::MemoryLimit => {
-                format!("the memory limit ({} bytes) was hit", limits.memory_bytes)
-            }
-            TurnStatus::Blocked => {
-                "realized writes differ from the declared outputs; nothing was committed".into()
-            }
-            TurnStatus::PidsLimit => format!("the process limit ({}) was hit", limits.pids),
-            TurnStatus::DiskLimit => format!(
-                "the disk ({} bytes) or files ({}) limit was hit",
-                limits.disk_bytes, limits.files
-            ),
-            _ => String::new(),
-        };
-        let mut verdict = verdict;
-        if !matches!(status, TurnStatus::Committed | TurnStatus::Blocked) {
-            // The declaration only decides a turn whose command exited 0;
-            // otherwise the realized writes are recorded, not judged.
-            verdict.undeclared.clear();
-            verdict.missing.clear();
+        Ok((scopes, writes, verdict))
+    }
+
+    /// Commits a turn judged `committed` (unless an interrupt came after
+    /// the command, before the commit point).
+    fn commit(&self, plan: &Plan, scopes: &[Scope], outcome: &mut Outcome) {
+        if outcome.status != TurnStatus::Committed {
+            return;
         }
-        let mut outcome = Outcome {
-            status,
-            message,
-            execution: None,
-            writes,
-            verdict,
-            committed: Vec::new(),
-            plan: None,
-            phases: Phases::new(),
-            cleanup: None,
-        };
-        if status == TurnStatus::Committed && crate::interrupt::received().is_some() {
+        if crate::interrupt::received().is_some() {
             // Interrupted after the command, before the commit point.
             outcome.status = TurnStatus::Interrupted;
             outcome.message = interrupted_message();
-        } else if status == TurnStatus::Committed {
-            let request = commit::CommitRequest {
-                root: self.workspace.root(),
-                scopes: &scopes,
-                matched: &outcome.verdict.matched,
-                scratch: &outcome.verdict.scratch,
-                output_owner: plan.workspace_owner,
-                scratch_owner: plan.workspace_owner,
-                turn_number: self.turn_number,
-                journal: self
-                    .session
-                    .state()
-                    .commit_journal(&self.session.id, self.turn_number),
-                work_dir: Workspace::commit_work_dir(&self.session.id, self.turn_number),
-            };
-            match commit::commit(&request) {
-                Ok(c) => outcome.committed = c,
-                Err(e) => {
-                    // Host I/O (a full disk, EIO): exit 1, nothing landed —
-                    // or, past the commit point, the journal stays for
-                    // recovery to finish.
-                    outcome.status = TurnStatus::CommitFailed;
-                    outcome.message = e.to_string();
-                }
+            return;
+        }
+        let request = commit::CommitRequest {
+            root: self.workspace.root(),
+            scopes,
+            matched: &outcome.verdict.matched,
+            scratch: &outcome.verdict.scratch,
+            output_owner: plan.workspace_owner,
+            scratch_owner: plan.workspace_owner,
+            turn_number: self.turn_number,
+            journal: self
+                .session
+                .state()
+                .commit_journal(&self.session.id, self.turn_number),
+            work_dir: Workspace::commit_work_dir(&self.session.id, self.turn_number),
+        };
+        match commit::commit(&request) {
+            Ok(c) => outcome.committed = c,
+            Err(e) => {
+                // Host I/O (a full disk, EIO): exit 1, nothing landed — or,
+                // past the commit point, the journal stays for recovery to
+                // finish.
+                outcome.status = TurnStatus::CommitFailed;
+                outcome.message = e.to_string();
             }
         }
-        phases.push("commit", lap(clock));
-        // The workspace is as the next turn will find it: a serve worker
-        // builds that turn's sandbox now, while this one's entries are
-        // written (a no-op elsewhere).
-        if crate::interrupt::received().is_none() {
-            self.backend.refill();
+    }
+}
+
+/// What `prepare` made ready for the sandbox.
+struct Prepared {
+    turn_dir: TurnDir,
+    cgroup: String,
+    begin: Option<crate::backend::Begin>,
+}
+
+/// A step that ended the turn: its status and why (the plan is attached by
+/// the pipeline).
+struct Failed {
+    status: TurnStatus,
+    message: String,
+}
+
+type StepResult<T> = std::result::Result<T, Failed>;
+
+impl Failed {
+    fn new(status: TurnStatus, message: String) -> Self {
+        Self { status, message }
+    }
+
+    fn with(self, plan: &Plan) -> Outcome {
+        Outcome::failed(self.status, self.message, Some(plan.clone()))
+    }
+}
+
+impl From<SupervisorError> for Failed {
+    fn from(e: SupervisorError) -> Self {
+        Self::new(TurnStatus::SandboxError, e.to_string())
+    }
+}
+
+/// The turn's status from what the sandbox observed and what it wrote
+/// (the one classification table), and the outcome before any commit.
+fn judge(
+    plan: &Plan,
+    execution: &crate::sandbox::Execution,
+    writes: Vec<capture::RealizedWrite>,
+    mut verdict: capture::Verdict,
+) -> Outcome {
+    let u = &execution.usage;
+    let posture_failure = execution
+        .posture
+        .as_ref()
+        .filter(|p| !p.ok())
+        .map(|p| p.failures.join("; "));
+    let observed = Observed {
+        ended: match &execution.ending {
+            Ending::Exited(c) => Ended::Exited(*c),
+            Ending::SetupFailed { .. } => Ended::SetupFailed,
+            Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
+        },
+        interrupted: crate::interrupt::received().is_some(),
+        posture_failed: posture_failure.is_some(),
+        timed_out: execution.timed_out,
+        oom_killed: u.oom_kills > 0,
+        pids_limited: u.pids_limit_hits > 0,
+        disk_full: execution.disk_full,
+        writes_match: verdict.matches(),
+    };
+    let status = classify(&observed);
+    if !matches!(status, TurnStatus::Committed | TurnStatus::Blocked) {
+        // The declaration only decides a turn whose command exited 0;
+        // otherwise the realized writes are recorded, not judged.
+        verdict.undeclared.clear();
+        verdict.missing.clear();
+    }
+    Outcome {
+        status,
+        message: status_message(status, plan, execution, posture_failure),
+        execution: None,
+        writes,
+        verdict,
+        committed: Vec::new(),
+        plan: None,
+        phases: Phases::new(),
+        cleanup: None,
+    }
+}
+
+/// What went wrong, in words, for a status that carries an error.
+fn status_message(
+    status: TurnStatus,
+    plan: &Plan,
+    execution: &crate::sandbox::Execution,
+    posture_failure: Option<String>,
+) -> String {
+    let limits = &plan.limits;
+    match status {
+        TurnStatus::Interrupted => interrupted_message(),
+        TurnStatus::PostureFailed => format!(
+            "posture check failed: {}",
+            posture_failure.unwrap_or_default()
+        ),
+        TurnStatus::Timeout => format!("the turn exceeded {} s", limits.timeout_seconds),
+        TurnStatus::SandboxError => match &execution.ending {
+            Ending::SetupFailed { stage, detail } => format!("{stage}: {detail}"),
+            _ => "the sandbox failed".into(),
+        },
+        TurnStatus::MemoryLimit => {
+            format!("the memory limit ({} bytes) was hit", limits.memory_bytes)
         }
-        outcome.execution = Some(execution);
-        outcome.plan = Some(plan);
-        outcome.cleanup = Some(turn_dir.remove_in_background());
-        outcome
+        TurnStatus::Blocked => {
+            "realized writes differ from the declared outputs; nothing was committed".into()
+        }
+        TurnStatus::PidsLimit => format!("the process limit ({}) was hit", limits.pids),
+        TurnStatus::DiskLimit => format!(
+            "the disk ({} bytes) or files ({}) limit was hit",
+            limits.disk_bytes, limits.files
+        ),
+        _ => String::new(),
     }
 }
 
