@@ -526,7 +526,7 @@ impl Turn<'_> {
         let mut stage = Stage::default();
         let mut outcome = self
             .execute_timed(plan, intent, &mut clock, &mut phases, &mut stage)
-            .unwrap_or_else(|o| o);
+            .unwrap_or_else(|o| *o);
         stage.enter("teardown");
         phases.push("teardown", lap(&mut clock));
         outcome.phases = phases;
@@ -543,7 +543,7 @@ impl Turn<'_> {
         clock: &mut Instant,
         phases: &mut Phases,
         stage: &mut Stage,
-    ) -> std::result::Result<Outcome, Outcome> {
+    ) -> std::result::Result<Outcome, Box<Outcome>> {
         stage.enter("prepare");
         let prepared = self.prepare(&plan, intent).map_err(|e| e.with(&plan))?;
         phases.push("prepare", lap(clock));
@@ -562,9 +562,9 @@ impl Turn<'_> {
         phases.extend(execution.phases.iter().map(|(n, v)| ((*n).to_owned(), *v)));
         let (scopes, writes, verdict) = match self.capture(&plan, &execution) {
             Ok(c) => c,
-            Err(mut o) => {
+            Err(f) => {
+                let mut o = f.with(&plan);
                 o.execution = Some(execution);
-                o.plan = Some(plan);
                 return Err(o);
             }
         };
@@ -674,8 +674,7 @@ impl Turn<'_> {
         &self,
         plan: &Plan,
         execution: &crate::sandbox::Execution,
-    ) -> std::result::Result<(Vec<Scope>, Vec<capture::RealizedWrite>, capture::Verdict), Outcome>
-    {
+    ) -> StepResult<(Vec<Scope>, Vec<capture::RealizedWrite>, capture::Verdict)> {
         let scopes: Vec<Scope> = plan
             .writable_scopes
             .iter()
@@ -762,8 +761,12 @@ impl Failed {
         Self { status, message }
     }
 
-    fn with(self, plan: &Plan) -> Outcome {
-        Outcome::failed(self.status, self.message, Some(plan.clone()))
+    fn with(self, plan: &Plan) -> Box<Outcome> {
+        Box::new(Outcome::failed(
+            self.status,
+            self.message,
+            Some(plan.clone()),
+        ))
     }
 }
 
