@@ -686,12 +686,11 @@ impl Turn<'_> {
             })
             .collect();
         let writes = capture::enumerate(&scopes, plan.limits.files + 1024, plan.limits.disk_bytes)
-            .map_err(|e| {
-                let mut o = Outcome::from_error(&e, None);
-                if let SupervisorError::CaptureLimit(_) = e {
-                    o.status = TurnStatus::DiskLimit;
+            .map_err(|e| match e {
+                SupervisorError::CaptureLimit(_) => {
+                    Failed::new(TurnStatus::DiskLimit, e.to_string())
                 }
-                o
+                e => Failed::from(e),
             })?;
         let verdict = capture::verify(
             &writes,
