@@ -471,10 +471,6 @@ impl Outcome {
         Self::failed(TurnStatus::Interrupted, interrupted_message(), plan)
     }
 
-    pub(super) fn from_error(e: &SupervisorError, plan: Option<Plan>) -> Self {
-        Self::failed(TurnStatus::SandboxError, e.to_string(), plan)
-    }
-
     /// The error object of the entries and `--json` (none for statuses
     /// that are not errors).
     pub(super) fn error(&self) -> Option<ErrorRecord> {
