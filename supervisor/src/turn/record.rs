@@ -11,7 +11,7 @@ use turnstile_policy::session::Clock;
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use super::{Turn, TurnResult};
-use crate::error::{Result, SupervisorError};
+use crate::error::Result;
 use crate::sandbox::{self, Ending, Execution};
 use crate::store::capture::{self, Verdict};
 use crate::store::commit::Committed;
