@@ -9,7 +9,6 @@ pub mod cli;
 pub mod error;
 pub mod fsx;
 pub mod ids;
-pub mod interrupt;
 pub mod recover;
 pub mod sandbox;
 pub mod serve;

@@ -1213,7 +1213,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         backend: a.backend.clone(),
         tenant: a.tenant.clone(),
         pool: None,
-        interrupts: crate::interrupt::Interrupts::default(),
+        interrupts: crate::turn::interrupt::Interrupts::default(),
         config: a.config.clone(),
         deterministic,
         rootfs: a.rootfs.clone(),

@@ -69,13 +69,11 @@ enum Line<'a> {
 pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
     let v = serde_json::to_value(Line::Run(wire)).unwrap_or_default();
     // A signal from here on is forwarded to the turn, not fatal here.
-    let _watching =
-        crate::interrupt::install(&crate::interrupt::Interrupts::default()).map_err(|source| {
-            SupervisorError::StateIo {
-                op: "install signal handlers",
-                path: PathBuf::new(),
-                source,
-            }
+    let _watching = crate::turn::interrupt::install(&crate::turn::interrupt::Interrupts::default())
+        .map_err(|source| SupervisorError::StateIo {
+            op: "install signal handlers",
+            path: PathBuf::new(),
+            source,
         })?;
     exchange(socket, &v, true)
 }
@@ -134,7 +132,7 @@ fn wait_reply(sock: &UnixStream) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     loop {
         if !forwarded {
-            if let Some(sig) = crate::interrupt::received() {
+            if let Some(sig) = crate::turn::interrupt::received() {
                 (&*sock).write_all(&[sig as i32 as u8])?;
                 forwarded = true;
             }

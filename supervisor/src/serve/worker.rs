@@ -9,7 +9,7 @@
 //!
 //! Why a re-executed process rather than a thread of the daemon: a turn
 //! relies on process-global state — the SIGTERM/SIGINT/SIGHUP handlers and
-//! the single "running turn" slot of [`crate::interrupt`], the
+//! the single "running turn" slot of [`crate::turn::interrupt`], the
 //! child-subreaper flag the OCI backends set, and the output pumps that
 //! copy the command's output into *this process's* stdout/stderr. Two turns
 //! in one process at once would interrupt each other and mix their output;
@@ -82,7 +82,7 @@ pub fn main() -> u8 {
             }
         }
         drop(fds);
-        crate::interrupt::reset();
+        crate::turn::interrupt::reset();
         let reply = turn(job, pool.as_ref().filter(|_| keep));
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();
@@ -202,7 +202,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             backend: r.backend.clone(),
             tenant: r.tenant.clone(),
             pool: None,
-            interrupts: crate::interrupt::Interrupts::default(),
+            interrupts: crate::turn::interrupt::Interrupts::default(),
             config: r
                 .config
                 .clone()

@@ -21,6 +21,7 @@ use turnstile_policy::{Manifest, SessionId, canonical};
 pub mod admit;
 pub mod context;
 pub mod denials;
+pub mod interrupt;
 pub mod outcome;
 pub mod realfs;
 pub mod replay;
@@ -63,7 +64,7 @@ pub struct RunOptions {
     pub tenant: Option<String>,
     /// Where the run registers the turn's cgroup for its interrupt
     /// watcher (the run installs the watcher: see `turn::outcome`).
-    pub interrupts: crate::interrupt::Interrupts,
+    pub interrupts: crate::turn::interrupt::Interrupts,
     /// A serve worker's warm pool (`None` for `supervise run`).
     pub pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>>,
     /// The system configuration file (`--config`).
@@ -473,7 +474,7 @@ impl Turn<'_> {
             let mut intent =
                 Intent::spawn(scope, move || exec_ledger.append(lock, body).map(|_| ()));
             let mut outcome = match plan {
-                Ok(plan) if crate::interrupt::received().is_some() => {
+                Ok(plan) if crate::turn::interrupt::received().is_some() => {
                     Outcome::interrupted(Some(plan))
                 }
                 Ok(plan) => self.execute(plan, &mut intent),
@@ -577,7 +578,7 @@ impl Turn<'_> {
         // The workspace is as the next turn will find it: a serve worker
         // builds that turn's sandbox now, while this one's entries are
         // written (a no-op elsewhere).
-        if crate::interrupt::received().is_none() {
+        if crate::turn::interrupt::received().is_none() {
             self.backend.refill();
         }
         outcome.execution = Some(execution);
@@ -660,7 +661,7 @@ impl Turn<'_> {
         });
         self.opts.interrupts.register(None);
         executed.map_err(|e| {
-            if crate::interrupt::received().is_some() {
+            if crate::turn::interrupt::received().is_some() {
                 Failed::new(TurnStatus::Interrupted, interrupted_message())
             } else {
                 Failed::from(e)
@@ -706,7 +707,7 @@ impl Turn<'_> {
         if outcome.status != TurnStatus::Committed {
             return;
         }
-        if crate::interrupt::received().is_some() {
+        if crate::turn::interrupt::received().is_some() {
             // Interrupted after the command, before the commit point.
             outcome.status = TurnStatus::Interrupted;
             outcome.message = interrupted_message();
@@ -795,7 +796,7 @@ fn judge(
             Ending::SetupFailed { .. } => Ended::SetupFailed,
             Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
         },
-        interrupted: crate::interrupt::received().is_some(),
+        interrupted: crate::turn::interrupt::received().is_some(),
         posture_failed: posture_failure.is_some(),
         timed_out: execution.timed_out,
         oom_killed: u.oom_kills > 0,

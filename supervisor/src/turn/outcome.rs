@@ -147,12 +147,13 @@ fn run_turn_inner(
 ) -> Result<(Outcome, Value)> {
     // From here on SIGTERM/SIGINT/SIGHUP interrupt the turn (recorded as
     // `interrupted`, exit 128+signal) instead of killing supervise outright.
-    let _watching =
-        crate::interrupt::install(&opts.interrupts).map_err(|source| SupervisorError::StateIo {
+    let _watching = crate::turn::interrupt::install(&opts.interrupts).map_err(|source| {
+        SupervisorError::StateIo {
             op: "install signal handlers",
             path: PathBuf::new(),
             source,
-        })?;
+        }
+    })?;
     let r = crate::turn::run_turn(opts)?;
     if let Some(path) = events {
         emit_events(path, &opts.package, &opts.request, &r.value)?;

@@ -483,14 +483,14 @@ impl Outcome {
 
     pub(super) fn exit_status(&self) -> u8 {
         self.status
-            .exit_status(crate::interrupt::received().map(|s| s as i32))
+            .exit_status(crate::turn::interrupt::received().map(|s| s as i32))
     }
 }
 
 pub(super) fn interrupted_message() -> String {
     format!(
         "supervise received {}; the turn was killed and nothing was committed",
-        crate::interrupt::received().map_or("a signal", |s| s.as_str())
+        crate::turn::interrupt::received().map_or("a signal", |s| s.as_str())
     )
 }
 

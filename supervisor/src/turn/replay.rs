@@ -291,7 +291,7 @@ pub fn replay(
             },
             tenant: None,
             pool: None,
-            interrupts: crate::interrupt::Interrupts::default(),
+            interrupts: crate::turn::interrupt::Interrupts::default(),
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
             rootfs: None,
