@@ -289,7 +289,10 @@ pub struct PlanContext<'a> {
     pub system_root: Option<&'a str>,
 }
 
-/// Compiles the Plan of one allowed turn.
+/// Compiles the Plan of one allowed turn: the writable scopes, the
+/// executables, the view (system baseline, /dev, /proc, the workspace as
+/// the grants name it, generated files, masks), the Landlock rules and the
+/// environment — one step each.
 pub fn compile(
     ctx: &PlanContext<'_>,
     manifest: &Manifest,
@@ -301,397 +304,15 @@ pub fn compile(
         // Refuse rather than silently run isolated.
         return Err(PlanError::Unsupported("network `allow_egress`"));
     }
-    let root = ctx.root;
-    let sid = request.session.as_str();
-    let caps = &manifest.capabilities;
-    let session = &request.session;
-    let forbidden =
-        PatternSet::compile(&caps.forbidden, session).unwrap_or_else(|_| empty_set(session));
-
-    // --- writable scopes: scratch, session output, each write pattern's
-    // static directory.
-    let mut scopes: Vec<String> = vec![format!("tmp/{sid}"), format!("output/{sid}")];
-    for p in &caps.write {
-        let prefix = p.static_prefix(session);
-        // A literal file pattern's scope is its directory.
-        let dir = if prefix == p.expand(session) {
-            prefix
-                .rsplit_once('/')
-                .map(|(d, _)| d.to_owned())
-                .unwrap_or_default()
-        } else {
-            prefix
-        };
-        if dir.is_empty() {
-            return Err(PlanError::BadScope(p.to_string()));
-        }
-        if !scopes
-            .iter()
-            .any(|s| *s == dir || dir.starts_with(&format!("{s}/")))
-        {
-            scopes.retain(|s| !s.starts_with(&format!("{dir}/")));
-            scopes.push(dir);
-        }
-    }
-
-    // --- executables: argv[0] and every execute entry's program, resolved,
-    // plus `#!` interpreters and the dynamic loader.
-    let program = &request.command[0];
-    let program_abs = if program.starts_with('/') {
-        program.clone()
-    } else {
-        join(root, program)
-    };
-    let resolved = match (fs.canonical(&program_abs), fs.kind(&program_abs)) {
-        (Some(c), Some(_)) if fs.kind(&c) == Some(FileKind::File) => c,
-        _ => return Err(PlanError::ExecutableMissing(program.clone())),
-    };
-    let mut execute = vec![resolved];
-    for entry in &caps.execute {
-        let raw = entry.program.expand(session);
-        let abs = if raw.starts_with('/') {
-            raw
-        } else {
-            join(root, &raw)
-        };
-        if let Some(c) = fs
-            .canonical(&abs)
-            .filter(|c| fs.kind(c) == Some(FileKind::File))
-        {
-            execute.push(c);
-        }
-    }
-    let mut interpreters = Vec::new();
-    for exe in &execute {
-        if let Some(interp) = shebang(&fs.head(exe, 256)) {
-            if let Some(c) = fs.canonical(&interp) {
-                interpreters.push(c);
-            }
-        }
-    }
-    execute.extend(interpreters);
-    execute.extend(LOADERS.iter().filter_map(|l| fs.canonical(l)));
-    execute.sort();
-    execute.dedup();
-
-    // --- the view, in order: system baseline, /dev, /proc, the workspace
-    // as the grants name it, then generated files and masks.
-    let mut mounts = Vec::new();
-    let mut baseline = Vec::new();
-    let mut shown: Vec<String> = Vec::new(); // every directory or file mounted
-    let within = |path: &str, dir: &str| path == dir || path.starts_with(&format!("{dir}/"));
-    // Host directories the grants name whole (`/etc/**`) replace the
-    // baseline entries inside them.
-    let host_granted: Vec<String> = caps
-        .read
-        .iter()
-        .chain(caps.execute.iter().map(|e| &e.program))
-        .filter(|p| p.is_absolute())
-        .map(|p| p.static_prefix(session))
-        .filter(|p| fs.kind(p) == Some(FileKind::Dir))
-        .collect();
-    for path in READ_BASELINE {
-        if host_granted
-            .iter()
-            .any(|g| g.as_str() != *path && within(path, g))
-        {
-            baseline.push((*path).to_owned());
-            continue;
-        }
-        // In an image rootfs, a baseline entry below a symlinked directory
-        // is left out: its source path would be resolved on the host when
-        // mounted. (The host's own baseline has none.)
-        if ctx.system_root.is_some() {
-            let parent = path.rsplit_once('/').map_or("", |(d, _)| d);
-            if !parent.is_empty() && fs.canonical(parent).as_deref() != Some(parent) {
-                continue;
-            }
-        }
-        match fs.kind(path) {
-            Some(FileKind::Symlink) => {
-                if let Some(target) = fs.read_link(path) {
-                    mounts.push(Mount::Symlink {
-                        path: (*path).into(),
-                        target,
-                    });
-                    baseline.push((*path).to_owned());
-                }
-            }
-            Some(FileKind::Dir | FileKind::File) => {
-                mounts.push(Mount::SystemReadOnly {
-                    path: (*path).into(),
-                });
-                baseline.push((*path).to_owned());
-                shown.push((*path).to_owned());
-            }
-            _ => {}
-        }
-    }
-    mounts.push(Mount::Dev {
-        shm_bytes: 64 << 20,
-    });
-    let ephemeral: Vec<String> = EPHEMERAL
-        .iter()
-        .filter(|e| !(root == **e || root.starts_with(&format!("{e}/"))))
-        .map(|e| (*e).to_owned())
-        .collect();
-    for path in &ephemeral {
-        mounts.push(Mount::Ephemeral {
-            path: path.clone(),
-            bytes: manifest.limits.disk.0,
-        });
-    }
-    mounts.push(Mount::Proc {
-        masked: PROC_MASKED.iter().map(|p| (*p).to_owned()).collect(),
-        read_only: PROC_READ_ONLY.iter().map(|p| (*p).to_owned()).collect(),
-    });
-
-    // What the grants name: the static prefix of every read and execute
-    // pattern, every executable the turn may start and its interpreter.
-    let mut wanted: Vec<String> = Vec::new();
-    for p in caps
-        .read
-        .iter()
-        .chain(caps.execute.iter().map(|e| &e.program))
-    {
-        let prefix = p.static_prefix(session);
-        if p.is_absolute() {
-            if prefix == "/" {
-                return Err(PlanError::HostRoot(p.to_string()));
-            }
-            wanted.push(prefix);
-        } else if prefix.is_empty() {
-            wanted.push(root.to_owned());
-        } else {
-            wanted.push(join(root, &prefix));
-        }
-    }
-    wanted.extend(execute.iter().cloned());
-    let scope_dirs: Vec<String> = scopes.iter().map(|s| join(root, s)).collect();
-    wanted.sort();
-    wanted.dedup();
-    // Keep the outermost: a path inside another wanted path, a writable
-    // scope, the baseline, /proc or /dev is already shown.
-    let outer = wanted.clone();
-    wanted.retain(|w| {
-        !outer.iter().any(|o| o != w && within(w, o))
-            && !scope_dirs.iter().any(|s| within(w, s))
-            && !shown.iter().any(|b| within(w, b))
-            && !["/proc", "/dev"].iter().any(|d| within(w, d))
-    });
-    // Workspace read-only parts and writable scopes, parents first.
-    let mut ws: Vec<(String, Option<usize>)> = Vec::new();
-    let mut host: Vec<String> = Vec::new();
-    for w in wanted {
-        if within(&w, root) {
-            ws.push((w, None));
-        } else {
-            host.push(w);
-        }
-    }
-    for (i, s) in scope_dirs.iter().enumerate() {
-        ws.push((s.clone(), Some(i)));
-    }
-    ws.sort();
-    if !ws.iter().any(|(p, i)| p == root && i.is_none()) {
-        mounts.push(Mount::Dir {
-            path: root.to_owned(),
-        });
-    }
-    for path in host {
-        // sysfs cannot be an overlay's lower layer (and holds no sockets):
-        // bound as it is.
-        let show_host = |p: &str| match show(fs, "/", p) {
-            Some(Mount::ReadOnly { path }) if within(&path, "/sys") => {
-                Some(Mount::SystemReadOnly { path })
-            }
-            other => other,
-        };
-        if let Some(m) = show_host(&path) {
-            if matches!(m, Mount::ReadOnly { .. } | Mount::SystemReadOnly { .. }) {
-                shown.push(path);
-            }
-            // A symlink of the baseline (`/bin`) is there already.
-            if !mounts.contains(&m) {
-                mounts.push(m);
-            }
-        }
-    }
-    for (path, index) in ws {
-        match index {
-            Some(index) => {
-                shown.push(path.clone());
-                mounts.push(Mount::Overlay { path, index });
-            }
-            None => {
-                if let Some(m) = show(fs, root, &path) {
-                    if matches!(m, Mount::ReadOnly { .. }) {
-                        shown.push(path);
-                    }
-                    if !mounts.contains(&m) {
-                        mounts.push(m);
-                    }
-                }
-            }
-        }
-    }
-    for (path, contents) in [
-        (
-            "/etc/hosts",
-            format!(
-                "127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-            ),
-        ),
-        ("/etc/hostname", format!("{HOSTNAME}\n")),
-    ] {
-        mounts.push(Mount::Generated {
-            path: path.into(),
-            contents,
-        });
-    }
-
-    // Masks go last so nothing mounted later can uncover them: forbidden
-    // paths that exist in the view, and the ledgers unless a read pattern
-    // names them.
-    let mut masked: Vec<String> = Vec::new();
-    let forbidden_roots: Vec<String> = shown
-        .iter()
-        .filter(|b| fs.kind(b) == Some(FileKind::Dir))
-        .cloned()
-        .collect();
-    for p in &caps.forbidden {
-        let start = if p.is_absolute() {
-            p.static_prefix(session)
-        } else {
-            join(root, &p.static_prefix(session))
-        };
-        if !forbidden_roots
-            .iter()
-            .any(|r| within(&start, r) || r.starts_with(&format!("{start}/")))
-        {
-            continue;
-        }
-        // `dir/**` forbids the directory itself: mask it whole.
-        let expanded = p.expand(session);
-        let prefix = p.static_prefix(session);
-        if expanded.strip_suffix("/**") == Some(prefix.as_str())
-            && fs.kind(&start) == Some(FileKind::Dir)
-        {
-            masked.push(start);
-            continue;
-        }
-        for hit in enumerate(fs, root, &start, &forbidden)? {
-            masked.push(hit);
-        }
-    }
-    let planes = join(root, "planes");
-    if fs.kind(&planes) == Some(FileKind::Dir)
-        && !caps.read.iter().any(|r| r.as_str().starts_with("planes/"))
-    {
-        masked.push(planes);
-    }
-    // Only what is in the view needs hiding.
-    masked.retain(|m| shown.iter().any(|s| within(m, s)));
-    masked.sort();
-    masked.dedup();
-    // Drop masks nested inside another mask.
-    let outer = masked.clone();
-    masked.retain(|m| {
-        !outer
-            .iter()
-            .any(|o| m != o && m.starts_with(&format!("{o}/")))
-    });
-    for path in &masked {
-        let reason = if path.ends_with("/planes") {
-            "reserved (ledgers)"
-        } else {
-            "forbidden"
-        };
-        match fs.kind(path) {
-            Some(FileKind::Dir) => mounts.push(Mount::MaskDir {
-                path: path.clone(),
-                reason: reason.into(),
-            }),
-            Some(_) => mounts.push(Mount::MaskFile {
-                path: path.clone(),
-                reason: reason.into(),
-            }),
-            None => {}
-        }
-    }
-
-    // --- Landlock.
-    let read_set = PatternSet::compile(&caps.read, session).unwrap_or_else(|_| empty_set(session));
-    let mut read: Vec<String> = baseline.iter().filter_map(|b| fs.canonical(b)).collect();
-    read.push("/proc".into());
-    read.extend(["/etc/hosts".to_owned(), "/etc/hostname".to_owned()]);
-    for p in &caps.read {
-        let start = if p.is_absolute() {
-            p.static_prefix(session)
-        } else {
-            join(root, &p.static_prefix(session))
-        };
-        for hit in enumerate(fs, root, &start, &read_set)? {
-            grant_excluding(fs, root, &hit, &forbidden, &masked, &mut read);
-        }
-    }
-    read.sort();
-    read.dedup();
-    // Execute on globs and on what the turn creates: Landlock cannot match a
-    // glob, so an execute pattern grants its static prefix (`/usr/bin/*` ->
-    // `/usr/bin`); under a writable scope, the nearest directory of it that
-    // exists when the turn starts (rules need an existing inode; never above
-    // the scope, where the turn may write anyway). Literal entries were
-    // resolved above.
-    for entry in &caps.execute {
-        let raw = entry.program.static_prefix(session);
-        let abs = if raw.starts_with('/') {
-            raw
-        } else {
-            join(root, &raw)
-        };
-        let scope = scope_dirs.iter().find(|s| within(&abs, s));
-        let expanded = entry.program.expand(session);
-        let literal = abs == expanded || abs == join(root, &expanded);
-        if literal && scope.is_none() {
-            continue;
-        }
-        let floor = scope.cloned().unwrap_or_else(|| "/".into());
-        let mut dir = abs.clone();
-        while dir != floor && fs.kind(&dir) != Some(FileKind::Dir) {
-            dir = match dir.rsplit_once('/') {
-                Some((d, _)) => d.to_owned(),
-                None => break,
-            };
-        }
-        if !dir.is_empty() && dir != "/" {
-            execute.push(dir);
-        }
-    }
-    execute.sort();
-    execute.dedup();
-    let mut read_write: Vec<String> = scope_dirs.clone();
-    read_write.push("/dev/shm".into());
-    read_write.extend(ephemeral);
-
-    // --- environment (FR-RT-012, FR-RT-014).
-    let scratch = join(root, &format!("tmp/{sid}"));
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-        ("HOME".into(), scratch.clone()),
-        ("TMPDIR".into(), scratch.clone()),
-        ("TEMP".into(), scratch.clone()),
-        ("TMP".into(), scratch),
-        ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-        ("TURNSTILE_SESSION_ID".into(), sid.to_owned()),
-        ("TURNSTILE_TURN".into(), ctx.turn_number.to_string()),
-    ];
-    for (k, v) in &ctx.host_env {
-        if ENV_PASSTHROUGH.contains(&k.as_str()) {
-            env.push((k.clone(), v.clone()));
-        }
-    }
-
+    let c = Compiler::new(ctx, manifest, request, fs);
+    let scopes = c.writable_scopes()?;
+    let (program_abs, execute) = c.executables()?;
+    let mut view = View::default();
+    let ephemeral = c.system_view(&mut view);
+    let scope_dirs: Vec<String> = scopes.iter().map(|s| join(c.root, s)).collect();
+    c.workspace_view(&mut view, &scope_dirs, &execute)?;
+    let masked = c.masks(&mut view)?;
+    let landlock = c.landlock(&view, &masked, &scope_dirs, execute, ephemeral)?;
     let l = &manifest.limits;
     let timeout = request
         .timeout_seconds
@@ -700,14 +321,14 @@ pub fn compile(
     let mut argv = request.command.clone();
     argv[0] = program_abs;
     Ok(Plan {
-        session_id: sid.to_owned(),
+        session_id: c.sid.to_owned(),
         turn_number: ctx.turn_number,
         package_id: manifest.package_id.to_string(),
-        root: root.to_owned(),
+        root: c.root.to_owned(),
         argv,
         execute_entry: allowed.execute_entry.clone(),
-        cwd: root.to_owned(),
-        env,
+        cwd: c.root.to_owned(),
+        env: c.environment(),
         uid: NOBODY,
         gid: NOBODY,
         workspace_owner: ctx.workspace_owner,
@@ -716,17 +337,10 @@ pub fn compile(
             .iter()
             .map(|s| (*s).to_owned())
             .collect(),
-        read_baseline: baseline,
-        mounts,
+        read_baseline: view.baseline,
+        mounts: view.mounts,
         writable_scopes: scopes,
-        landlock: LandlockRules {
-            abi: LANDLOCK_ABI,
-            list: vec!["/".into()],
-            read,
-            read_write,
-            execute,
-            devices: DEVICES.iter().map(|d| (*d).to_owned()).collect(),
-        },
+        landlock,
         seccomp: SeccompProfile::default_profile(),
         limits: PlanLimits {
             memory_bytes: l.memory.0,
@@ -748,6 +362,507 @@ pub fn compile(
             .collect(),
         system_root: ctx.system_root.map(str::to_owned),
     })
+}
+
+/// `path` is `dir` or below it.
+fn within(path: &str, dir: &str) -> bool {
+    path == dir || path.starts_with(&format!("{dir}/"))
+}
+
+/// What one compilation reads: the inputs, and the forbidden patterns.
+struct Compiler<'a> {
+    ctx: &'a PlanContext<'a>,
+    manifest: &'a Manifest,
+    fs: &'a dyn FsView,
+    root: &'a str,
+    sid: &'a str,
+    caps: &'a crate::capabilities::Capabilities,
+    session: &'a crate::SessionId,
+    request: &'a BoundRequest,
+    forbidden: PatternSet,
+}
+
+/// The view as it is built: every mount in order, the system baseline
+/// entries, and every directory or file mounted.
+#[derive(Default)]
+struct View {
+    mounts: Vec<Mount>,
+    baseline: Vec<String>,
+    shown: Vec<String>,
+}
+
+impl<'a> Compiler<'a> {
+    fn new(
+        ctx: &'a PlanContext<'a>,
+        manifest: &'a Manifest,
+        request: &'a BoundRequest,
+        fs: &'a dyn FsView,
+    ) -> Self {
+        let session = &request.session;
+        let caps = &manifest.capabilities;
+        Self {
+            ctx,
+            manifest,
+            fs,
+            root: ctx.root,
+            sid: session.as_str(),
+            caps,
+            session,
+            request,
+            forbidden: PatternSet::compile(&caps.forbidden, session)
+                .unwrap_or_else(|_| empty_set(session)),
+        }
+    }
+
+    /// The writable scopes: scratch, session output, each write pattern's
+    /// static directory (outermost only).
+    fn writable_scopes(&self) -> Result<Vec<String>, PlanError> {
+        let (sid, session, caps) = (self.sid, self.session, self.caps);
+        let mut scopes: Vec<String> = vec![format!("tmp/{sid}"), format!("output/{sid}")];
+        for p in &caps.write {
+            let prefix = p.static_prefix(session);
+            // A literal file pattern's scope is its directory.
+            let dir = if prefix == p.expand(session) {
+                prefix
+                    .rsplit_once('/')
+                    .map(|(d, _)| d.to_owned())
+                    .unwrap_or_default()
+            } else {
+                prefix
+            };
+            if dir.is_empty() {
+                return Err(PlanError::BadScope(p.to_string()));
+            }
+            if !scopes
+                .iter()
+                .any(|s| *s == dir || dir.starts_with(&format!("{s}/")))
+            {
+                scopes.retain(|s| !s.starts_with(&format!("{dir}/")));
+                scopes.push(dir);
+            }
+        }
+        Ok(scopes)
+    }
+
+    /// The executables: argv[0] (absolute, resolved) and every literal
+    /// execute entry's program, resolved, with `#!` interpreters and the
+    /// dynamic loader. Returns argv[0] as the sandbox names it.
+    fn executables(&self) -> Result<(String, Vec<String>), PlanError> {
+        let (root, fs, session, caps) = (self.root, self.fs, self.session, self.caps);
+        let request = self.request;
+        let program = &request.command[0];
+        let program_abs = if program.starts_with('/') {
+            program.clone()
+        } else {
+            join(root, program)
+        };
+        let resolved = match (fs.canonical(&program_abs), fs.kind(&program_abs)) {
+            (Some(c), Some(_)) if fs.kind(&c) == Some(FileKind::File) => c,
+            _ => return Err(PlanError::ExecutableMissing(program.clone())),
+        };
+        let mut execute = vec![resolved];
+        for entry in &caps.execute {
+            let raw = entry.program.expand(session);
+            let abs = if raw.starts_with('/') {
+                raw
+            } else {
+                join(root, &raw)
+            };
+            if let Some(c) = fs
+                .canonical(&abs)
+                .filter(|c| fs.kind(c) == Some(FileKind::File))
+            {
+                execute.push(c);
+            }
+        }
+        let mut interpreters = Vec::new();
+        for exe in &execute {
+            if let Some(interp) = shebang(&fs.head(exe, 256)) {
+                if let Some(c) = fs.canonical(&interp) {
+                    interpreters.push(c);
+                }
+            }
+        }
+        execute.extend(interpreters);
+        execute.extend(LOADERS.iter().filter_map(|l| fs.canonical(l)));
+        execute.sort();
+        execute.dedup();
+        Ok((program_abs, execute))
+    }
+
+    /// The system view: the baseline (`/usr`, `/lib*`, the /etc set —
+    /// left out where a grant names a host directory whole), `/dev`, the
+    /// private ephemeral tmpfs mounts (returned) and `/proc`.
+    fn system_view(&self, view: &mut View) -> Vec<String> {
+        let (root, fs, session, caps, ctx) =
+            (self.root, self.fs, self.session, self.caps, self.ctx);
+        let manifest = self.manifest;
+        // Host directories the grants name whole (`/etc/**`) replace the
+        // baseline entries inside them.
+        let host_granted: Vec<String> = caps
+            .read
+            .iter()
+            .chain(caps.execute.iter().map(|e| &e.program))
+            .filter(|p| p.is_absolute())
+            .map(|p| p.static_prefix(session))
+            .filter(|p| fs.kind(p) == Some(FileKind::Dir))
+            .collect();
+        for path in READ_BASELINE {
+            if host_granted
+                .iter()
+                .any(|g| g.as_str() != *path && within(path, g))
+            {
+                view.baseline.push((*path).to_owned());
+                continue;
+            }
+            // In an image rootfs, a baseline entry below a symlinked directory
+            // is left out: its source path would be resolved on the host when
+            // mounted. (The host's own baseline has none.)
+            if ctx.system_root.is_some() {
+                let parent = path.rsplit_once('/').map_or("", |(d, _)| d);
+                if !parent.is_empty() && fs.canonical(parent).as_deref() != Some(parent) {
+                    continue;
+                }
+            }
+            match fs.kind(path) {
+                Some(FileKind::Symlink) => {
+                    if let Some(target) = fs.read_link(path) {
+                        view.mounts.push(Mount::Symlink {
+                            path: (*path).into(),
+                            target,
+                        });
+                        view.baseline.push((*path).to_owned());
+                    }
+                }
+                Some(FileKind::Dir | FileKind::File) => {
+                    view.mounts.push(Mount::SystemReadOnly {
+                        path: (*path).into(),
+                    });
+                    view.baseline.push((*path).to_owned());
+                    view.shown.push((*path).to_owned());
+                }
+                _ => {}
+            }
+        }
+        view.mounts.push(Mount::Dev {
+            shm_bytes: 64 << 20,
+        });
+        let ephemeral: Vec<String> = EPHEMERAL
+            .iter()
+            .filter(|e| !(root == **e || root.starts_with(&format!("{e}/"))))
+            .map(|e| (*e).to_owned())
+            .collect();
+        for path in &ephemeral {
+            view.mounts.push(Mount::Ephemeral {
+                path: path.clone(),
+                bytes: manifest.limits.disk.0,
+            });
+        }
+        view.mounts.push(Mount::Proc {
+            masked: PROC_MASKED.iter().map(|p| (*p).to_owned()).collect(),
+            read_only: PROC_READ_ONLY.iter().map(|p| (*p).to_owned()).collect(),
+        });
+        ephemeral
+    }
+
+    /// What the grants name: the static prefix of every read and execute
+    /// pattern, every executable and its interpreter — host paths and the
+    /// workspace's read-only parts — and the writable scopes' overlays,
+    /// parents first; then the generated /etc/hosts and /etc/hostname.
+    fn workspace_view(
+        &self,
+        view: &mut View,
+        scope_dirs: &[String],
+        execute: &[String],
+    ) -> Result<(), PlanError> {
+        let (root, fs, session, caps) = (self.root, self.fs, self.session, self.caps);
+        // What the grants name: the static prefix of every read and execute
+        // pattern, every executable the turn may start and its interpreter.
+        let mut wanted: Vec<String> = Vec::new();
+        for p in caps
+            .read
+            .iter()
+            .chain(caps.execute.iter().map(|e| &e.program))
+        {
+            let prefix = p.static_prefix(session);
+            if p.is_absolute() {
+                if prefix == "/" {
+                    return Err(PlanError::HostRoot(p.to_string()));
+                }
+                wanted.push(prefix);
+            } else if prefix.is_empty() {
+                wanted.push(root.to_owned());
+            } else {
+                wanted.push(join(root, &prefix));
+            }
+        }
+        wanted.extend(execute.iter().cloned());
+        wanted.sort();
+        wanted.dedup();
+        // Keep the outermost: a path inside another wanted path, a writable
+        // scope, the baseline, /proc or /dev is already shown.
+        let outer = wanted.clone();
+        wanted.retain(|w| {
+            !outer.iter().any(|o| o != w && within(w, o))
+                && !scope_dirs.iter().any(|s| within(w, s))
+                && !view.shown.iter().any(|b| within(w, b))
+                && !["/proc", "/dev"].iter().any(|d| within(w, d))
+        });
+        // Workspace read-only parts and writable scopes, parents first.
+        let mut ws: Vec<(String, Option<usize>)> = Vec::new();
+        let mut host: Vec<String> = Vec::new();
+        for w in wanted {
+            if within(&w, root) {
+                ws.push((w, None));
+            } else {
+                host.push(w);
+            }
+        }
+        for (i, s) in scope_dirs.iter().enumerate() {
+            ws.push((s.clone(), Some(i)));
+        }
+        ws.sort();
+        if !ws.iter().any(|(p, i)| p == root && i.is_none()) {
+            view.mounts.push(Mount::Dir {
+                path: root.to_owned(),
+            });
+        }
+        for path in host {
+            // sysfs cannot be an overlay's lower layer (and holds no sockets):
+            // bound as it is.
+            let show_host = |p: &str| match show(fs, "/", p) {
+                Some(Mount::ReadOnly { path }) if within(&path, "/sys") => {
+                    Some(Mount::SystemReadOnly { path })
+                }
+                other => other,
+            };
+            if let Some(m) = show_host(&path) {
+                if matches!(m, Mount::ReadOnly { .. } | Mount::SystemReadOnly { .. }) {
+                    view.shown.push(path);
+                }
+                // A symlink of the baseline (`/bin`) is there already.
+                if !view.mounts.contains(&m) {
+                    view.mounts.push(m);
+                }
+            }
+        }
+        for (path, index) in ws {
+            match index {
+                Some(index) => {
+                    view.shown.push(path.clone());
+                    view.mounts.push(Mount::Overlay { path, index });
+                }
+                None => {
+                    if let Some(m) = show(fs, root, &path) {
+                        if matches!(m, Mount::ReadOnly { .. }) {
+                            view.shown.push(path);
+                        }
+                        if !view.mounts.contains(&m) {
+                            view.mounts.push(m);
+                        }
+                    }
+                }
+            }
+        }
+        for (path, contents) in [
+            (
+                "/etc/hosts",
+                format!(
+                    "127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                ),
+            ),
+            ("/etc/hostname", format!("{HOSTNAME}\n")),
+        ] {
+            view.mounts.push(Mount::Generated {
+                path: path.into(),
+                contents,
+            });
+        }
+        Ok(())
+    }
+
+    /// The masks, last so nothing mounted later can uncover them:
+    /// forbidden paths in the view, and the ledgers unless a read pattern
+    /// names them. Returns the masked paths.
+    fn masks(&self, view: &mut View) -> Result<Vec<String>, PlanError> {
+        let (root, fs, session, caps) = (self.root, self.fs, self.session, self.caps);
+        let forbidden = &self.forbidden;
+        // Masks go last so nothing mounted later can uncover them: forbidden
+        // paths that exist in the view, and the ledgers unless a read pattern
+        // names them.
+        let mut masked: Vec<String> = Vec::new();
+        let forbidden_roots: Vec<String> = view
+            .shown
+            .iter()
+            .filter(|b| fs.kind(b) == Some(FileKind::Dir))
+            .cloned()
+            .collect();
+        for p in &caps.forbidden {
+            let start = if p.is_absolute() {
+                p.static_prefix(session)
+            } else {
+                join(root, &p.static_prefix(session))
+            };
+            if !forbidden_roots
+                .iter()
+                .any(|r| within(&start, r) || r.starts_with(&format!("{start}/")))
+            {
+                continue;
+            }
+            // `dir/**` forbids the directory itself: mask it whole.
+            let expanded = p.expand(session);
+            let prefix = p.static_prefix(session);
+            if expanded.strip_suffix("/**") == Some(prefix.as_str())
+                && fs.kind(&start) == Some(FileKind::Dir)
+            {
+                masked.push(start);
+                continue;
+            }
+            for hit in enumerate(fs, root, &start, forbidden)? {
+                masked.push(hit);
+            }
+        }
+        let planes = join(root, "planes");
+        if fs.kind(&planes) == Some(FileKind::Dir)
+            && !caps.read.iter().any(|r| r.as_str().starts_with("planes/"))
+        {
+            masked.push(planes);
+        }
+        // Only what is in the view needs hiding.
+        masked.retain(|m| view.shown.iter().any(|s| within(m, s)));
+        masked.sort();
+        masked.dedup();
+        // Drop masks nested inside another mask.
+        let outer = masked.clone();
+        masked.retain(|m| {
+            !outer
+                .iter()
+                .any(|o| m != o && m.starts_with(&format!("{o}/")))
+        });
+        for path in &masked {
+            let reason = if path.ends_with("/planes") {
+                "reserved (ledgers)"
+            } else {
+                "forbidden"
+            };
+            match fs.kind(path) {
+                Some(FileKind::Dir) => view.mounts.push(Mount::MaskDir {
+                    path: path.clone(),
+                    reason: reason.into(),
+                }),
+                Some(_) => view.mounts.push(Mount::MaskFile {
+                    path: path.clone(),
+                    reason: reason.into(),
+                }),
+                None => {}
+            }
+        }
+        Ok(masked)
+    }
+
+    /// The Landlock rules: read (the baseline, /proc, the read grants minus
+    /// what is forbidden or masked), read-write (the scopes, /dev/shm, the
+    /// ephemeral mounts), execute (the executables and the static prefix of
+    /// each execute glob), devices.
+    fn landlock(
+        &self,
+        view: &View,
+        masked: &[String],
+        scope_dirs: &[String],
+        mut execute: Vec<String>,
+        ephemeral: Vec<String>,
+    ) -> Result<LandlockRules, PlanError> {
+        let (root, fs, session, caps) = (self.root, self.fs, self.session, self.caps);
+        let forbidden = &self.forbidden;
+        let read_set =
+            PatternSet::compile(&caps.read, session).unwrap_or_else(|_| empty_set(session));
+        let mut read: Vec<String> = view
+            .baseline
+            .iter()
+            .filter_map(|b| fs.canonical(b))
+            .collect();
+        read.push("/proc".into());
+        read.extend(["/etc/hosts".to_owned(), "/etc/hostname".to_owned()]);
+        for p in &caps.read {
+            let start = if p.is_absolute() {
+                p.static_prefix(session)
+            } else {
+                join(root, &p.static_prefix(session))
+            };
+            for hit in enumerate(fs, root, &start, &read_set)? {
+                grant_excluding(fs, root, &hit, forbidden, masked, &mut read);
+            }
+        }
+        read.sort();
+        read.dedup();
+        // Execute on globs and on what the turn creates: Landlock cannot match a
+        // glob, so an execute pattern grants its static prefix (`/usr/bin/*` ->
+        // `/usr/bin`); under a writable scope, the nearest directory of it that
+        // exists when the turn starts (rules need an existing inode; never above
+        // the scope, where the turn may write anyway). Literal entries were
+        // resolved above.
+        for entry in &caps.execute {
+            let raw = entry.program.static_prefix(session);
+            let abs = if raw.starts_with('/') {
+                raw
+            } else {
+                join(root, &raw)
+            };
+            let scope = scope_dirs.iter().find(|s| within(&abs, s));
+            let expanded = entry.program.expand(session);
+            let literal = abs == expanded || abs == join(root, &expanded);
+            if literal && scope.is_none() {
+                continue;
+            }
+            let floor = scope.cloned().unwrap_or_else(|| "/".into());
+            let mut dir = abs.clone();
+            while dir != floor && fs.kind(&dir) != Some(FileKind::Dir) {
+                dir = match dir.rsplit_once('/') {
+                    Some((d, _)) => d.to_owned(),
+                    None => break,
+                };
+            }
+            if !dir.is_empty() && dir != "/" {
+                execute.push(dir);
+            }
+        }
+        execute.sort();
+        execute.dedup();
+        let mut read_write: Vec<String> = scope_dirs.to_vec();
+        read_write.push("/dev/shm".into());
+        read_write.extend(ephemeral);
+        Ok(LandlockRules {
+            abi: LANDLOCK_ABI,
+            list: vec!["/".into()],
+            read,
+            read_write,
+            execute,
+            devices: DEVICES.iter().map(|d| (*d).to_owned()).collect(),
+        })
+    }
+
+    /// The environment (FR-RT-012, FR-RT-014): fixed variables, the
+    /// session's scratch as HOME and TMPDIR, the passthrough set.
+    fn environment(&self) -> Vec<(String, String)> {
+        let (root, sid, ctx) = (self.root, self.sid, self.ctx);
+        let scratch = join(root, &format!("tmp/{sid}"));
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOME".into(), scratch.clone()),
+            ("TMPDIR".into(), scratch.clone()),
+            ("TEMP".into(), scratch.clone()),
+            ("TMP".into(), scratch),
+            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+            ("TURNSTILE_SESSION_ID".into(), sid.to_owned()),
+            ("TURNSTILE_TURN".into(), ctx.turn_number.to_string()),
+        ];
+        for (k, v) in &ctx.host_env {
+            if ENV_PASSTHROUGH.contains(&k.as_str()) {
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        env
+    }
 }
 
 fn empty_set(session: &crate::SessionId) -> PatternSet {
