@@ -711,3 +711,67 @@ fn issue_25_untrusted_package_refuses_weaker_backends_on_the_cli() {
         "{v}"
     );
 }
+
+/// Issue 25: evidence that is true per backend — every turn's evidence
+/// says who applied each layer, from the backend that applied it, and a
+/// layer a backend does not apply (Landlock under gVisor) is listed as not
+/// applied with why, never claimed.
+#[test]
+fn issue_25_evidence_names_who_applied_each_layer_per_backend() {
+    if !require_root("issue_25_evidence_names_who_applied_each_layer_per_backend") {
+        return;
+    }
+    for backend in ["native", "runc", "crun", "runsc"] {
+        let fx = fixture();
+        let (status, v, stderr) = turn(&fx, backend, &[], "print(1)");
+        assert_eq!(status, 0, "{backend}: {stderr}");
+        let sid = v["session_id"].as_str().unwrap().to_owned();
+        let ev = read_entries(&fx.ledger(&sid, "evidence"));
+        let e = &ev.last().unwrap()["enforcement"];
+        let applied = e["applied_by"].as_object().expect("applied_by");
+        for layer in [
+            "namespaces",
+            "rootfs_view",
+            "seccomp",
+            "capabilities",
+            "no_new_privs",
+            "cgroup_limits",
+            "identity",
+        ] {
+            assert!(
+                applied
+                    .get(layer)
+                    .and_then(|w| w.as_str())
+                    .is_some_and(|w| !w.is_empty()),
+                "{backend}: {layer} not attributed: {e}"
+            );
+        }
+        let not_applied = e["not_applied"].as_object().expect("not_applied");
+        if backend == "runsc" {
+            assert!(!applied.contains_key("landlock"), "{backend}: {e}");
+            assert!(not_applied.contains_key("landlock"), "{backend}: {e}");
+            assert!(
+                applied["seccomp"].as_str().unwrap().contains("gVisor"),
+                "{e}"
+            );
+        } else {
+            assert!(applied.contains_key("landlock"), "{backend}: {e}");
+            assert!(not_applied.is_empty(), "{backend}: {e}");
+        }
+        if backend == "native" {
+            assert!(
+                applied["seccomp"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("supervisor"),
+                "{e}"
+            );
+        }
+        if ["runc", "crun"].contains(&backend) {
+            assert!(
+                applied["seccomp"].as_str().unwrap().contains("OCI runtime"),
+                "{e}"
+            );
+        }
+    }
+}

@@ -44,6 +44,17 @@ pub trait Backend {
             .collect()
     }
 
+    /// Who applies each enforcement layer on this backend, as every
+    /// turn's evidence records it (`enforcement.applied_by`): (layer, who
+    /// and how). A layer this backend does not apply is not listed here but
+    /// in [`Backend::not_applied`] — never claimed.
+    fn applied_by(&self) -> Vec<(&'static str, &'static str)>;
+
+    /// Layers this backend does not apply at all, with why.
+    fn not_applied(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
+
     /// Builds the sandbox for `plan` in `turn` and parks it before the
     /// command runs.
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>>;

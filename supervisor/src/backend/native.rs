@@ -45,6 +45,43 @@ impl Backend for NativeBackend {
         "native"
     }
 
+    fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            (
+                "namespaces",
+                "supervisor: clone of the init into new mount, pid, ipc, uts, net and cgroup namespaces",
+            ),
+            (
+                "rootfs_view",
+                "supervisor: the init pivots into a tmpfs root holding only what the Plan grants",
+            ),
+            (
+                "landlock",
+                "supervisor: the command's stage restricts itself (landlock_restrict_self) before exec",
+            ),
+            (
+                "seccomp",
+                "supervisor: the command's stage loads the filter last, with a user-notification listener the supervisor answers",
+            ),
+            (
+                "capabilities",
+                "supervisor: the command's stage clears every set (bounding first); checked from outside before exec",
+            ),
+            (
+                "no_new_privs",
+                "supervisor: set by the command's stage; checked from outside before exec",
+            ),
+            (
+                "cgroup_limits",
+                "supervisor: the turn's cgroup, joined before exec",
+            ),
+            (
+                "identity",
+                "supervisor: uid/gid 65534, the workspace through an idmapped mount",
+            ),
+        ]
+    }
+
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         if let Some(pool) = &self.pool {
             pool.remember(plan, &turn.path, &self.cgroup_root);

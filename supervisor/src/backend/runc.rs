@@ -114,6 +114,43 @@ impl Backend for RuncBackend {
         self.runtime
     }
 
+    fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            (
+                "namespaces",
+                "the OCI runtime: the bundle's linux.namespaces (mount, pid, ipc, uts, net, cgroup)",
+            ),
+            (
+                "rootfs_view",
+                "the OCI runtime: the bundle's mounts over a read-only rootfs skeleton the supervisor wrote",
+            ),
+            (
+                "landlock",
+                "turnstile's init inside the container (__landlock-exec) restricts itself before exec",
+            ),
+            (
+                "seccomp",
+                "the OCI runtime: the bundle's linux.seccomp (no listener: refusals are plain errnos)",
+            ),
+            (
+                "capabilities",
+                "the OCI runtime: empty process.capabilities; checked by the supervisor from outside before exec",
+            ),
+            (
+                "no_new_privs",
+                "the OCI runtime: process.noNewPrivileges; checked from outside before exec",
+            ),
+            (
+                "cgroup_limits",
+                "supervisor: the turn's cgroup, which the runtime joins through linux.cgroupsPath",
+            ),
+            (
+                "identity",
+                "the OCI runtime: process.user 65534 (the workspace is not idmapped)",
+            ),
+        ]
+    }
+
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         // The container's processes become ours when runc exits.
         nix::sys::prctl::set_child_subreaper(true)

@@ -178,6 +178,43 @@ impl Backend for RunscBackend {
         "runsc"
     }
 
+    fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            (
+                "namespaces",
+                "gVisor: the turn's processes run on the sentry's kernel, itself in the sandbox's host namespaces",
+            ),
+            (
+                "rootfs_view",
+                "gVisor's gofer: the bundle's mounts over a read-only rootfs skeleton the supervisor wrote",
+            ),
+            (
+                "seccomp",
+                "gVisor's sentry: the bundle's filter installed inside the sandbox (--oci-seccomp); refusals answer EPERM",
+            ),
+            (
+                "capabilities",
+                "gVisor: empty process.capabilities; checked by turnstile's init inside the sandbox",
+            ),
+            (
+                "no_new_privs",
+                "gVisor: process.noNewPrivileges; checked by turnstile's init inside the sandbox",
+            ),
+            (
+                "cgroup_limits",
+                "supervisor: the turn's cgroup, which the sandbox (sentry and gofer too) joins",
+            ),
+            ("identity", "gVisor: process.user 65534"),
+        ]
+    }
+
+    fn not_applied(&self) -> Vec<(&'static str, &'static str)> {
+        vec![(
+            "landlock",
+            "gVisor implements no Landlock (its syscalls answer ENOSYS inside the sandbox)",
+        )]
+    }
+
     fn cannot_enforce(&self) -> Vec<(&'static str, String)> {
         vec![(
             "landlock",

@@ -309,6 +309,10 @@ pub struct Enforcement {
     pub posture: Option<Value>,
     pub denials_observed: Option<BTreeMap<String, Observed>>,
     pub degraded: Vec<String>,
+    /// Who applied each layer on this backend (from the backend itself).
+    pub applied_by: BTreeMap<String, String>,
+    /// Layers this backend does not apply, with why (never claimed).
+    pub not_applied: BTreeMap<String, String>,
 }
 
 /// `enforcement` of an evidence entry: what was in force, or, for a turn

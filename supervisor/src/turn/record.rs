@@ -406,6 +406,18 @@ impl Turn<'_> {
                 .as_ref()
                 .map(|x| crate::turn::denials::observability(&x.denials)),
             degraded,
+            applied_by: self
+                .backend
+                .applied_by()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            not_applied: self
+                .backend
+                .not_applied()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
         }
     }
 }
