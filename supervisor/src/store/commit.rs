@@ -428,8 +428,13 @@ fn stage_file(
 }
 
 fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
-    let mut synced: Vec<File> = Vec::new();
-    let mut dirs: Vec<OwnedFd> = Vec::new();
+    let staged = journal.outputs.len()
+        + journal
+            .scratch
+            .iter()
+            .filter(|op| matches!(op, ScratchOp::Place { .. }))
+            .count();
+    let mut durable = Durability::new(staged);
     // The implied parents (issue 23), parents first: owned and moded as
     // committed outputs are, and durable in their parents before the
     // commit point (a roll-forward must find the staged files under them).
@@ -445,7 +450,7 @@ fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
             .map_err(|e| commit_err(format!("chmod {d}: {e}")))?;
         let (parent, _) = split(d);
         if let Some(p) = open_dir(req.root, parent)? {
-            dirs.push(p);
+            durable.dir(parent, p);
         }
     }
     for (op, w) in journal.outputs.iter().zip(req.matched) {
@@ -464,8 +469,8 @@ fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
             },
             &op.path,
         )?;
-        synced.push(f);
-        dirs.push(dir);
+        durable.file(f);
+        durable.dir(dir_rel, dir);
     }
     if journal
         .scratch
@@ -523,39 +528,74 @@ fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
                         },
                         path,
                     )?;
-                    synced.push(f);
+                    durable.file(f);
                 }
             }
         }
-        dirs.push(stage);
+        durable.dir(&format!("{}/stage", journal.work_dir), stage);
     }
-    make_durable(req.root, &synced)?;
-    for d in &dirs {
-        nix::unistd::fsync(d.as_fd()).map_err(|e| commit_err(format!("fsync: {e}")))?;
-    }
-    Ok(())
+    durable.finish(req.root)
 }
 
-/// Makes staged files durable: one fsync each for a few, one syncfs of the
-/// workspace's file system for many (10,000 per-file fsyncs cost seconds).
-fn make_durable(root: &Path, files: &[File]) -> Result<()> {
+/// How a commit makes what it wrote durable. A few files: an fsync of each
+/// file and of each directory touched (kept open until then). Many: one
+/// syncfs of the workspace's file system at the end, which covers files
+/// and directory entries alike — and no descriptor is kept per file, so
+/// 10,000 outputs stay within any descriptor limit (10,000 per-file fsyncs
+/// would also cost seconds).
+struct Durability {
+    per_file: bool,
+    files: Vec<File>,
+    dirs: std::collections::BTreeMap<String, OwnedFd>,
+}
+
+impl Durability {
+    /// Per-file fsyncs up to this many files.
     const PER_FILE_MAX: usize = 32;
-    if files.len() > PER_FILE_MAX {
-        let root = File::open(root).map_err(|e| commit_err(format!("{}: {e}", root.display())))?;
-        return nix::unistd::syncfs(&root).map_err(|e| commit_err(format!("syncfs: {e}")));
+
+    fn new(files: usize) -> Self {
+        Self {
+            per_file: files <= Self::PER_FILE_MAX,
+            files: Vec::new(),
+            dirs: std::collections::BTreeMap::new(),
+        }
     }
-    for f in files {
-        f.sync_all()
-            .map_err(|e| commit_err(format!("fsync staged file: {e}")))?;
+
+    fn file(&mut self, f: File) {
+        if self.per_file {
+            self.files.push(f);
+        }
     }
-    Ok(())
+
+    /// Directory `rel` (workspace-relative) was changed; `fd` is it.
+    fn dir(&mut self, rel: &str, fd: OwnedFd) {
+        if self.per_file {
+            self.dirs.entry(rel.to_owned()).or_insert(fd);
+        }
+    }
+
+    fn finish(self, root: &Path) -> Result<()> {
+        if !self.per_file {
+            let root =
+                File::open(root).map_err(|e| commit_err(format!("{}: {e}", root.display())))?;
+            return nix::unistd::syncfs(&root).map_err(|e| commit_err(format!("syncfs: {e}")));
+        }
+        for f in &self.files {
+            f.sync_all()
+                .map_err(|e| commit_err(format!("fsync staged file: {e}")))?;
+        }
+        for d in self.dirs.values() {
+            nix::unistd::fsync(d.as_fd()).map_err(|e| commit_err(format!("fsync: {e}")))?;
+        }
+        Ok(())
+    }
 }
 
 /// Applies a staged journal. Idempotent: run again after a crash part-way,
 /// it finishes the job. With `recovering`, an output whose staging file is
 /// gone must already be in place with its recorded hash.
 fn apply(root: &Path, j: &Journal, recovering: bool) -> Result<()> {
-    let mut touched: Vec<OwnedFd> = Vec::new();
+    let mut durable = Durability::new(j.outputs.len() + j.scratch.len());
     for o in &j.outputs {
         let (dir_rel, name) = split(&o.path);
         let dir = open_dir_creating(root, dir_rel)?;
@@ -572,7 +612,7 @@ fn apply(root: &Path, j: &Journal, recovering: bool) -> Result<()> {
             }
             renameat(dir.as_fd(), o.temp.as_str(), dir.as_fd(), name)
                 .map_err(|e| commit_err(format!("rename into {}: {e}", o.path)))?;
-            touched.push(dir);
+            durable.dir(dir_rel, dir);
         } else {
             let landed = fsx::hash_beneath(root, &o.path).map(|(sha, _)| sha);
             if landed.as_deref().ok() != Some(o.sha256.as_str()) {
@@ -590,12 +630,9 @@ fn apply(root: &Path, j: &Journal, recovering: bool) -> Result<()> {
         for (i, op) in j.scratch.iter().enumerate() {
             apply_scratch(root, j, op, i, &stage, &trash)?;
         }
-        touched.push(work);
+        durable.dir(&j.work_dir, work);
     }
-    for d in &touched {
-        nix::unistd::fsync(d.as_fd()).map_err(|e| commit_err(format!("fsync: {e}")))?;
-    }
-    Ok(())
+    durable.finish(root)
 }
 
 fn apply_scratch(
