@@ -43,7 +43,9 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use signed_note::{Note, NoteError, Signer as _, StandardSigner, StandardVerifier, Verifier as _};
-use tlog_tiles::{Checkpoint, Hash, HashReader};
+/// A tree or leaf hash (RFC 6962, SHA-256).
+pub use tlog_tiles::Hash;
+use tlog_tiles::{Checkpoint, HashReader};
 use turnstile_policy::SessionId;
 
 use crate::error::{Result, SupervisorError};
@@ -819,9 +821,10 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKeyFile> {
             format!("not a signed-note private key (PRIVATE+KEY+name+id+base64): {e}"),
         )
     })?;
+    // PRIVATE+KEY+<name>+<id>+<base64>; base64 may itself hold `+`.
     let raw = text
-        .rsplit('+')
-        .next()
+        .splitn(5, '+')
+        .nth(4)
         .and_then(|b| B64.decode(b).ok())
         .filter(|k| k.len() == 33 && k[0] == ALG_ED25519)
         .ok_or_else(|| key_err(path, "not an Ed25519 key"))?;
@@ -854,8 +857,8 @@ pub fn load_verifier_key(path: &Path) -> Result<VerifierKeyFile> {
 pub fn ed25519_of(key: &VerifierKeyFile) -> Result<ed25519_dalek::VerifyingKey> {
     let raw = key
         .encoded
-        .rsplit('+')
-        .next()
+        .splitn(3, '+')
+        .nth(2)
         .and_then(|b| B64.decode(b).ok())
         .filter(|k| k.len() == 33 && k[0] == ALG_ED25519)
         .ok_or_else(|| key_err(&key.path, "not an Ed25519 key"))?;
@@ -1037,6 +1040,30 @@ mod tests {
             let part = leaves(&exec[..e], &evidence[..v]);
             assert_eq!(tags(&part), tags(&all)[..part.len()], "({e},{v})");
         }
+    }
+
+    /// Keys round-trip, whatever their base64 holds (`+` included: the
+    /// encoded keys are themselves `+`-separated).
+    #[test]
+    fn generated_keys_load_and_sign_what_they_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let sid = SessionId::parse("SES-20261121T093700123456Z-0123456789abcdef").unwrap();
+        let head = Head::of(&sid, &leaves(&[line(None, "a")], &[]), (1, 0));
+        for i in 0..24 {
+            let path = dir.path().join(format!("k{i}"));
+            generate(&path, "k").unwrap();
+            let sk = load_signing_key(&path).unwrap();
+            let vk = load_verifier_key(&pub_path(&path)).unwrap();
+            assert_eq!(ed25519_of(&vk).unwrap(), sk.ed25519.verifying_key());
+            let note = sign(&head, &sk).unwrap();
+            let trust = Trust {
+                supervisor: &vk,
+                witnesses: &[],
+                witnesses_required: 0,
+            };
+            assert_eq!(open(&path, &note, &trust).unwrap().head, head);
+        }
+        assert!(generate(&dir.path().join("k0"), "k").is_err());
     }
 
     #[test]
