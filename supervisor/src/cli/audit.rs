@@ -329,51 +329,7 @@ pub fn ledger_verify_checkpoint_cmd(a: &LedgerVerifyArgs) -> Result<Outcome> {
         },
         o => return Ok(o),
     };
-    let supervisor = tp::load_verifier_key(pk)?;
-    let witnesses = t
-        .witness_key
-        .iter()
-        .map(|k| tp::load_verifier_key(k))
-        .collect::<Result<Vec<_>>>()?;
-    if t.witnesses_required > witnesses.len() {
-        return Err(SupervisorError::invalid(
-            "--witnesses-required",
-            format!(
-                "{} required but {} --witness-key given",
-                t.witnesses_required,
-                witnesses.len()
-            ),
-        ));
-    }
-    let bytes = std::fs::read(cp).map_err(|e| SupervisorError::CheckpointMalformed {
-        checkpoint: cp.clone(),
-        detail: format!("cannot read: {e}"),
-    })?;
-    let trust = tp::Trust {
-        supervisor: &supervisor,
-        witnesses: &witnesses,
-        witnesses_required: t.witnesses_required,
-    };
-    let opened = tp::open(cp, &bytes, &trust)?;
-    let id = SessionId::parse(&a.session)?;
-    let ws = crate::store::layout::Workspace::open(&a.common.root)?;
-    let tier = a.tier.clone().unwrap_or_else(|| {
-        Session::open(
-            &ws,
-            &crate::store::layout::StateDir::at(&a.common.state_dir),
-            &id,
-            None,
-        )
-        .map(|s| s.tier)
-        .unwrap_or_else(|_| crate::store::layout::TURN_TIER.to_owned())
-    });
-    let checked = tp::check_against(
-        cp,
-        &opened.head,
-        &id,
-        &ws.ledger_path(&tier, &id, LedgerKind::Exec),
-        &ws.ledger_path(&tier, &id, LedgerKind::Evidence),
-    )?;
+    let (supervisor, opened, checked) = check_checkpoint(a, cp, pk)?;
     let line = format!(
         "checkpoint      matches   {} of {} entries signed by {}{}; {}\n",
         checked.covered,
@@ -410,6 +366,62 @@ pub fn ledger_verify_checkpoint_cmd(a: &LedgerVerifyArgs) -> Result<Outcome> {
         out.stdout += &line;
     }
     Ok(out)
+}
+
+/// Authenticates the checkpoint with the keys given and checks the ledger
+/// files against it.
+fn check_checkpoint(
+    a: &LedgerVerifyArgs,
+    cp: &Path,
+    pk: &Path,
+) -> Result<(tp::VerifierKeyFile, tp::Opened, tp::Checked)> {
+    let t = &a.trust;
+    let supervisor = tp::load_verifier_key(pk)?;
+    let witnesses = t
+        .witness_key
+        .iter()
+        .map(|k| tp::load_verifier_key(k))
+        .collect::<Result<Vec<_>>>()?;
+    if t.witnesses_required > witnesses.len() {
+        return Err(SupervisorError::invalid(
+            "--witnesses-required",
+            format!(
+                "{} required but {} --witness-key given",
+                t.witnesses_required,
+                witnesses.len()
+            ),
+        ));
+    }
+    let bytes = std::fs::read(cp).map_err(|e| SupervisorError::CheckpointMalformed {
+        checkpoint: cp.to_path_buf(),
+        detail: format!("cannot read: {e}"),
+    })?;
+    let trust = tp::Trust {
+        supervisor: &supervisor,
+        witnesses: &witnesses,
+        witnesses_required: t.witnesses_required,
+    };
+    let opened = tp::open(cp, &bytes, &trust)?;
+    let id = SessionId::parse(&a.session)?;
+    let ws = crate::store::layout::Workspace::open(&a.common.root)?;
+    let tier = a.tier.clone().unwrap_or_else(|| {
+        Session::open(
+            &ws,
+            &crate::store::layout::StateDir::at(&a.common.state_dir),
+            &id,
+            None,
+        )
+        .map(|s| s.tier)
+        .unwrap_or_else(|_| crate::store::layout::TURN_TIER.to_owned())
+    });
+    let checked = tp::check_against(
+        cp,
+        &opened.head,
+        &id,
+        &ws.ledger_path(&tier, &id, LedgerKind::Exec),
+        &ws.ledger_path(&tier, &id, LedgerKind::Evidence),
+    )?;
+    Ok((supervisor, opened, checked))
 }
 
 #[derive(serde::Serialize)]
