@@ -549,7 +549,7 @@ pub struct Checked {
     /// Leaves in the ledgers now.
     pub size: u64,
     /// The RFC 6962 consistency proof from the checkpoint's tree to today's
-    /// verified (`None` when today's order does not extend it — see the
+    /// checked (`false` when today's order does not extend it — see the
     /// module docs).
     pub consistent: bool,
 }
