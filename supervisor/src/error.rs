@@ -134,6 +134,30 @@ pub enum SupervisorError {
     #[error("the daemon's turn worker failed: {detail}")]
     WorkerFailed { detail: String },
 
+    /// The ledgers are not what a signed checkpoint says they were: an
+    /// entry it covers was changed, removed or reordered (`entry` names the
+    /// first one that differs, when the checkpoint lets us find it).
+    #[error("checkpoint {}: {detail}", checkpoint.display())]
+    CheckpointMismatch { checkpoint: PathBuf, detail: String },
+
+    /// A checkpoint's signatures do not satisfy the trust asked for: wrong
+    /// key, a bad signature, too few witnesses.
+    #[error("checkpoint {}: {detail}", checkpoint.display())]
+    CheckpointSignature { checkpoint: PathBuf, detail: String },
+
+    /// Not a signed note holding a turnstile checkpoint.
+    #[error("checkpoint {}: malformed: {detail}", checkpoint.display())]
+    CheckpointMalformed { checkpoint: PathBuf, detail: String },
+
+    /// A key file that cannot be made, read or used.
+    #[error("key {}: {detail}", path.display())]
+    KeyInvalid {
+        path: PathBuf,
+        detail: String,
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
     #[error("cannot start session")]
     SessionStart(#[source] Box<SupervisorError>),
     #[error(
@@ -173,6 +197,10 @@ impl SupervisorError {
             Self::PeerRefused { .. } => codes::PEER_REFUSED,
             Self::WorkerFailed { .. } => codes::SERVE_WORKER_FAILED,
             Self::BusRules { .. } => codes::BUS_RULES_INVALID,
+            Self::CheckpointMismatch { .. } => codes::CHECKPOINT_MISMATCH,
+            Self::CheckpointSignature { .. } => codes::CHECKPOINT_SIGNATURE,
+            Self::CheckpointMalformed { .. } => codes::CHECKPOINT_MALFORMED,
+            Self::KeyInvalid { .. } => codes::KEY_INVALID,
         }
     }
 
@@ -186,7 +214,10 @@ impl SupervisorError {
             | Self::IdempotencyConflict { .. }
             | Self::SessionNotOwned { .. }
             | Self::PeerRefused { .. }
-            | Self::BusRules { .. } => exit::BAD_INPUT,
+            | Self::BusRules { .. }
+            | Self::CheckpointMalformed { .. }
+            | Self::KeyInvalid { .. } => exit::BAD_INPUT,
+            Self::CheckpointMismatch { .. } | Self::CheckpointSignature { .. } => exit::INTEGRITY,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,

@@ -4,6 +4,7 @@
 //! status. Errors go through one path that prints the code, the message and
 //! its chain once, and — with `--json` — one JSON object on stdout.
 
+pub mod audit;
 pub mod doctor;
 
 use std::path::PathBuf;
@@ -87,6 +88,9 @@ pub enum Command {
     /// Inspect a session's ledgers.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// Signing keys for ledger checkpoints and attestations.
+    #[command(subcommand)]
+    Key(audit::KeyCommand),
     /// Run the pre-execution check only: would this turn be allowed?
     ///
     /// Example: supervise check --root /ws --package hello-agent
@@ -278,8 +282,33 @@ pub enum SessionCommand {
 pub enum LedgerCommand {
     /// Verify every hash, link and the acknowledged head of both ledgers.
     ///
+    /// With --checkpoint, also check them against a signed checkpoint
+    /// (with --pubkey, and --witness-key/--witnesses-required for
+    /// cosigners): exit 3 (TS1060) naming the first entry that differs,
+    /// (TS1061) when the signatures do not satisfy the keys given.
+    ///
     /// Example: supervise ledger verify --root /ws --session SES-...
+    /// Example: supervise ledger verify --root /ws --session SES-... --checkpoint cp.note --pubkey supervisor.pub
     Verify(LedgerVerifyArgs),
+    /// Sign and keep a checkpoint of both ledgers (a C2SP signed note
+    /// holding a tlog checkpoint: RFC 6962 root over every entry), under
+    /// planes/<tier>/sessions/<sid>/transparency/, and print it.
+    ///
+    /// Example: supervise ledger checkpoint --root /ws --session SES-... --key /etc/turnstile/keys/supervisor --witness /srv/witness-inbox
+    Checkpoint(audit::LedgerCheckpointArgs),
+    /// Print an RFC 6962 inclusion proof of one entry (leaf index) or a
+    /// consistency proof from an older tree size.
+    ///
+    /// Example: supervise ledger prove --root /ws --session SES-... --inclusion 4
+    Prove(audit::LedgerProveArgs),
+    /// Add a witness's signature line to a checkpoint (in place).
+    ///
+    /// Example: supervise ledger cosign --checkpoint cp.note --key witness-a
+    Cosign(audit::LedgerCosignArgs),
+    /// Export a signed DSSE in-toto attestation per committed turn.
+    ///
+    /// Example: supervise ledger export --root /ws --session SES-... --format in-toto --key /etc/turnstile/keys/supervisor --out /tmp/att
+    Export(audit::LedgerExportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -356,6 +385,8 @@ pub struct LedgerVerifyArgs {
     /// Tier of the ledgers (default: as recorded when the session started).
     #[arg(long)]
     pub tier: Option<String>,
+    #[command(flatten)]
+    pub trust: audit::CheckpointTrustArgs,
 }
 
 /// The turn request as flags (or `--request FILE`).
@@ -541,6 +572,11 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Health(a) => a.json,
         Command::Session(SessionCommand::New(a)) => a.common.json,
         Command::Ledger(LedgerCommand::Verify(a)) => a.common.json,
+        Command::Ledger(LedgerCommand::Checkpoint(a)) => a.sel.common.json,
+        Command::Ledger(LedgerCommand::Prove(a)) => a.sel.common.json,
+        Command::Ledger(LedgerCommand::Export(a)) => a.sel.common.json,
+        Command::Ledger(LedgerCommand::Cosign(_)) => false,
+        Command::Key(audit::KeyCommand::Generate(a)) => a.json,
         Command::Check(a) => a.common.json,
         Command::PromptHeader(a) => a.common.json,
         Command::Recover(a) => a.json,
@@ -576,7 +612,12 @@ pub fn run(cli: Cli) -> Outcome {
             })
         }
         Command::Session(SessionCommand::New(a)) => session_new(&a),
-        Command::Ledger(LedgerCommand::Verify(a)) => ledger_verify(&a),
+        Command::Ledger(LedgerCommand::Verify(a)) => audit::ledger_verify_checkpoint_cmd(&a),
+        Command::Ledger(LedgerCommand::Checkpoint(a)) => audit::ledger_checkpoint_cmd(&a),
+        Command::Ledger(LedgerCommand::Prove(a)) => audit::ledger_prove_cmd(&a),
+        Command::Ledger(LedgerCommand::Cosign(a)) => audit::ledger_cosign_cmd(&a),
+        Command::Ledger(LedgerCommand::Export(a)) => audit::ledger_export_cmd(&a),
+        Command::Key(audit::KeyCommand::Generate(a)) => audit::key_generate_cmd(&a),
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
         Command::Recover(a) => recover_cmd(&a),

@@ -5,6 +5,7 @@
 //! The store knows nothing of sandboxes, backends or the turn pipeline:
 //! those call into it, never the reverse.
 
+pub mod attest;
 pub mod capture;
 pub mod commit;
 pub mod evidence;
@@ -15,3 +16,4 @@ pub mod lock;
 pub mod record;
 pub mod session;
 pub mod status;
+pub mod transparency;
