@@ -443,7 +443,7 @@ fn anchors_only_missing(a: &LedgerVerifyArgs) -> Result<bool> {
         .all(|k| match session.ledger(*k).verify() {
             Ok(_) => true,
             Err(SupervisorError::Integrity(e)) => {
-                matches!(e.problem, crate::store::integrity::Problem::AnchorMissing)
+                matches!(e.problem, crate::error::Problem::AnchorMissing)
             }
             Err(_) => false,
         }))
