@@ -1516,3 +1516,79 @@ fn serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14() {
     assert_eq!(again.stop(), Some(0));
     assert_nothing_left(&fx, &sid);
 }
+
+/// Issue 28 item 5: the daemon's health looks at what it depends on — a
+/// bus directory removed makes it FAILED (exit 1, the reason named), the
+/// socket unlinked too; restored, READY again.
+#[test]
+fn issue_28_daemon_health_fails_when_a_dependency_breaks() {
+    if !require_root("issue_28_daemon_health_fails_when_a_dependency_breaks") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("b", BUS_MANIFEST);
+    let busdir = tempfile::Builder::new()
+        .prefix("ts-bus-")
+        .tempdir()
+        .unwrap();
+    let bus = busdir.path().to_path_buf();
+    for sub in ["input", "approvals"] {
+        std::fs::create_dir_all(bus.join(sub)).unwrap();
+    }
+    std::fs::write(bus.join("rules.v0.1.yaml"), bus_rules(&fx.root)).unwrap();
+    let busarg = bus.display().to_string();
+    let daemon = Daemon::start(&fx, &["--bus", &busarg, "--metrics", "127.0.0.1:0"]);
+    let health = || -> (Option<i32>, Value) {
+        let r = Command::new(supervise_bin())
+            .args(["health", "--json", "--server"])
+            .arg(&daemon.socket)
+            .output()
+            .unwrap();
+        (
+            r.status.code(),
+            serde_json::from_slice(&r.stdout).unwrap_or(Value::Null),
+        )
+    };
+    let level = |h: &Value, name: &str| -> String {
+        h["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["level"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (code, h) = health();
+    assert_eq!(
+        (code, h["status"].as_str()),
+        (Some(0), Some("READY")),
+        "{h}"
+    );
+    for name in ["state_dir", "cgroups", "socket", "bus", "metrics"] {
+        assert_eq!(level(&h, name), "ok", "{name}: {h}");
+    }
+    // A bus directory the daemon moves messages through, gone.
+    std::fs::remove_dir_all(bus.join("approvals")).unwrap();
+    let (code, h) = health();
+    assert_eq!(
+        (code, h["status"].as_str()),
+        (Some(1), Some("FAILED")),
+        "{h}"
+    );
+    assert_eq!(level(&h, "bus"), "failed", "{h}");
+    assert!(
+        h["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("approvals")),
+        "{h}"
+    );
+    std::fs::create_dir(bus.join("approvals")).unwrap();
+    let (code, h) = health();
+    assert_eq!(
+        (code, h["status"].as_str()),
+        (Some(0), Some("READY")),
+        "{h}"
+    );
+}

@@ -10,6 +10,7 @@
 
 pub mod bus;
 pub mod client;
+pub mod health;
 pub mod metrics;
 pub mod wire;
 pub mod worker;
@@ -81,6 +82,8 @@ pub struct Daemon {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The bus's last pass: its directory and the messages held.
     pub bus_status: Mutex<Value>,
+    /// The bus's directory, when the daemon serves one.
+    pub bus_dir: Option<PathBuf>,
     uid: u32,
     max_turns: usize,
     /// Workers kept between turns, one per session, each with the warm
@@ -260,13 +263,26 @@ impl Daemon {
     /// The daemon's health: READY while it accepts turns.
     pub fn health(&self) -> DaemonHealth {
         let stopping = self.stopping.load(Ordering::SeqCst);
+        let cgroup_root = crate::sandbox::cgroup::root();
+        let checks = health::checks(&health::Deps {
+            state_dir: &self.state_dir,
+            socket: self.socket.as_deref(),
+            bus_dir: self.bus_dir.as_deref(),
+            metrics: self.metrics_addr,
+            cgroup_root: &cgroup_root,
+        });
+        let mut reasons: Vec<String> = checks
+            .iter()
+            .filter(|c| c.level != health::Level::Ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect();
+        if stopping {
+            reasons.push("stopping: no new turns are accepted".into());
+        }
         DaemonHealth {
-            status: if stopping { "DEGRADED" } else { "READY" }.into(),
-            reasons: if stopping {
-                vec!["stopping: no new turns are accepted".into()]
-            } else {
-                Vec::new()
-            },
+            status: health::status(&checks, stopping).into(),
+            reasons,
+            checks,
             daemon: DaemonState {
                 pid: std::process::id(),
                 uptime_seconds: self.started.elapsed().as_secs_f64(),
@@ -415,6 +431,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         pool_idle: o.pool_idle,
         spawner: Mutex::new(spawn_tx),
         bus_status: Mutex::new(Value::Null),
+        bus_dir: bus.as_ref().map(|b| b.dir.clone()),
         metrics,
         metrics_addr,
         state_dir: state_dir.clone(),
@@ -535,6 +552,9 @@ fn send_reply(conn: &UnixStream, r: &Reply) {
 pub struct DaemonHealth {
     pub status: String,
     pub reasons: Vec<String>,
+    /// Every dependency looked at, with its level and why.
+    #[serde(default)]
+    pub checks: Vec<health::Check>,
     pub daemon: DaemonState,
 }
 
@@ -630,7 +650,11 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
             send_reply(
                 &conn,
                 &Reply {
-                    exit_status: exit::OK,
+                    exit_status: if h.status == "FAILED" {
+                        exit::FAILURE
+                    } else {
+                        exit::OK
+                    },
                     printed: false,
                     stdout,
                     stderr: String::new(),
