@@ -61,6 +61,7 @@ codes! {
     BUS_RULES_INVALID = "TS1036", "BUS_RULES_INVALID";
     BACKEND_BELOW_TRUST_MINIMUM = "TS1040", "BACKEND_BELOW_TRUST_MINIMUM";
     SESSION_NOT_OWNED = "TS1041", "SESSION_NOT_OWNED";
+    PROTOCOL_MISMATCH = "TS1050", "PROTOCOL_MISMATCH";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

@@ -129,6 +129,16 @@ pub enum SupervisorError {
         reason: String,
     },
 
+    #[error(
+        "wire protocol mismatch: the client speaks version {client}, the daemon speaks version {daemon} (daemon: supervise {daemon_version}; client: supervise {}); nothing was run — use the `supervise` binary the daemon was started from",
+        env!("CARGO_PKG_VERSION")
+    )]
+    ProtocolMismatch {
+        client: u64,
+        daemon: u32,
+        daemon_version: String,
+    },
+
     #[error("the daemon's turn worker failed: {detail}")]
     WorkerFailed { detail: String },
 
@@ -171,6 +181,7 @@ impl SupervisorError {
             Self::PeerRefused { .. } => codes::PEER_REFUSED,
             Self::WorkerFailed { .. } => codes::SERVE_WORKER_FAILED,
             Self::BusRules { .. } => codes::BUS_RULES_INVALID,
+            Self::ProtocolMismatch { .. } => codes::PROTOCOL_MISMATCH,
         }
     }
 
@@ -184,6 +195,7 @@ impl SupervisorError {
             | Self::IdempotencyConflict { .. }
             | Self::SessionNotOwned { .. }
             | Self::PeerRefused { .. }
+            | Self::ProtocolMismatch { .. }
             | Self::BusRules { .. } => exit::BAD_INPUT,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
@@ -208,6 +220,7 @@ impl SupervisorError {
             Self::Unenforceable { .. } => Some("allow_degraded"),
             Self::BelowTrustMinimum { .. } => Some("--backend"),
             Self::ServerUnavailable { .. } => Some("--server"),
+            Self::ProtocolMismatch { .. } => Some("protocol"),
             Self::BusRules { field, .. } => Some(field),
             _ => None,
         }

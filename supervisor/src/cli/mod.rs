@@ -453,9 +453,13 @@ pub struct RunArgs {
     pub events: Option<PathBuf>,
     /// Send the turn to a `supervise serve` daemon listening on SOCKET
     /// instead of running it here; prints and exits exactly as a local run.
-    /// --state-dir must name the daemon's state directory.
+    /// The daemon uses its own state directory: --state-dir may be left
+    /// out, and when given must name the daemon's.
     #[arg(long, value_name = "SOCKET")]
     pub server: Option<PathBuf>,
+    /// Whether --state-dir was on the command line (see [`parse`]).
+    #[arg(skip)]
+    pub state_dir_named: bool,
 }
 
 #[derive(Debug, Args)]
@@ -496,7 +500,8 @@ pub struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// Ask a running `supervise serve` daemon on this socket instead.
+    /// Ask a running `supervise serve` daemon on this socket instead (its
+    /// state directory is its own; --state-dir, when given, must name it).
     #[arg(long, value_name = "SOCKET")]
     pub server: Option<PathBuf>,
     /// Supervisor state directory.
@@ -505,6 +510,31 @@ pub struct HealthArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Whether --state-dir was on the command line (see [`parse`]).
+    #[arg(skip)]
+    pub state_dir_named: bool,
+}
+
+/// Parses this process's command line (clap exits 2 on a usage error, 0
+/// for --help/--version), noting where `--state-dir` was named rather than
+/// defaulted: a client of a daemon (`--server`) sends only a state
+/// directory it was given, so the daemon's own applies otherwise.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let named = |sub: &str| {
+        matches
+            .subcommand_matches(sub)
+            .and_then(|m| m.value_source("state_dir"))
+            == Some(ValueSource::CommandLine)
+    };
+    match &mut cli.command {
+        Command::Run(a) => a.state_dir_named = named("run"),
+        Command::Health(a) => a.state_dir_named = named("health"),
+        _ => {}
+    }
+    cli
 }
 
 #[derive(Debug, Args)]
@@ -555,10 +585,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
         Command::Bundle(a) => bundle_cmd(&a),
-        Command::Health(a) if a.server.is_some() => crate::serve::client::health(
-            a.server.as_deref().unwrap_or(std::path::Path::new("")),
-            a.json,
-        ),
+        Command::Health(a) if a.server.is_some() => health_server(&a),
         Command::Health(a) => {
             let (text, value) = crate::cli::doctor::health(&a.state_dir);
             Ok(Outcome {
@@ -1169,6 +1196,20 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
     Ok(Outcome::ok(stdout))
 }
 
+/// `health --server SOCKET`: the daemon's own health.
+fn health_server(a: &HealthArgs) -> Result<Outcome> {
+    let socket = a.server.as_deref().unwrap_or(std::path::Path::new(""));
+    let request = crate::serve::wire::HealthRequest {
+        json: a.json,
+        state_dir: if a.state_dir_named {
+            Some(crate::serve::client::absolute(&a.state_dir)?)
+        } else {
+            None
+        },
+    };
+    crate::serve::client::health(socket, &request)
+}
+
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
     let request = request_from_args(&a.request)?;
     let deterministic = a.deterministic.parse()?;
@@ -1184,7 +1225,11 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             root: absolute(&a.common.root)?,
             package: a.package.clone(),
             session: a.session.clone(),
-            state_dir: Some(absolute(&a.common.state_dir)?),
+            state_dir: if a.state_dir_named {
+                Some(absolute(&a.common.state_dir)?)
+            } else {
+                None
+            },
             backend: a.backend.clone(),
             tenant: a.tenant.clone(),
             config: Some(absolute(&a.config)?),
