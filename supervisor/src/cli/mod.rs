@@ -5,6 +5,7 @@
 //! its chain once, and — with `--json` — one JSON object on stdout.
 
 pub mod doctor;
+pub mod init;
 
 use std::path::PathBuf;
 
@@ -139,6 +140,68 @@ pub enum Command {
     ///
     /// Example: supervise serve --state-dir /var/lib/turnstile --socket /run/turnstile.sock --metrics 127.0.0.1:9464
     Serve(ServeArgs),
+    /// Create a workspace (if missing) with a package that runs as it is:
+    /// installed/<ID>/manifest.json (python3 reading data/**, writing
+    /// output/<session_id>/**), installed/<ID>/main.py and a sample
+    /// data/sample.csv (kept when present). Prints the first `run` to try.
+    /// An existing package is never overwritten (exit 2, field --package).
+    ///
+    /// Example: supervise init --root /ws --package demo
+    Init(InitArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    ///
+    /// Example: supervise completions bash > /etc/bash_completion.d/supervise
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write it to --out.
+    ///
+    /// Example: supervise man --out /usr/local/share/man/man1/supervise.1
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Workspace root to create or add the package to.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// The new package's id (letters, digits, `.`, `_`, `-`).
+    #[arg(long, value_name = "ID")]
+    pub package: String,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write the page to FILE instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// `supervise completions SHELL` and `supervise man`.
+fn docs_cmd(command: &Command) -> Result<Outcome> {
+    let bytes = match command {
+        Command::Completions(a) => init::completions(a.shell),
+        Command::Man(_) => init::man_page()?,
+        _ => Vec::new(),
+    };
+    if let Command::Man(ManArgs { out: Some(path) }) = command {
+        std::fs::write(path, &bytes).map_err(|source| SupervisorError::StateIo {
+            op: "write man page",
+            path: path.clone(),
+            source,
+        })?;
+        return Ok(Outcome::ok(String::new()));
+    }
+    Ok(Outcome::ok(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 /// A log format (`--log-format`).
@@ -579,6 +642,8 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Checkpoint(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
+        Command::Init(a) => a.json,
+        Command::Completions(_) | Command::Man(_) => false,
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
@@ -621,6 +686,8 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),
+        Command::Init(a) => init::init(&a.root, &a.package, a.json),
+        c @ (Command::Completions(_) | Command::Man(_)) => docs_cmd(&c),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
 }
