@@ -65,6 +65,7 @@ codes! {
     CHECKPOINT_SIGNATURE = "TS1061", "CHECKPOINT_SIGNATURE";
     CHECKPOINT_MALFORMED = "TS1062", "CHECKPOINT_MALFORMED";
     KEY_INVALID = "TS1063", "KEY_INVALID";
+    PROTOCOL_MISMATCH = "TS1050", "PROTOCOL_MISMATCH";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

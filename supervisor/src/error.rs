@@ -131,6 +131,16 @@ pub enum SupervisorError {
         reason: String,
     },
 
+    #[error(
+        "wire protocol mismatch: the client speaks version {client}, the daemon speaks version {daemon} (daemon: supervise {daemon_version}; client: supervise {}); nothing was run — use the `supervise` binary the daemon was started from",
+        env!("CARGO_PKG_VERSION")
+    )]
+    ProtocolMismatch {
+        client: u64,
+        daemon: u32,
+        daemon_version: String,
+    },
+
     #[error("the daemon's turn worker failed: {detail}")]
     WorkerFailed { detail: String },
 
@@ -201,6 +211,7 @@ impl SupervisorError {
             Self::CheckpointSignature { .. } => codes::CHECKPOINT_SIGNATURE,
             Self::CheckpointMalformed { .. } => codes::CHECKPOINT_MALFORMED,
             Self::KeyInvalid { .. } => codes::KEY_INVALID,
+            Self::ProtocolMismatch { .. } => codes::PROTOCOL_MISMATCH,
         }
     }
 
@@ -214,6 +225,7 @@ impl SupervisorError {
             | Self::IdempotencyConflict { .. }
             | Self::SessionNotOwned { .. }
             | Self::PeerRefused { .. }
+            | Self::ProtocolMismatch { .. }
             | Self::BusRules { .. }
             | Self::CheckpointMalformed { .. }
             | Self::KeyInvalid { .. } => exit::BAD_INPUT,
@@ -241,6 +253,7 @@ impl SupervisorError {
             Self::Unenforceable { .. } => Some("allow_degraded"),
             Self::BelowTrustMinimum { .. } => Some("--backend"),
             Self::ServerUnavailable { .. } => Some("--server"),
+            Self::ProtocolMismatch { .. } => Some("protocol"),
             Self::BusRules { field, .. } => Some(field),
             _ => None,
         }

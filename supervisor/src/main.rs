@@ -3,8 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::Parser as _;
-use turnstile_supervisor::cli::{self, Cli};
+use turnstile_supervisor::cli;
 
 fn main() -> ExitCode {
     // The sandbox's own init is a hidden mode of this binary; it runs before
@@ -60,7 +59,7 @@ fn main() -> ExitCode {
     }
 
     // clap exits 2 on a usage error and 0 for --help/--version.
-    let outcome = cli::run(Cli::parse());
+    let outcome = cli::run(cli::parse());
     // A closed stdout/stderr must not turn into a panic.
     let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());
     let _ = std::io::stderr().write_all(outcome.stderr.as_bytes());

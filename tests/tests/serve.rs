@@ -1592,3 +1592,206 @@ fn issue_28_daemon_health_fails_when_a_dependency_breaks() {
         "{h}"
     );
 }
+
+/// `supervise ARGS…` (no --state-dir unless ARGS name one).
+fn supervise(args: &[&str]) -> Output {
+    Command::new(supervise_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .env_remove("TURNSTILE_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn issue_31_run_and_health_need_only_the_socket() {
+    if !require_root("issue_31_run_and_health_need_only_the_socket") {
+        return;
+    }
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    let socket = daemon.socket.to_str().unwrap();
+    let root = fx.root.to_str().unwrap();
+    // No --state-dir: the daemon's own is used (the default,
+    // /var/lib/turnstile, is not this daemon's).
+    let r = supervise(&[
+        "run",
+        "--server",
+        socket,
+        "--root",
+        root,
+        "--package",
+        "s",
+        "--no-outputs",
+        "--json",
+        "--",
+        "/bin/echo",
+        "hi",
+    ]);
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let sid = session_of(&r);
+    // The turn's anchors are in the daemon's state dir: its ledgers verify
+    // against it.
+    fx.assert_ledgers_intact(&sid);
+    // The same state dir, named, is accepted too.
+    let state = fx.state.to_str().unwrap();
+    let r = supervise(&[
+        "run",
+        "--server",
+        socket,
+        "--root",
+        root,
+        "--state-dir",
+        state,
+        "--package",
+        "s",
+        "--session",
+        &sid,
+        "--no-outputs",
+        "--",
+        "/bin/true",
+    ]);
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    // health --server: the socket alone; the daemon says its state dir,
+    // its version and its protocol.
+    let h = supervise(&["health", "--json", "--server", socket]);
+    assert_eq!(
+        h.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&h.stderr)
+    );
+    let v: Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(v["daemon"]["state_dir"], state, "{v}");
+    assert_eq!(v["daemon"]["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    assert_eq!(v["daemon"]["protocol"], 1, "{v}");
+    let h = supervise(&["health", "--server", socket]);
+    let text = String::from_utf8_lossy(&h.stdout);
+    assert!(text.starts_with("READY") && text.contains(state), "{text}");
+    // Every raw reply carries the same.
+    let mut s = UnixStream::connect(&daemon.socket).unwrap();
+    s.write_all(b"{\"op\":\"health\"}\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let reply: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(reply["protocol"], 1, "{reply}");
+    assert_eq!(reply["state_dir"], state, "{reply}");
+    assert_eq!(
+        reply["daemon_version"],
+        env!("CARGO_PKG_VERSION"),
+        "{reply}"
+    );
+}
+
+#[test]
+fn issue_31_another_state_dir_is_refused_naming_both() {
+    if !require_root("issue_31_another_state_dir_is_refused_naming_both") {
+        return;
+    }
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    let socket = daemon.socket.to_str().unwrap();
+    let root = fx.root.to_str().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let other = other.path().to_str().unwrap();
+    let before = fx.snapshot();
+    for args in [
+        vec![
+            "run",
+            "--server",
+            socket,
+            "--root",
+            root,
+            "--state-dir",
+            other,
+            "--package",
+            "s",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+        vec!["health", "--server", socket, "--state-dir", other, "--json"],
+    ] {
+        let r = supervise(&args);
+        assert_eq!(r.status.code(), Some(2), "{args:?}");
+        let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert_eq!(v["error"]["field"], "state_dir", "{v}");
+        assert_eq!(v["error"]["code"], "TS1006", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains(other) && msg.contains(fx.state.to_str().unwrap()),
+            "both state dirs not named: {msg}"
+        );
+    }
+    assert_eq!(before, fx.snapshot(), "a refused request created something");
+}
+
+#[test]
+fn issue_31_protocol_mismatch_is_ts1050_both_ways() {
+    if !require_root("issue_31_protocol_mismatch_is_ts1050_both_ways") {
+        return;
+    }
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    let before = fx.snapshot();
+    // A client of another protocol version: the daemon refuses it.
+    let root = fx.root.display();
+    let line = format!(
+        r#"{{"op":"run","protocol":999,"root":"{root}","package":"s","request":{{"command":["/bin/true"],"declared_outputs":[]}}}}"#
+    );
+    let mut s = UnixStream::connect(&daemon.socket).unwrap();
+    s.write_all(line.as_bytes()).unwrap();
+    s.write_all(b"\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let reply: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(reply["exit_status"], 2, "{reply}");
+    assert_eq!(reply["value"]["error"]["code"], "TS1050", "{reply}");
+    assert_eq!(reply["value"]["error"]["field"], "protocol", "{reply}");
+    assert_eq!(reply["protocol"], 1, "{reply}");
+    assert!(
+        reply["stderr"].as_str().unwrap().contains("version 999"),
+        "{reply}"
+    );
+    assert_eq!(before, fx.snapshot(), "a refused request created something");
+    // A daemon older than protocol versions (its reply has none): the
+    // client refuses to trust its answer.
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&old).unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut b = [0u8; 4096];
+        let _ = c.read(&mut b).unwrap();
+        c.write_all(b"{\"exit_status\":0,\"stdout\":\"READY\\n\"}\n")
+            .unwrap();
+    });
+    let r = supervise(&["health", "--json", "--server", old.to_str().unwrap()]);
+    fake.join().unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "TS1050", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("predates protocol versions"),
+        "{v}"
+    );
+}

@@ -4,7 +4,7 @@
 //!   missing;
 //! - `demo`:  build `supervise` and walk through a session on the example
 //!   package in `examples/workspace`;
-//! - `test`:  setup, then fmt check, clippy -D warnings, every test, the
+//! - `test`:  the README check (`readme-check`), setup, then fmt check, clippy -D warnings, every test, the
 //!   red-team suite on each backend, the VM tests' reduced set
 //!   (`vm-test --ci`), and a check that every in-scope requirement
 //!   (FR-RT-0xx) has a test naming it;
@@ -21,6 +21,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+mod readme_check;
 mod vm;
 
 /// System packages: the build (libseccomp), the schema tests
@@ -71,6 +72,8 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("test") => test(),
         Some("fr-coverage") => fr_coverage(),
+        Some("readme-check") => readme_check::readme_check(&workspace_root()),
+        Some("fuzz") => fuzz(&args[1..]),
         Some("redteam") => redteam(&args[1..]),
         Some("realsw") => realsw(&args[1..]),
         Some("bench") => bench(),
@@ -83,7 +86,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|deb [--debug]|fr-coverage>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|deb [--debug]|fr-coverage|readme-check|fuzz [--seconds N] [TARGET…]>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
@@ -94,7 +97,9 @@ fn main() -> Result<()> {
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
                  \n  deb          build target/debian/turnstile_<version>_<arch>.deb: supervise, the containerd shim, the systemd unit (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
-                 \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it",
+                 \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\
+                 \n  fuzz         mutated inputs to the manifest, request, envelope, socket, bus and ledger parsers, N seconds each (default 60); non-zero on a panic, hang or unbounded allocation\
+                 \n  readme-check fail when figures the README states (probes, test binaries, commands, Rust version, links) drift from the repository",
                 APT_PACKAGES.join(", ")
             );
             std::process::exit(2);
@@ -185,6 +190,8 @@ fn cargo() -> Command {
 }
 
 fn test() -> Result<()> {
+    // First: it reads files only, and a stale README fails in a second.
+    readme_check::readme_check(&workspace_root())?;
     setup()?;
     fr_coverage()?;
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -230,6 +237,17 @@ fn build_bins(release: bool) -> Result<()> {
         c.arg("--release");
     }
     run(&mut c)
+}
+
+/// `fuzz [--seconds N] [TARGET…]`: the parsers' mutation fuzzer
+/// (tests/src/bin/fuzz.rs), 60 seconds per target unless told.
+fn fuzz(args: &[String]) -> Result<()> {
+    build_bins(false)?;
+    let mut cmd = Command::new(workspace_root().join("target/debug/fuzz"));
+    if !args.iter().any(|a| a == "--seconds") {
+        cmd.args(["--seconds", "60"]);
+    }
+    run(cmd.args(args))
 }
 
 /// Runs the red-team suite (tests/src/redteam.rs) and prints its table.

@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod doctor;
+pub mod init;
 
 use std::path::PathBuf;
 
@@ -143,6 +144,68 @@ pub enum Command {
     ///
     /// Example: supervise serve --state-dir /var/lib/turnstile --socket /run/turnstile.sock --metrics 127.0.0.1:9464
     Serve(ServeArgs),
+    /// Create a workspace (if missing) with a package that runs as it is:
+    /// installed/<ID>/manifest.json (python3 reading data/**, writing
+    /// output/<session_id>/**), installed/<ID>/main.py and a sample
+    /// data/sample.csv (kept when present). Prints the first `run` to try.
+    /// An existing package is never overwritten (exit 2, field --package).
+    ///
+    /// Example: supervise init --root /ws --package demo
+    Init(InitArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    ///
+    /// Example: supervise completions bash > /etc/bash_completion.d/supervise
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write it to --out.
+    ///
+    /// Example: supervise man --out /usr/local/share/man/man1/supervise.1
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Workspace root to create or add the package to.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// The new package's id (letters, digits, `.`, `_`, `-`).
+    #[arg(long, value_name = "ID")]
+    pub package: String,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write the page to FILE instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// `supervise completions SHELL` and `supervise man`.
+fn docs_cmd(command: &Command) -> Result<Outcome> {
+    let bytes = match command {
+        Command::Completions(a) => init::completions(a.shell),
+        Command::Man(_) => init::man_page()?,
+        _ => Vec::new(),
+    };
+    if let Command::Man(ManArgs { out: Some(path) }) = command {
+        std::fs::write(path, &bytes).map_err(|source| SupervisorError::StateIo {
+            op: "write man page",
+            path: path.clone(),
+            source,
+        })?;
+        return Ok(Outcome::ok(String::new()));
+    }
+    Ok(Outcome::ok(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 /// A log format (`--log-format`).
@@ -484,9 +547,13 @@ pub struct RunArgs {
     pub events: Option<PathBuf>,
     /// Send the turn to a `supervise serve` daemon listening on SOCKET
     /// instead of running it here; prints and exits exactly as a local run.
-    /// --state-dir must name the daemon's state directory.
+    /// The daemon uses its own state directory: --state-dir may be left
+    /// out, and when given must name the daemon's.
     #[arg(long, value_name = "SOCKET")]
     pub server: Option<PathBuf>,
+    /// Whether --state-dir was on the command line (see [`parse`]).
+    #[arg(skip)]
+    pub state_dir_named: bool,
 }
 
 #[derive(Debug, Args)]
@@ -527,7 +594,8 @@ pub struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// Ask a running `supervise serve` daemon on this socket instead.
+    /// Ask a running `supervise serve` daemon on this socket instead (its
+    /// state directory is its own; --state-dir, when given, must name it).
     #[arg(long, value_name = "SOCKET")]
     pub server: Option<PathBuf>,
     /// Supervisor state directory.
@@ -536,6 +604,31 @@ pub struct HealthArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Whether --state-dir was on the command line (see [`parse`]).
+    #[arg(skip)]
+    pub state_dir_named: bool,
+}
+
+/// Parses this process's command line (clap exits 2 on a usage error, 0
+/// for --help/--version), noting where `--state-dir` was named rather than
+/// defaulted: a client of a daemon (`--server`) sends only a state
+/// directory it was given, so the daemon's own applies otherwise.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let named = |sub: &str| {
+        matches
+            .subcommand_matches(sub)
+            .and_then(|m| m.value_source("state_dir"))
+            == Some(ValueSource::CommandLine)
+    };
+    match &mut cli.command {
+        Command::Run(a) => a.state_dir_named = named("run"),
+        Command::Health(a) => a.state_dir_named = named("health"),
+        _ => {}
+    }
+    cli
 }
 
 #[derive(Debug, Args)]
@@ -585,16 +678,15 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Checkpoint(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
+        Command::Init(a) => a.json,
+        Command::Completions(_) | Command::Man(_) => false,
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
         Command::Bundle(a) => bundle_cmd(&a),
-        Command::Health(a) if a.server.is_some() => crate::serve::client::health(
-            a.server.as_deref().unwrap_or(std::path::Path::new("")),
-            a.json,
-        ),
+        Command::Health(a) if a.server.is_some() => health_server(&a),
         Command::Health(a) => {
             let (text, value) = crate::cli::doctor::health(&a.state_dir);
             Ok(Outcome {
@@ -635,6 +727,8 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),
+        Command::Init(a) => init::init(&a.root, &a.package, a.json),
+        c @ (Command::Completions(_) | Command::Man(_)) => docs_cmd(&c),
     };
     result.unwrap_or_else(|e| error_outcome(&e, json))
 }
@@ -1210,6 +1304,20 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
     Ok(Outcome::ok(stdout))
 }
 
+/// `health --server SOCKET`: the daemon's own health.
+fn health_server(a: &HealthArgs) -> Result<Outcome> {
+    let socket = a.server.as_deref().unwrap_or(std::path::Path::new(""));
+    let request = crate::serve::wire::HealthRequest {
+        json: a.json,
+        state_dir: if a.state_dir_named {
+            Some(crate::serve::client::absolute(&a.state_dir)?)
+        } else {
+            None
+        },
+    };
+    crate::serve::client::health(socket, &request)
+}
+
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
     let request = request_from_args(&a.request)?;
     let deterministic = a.deterministic.parse()?;
@@ -1225,7 +1333,11 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             root: absolute(&a.common.root)?,
             package: a.package.clone(),
             session: a.session.clone(),
-            state_dir: Some(absolute(&a.common.state_dir)?),
+            state_dir: if a.state_dir_named {
+                Some(absolute(&a.common.state_dir)?)
+            } else {
+                None
+            },
             backend: a.backend.clone(),
             tenant: a.tenant.clone(),
             config: Some(absolute(&a.config)?),

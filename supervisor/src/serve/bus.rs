@@ -279,6 +279,79 @@ pub fn parse_message(bytes: &[u8]) -> std::result::Result<Message, BusError> {
     Ok(m)
 }
 
+/// Largest rules file read (a real one is a few KiB).
+const MAX_RULES_BYTES: usize = 1 << 20;
+/// Deepest `{`/`[` nesting a rules file may have (a real one has 2).
+const MAX_RULES_FLOW_DEPTH: usize = 64;
+
+/// The YAML parser's time grows with the square of the flow-collection
+/// depth (measured through `cargo xtask fuzz`, debug build: 16,000 nested
+/// `{` take 0.9 s, 1 MiB of them would take about an hour), so both size
+/// and depth are checked before it sees the text. Quoted scalars are
+/// skipped; `#` comments too.
+fn rules_shape(text: &str) -> std::result::Result<(), String> {
+    if text.len() > MAX_RULES_BYTES {
+        return Err(format!(
+            "{} bytes: a rules file is at most {MAX_RULES_BYTES}",
+            text.len()
+        ));
+    }
+    // Two counts, and both must stay under the limit: one that knows
+    // quotes and comments (so `"}"` in a string closes nothing), and one
+    // that counts every bracket (so a `"` the first misreads as an opening
+    // quote cannot hide the nesting after it). A real rules file passes
+    // both; an over-count only refuses a file no one writes.
+    let mut naive = 0usize;
+    let (mut depth, mut quote, mut comment) = (0usize, None::<char>, false);
+    // The previous character, and the previous one that is not a blank: a
+    // quote opens a scalar only where a scalar may start (YAML: a `"` inside
+    // a plain scalar is text), so a stray one cannot hide the nesting after it.
+    let (mut prev, mut prev_sig) = ('\n', '\n');
+    for c in text.chars() {
+        match c {
+            '{' | '[' => naive += 1,
+            '}' | ']' => naive = naive.saturating_sub(1),
+            _ => {}
+        }
+        if naive > MAX_RULES_FLOW_DEPTH {
+            return Err(format!(
+                "`{{`/`[` nested deeper than {MAX_RULES_FLOW_DEPTH}"
+            ));
+        }
+        match (quote, c) {
+            (Some('"'), '"') if prev != '\\' => quote = None,
+            (Some('\''), '\'') => quote = None,
+            (Some(_), _) => {}
+            (None, '\n') => comment = false,
+            (None, _) if comment => {}
+            (None, '#') if prev.is_whitespace() => comment = true,
+            (None, '"' | '\'') if matches!(prev_sig, '\n' | ':' | ',' | '[' | '{' | '-' | '?') => {
+                quote = Some(c)
+            }
+            (None, '{' | '[') => {
+                depth += 1;
+                if depth > MAX_RULES_FLOW_DEPTH {
+                    return Err(format!(
+                        "`{{`/`[` nested deeper than {MAX_RULES_FLOW_DEPTH}"
+                    ));
+                }
+            }
+            (None, '}' | ']') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        // An escaped backslash does not escape the quote after it.
+        prev = if quote.is_some() && prev == '\\' && c == '\\' {
+            ' '
+        } else {
+            c
+        };
+        if c == '\n' || !c.is_whitespace() {
+            prev_sig = c;
+        }
+    }
+    Ok(())
+}
+
 /// Loads and checks the rules file: refused (TS1036) naming the field.
 pub fn load_rules(path: &Path) -> Result<RulesFile> {
     let bad = |field: String, reason: String| SupervisorError::BusRules {
@@ -286,7 +359,14 @@ pub fn load_rules(path: &Path) -> Result<RulesFile> {
         field,
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| bad("rules".into(), e.to_string()))?;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            use std::io::Read;
+            f.take(MAX_RULES_BYTES as u64 + 1).read_to_string(&mut text)
+        })
+        .map_err(|e| bad("rules".into(), e.to_string()))?;
+    rules_shape(&text).map_err(|reason| bad("rules".into(), reason))?;
     let de = serde_norway::Deserializer::from_str(&text);
     let rules: RulesFile = serde_path_to_error::deserialize(de)
         .map_err(|e| bad(e.path().to_string(), e.inner().to_string()))?;
@@ -1131,6 +1211,36 @@ impl Bus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rules_shape_bounds_depth_and_size_but_not_quoted_braces() {
+        assert!(rules_shape("rules:\n  - {a: [1, {b: 2}]}\n").is_ok());
+        let deep = format!("rules: {}", "{".repeat(65));
+        assert!(
+            rules_shape(&deep)
+                .unwrap_err()
+                .contains("nested deeper than 64")
+        );
+        // Braces in quotes and comments are text, not nesting.
+        let quoted = format!(
+            "run: \"{0}{1}\"\nx: '{0}{1}' # {0}{1}\n",
+            "{".repeat(40),
+            "}".repeat(40)
+        );
+        assert!(rules_shape(&quoted).is_ok(), "{quoted}");
+        // `"}"` inside the nesting closes nothing.
+        let closers = format!("x: {}\n", "{\"}\"".repeat(65));
+        assert!(rules_shape(&closers).is_err(), "{closers}");
+        let escaped = format!("run: \"a\\\"{}\"\n", "[]".repeat(100));
+        assert!(rules_shape(&escaped).is_ok(), "{escaped}");
+        // A quote after a bracket of a plain scalar (fuzz finding).
+        let seeded = format!("rule{}\":\n  - id: {}", "{".repeat(34), "{".repeat(40));
+        assert!(rules_shape(&seeded).is_err());
+        // A quote inside a plain scalar opens nothing (fuzz finding).
+        let stray = format!("guards: {{cat\"}}\nx: {}", "{".repeat(65));
+        assert!(rules_shape(&stray).is_err(), "{stray}");
+        assert!(rules_shape(&" ".repeat(MAX_RULES_BYTES + 1)).is_err());
+    }
     use serde_json::json;
 
     fn msg() -> serde_json::Value {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use turnstile_policy::request::TurnRequest;
 
-use super::wire::{Reply, RunRequest, send_with_fds};
+use super::wire::{HealthRequest, PROTOCOL_VERSION, Reply, RunRequest, send_with_fds};
 use crate::error::{Result, SupervisorError};
 use crate::turn::outcome::Outcome;
 
@@ -56,18 +56,35 @@ pub fn request_doc(r: &TurnRequest) -> serde_json::Value {
     .unwrap_or_default()
 }
 
-/// A request line as the daemon reads it (`op` names the request).
+/// A request line as the daemon reads it: the protocol version, and `op`
+/// naming the request.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    protocol: u32,
+    #[serde(flatten)]
+    op: Op<'a>,
+}
+
 #[derive(serde::Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-enum Line<'a> {
+enum Op<'a> {
     Run(&'a RunRequest),
-    Health { json: bool },
+    Health(&'a HealthRequest),
+}
+
+impl<'a> Line<'a> {
+    fn of(op: Op<'a>) -> Self {
+        Self {
+            protocol: PROTOCOL_VERSION,
+            op,
+        }
+    }
 }
 
 /// `supervise run --server SOCKET …` with the request the CLI built
 /// (paths absolute: the daemon has its own working directory).
 pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
-    let v = serde_json::to_value(Line::Run(wire)).unwrap_or_default();
+    let v = serde_json::to_value(Line::of(Op::Run(wire))).unwrap_or_default();
     // A signal from here on is forwarded to the turn, not fatal here.
     let _watching = crate::turn::interrupt::install(&crate::turn::interrupt::Interrupts::default())
         .map_err(|source| SupervisorError::StateIo {
@@ -79,8 +96,8 @@ pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
 }
 
 /// `supervise health --server SOCKET`.
-pub fn health(socket: &Path, json: bool) -> Result<Outcome> {
-    let v = serde_json::to_value(Line::Health { json }).unwrap_or_default();
+pub fn health(socket: &Path, request: &HealthRequest) -> Result<Outcome> {
+    let v = serde_json::to_value(Line::of(Op::Health(request))).unwrap_or_default();
     exchange(socket, &v, false)
 }
 
@@ -110,6 +127,17 @@ fn exchange(socket: &Path, v: &serde_json::Value, with_fds: bool) -> Result<Outc
                 "the daemon's reply is not valid ({e}); the turn's outcome is in its ledgers"
             ),
         })?;
+    if reply.protocol != PROTOCOL_VERSION {
+        return Err(SupervisorError::ProtocolMismatch {
+            client: u64::from(PROTOCOL_VERSION),
+            daemon: reply.protocol,
+            daemon_version: if reply.daemon_version.is_empty() {
+                "unknown (it predates protocol versions)".into()
+            } else {
+                reply.daemon_version
+            },
+        });
+    }
     Ok(if reply.printed {
         let _ = std::io::stdout().flush();
         Outcome {

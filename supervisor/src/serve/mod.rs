@@ -285,6 +285,8 @@ impl Daemon {
             checks,
             daemon: DaemonState {
                 pid: std::process::id(),
+                version: wire::BINARY_VERSION.into(),
+                protocol: wire::PROTOCOL_VERSION,
                 uptime_seconds: self.started.elapsed().as_secs_f64(),
                 state_dir: self.state_dir.clone(),
                 socket: self.socket.clone(),
@@ -541,8 +543,16 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     })
 }
 
-fn send_reply(conn: &UnixStream, r: &Reply) {
-    let mut line = serde_json::to_vec(r).unwrap_or_default();
+/// Sends `r`, stamped with what every reply says about the daemon: its
+/// protocol and binary versions and its state directory.
+fn send_reply(d: &Daemon, conn: &UnixStream, r: &Reply) {
+    let stamped = Reply {
+        protocol: wire::PROTOCOL_VERSION,
+        daemon_version: wire::BINARY_VERSION.into(),
+        state_dir: Some(d.state_dir.clone()),
+        ..r.clone()
+    };
+    let mut line = serde_json::to_vec(&stamped).unwrap_or_default();
     line.push(b'\n');
     let _ = (&*conn).write_all(&line);
 }
@@ -562,6 +572,11 @@ pub struct DaemonHealth {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DaemonState {
     pub pid: u32,
+    /// The daemon's `supervise` version and wire protocol version.
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub protocol: u32,
     pub uptime_seconds: f64,
     pub state_dir: PathBuf,
     pub socket: Option<PathBuf>,
@@ -591,6 +606,7 @@ fn error_reply(e: &SupervisorError, json: bool) -> Reply {
         value: crate::turn::outcome::ErrorReply::of(e).to_value(),
         trust_level: None,
         stays: false,
+        ..Reply::default()
     }
 }
 
@@ -605,6 +621,7 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
     if uid != d.uid && uid != 0 {
         tracing::warn!(peer_uid = uid, "peer refused");
         send_reply(
+            d,
             &conn,
             &error_reply(
                 &SupervisorError::PeerRefused {
@@ -621,6 +638,7 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
         Ok(x) => x,
         Err(e) => {
             send_reply(
+                d,
                 &conn,
                 &error_reply(&SupervisorError::invalid("request", e.to_string()), false),
             );
@@ -631,23 +649,33 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
     let request = match Request::parse(&line) {
         Ok(r) => r,
         Err(e) => {
-            send_reply(&conn, &error_reply(&e, false));
+            send_reply(d, &conn, &error_reply(&e, false));
             return;
         }
     };
     match request {
-        Request::Health { json } => {
+        Request::Health(req) => {
+            if let Err(e) = same_state_dir(d, req.state_dir.as_deref()) {
+                send_reply(d, &conn, &error_reply(&e, req.json));
+                return;
+            }
             let h = d.health();
             d.metrics.health_check(h.status == "READY");
-            let stdout = if json {
+            let stdout = if req.json {
                 format!("{}\n", serde_json::to_string(&h).unwrap_or_default())
             } else {
                 format!(
-                    "{} (daemon pid {}, {} turn(s) in flight, {} served)\n",
-                    h.status, h.daemon.pid, h.daemon.turns_in_flight, h.daemon.turns_served
+                    "{} (daemon pid {}, supervise {}, state dir {}, {} turn(s) in flight, {} served)\n",
+                    h.status,
+                    h.daemon.pid,
+                    h.daemon.version,
+                    h.daemon.state_dir.display(),
+                    h.daemon.turns_in_flight,
+                    h.daemon.turns_served
                 )
             };
             send_reply(
+                d,
                 &conn,
                 &Reply {
                     exit_status: if h.status == "FAILED" {
@@ -661,6 +689,7 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                     value: serde_json::to_value(&h).unwrap_or_default(),
                     trust_level: None,
                     stays: false,
+                    ..Reply::default()
                 },
             );
         }
@@ -675,21 +704,21 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                         d.in_flight()
                     ),
                 };
-                send_reply(&conn, &error_reply(&e, json_mode));
+                send_reply(d, &conn, &error_reply(&e, json_mode));
                 return;
             }
             if d.stopping.load(Ordering::SeqCst) {
                 let e = SupervisorError::WorkerFailed {
                     detail: "the daemon is stopping; no new turns".into(),
                 };
-                send_reply(&conn, &error_reply(&e, json_mode));
+                send_reply(d, &conn, &error_reply(&e, json_mode));
                 return;
             }
             let reply = match run_request(d, n, &conn, *r, fds, &rest) {
                 Ok(reply) => reply,
                 Err(e) => error_reply(&e, json_mode),
             };
-            send_reply(&conn, &reply);
+            send_reply(d, &conn, &reply);
             d.metrics.events_emitted.inc();
             d.metrics.turn_finished(
                 &reply.value,
@@ -705,22 +734,30 @@ fn validate(d: &Daemon, r: &mut RunRequest) -> Result<()> {
     if !r.root.is_absolute() {
         return Err(SupervisorError::invalid("root", "must be an absolute path"));
     }
-    if let Some(s) = &r.state_dir {
-        let same = std::fs::canonicalize(s).is_ok_and(|c| c == d.state_dir);
-        if !same {
-            return Err(SupervisorError::invalid(
-                "state_dir",
-                format!(
-                    "{}: this daemon's state directory is {} (pass the same --state-dir)",
-                    s.display(),
-                    d.state_dir.display()
-                ),
-            ));
-        }
-    }
+    same_state_dir(d, r.state_dir.as_deref())?;
     r.state_dir = Some(d.state_dir.clone());
     worker::to_options(r)?;
     Ok(())
+}
+
+/// A client that names a state directory must name the daemon's (one that
+/// names none gets the daemon's): two state directories for one workspace
+/// would split its anchors and locks.
+fn same_state_dir(d: &Daemon, client: Option<&Path>) -> Result<()> {
+    let Some(s) = client else {
+        return Ok(());
+    };
+    if std::fs::canonicalize(s).is_ok_and(|c| c == d.state_dir) {
+        return Ok(());
+    }
+    Err(SupervisorError::invalid(
+        "state_dir",
+        format!(
+            "the client names state directory {}, but this daemon's is {}: omit --state-dir (the daemon uses its own) or pass the daemon's",
+            s.display(),
+            d.state_dir.display()
+        ),
+    ))
 }
 
 fn run_request(

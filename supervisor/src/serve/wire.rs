@@ -24,6 +24,16 @@ use crate::error::{Result, SupervisorError};
 /// Longest request line the daemon reads (a request file is capped lower).
 pub const MAX_REQUEST_LINE: usize = 1 << 20;
 
+/// The version of this protocol. A client sends it in every request line
+/// (`"protocol": N`) and checks it in every reply; the daemon refuses a
+/// request of another version (TS1050) and stamps its own on every reply.
+/// A request without it (written by hand) is read as this version. Bump it
+/// when a request or reply changes meaning or loses a field.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The version of the `supervise` binary, reported by the daemon.
+pub const BINARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// A `run` request: `supervise run`'s flags as JSON. Paths are absolute
 /// (the client resolves them against its own working directory).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,7 +43,8 @@ pub struct RunRequest {
     pub package: String,
     #[serde(default)]
     pub session: Option<String>,
-    /// The client's `--state-dir`; must be the daemon's.
+    /// The client's `--state-dir` when it named one; must be the daemon's.
+    /// Absent: the daemon's own.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
     #[serde(default)]
@@ -68,14 +79,18 @@ pub struct DeterministicWire {
 #[derive(Debug, Clone)]
 pub enum Request {
     Run(Box<RunRequest>),
-    Health { json: bool },
+    Health(HealthRequest),
 }
 
-#[derive(Debug, Deserialize)]
+/// A `health` request.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct HealthRequest {
+pub struct HealthRequest {
     #[serde(default)]
-    json: bool,
+    pub json: bool,
+    /// The client's `--state-dir` when it named one; must be the daemon's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Request {
@@ -89,6 +104,21 @@ impl Request {
         let op = obj
             .remove("op")
             .ok_or_else(|| SupervisorError::invalid("op", "missing (`run` or `health`)"))?;
+        if let Some(p) = obj.remove("protocol") {
+            let Some(client) = p.as_u64() else {
+                return Err(SupervisorError::invalid(
+                    "protocol",
+                    format!("{p}: expected the wire protocol version, an integer"),
+                ));
+            };
+            if client != u64::from(PROTOCOL_VERSION) {
+                return Err(SupervisorError::ProtocolMismatch {
+                    client,
+                    daemon: PROTOCOL_VERSION,
+                    daemon_version: BINARY_VERSION.into(),
+                });
+            }
+        }
         let rest = v;
         match op.as_str() {
             Some("run") => {
@@ -99,7 +129,7 @@ impl Request {
             Some("health") => {
                 let h: HealthRequest = serde_path_to_error::deserialize(rest)
                     .map_err(|e| SupervisorError::invalid(&field_of(&e), e.inner().to_string()))?;
-                Ok(Self::Health { json: h.json })
+                Ok(Self::Health(h))
             }
             _ => Err(SupervisorError::invalid(
                 "op",
@@ -144,6 +174,16 @@ pub struct Reply {
     /// (with its warm sandbox).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stays: bool,
+    /// The daemon's wire protocol version ([`PROTOCOL_VERSION`]); absent
+    /// (0) from a daemon older than versioning.
+    #[serde(default)]
+    pub protocol: u32,
+    /// The daemon's `supervise` version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub daemon_version: String,
+    /// The daemon's state directory (the one its turns use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Sends `line` with `fds` attached (SCM_RIGHTS) in one message.

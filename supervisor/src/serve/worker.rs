@@ -151,6 +151,7 @@ fn turn(
         value,
         trust_level,
         stays: false,
+        ..Reply::default()
     }
 }
 
