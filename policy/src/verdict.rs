@@ -109,9 +109,36 @@ impl Verdict {
 /// Compares realized writes with `declared` (FR-RT-016). `scratch` is
 /// `tmp/<sid>`.
 pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &str) -> Verdict {
+    verify_trees(writes, declared, scratch, &|_: &str| false)
+}
+
+/// The directory a declared tree output (`PATH/**`) names, if it is one.
+pub fn tree_of(declared: &str) -> Option<&str> {
+    declared.strip_suffix("/**").filter(|p| !p.is_empty())
+}
+
+/// [`verify`], where a declared output `PATH/**` is a tree (as Bazel's
+/// tree artifacts): every file written under PATH is declared, and the new
+/// directories under it are its implied parents — except a file `forbidden`
+/// names, which stays undeclared (a tree never carries a forbidden path
+/// through). A tree declares no file it must hold.
+pub fn verify_trees(
+    writes: &[RealizedWrite],
+    declared: &[DeclaredOutput],
+    scratch: &str,
+    forbidden: &dyn Fn(&str) -> bool,
+) -> Verdict {
     use std::collections::HashSet;
     let mut v = Verdict::default();
     let scratch_prefix = format!("{scratch}/");
+    let trees: Vec<String> = declared
+        .iter()
+        .filter_map(|d| tree_of(&d.path))
+        .map(|t| format!("{t}/"))
+        .collect();
+    let in_tree = |p: &str| trees.iter().any(|t| p.starts_with(t.as_str()));
+    let is_tree_or_in =
+        |p: &str| in_tree(p) || trees.iter().any(|t| t.strip_suffix('/') == Some(p));
     // Sets, not scans: 10,000 declared outputs must not cost 10^8 compares.
     let declared_paths: HashSet<&str> = declared.iter().map(|d| d.path.as_str()).collect();
     let declared_ancestors: HashSet<&str> = declared
@@ -125,17 +152,21 @@ pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &s
         }
         match w.kind {
             Kind::File if declared_paths.contains(w.path.as_str()) => v.matched.push(w.clone()),
-            // A new directory on the way to a declared output: implied.
-            // Anything else in it is a write of its own and judged so, so
-            // an implied parent never carries an undeclared file through.
-            Kind::Dir if declared_ancestors.contains(w.path.as_str()) => v.implied.push(w.clone()),
+            Kind::File if in_tree(&w.path) && !forbidden(&w.path) => v.matched.push(w.clone()),
+            // A new directory on the way to a declared output, or inside a
+            // declared tree: implied. Anything else in it is a write of its
+            // own and judged so, so an implied parent never carries an
+            // undeclared file through.
+            Kind::Dir if declared_ancestors.contains(w.path.as_str()) || is_tree_or_in(&w.path) => {
+                v.implied.push(w.clone());
+            }
             _ => v.undeclared.push(w.clone()),
         }
     }
     let matched: HashSet<&str> = v.matched.iter().map(|m| m.path.as_str()).collect();
     let missing: Vec<String> = declared
         .iter()
-        .filter(|d| !matched.contains(d.path.as_str()))
+        .filter(|d| tree_of(&d.path).is_none() && !matched.contains(d.path.as_str()))
         .map(|d| d.path.clone())
         .collect();
     v.missing = missing;
@@ -180,6 +211,40 @@ mod tests {
         assert_eq!(v.undeclared, vec![w("output/S/b.md", Kind::File)]);
         assert_eq!(v.missing, vec!["output/S/c.md".to_owned()]);
         assert_eq!(v.scratch.len(), 1);
+        assert!(!v.matches());
+    }
+
+    /// Issue 29: a declared tree (`PATH/**`) declares every file written
+    /// under it and implies its new directories; a forbidden file under it,
+    /// or anything outside it, still blocks; an empty tree is not missing.
+    #[test]
+    fn a_declared_tree_declares_what_is_written_under_it() {
+        let writes = [
+            w("output/S/dist", Kind::Dir),
+            w("output/S/dist/a", Kind::Dir),
+            w("output/S/dist/a/x.js", Kind::File),
+            w("output/S/dist/y.js", Kind::File),
+        ];
+        let tree = [out("output/S/dist/**")];
+        let v = verify_trees(&writes, &tree, "tmp/S", &|_: &str| false);
+        assert!(v.matches(), "{v:?}");
+        assert_eq!(v.matched.len(), 2);
+        assert_eq!(v.implied.len(), 2);
+        let v = verify_trees(&writes, &tree, "tmp/S", &|p: &str| p.ends_with("y.js"));
+        assert_eq!(v.undeclared, vec![w("output/S/dist/y.js", Kind::File)]);
+        let mut outside = writes.to_vec();
+        outside.push(w("output/S/other.txt", Kind::File));
+        let v = verify_trees(&outside, &tree, "tmp/S", &|_: &str| false);
+        assert_eq!(v.undeclared, vec![w("output/S/other.txt", Kind::File)]);
+        let v = verify_trees(&[], &tree, "tmp/S", &|_: &str| false);
+        assert!(v.matches(), "an empty tree is not missing");
+        // A symlink in a tree is no more a file than elsewhere.
+        let v = verify_trees(
+            &[w("output/S/dist/l", Kind::Symlink)],
+            &tree,
+            "tmp/S",
+            &|_: &str| false,
+        );
         assert!(!v.matches());
     }
 

@@ -65,3 +65,76 @@ fn issue_29_ten_thousand_outputs_commit_under_a_256_descriptor_limit() {
     }
     fx.assert_ledgers_intact(sid);
 }
+
+/// Issue 29: a declared tree (`PATH/**:ROLE`) declares everything written
+/// under it — 100,000 outputs need no 5 MB request — while a file outside
+/// it, or a forbidden one inside it, still blocks with nothing committed.
+#[test]
+fn issue_29_a_declared_tree_commits_what_is_under_it_and_nothing_else() {
+    if !require_root("issue_29_a_declared_tree_commits_what_is_under_it_and_nothing_else") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "tree",
+        r#"{"capabilities": {"write": ["output/<session_id>/**"], "execute": ["/usr/bin/python3"],
+            "forbidden": ["**/*.pem"]},
+            "limits": {"files": 5000, "timeout_seconds": 60}}"#,
+    );
+    let run = |code: &str| {
+        let r = fx.run(
+            "tree",
+            &[
+                "--json",
+                "--output",
+                "output/<session_id>/dist/**:bundle",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                code,
+            ],
+        );
+        (r.status, r.json())
+    };
+    let (status, v) = run(
+        "import os\nsid = os.environ['TURNSTILE_SESSION_ID']\nfor i in range(2000):\n    d = f'output/{sid}/dist/m{i % 20}'\n    os.makedirs(d, exist_ok=True)\n    open(f'{d}/f{i}.js', 'w').write(str(i))\n",
+    );
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["committed"].as_array().unwrap().len(), 2000);
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        std::fs::read_to_string(fx.root.join(format!("output/{sid}/dist/m7/f7.js"))).unwrap(),
+        "7"
+    );
+    for (what, code, target) in [
+        (
+            "a file outside the tree",
+            "import os\nsid = os.environ['TURNSTILE_SESSION_ID']\nos.makedirs(f'output/{sid}/dist', exist_ok=True)\nopen(f'output/{sid}/dist/ok.js', 'w').write('1')\nopen(f'output/{sid}/stray.txt', 'w').write('x')\n",
+            "stray.txt",
+        ),
+        (
+            "a forbidden file inside the tree",
+            "import os\nsid = os.environ['TURNSTILE_SESSION_ID']\nos.makedirs(f'output/{sid}/dist', exist_ok=True)\nopen(f'output/{sid}/dist/ok.js', 'w').write('1')\nopen(f'output/{sid}/dist/key.pem', 'w').write('k')\n",
+            "key.pem",
+        ),
+    ] {
+        let (status, v) = run(code);
+        assert_eq!(status, 12, "{what}: {v}");
+        assert!(
+            v["violations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["target"].as_str().unwrap().ends_with(target)),
+            "{what}: {v}"
+        );
+        assert!(v["committed"].as_array().unwrap().is_empty(), "{what}: {v}");
+        let sid = v["session_id"].as_str().unwrap();
+        let left: Vec<_> = std::fs::read_dir(fx.root.join(format!("output/{sid}")))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{what}: committed {left:?}");
+    }
+}

@@ -693,10 +693,22 @@ impl Turn<'_> {
                 }
                 e => Failed::from(e),
             })?;
-        let verdict = capture::verify(
+        // A declared tree never carries a forbidden path through.
+        let forbidden = turnstile_policy::pattern::PatternSet::compile(
+            &self.manifest.capabilities.forbidden,
+            &self.request.session,
+        )
+        .map_err(|e| Failed::new(TurnStatus::SandboxError, e))?;
+        let root = self.workspace.root_str();
+        let verdict = turnstile_policy::verdict::verify_trees(
             &writes,
             &self.request.declared_outputs,
             &format!("tmp/{}", self.session.id),
+            &|p: &str| {
+                forbidden
+                    .matching(&turnstile_policy::pattern::Target::new(root, p))
+                    .is_some()
+            },
         );
         Ok((scopes, writes, verdict))
     }
