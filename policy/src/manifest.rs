@@ -105,7 +105,10 @@ pub enum Network {
     /// Own network namespace with loopback only.
     #[default]
     Isolated,
-    /// Egress allowed, narrowed by Landlock port rules.
+    /// Only what `egress` lists (names or CIDRs, with ports).
+    Restricted,
+    /// Any public destination, except private, loopback, link-local,
+    /// CGNAT, ULA and the host's own addresses unless `egress` lists one.
     AllowEgress,
 }
 
@@ -113,9 +116,123 @@ impl Network {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Isolated => "isolated",
+            Self::Restricted => "restricted",
             Self::AllowEgress => "allow_egress",
         }
     }
+}
+
+/// Where an `egress` entry lets a turn connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EgressHost {
+    /// An exact DNS name (lower-case).
+    Name(String),
+    /// `*.suffix`: one or more labels before the suffix.
+    Wildcard(String),
+    /// An IPv4 or IPv6 network.
+    Cidr(std::net::IpAddr, u8),
+}
+
+/// The transport an `egress` entry allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// One `egress` entry: `HOST:PORT[-PORT][/udp]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Egress {
+    pub host: EgressHost,
+    pub ports: (u16, u16),
+    pub transport: Transport,
+    /// As written (for evidence and hints).
+    pub raw: String,
+}
+
+impl Egress {
+    /// Parses one entry; the error says what is wrong with it.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let (rest, transport) = match raw.rsplit_once('/') {
+            Some((r, "udp")) => (r, Transport::Udp),
+            Some((r, "tcp")) => (r, Transport::Tcp),
+            // A CIDR's `/len` comes before the port: `10.0.0.0/8:443`.
+            _ => (raw, Transport::Tcp),
+        };
+        let (host, ports) = rest
+            .rsplit_once(':')
+            .ok_or("needs a port: HOST:PORT, HOST:LOW-HIGH, or CIDR:PORT")?;
+        let ports = match ports.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => {
+                let p = port(ports)?;
+                (p, p)
+            }
+        };
+        if ports.0 > ports.1 {
+            return Err(format!("the port range {}-{} is empty", ports.0, ports.1));
+        }
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        Ok(Self {
+            host: egress_host(host)?,
+            ports,
+            transport,
+            raw: raw.to_owned(),
+        })
+    }
+}
+
+fn port(p: &str) -> Result<u16, String> {
+    match p.parse::<u16>() {
+        Ok(0) => Err("port 0 is not a port".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{p}` is not a port (1-65535)")),
+    }
+}
+
+fn egress_host(h: &str) -> Result<EgressHost, String> {
+    if let Some((addr, len)) = h.split_once('/') {
+        let ip: std::net::IpAddr = addr
+            .parse()
+            .map_err(|_| format!("`{addr}` is not an IP address"))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(|| format!("`/{len}` is not a prefix length (0-{max})"))?;
+        return Ok(EgressHost::Cidr(ip, len));
+    }
+    if let Ok(ip) = h.parse::<std::net::IpAddr>() {
+        return Ok(EgressHost::Cidr(ip, if ip.is_ipv4() { 32 } else { 128 }));
+    }
+    let (wild, name) = match h.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, h),
+    };
+    if name.is_empty() || name == "*" || h == "*" {
+        return Err("`*` alone allows everything: name the hosts".into());
+    }
+    let name = name.to_ascii_lowercase();
+    let labels_ok = name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !labels_ok {
+        return Err(format!("`{h}` is not a DNS name (empty or invalid label)"));
+    }
+    Ok(if wild {
+        EgressHost::Wildcard(name)
+    } else {
+        EgressHost::Name(name)
+    })
 }
 
 /// A size in bytes, written `<n>Ki`, `<n>Mi` or `<n>Gi`.
@@ -216,6 +333,9 @@ pub struct Manifest {
     pub capabilities: Capabilities,
     pub limits: Limits,
     pub network: Network,
+    /// `egress` entries (for `restricted`, and exceptions for
+    /// `allow_egress`).
+    pub egress: Vec<Egress>,
     /// Layers the package accepts running without (see [`DegradableLayer`]).
     pub allow_degraded: Vec<DegradableLayer>,
     /// The file it was loaded from.
@@ -236,6 +356,8 @@ struct ManifestDoc {
     limits: LimitsDoc,
     #[serde(default)]
     network: Network,
+    #[serde(default)]
+    egress: Vec<String>,
     #[serde(default)]
     allow_degraded: Vec<DegradableLayer>,
 }
@@ -404,6 +526,29 @@ impl Manifest {
             }
         }
         let limits = limits_from(doc.limits).map_err(|(field, reason)| invalid(&field, reason))?;
+        let egress = doc
+            .egress
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                Egress::parse(e)
+                    .map_err(|r| invalid(&format!("egress[{i}]"), format!("`{e}`: {r}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if doc.network == Network::Isolated && !egress.is_empty() {
+            return Err(invalid(
+                "egress",
+                "`isolated` allows no egress: remove `egress` or choose `network: restricted`"
+                    .into(),
+            ));
+        }
+        if doc.network == Network::Restricted && egress.is_empty() {
+            return Err(invalid(
+                "egress",
+                "`restricted` with no `egress` entry allows nothing: list the hosts (or use `isolated`)"
+                    .into(),
+            ));
+        }
         let capabilities = Capabilities {
             read,
             write,
@@ -420,6 +565,7 @@ impl Manifest {
             capabilities,
             limits,
             network: doc.network,
+            egress,
             allow_degraded: doc.allow_degraded,
             source,
         })
@@ -465,6 +611,45 @@ fn limits_from(doc: LimitsDoc) -> Result<Limits, (String, String)> {
         },
         output_bytes: doc.output_bytes.unwrap_or(d.output_bytes),
     })
+}
+
+#[cfg(test)]
+mod egress_tests {
+    use super::*;
+
+    /// Issue 26's manifest contract: names (exact or `*.` wildcard) and
+    /// CIDRs, always with a port or range, TCP unless `/udp`; bad entries
+    /// refused with what is wrong.
+    #[test]
+    fn issue_26_egress_entries_parse_and_bad_ones_are_refused() {
+        let e = Egress::parse("pypi.org:443").unwrap();
+        assert_eq!(e.host, EgressHost::Name("pypi.org".into()));
+        assert_eq!((e.ports, e.transport), ((443, 443), Transport::Tcp));
+        let e = Egress::parse("*.files.example.org:443").unwrap();
+        assert_eq!(e.host, EgressHost::Wildcard("files.example.org".into()));
+        let e = Egress::parse("10.20.0.0/16:50051").unwrap();
+        assert_eq!(e.host, EgressHost::Cidr("10.20.0.0".parse().unwrap(), 16));
+        let e = Egress::parse("dns.internal:53/udp").unwrap();
+        assert_eq!(e.transport, Transport::Udp);
+        let e = Egress::parse("[2001:db8::1]:8000-8010").unwrap();
+        assert_eq!(e.ports, (8000, 8010));
+        let e = Egress::parse("2001:db8::/32:443").unwrap();
+        assert_eq!(e.host, EgressHost::Cidr("2001:db8::".parse().unwrap(), 32));
+        for bad in [
+            "pypi.org",
+            "pypi.org:0",
+            "pypi.org:70000",
+            "*:443",
+            "*.:443",
+            "a..b:443",
+            "10.0.0.0/33:443",
+            "pypi.org:500-400",
+            ":443",
+            "-bad.org:443",
+        ] {
+            assert!(Egress::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -166,7 +166,9 @@ pub enum PlanError {
     TooManyMatches { pattern: String },
     #[error("writable scope `{0}` is not a directory under the workspace root")]
     BadScope(String),
-    #[error("{0} is not supported by the native backend yet")]
+    #[error(
+        "{0} is not enforced by this release: the turn is refused rather than run with another network (only `isolated` is enforced)"
+    )]
     Unsupported(&'static str),
     #[error(
         "pattern `{0}` would show the whole host file system to the turn; grant the directories it needs"
@@ -300,9 +302,12 @@ pub fn compile(
     allowed: &Allowed,
     fs: &dyn FsView,
 ) -> Result<Plan, PlanError> {
-    if manifest.network == Network::AllowEgress {
-        // Refuse rather than silently run isolated.
-        return Err(PlanError::Unsupported("network `allow_egress`"));
+    // Only `isolated` is enforced by this release: a policy that grants
+    // egress is refused rather than run with another network (fail closed).
+    match manifest.network {
+        Network::Isolated => {}
+        Network::Restricted => return Err(PlanError::Unsupported("network `restricted`")),
+        Network::AllowEgress => return Err(PlanError::Unsupported("network `allow_egress`")),
     }
     let c = Compiler::new(ctx, manifest, request, fs);
     let scopes = c.writable_scopes()?;
@@ -351,10 +356,7 @@ pub fn compile(
             files: l.files,
             output_bytes: l.output_bytes.0,
         },
-        network: match manifest.network {
-            Network::Isolated => "isolated".into(),
-            Network::AllowEgress => "allow_egress".into(),
-        },
+        network: manifest.network.as_str().into(),
         allow_degraded: manifest
             .allow_degraded
             .iter()

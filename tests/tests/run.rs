@@ -802,3 +802,57 @@ fn fr_rt_015_a_workspace_path_with_colon_and_comma_commits() {
     let r = root.join("output").join(sid(&v)).join("r.md");
     assert_eq!(std::fs::read(r).unwrap(), b"ok\n");
 }
+
+/// Issue 26's manifest contract, failing closed: `egress` entries are
+/// validated at load (the entry named), `isolated` with `egress` is a
+/// manifest error, and a policy that grants egress is refused before
+/// anything runs (only `isolated` is enforced by this release) — never run
+/// with another network.
+#[test]
+fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
+    let fx = Fixture::new();
+    let manifest = |network: &str, egress: &str| {
+        format!(
+            r#"{{"capabilities": {{"execute": ["/bin/true"]}}, "network": "{network}", "egress": {egress}}}"#
+        )
+    };
+    for (pkg, network, egress, field) in [
+        ("iso", "isolated", r#"["pypi.org:443"]"#, "egress"),
+        ("noport", "restricted", r#"["pypi.org"]"#, "egress[0]"),
+        (
+            "star",
+            "restricted",
+            r#"["pypi.org:443", "*:443"]"#,
+            "egress[1]",
+        ),
+        ("empty", "restricted", "[]", "egress"),
+    ] {
+        fx.install_exact(pkg, &manifest(network, egress));
+        let before = fx.snapshot();
+        let r = fx.run(pkg, &["--json", "--no-outputs", "--", "/bin/true"]);
+        assert_eq!(r.status, 2, "{pkg}: {}{}", r.stdout, r.stderr);
+        let v = r.json();
+        assert!(
+            v["error"]["field"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with(field),
+            "{pkg}: {v}"
+        );
+        assert_eq!(before, fx.snapshot(), "{pkg}: something was created");
+    }
+    if !require_root("issue_26_network_policies_are_validated_and_refused_until_enforced") {
+        return;
+    }
+    for (pkg, network) in [("restricted", "restricted"), ("egress", "allow_egress")] {
+        fx.install(pkg, &manifest(network, r#"["pypi.org:443"]"#));
+        let r = fx.run(pkg, &["--json", "--no-outputs", "--", "/bin/true"]);
+        assert_ne!(r.status, 0, "{pkg}: ran with another network: {}", r.stdout);
+        assert!(
+            r.stdout.contains("is not enforced by this release"),
+            "{pkg}: {}{}",
+            r.stdout,
+            r.stderr
+        );
+    }
+}

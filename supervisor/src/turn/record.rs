@@ -406,12 +406,17 @@ impl Turn<'_> {
                 .as_ref()
                 .map(|x| crate::turn::denials::observability(&x.denials)),
             degraded,
-            applied_by: self
-                .backend
-                .applied_by()
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
+            // Only for a turn whose sandbox ran: nothing was applied
+            // otherwise.
+            applied_by: if o.execution.is_some() {
+                self.backend
+                    .applied_by()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect()
+            } else {
+                Default::default()
+            },
             not_applied: self
                 .backend
                 .not_applied()
