@@ -683,6 +683,94 @@ impl LedgerFiles {
     }
 
     /// Verifies every entry and the head against the anchor.
+    /// An entry's place in the chain: its seq is its line, its session is
+    /// this ledger's, it links to the previous entry.
+    fn check_link(
+        &self,
+        chain: &ChainFields,
+        line_no: u64,
+        expected_prev: &str,
+    ) -> std::result::Result<(), Problem> {
+        match &chain.seq {
+            Some(Value::Number(n)) if n.as_u64() == Some(line_no) => {}
+            Some(other) => {
+                return Err(Problem::SeqMismatch {
+                    found: other.to_string(),
+                });
+            }
+            None => return Err(Problem::MissingField("seq")),
+        }
+        match chain.session_id.as_ref().and_then(Value::as_str) {
+            Some(s) if s == self.session.as_str() => {}
+            Some(s) => {
+                return Err(Problem::WrongSession {
+                    found: s.to_owned(),
+                });
+            }
+            None => return Err(Problem::MissingField("session_id")),
+        }
+        match chain.previous_hash.as_ref().and_then(Value::as_str) {
+            Some(p) if p == expected_prev => Ok(()),
+            Some(p) => Err(Problem::BrokenLink {
+                expected: expected_prev.to_owned(),
+                found: p.to_owned(),
+            }),
+            None => Err(Problem::MissingField("previous_hash")),
+        }
+    }
+
+    /// The chain as read ends where the anchor says it does: the same head
+    /// seq and hash, the same length.
+    fn check_against_anchor(
+        &self,
+        anchor: &Anchor,
+        head_seq: u64,
+        head_hash: &str,
+        len: u64,
+    ) -> Result<()> {
+        if head_seq < anchor.seq {
+            return Err(self.integrity(
+                None,
+                None,
+                Problem::Truncated {
+                    acknowledged: anchor.seq,
+                    found: head_seq,
+                },
+            ));
+        }
+        if head_seq > anchor.seq {
+            return Err(self.integrity(
+                None,
+                Some(anchor.seq + 1),
+                Problem::BeyondAnchor {
+                    acknowledged: anchor.seq,
+                    found: head_seq,
+                },
+            ));
+        }
+        if head_hash != anchor.entry_hash {
+            return Err(self.integrity(
+                None,
+                Some(head_seq),
+                Problem::AnchorHashMismatch {
+                    acknowledged: anchor.entry_hash.clone(),
+                    found: head_hash.to_owned(),
+                },
+            ));
+        }
+        if len != anchor.len {
+            return Err(self.integrity(
+                None,
+                None,
+                Problem::SizeMismatch {
+                    acknowledged: anchor.len,
+                    found: len,
+                },
+            ));
+        }
+        Ok(())
+    }
+
     pub fn verify(&self) -> Result<VerifyReport> {
         let anchor = self.read_anchor()?;
         let content = match fsx::read_small(&self.path, u64::MAX / 2) {
@@ -798,34 +886,8 @@ impl LedgerFiles {
             let Some(recorded) = recorded.as_str().map(str::to_owned) else {
                 return Err(at_seq(Problem::MissingField("entry_hash")));
             };
-            match &chain.seq {
-                Some(Value::Number(n)) if n.as_u64() == Some(line_no) => {}
-                Some(other) => {
-                    return Err(at_seq(Problem::SeqMismatch {
-                        found: other.to_string(),
-                    }));
-                }
-                None => return Err(at_seq(Problem::MissingField("seq"))),
-            }
-            match chain.session_id.as_ref().and_then(Value::as_str) {
-                Some(s) if s == self.session.as_str() => {}
-                Some(s) => {
-                    return Err(at_seq(Problem::WrongSession {
-                        found: s.to_owned(),
-                    }));
-                }
-                None => return Err(at_seq(Problem::MissingField("session_id"))),
-            }
-            match chain.previous_hash.as_ref().and_then(Value::as_str) {
-                Some(p) if p == expected_prev => {}
-                Some(p) => {
-                    return Err(at_seq(Problem::BrokenLink {
-                        expected: expected_prev,
-                        found: p.to_owned(),
-                    }));
-                }
-                None => return Err(at_seq(Problem::MissingField("previous_hash"))),
-            }
+            self.check_link(&chain, line_no, &expected_prev)
+                .map_err(at_seq)?;
             let computed = canonical::hash_value(&Value::Object(map))
                 .map_err(|e| at_seq(Problem::Malformed(e.to_string())))?;
             if computed != recorded {
@@ -838,46 +900,7 @@ impl LedgerFiles {
             return Err(self.integrity(Some(line_no + 1), None, Problem::TornLine));
         }
 
-        if head_seq < anchor.seq {
-            return Err(self.integrity(
-                None,
-                None,
-                Problem::Truncated {
-                    acknowledged: anchor.seq,
-                    found: head_seq,
-                },
-            ));
-        }
-        if head_seq > anchor.seq {
-            return Err(self.integrity(
-                None,
-                Some(anchor.seq + 1),
-                Problem::BeyondAnchor {
-                    acknowledged: anchor.seq,
-                    found: head_seq,
-                },
-            ));
-        }
-        if expected_prev != anchor.entry_hash {
-            return Err(self.integrity(
-                None,
-                Some(head_seq),
-                Problem::AnchorHashMismatch {
-                    acknowledged: anchor.entry_hash,
-                    found: expected_prev,
-                },
-            ));
-        }
-        if content.len() as u64 != anchor.len {
-            return Err(self.integrity(
-                None,
-                None,
-                Problem::SizeMismatch {
-                    acknowledged: anchor.len,
-                    found: content.len() as u64,
-                },
-            ));
-        }
+        self.check_against_anchor(&anchor, head_seq, &expected_prev, content.len() as u64)?;
         for t in open_turns {
             warnings.push(format!(
                 "ledger {}: turn {t} started and has no finish entry (unfinished: its supervisor stopped; recovery closes it as aborted)",
