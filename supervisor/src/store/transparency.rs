@@ -745,8 +745,15 @@ pub fn generate(path: &Path, name: &str) -> Result<Generated> {
             return Err(key_err(p, "exists; refusing to overwrite a key"));
         }
     }
+    // From the injected randomness (ids::OsRandom), as every random value
+    // of the supervisor: 4 × 64 bits of the OS CSPRNG.
     let mut seed = [0u8; 32];
-    getrandom::fill(&mut seed).map_err(|e| key_err(path, format!("no randomness: {e}")))?;
+    let random = crate::ids::OsRandom;
+    for chunk in seed.chunks_mut(8) {
+        let n = turnstile_policy::session::RandomSource::next_u64(&random)
+            .map_err(|e| key_err(path, format!("no randomness: {e}")))?;
+        chunk.copy_from_slice(&n.to_le_bytes());
+    }
     let sk = ed25519_dalek::SigningKey::from_bytes(&seed);
     let pubkey = [&[ALG_ED25519][..], sk.verifying_key().as_bytes()].concat();
     let skey = format!(
