@@ -242,17 +242,14 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 summary: format!("turn {turn_number}: refused before execution: {violations}"),
                 value,
             };
-            if let Some(key) = &key {
-                crate::store::idempotency::finish(
-                    &session,
-                    &lock,
-                    key,
-                    &request_hash,
-                    turn_number,
-                    &result,
-                )?;
-            }
-            return Ok(result);
+            return finish_key(
+                &session,
+                &lock,
+                key.as_deref(),
+                &request_hash,
+                turn_number,
+                result,
+            );
         }
     };
     let turn_number = session.next_turn_number(&lock)?;
@@ -277,15 +274,28 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         system_root: system_root.as_deref().and_then(Path::to_str),
     }
     .run(&allowed)?;
-    if let Some(key) = &key {
-        crate::store::idempotency::finish(
-            &session,
-            &lock,
-            key,
-            &request_hash,
-            turn_number,
-            &result,
-        )?;
+    finish_key(
+        &session,
+        &lock,
+        key.as_deref(),
+        &request_hash,
+        turn_number,
+        result,
+    )
+}
+
+/// Adds a finished turn's result to its idempotency record, if it has a
+/// key (after its finish entries are durable).
+fn finish_key(
+    session: &Session,
+    lock: &crate::store::session::SessionLock,
+    key: Option<&str>,
+    request_hash: &str,
+    turn: u64,
+    result: TurnResult,
+) -> Result<TurnResult> {
+    if let Some(key) = key {
+        crate::store::idempotency::finish(session, lock, key, request_hash, turn, &result)?;
     }
     Ok(result)
 }
@@ -403,14 +413,8 @@ impl Turn<'_> {
         );
         let _in_turn = span.enter();
         let started = self.started;
+        // `finish` records the status on this span, where it is known.
         let result = self.run_in_span(allowed);
-        if let Ok(r) = &result {
-            if let Ok(report) =
-                serde_json::from_value::<crate::store::record::TurnReport>(r.value.clone())
-            {
-                span.record("status", report.status.as_str());
-            }
-        }
         span.record("duration_ms", started.elapsed().as_secs_f64() * 1000.0);
         result
     }

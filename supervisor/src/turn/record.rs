@@ -98,6 +98,8 @@ struct Facts {
 
 impl Turn<'_> {
     pub(super) fn finish(&self, query_hash: &str, o: Outcome) -> Result<TurnResult> {
+        // The turn's span (entered by `Turn::run`) gets its status here.
+        tracing::Span::current().record("status", o.status.as_str());
         let facts = self.facts(&o);
         let deterministic = self.session.deterministic.is_some();
         let result = serde_json::to_value(ResultDigest {
