@@ -46,6 +46,8 @@ const APT_PACKAGES: &[&str] = &[
     "libc6-dev",
     "git",
     "nodejs",
+    // `supervise report`'s page is checked in a real headless browser.
+    "chromium",
     "runc",
     "containerd",
     "busybox-static",

@@ -131,7 +131,7 @@ pub struct CheckpointTrustArgs {
     pub witnesses_required: usize,
 }
 
-fn open_session(sel: &SessionSel) -> Result<Session> {
+pub(super) fn open_session(sel: &SessionSel) -> Result<Session> {
     let id = SessionId::parse(&sel.session)?;
     let (ws, state) = open_workspace(&sel.common)?;
     Session::open(&ws, &state, &id, sel.tier.as_deref())

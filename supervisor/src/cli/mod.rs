@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod doctor;
 pub mod init;
+pub mod report;
 
 use std::path::PathBuf;
 
@@ -126,6 +127,14 @@ pub enum Command {
     ///
     /// Example: supervise explain --root /ws --session SES-... --turn 3
     Explain(ExplainArgs),
+    /// Write a session's report: one self-contained HTML page (no script,
+    /// no network) with the ledgers' verification and newest checkpoint at
+    /// the top, a timeline of turns coloured by outcome, and each turn's
+    /// command, outputs, violations with hints and network flows. Ledgers
+    /// that do not verify: the page says so, lists no turn, exit 3.
+    ///
+    /// Example: supervise report --root /ws --session SES-... --html /tmp/session.html
+    Report(report::ReportArgs),
     /// Settle what stopped supervisors left behind, for every session of the
     /// state directory (of --root only, when given): kill and remove dead
     /// turns' cgroups, unmount and remove their turn directories, settle
@@ -675,6 +684,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Recover(a) => a.json,
         Command::Serve(_) => false,
         Command::Explain(a) => a.common.json,
+        Command::Report(a) => a.sel.common.json,
         Command::Checkpoint(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
@@ -724,6 +734,7 @@ pub fn run(cli: Cli) -> Outcome {
             pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
         }),
         Command::Explain(a) => explain(&a),
+        Command::Report(a) => report::report_cmd(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),

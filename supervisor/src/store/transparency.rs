@@ -401,6 +401,41 @@ pub fn checkpoint_file_name(size: u64) -> String {
     format!("checkpoint-{size:08}.note")
 }
 
+/// The newest checkpoint kept in `dir` (the largest tree): its path, its
+/// bytes and its head, read without checking any signature (the caller
+/// says so, or checks it with [`open`]). `None` when none is kept.
+pub fn newest_kept(dir: &Path) -> Result<Option<(PathBuf, Vec<u8>, Head)>> {
+    let names = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("checkpoint-") && n.ends_with(".note"))
+            .collect::<Vec<_>>(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(SupervisorError::StateIo {
+                op: "list checkpoints",
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    // The names carry the size zero-padded: the greatest name is the newest.
+    let Some(name) = names.into_iter().max() else {
+        return Ok(None);
+    };
+    let path = dir.join(name);
+    let bytes =
+        crate::fsx::read_small(&path, 16 << 20).map_err(|source| SupervisorError::StateIo {
+            op: "read checkpoint",
+            path: path.clone(),
+            source,
+        })?;
+    let note = parse_note(&path, &bytes)?;
+    let head = Head::parse(note.text()).map_err(|d| malformed(&path, d))?;
+    Ok(Some((path, bytes, head)))
+}
+
 /// A new signed note holding `head`, signed by `key`.
 pub fn sign(head: &Head, key: &SigningKeyFile) -> Result<Vec<u8>> {
     let text = head.to_text()?;
