@@ -1795,3 +1795,153 @@ fn issue_31_protocol_mismatch_is_ts1050_both_ways() {
         "{v}"
     );
 }
+
+/// The checkpoints kept for `sid`: (tree size, file), oldest first.
+fn kept_checkpoints(fx: &Fixture, sid: &str) -> Vec<(u64, PathBuf)> {
+    let dir = fx
+        .ledger(sid, "exec")
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("transparency");
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let size = name
+                        .strip_prefix("checkpoint-")?
+                        .strip_suffix(".note")?
+                        .parse()
+                        .ok()?;
+                    Some((size, e.path()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+#[test]
+fn issue_30_serve_signs_checkpoints_every_n_turns_every_t_seconds_and_at_stop() {
+    if !require_root("issue_30_serve_signs_checkpoints_every_n_turns_every_t_seconds_and_at_stop") {
+        return;
+    }
+    let fx = fixture();
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("sup");
+    let g = Fixture::raw(&["key", "generate", "--out", key.to_str().unwrap()]);
+    assert_eq!(g.status, 0, "{}", g.stderr);
+    let pubkey = format!("{}.pub", key.display());
+    let inbox = keys.path().join("witness-inbox");
+
+    // Bad input refuses the start and creates no socket.
+    for (args, field) in [
+        (vec!["--checkpoint-key", "/nonexistent/key"], "TS1063"),
+        (
+            vec![
+                "--checkpoint-key",
+                key.to_str().unwrap(),
+                "--checkpoint-every-turns",
+                "0",
+            ],
+            "--checkpoint-every-turns",
+        ),
+    ] {
+        let sock = keys.path().join("refused.sock");
+        let out = Command::new(supervise_bin())
+            .args(["serve", "--state-dir"])
+            .arg(&fx.state)
+            .arg("--socket")
+            .arg(&sock)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(field), "{args:?}: {err}");
+        assert!(!sock.exists());
+    }
+
+    // Every 3 turns, or 2 s after the last checkpoint with turns since.
+    let mut d = Daemon::start(
+        &fx,
+        &[
+            "--checkpoint-key",
+            key.to_str().unwrap(),
+            "--checkpoint-every-turns",
+            "3",
+            "--checkpoint-every-seconds",
+            "2",
+            "--checkpoint-witness",
+            inbox.to_str().unwrap(),
+        ],
+    );
+    let first = run(
+        &fx,
+        Some(&d.socket),
+        &[
+            "--package",
+            "s",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(first.status.code(), Some(0));
+    let sid = session_of(&first);
+    for _ in 0..2 {
+        served_json(&fx, &d.socket, &sid, &["/bin/true"]);
+    }
+    // Every entry of both ledgers is a leaf.
+    let leaves = || {
+        (read_entries(&fx.ledger(&sid, "exec")).len()
+            + read_entries(&fx.ledger(&sid, "evidence")).len()) as u64
+    };
+    // Three turns: one checkpoint covering all of them, soon.
+    let after_three = leaves();
+    wait_for("the 3-turn checkpoint", || {
+        !kept_checkpoints(&fx, &sid).is_empty()
+    });
+    let kept = kept_checkpoints(&fx, &sid);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].0, after_three, "{kept:?}");
+    // A fourth turn: covered by the time rule (2 s), not the turn rule.
+    served_json(&fx, &d.socket, &sid, &["/bin/true"]);
+    let after_four = leaves();
+    wait_for("the timed checkpoint", || {
+        kept_checkpoints(&fx, &sid).len() == 2
+    });
+    assert_eq!(kept_checkpoints(&fx, &sid)[1].0, after_four);
+    // A fifth turn and a clean stop: sealed at stop.
+    served_json(&fx, &d.socket, &sid, &["/bin/true"]);
+    let after_five = leaves();
+    assert_eq!(d.stop(), Some(0));
+    let kept = kept_checkpoints(&fx, &sid);
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    assert_eq!(kept[2].0, after_five, "{kept:?}");
+    // Each verifies offline against the ledgers, and the witness got each.
+    for (_, cp) in &kept {
+        let r = fx.supervise(
+            &["ledger", "verify"],
+            &[
+                "--session",
+                &sid,
+                "--checkpoint",
+                cp.to_str().unwrap(),
+                "--pubkey",
+                &pubkey,
+            ],
+        );
+        assert_eq!(r.status, 0, "{}", r.stderr);
+    }
+    let copies = std::fs::read_dir(&inbox).unwrap().count();
+    assert_eq!(
+        copies,
+        kept.len(),
+        "one copy per checkpoint in the witness inbox"
+    );
+}

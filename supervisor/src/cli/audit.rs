@@ -15,7 +15,7 @@ use crate::store::ledger::LedgerKind;
 use crate::store::record::{Event, EvidenceEntry, TurnStartedEntry, read_all};
 use crate::store::session::Session;
 use crate::store::status::TurnStatus;
-use crate::store::transparency::{self as tp, Head, Leaf, Tree};
+use crate::store::transparency::{self as tp, Leaf, Tree};
 use crate::turn::outcome::Outcome;
 
 #[derive(Debug, Subcommand)]
@@ -172,24 +172,6 @@ pub fn key_generate_cmd(a: &KeyGenerateArgs) -> Result<Outcome> {
     }))
 }
 
-/// A signed checkpoint of the session as it is now, kept under the
-/// session's transparency/ directory. The ledgers are verified first: a
-/// checkpoint never blesses a broken chain.
-fn take_checkpoint(
-    session: &Session,
-    key: &tp::SigningKeyFile,
-) -> Result<(Head, Vec<u8>, PathBuf)> {
-    session.verify()?;
-    let (leaves, counts) = all_leaves(session)?;
-    let head = Head::of(&session.id, &leaves, counts);
-    let note = tp::sign(&head, key)?;
-    let dir = tp::checkpoint_dir(&ledger_dir(session));
-    crate::fsx::create_dir_all(&dir)?;
-    let path = dir.join(tp::checkpoint_file_name(head.size));
-    crate::fsx::write_atomic(&path, &note)?;
-    Ok((head, note, path))
-}
-
 #[derive(serde::Serialize)]
 struct CheckpointTaken<'a> {
     session_id: &'a str,
@@ -208,15 +190,12 @@ pub fn ledger_checkpoint_cmd(a: &LedgerCheckpointArgs) -> Result<Outcome> {
         .unwrap_or_else(|| default_key(&a.sel.common.state_dir));
     let key = tp::load_signing_key(&key_path)?;
     let _lock = session.lock()?;
-    let (head, note, path) = take_checkpoint(&session, &key)?;
-    let mut copies = Vec::new();
-    for dir in &a.witness {
-        crate::fsx::create_dir_all(dir)?;
-        let name = format!("{}-{}", session.id, tp::checkpoint_file_name(head.size));
-        let copy = dir.join(name);
-        crate::fsx::write_atomic(&copy, &note)?;
-        copies.push(copy);
-    }
+    let tp::Taken {
+        head,
+        note,
+        path,
+        witness_copies: copies,
+    } = tp::take(&session, &key, &a.witness)?;
     let text = String::from_utf8_lossy(&note).into_owned();
     Ok(Outcome::ok(if a.sel.common.json {
         let v = CheckpointTaken {
@@ -454,7 +433,7 @@ pub fn ledger_export_cmd(a: &LedgerExportArgs) -> Result<Outcome> {
     let session = open_session(&a.sel)?;
     let key = tp::load_signing_key(&a.key)?;
     let _lock = session.lock()?;
-    let (head, note, _) = take_checkpoint(&session, &key)?;
+    let tp::Taken { head, note, .. } = tp::take(&session, &key, &[])?;
     let (leaves, _) = all_leaves(&session)?;
     let tree = Tree::of(&leaves);
     let evidence =

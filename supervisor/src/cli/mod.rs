@@ -285,6 +285,19 @@ pub struct ServeArgs {
     /// A session's warm sandbox is discarded after this many idle seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub pool_idle_seconds: u64,
+    /// Sign checkpoints of the sessions served with this key (see `ledger
+    /// checkpoint`): every --checkpoint-every-turns turns of a session
+    /// (default 100), --checkpoint-every-seconds after its last one when it
+    /// has had turns since, and at a clean stop.
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint_key: Option<PathBuf>,
+    #[arg(long, value_name = "N", requires = "checkpoint_key")]
+    pub checkpoint_every_turns: Option<u64>,
+    #[arg(long, value_name = "SECONDS", requires = "checkpoint_key")]
+    pub checkpoint_every_seconds: Option<u64>,
+    /// Copy every checkpoint the daemon signs into DIR (repeatable).
+    #[arg(long, value_name = "DIR", requires = "checkpoint_key")]
+    pub checkpoint_witness: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -732,6 +745,16 @@ pub fn run(cli: Cli) -> Outcome {
             max_turns: a.max_turns,
             pool_size: a.pool_size,
             pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
+            checkpoints: a
+                .checkpoint_key
+                .map(|key| crate::serve::checkpoints::Policy {
+                    key,
+                    every_turns: Some(a.checkpoint_every_turns.unwrap_or(100)),
+                    every: a
+                        .checkpoint_every_seconds
+                        .map(std::time::Duration::from_secs),
+                    witnesses: a.checkpoint_witness,
+                }),
         }),
         Command::Explain(a) => explain(&a),
         Command::Report(a) => report::report_cmd(&a),

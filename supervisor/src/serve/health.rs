@@ -28,6 +28,14 @@ pub struct Check {
 }
 
 impl Check {
+    pub fn ok(name: &str, detail: impl Into<String>) -> Self {
+        Self::new(name, Level::Ok, detail)
+    }
+
+    pub fn degraded(name: &str, detail: impl Into<String>) -> Self {
+        Self::new(name, Level::Degraded, detail)
+    }
+
     fn new(name: &str, level: Level, detail: impl Into<String>) -> Self {
         Self {
             name: name.to_owned(),

@@ -9,6 +9,7 @@
 //! everything but how its request arrived.
 
 pub mod bus;
+pub mod checkpoints;
 pub mod client;
 pub mod health;
 pub mod metrics;
@@ -49,6 +50,8 @@ pub struct ServeOptions {
     pub pool_size: usize,
     /// Idle time after which such a worker (and its sandbox) goes.
     pub pool_idle: Duration,
+    /// Signed checkpoints of the sessions served (issue 30).
+    pub checkpoints: Option<checkpoints::Policy>,
 }
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -96,6 +99,8 @@ pub struct Daemon {
     /// Starts workers from one long-lived thread: a worker dies with the
     /// thread that started it (PDEATHSIG), which must be the daemon's life.
     spawner: Mutex<std::sync::mpsc::Sender<std::sync::mpsc::SyncSender<std::io::Result<Worker>>>>,
+    /// Signs checkpoints of the sessions served (`--checkpoint-key`).
+    checkpoints: Option<checkpoints::Checkpointer>,
 }
 
 /// A turn worker: its process and the daemon's end of its control socket.
@@ -271,6 +276,20 @@ impl Daemon {
             metrics: self.metrics_addr,
             cgroup_root: &cgroup_root,
         });
+        let mut checks = checks;
+        if let Some(c) = &self.checkpoints {
+            let st = c.status.lock().map(|s| s.clone()).unwrap_or_default();
+            checks.push(match st.last_error {
+                Some(e) => health::Check::degraded(
+                    "checkpoints",
+                    format!(
+                        "the last checkpoint failed ({} failed, {} signed): {e}",
+                        st.failed, st.taken
+                    ),
+                ),
+                None => health::Check::ok("checkpoints", format!("{} signed", st.taken)),
+            });
+        }
         let mut reasons: Vec<String> = checks
             .iter()
             .filter(|c| c.level != health::Level::Ok)
@@ -414,6 +433,12 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         ),
         None => None,
     };
+    // A bad checkpoint key refuses the start, like a bad rules file.
+    let checkpointer = o
+        .checkpoints
+        .clone()
+        .map(|p| checkpoints::Checkpointer::start(p, state_dir.clone()))
+        .transpose()?;
     // The socket last: nothing below can fail once it exists.
     let listener = o.socket.as_deref().map(bind).transpose()?;
     let (spawn_tx, spawn_rx) =
@@ -446,6 +471,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         recovered: Mutex::new(recovered),
         uid: nix::unistd::geteuid().as_raw(),
         max_turns: o.max_turns.max(1),
+        checkpoints: checkpointer,
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
@@ -530,6 +556,10 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         .unwrap_or_default();
     for t in reapers {
         let _ = t.join();
+    }
+    // Every session with turns not yet covered gets its checkpoint.
+    if let Some(c) = &daemon.checkpoints {
+        c.stop();
     }
     // The spawner thread ends with the process (it waits on a channel the
     // daemon's state holds).
@@ -887,14 +917,16 @@ pub(crate) fn run_worker(
         }
     }
     reply.stays = false;
-    log_turn(&reply, started.elapsed());
+    let report =
+        serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
+    if let (Some(c), Some(t)) = (&d.checkpoints, &report) {
+        c.turn_done(&r.root, &t.session_id);
+    }
+    log_turn(&reply, report.as_ref(), started.elapsed());
     Ok(reply)
 }
 
-fn log_turn(reply: &Reply, took: Duration) {
-    let report =
-        serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
-    let r = report.as_ref();
+fn log_turn(reply: &Reply, r: Option<&crate::store::record::TurnReport>, took: Duration) {
     let span = tracing::info_span!(
         "turn",
         session_id = r.map_or("", |r| r.session_id.as_str()),

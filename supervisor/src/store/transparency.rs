@@ -50,6 +50,7 @@ use turnstile_policy::SessionId;
 
 use crate::error::{Result, SupervisorError};
 use crate::store::ledger::LedgerKind;
+use crate::store::session::Session;
 
 /// Above this many leaves a checkpoint carries no per-leaf digests (a
 /// signed note is at most 1 MB).
@@ -399,6 +400,53 @@ pub fn checkpoint_dir(ledger_dir: &Path) -> PathBuf {
 /// The file name of the checkpoint of a tree of `size` leaves.
 pub fn checkpoint_file_name(size: u64) -> String {
     format!("checkpoint-{size:08}.note")
+}
+
+/// A checkpoint just taken.
+#[derive(Debug)]
+pub struct Taken {
+    pub head: Head,
+    pub note: Vec<u8>,
+    /// Where it is kept (the session's `transparency/`).
+    pub path: PathBuf,
+    /// Its copies in the witnesses' inboxes.
+    pub witness_copies: Vec<PathBuf>,
+}
+
+/// Signs a checkpoint of `session` as it is now, keeps it under the
+/// session's `transparency/` directory and copies it into each witness
+/// inbox. The ledgers are verified first: a checkpoint never blesses a
+/// broken chain. The caller holds the session's lock.
+pub fn take(session: &Session, key: &SigningKeyFile, witnesses: &[PathBuf]) -> Result<Taken> {
+    session.verify()?;
+    let (leaves, counts) = session_leaves(
+        &session.ledger(LedgerKind::Exec).path,
+        &session.ledger(LedgerKind::Evidence).path,
+        None,
+    )?;
+    let head = Head::of(&session.id, &leaves, counts);
+    let note = sign(&head, key)?;
+    let dir = checkpoint_dir(&session.workspace().ledger_dir(&session.tier, &session.id));
+    crate::fsx::create_dir_all(&dir)?;
+    let path = dir.join(checkpoint_file_name(head.size));
+    crate::fsx::write_atomic(&path, &note)?;
+    let mut witness_copies = Vec::new();
+    for inbox in witnesses {
+        crate::fsx::create_dir_all(inbox)?;
+        let copy = inbox.join(format!(
+            "{}-{}",
+            session.id,
+            checkpoint_file_name(head.size)
+        ));
+        crate::fsx::write_atomic(&copy, &note)?;
+        witness_copies.push(copy);
+    }
+    Ok(Taken {
+        head,
+        note,
+        path,
+        witness_copies,
+    })
 }
 
 /// The newest checkpoint kept in `dir` (the largest tree): its path, its
