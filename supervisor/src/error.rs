@@ -159,6 +159,15 @@ pub enum SupervisorError {
     #[error("checkpoint {}: malformed: {detail}", checkpoint.display())]
     CheckpointMalformed { checkpoint: PathBuf, detail: String },
 
+    /// A revert that cannot put every file back: each path and why
+    /// (changed since, pre-image not kept). Nothing was changed.
+    #[error("cannot revert turn {turn} of {session}, nothing was changed: {}", paths.join("; "))]
+    RevertConflict {
+        session: String,
+        turn: u64,
+        paths: Vec<String>,
+    },
+
     /// A key file that cannot be made, read or used.
     #[error("key {}: {detail}", path.display())]
     KeyInvalid {
@@ -211,6 +220,7 @@ impl SupervisorError {
             Self::CheckpointSignature { .. } => codes::CHECKPOINT_SIGNATURE,
             Self::CheckpointMalformed { .. } => codes::CHECKPOINT_MALFORMED,
             Self::KeyInvalid { .. } => codes::KEY_INVALID,
+            Self::RevertConflict { .. } => codes::REVERT_CONFLICT,
             Self::ProtocolMismatch { .. } => codes::PROTOCOL_MISMATCH,
         }
     }
@@ -230,6 +240,7 @@ impl SupervisorError {
             | Self::CheckpointMalformed { .. }
             | Self::KeyInvalid { .. } => exit::BAD_INPUT,
             Self::CheckpointMismatch { .. } | Self::CheckpointSignature { .. } => exit::INTEGRITY,
+            Self::RevertConflict { .. } => exit::WRITE_MISMATCH,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,

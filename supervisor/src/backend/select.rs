@@ -58,6 +58,47 @@ struct ConfigDoc {
     backends: BTreeMap<String, String>,
     #[serde(default)]
     minimum_backends: BTreeMap<String, String>,
+    /// The most bytes of pre-images (what commits replaced or removed,
+    /// kept for `supervise revert`) a session keeps; the oldest go first.
+    #[serde(default)]
+    preimage_retention_bytes: Option<u64>,
+}
+
+/// The default of `preimage_retention_bytes`: 1 GiB per session.
+pub const DEFAULT_PREIMAGE_RETENTION: u64 = 1 << 30;
+
+/// The config file's `preimage_retention_bytes` (the default when the
+/// file or the field is absent).
+pub fn preimage_retention(config: &Path) -> Result<u64> {
+    match std::fs::read(config) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DEFAULT_PREIMAGE_RETENTION),
+        Err(e) => Err(SupervisorError::invalid(
+            &format!("{}: (file)", config.display()),
+            format!("unreadable: {e}"),
+        )),
+        Ok(bytes) => parse_doc(&bytes)
+            .map(|d| {
+                d.preimage_retention_bytes
+                    .unwrap_or(DEFAULT_PREIMAGE_RETENTION)
+            })
+            .map_err(|(field, e)| {
+                SupervisorError::invalid(&format!("{}: {field}", config.display()), e)
+            }),
+    }
+}
+
+/// The config document, or the field that is wrong and why.
+fn parse_doc(bytes: &[u8]) -> std::result::Result<ConfigDoc, (String, String)> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize::<_, ConfigDoc>(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            "(document)".to_owned()
+        } else {
+            path
+        };
+        (field, e.into_inner().to_string())
+    })
 }
 
 /// The built-in table.
@@ -101,8 +142,7 @@ fn load(config: &Path) -> Result<Tables> {
             });
         }
         Err(e) => return Err(invalid("(file)", format!("unreadable: {e}"))),
-        Ok(bytes) => serde_json::from_slice::<ConfigDoc>(&bytes)
-            .map_err(|e| invalid("(document)", e.to_string()))?,
+        Ok(bytes) => parse_doc(&bytes).map_err(|(field, e)| invalid(&field, e))?,
     };
     let table =
         |name: &str, t: BTreeMap<String, String>| -> Result<BTreeMap<String, BackendKind>> {

@@ -502,6 +502,8 @@ fn statement_of(
             .body
             .committed
             .iter()
+            // A revert's removals leave no artifact to attest.
+            .filter(|c| !c.removed)
             .map(|c| attest::Subject {
                 name: c.path.clone(),
                 digest: attest::Sha256Digest {

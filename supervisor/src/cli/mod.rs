@@ -8,6 +8,7 @@ pub mod audit;
 pub mod doctor;
 pub mod init;
 pub mod report;
+pub mod revert;
 
 use std::path::PathBuf;
 
@@ -135,6 +136,14 @@ pub enum Command {
     ///
     /// Example: supervise report --root /ws --session SES-... --html /tmp/session.html
     Report(report::ReportArgs),
+    /// Put back the workspace files turn N committed, as a new turn in
+    /// both ledgers: each file must still be what turn N left (otherwise
+    /// exit 12, TS1064, naming every path, nothing changed) and its
+    /// pre-image still kept. Crash-safe like a commit; a revert can itself
+    /// be reverted.
+    ///
+    /// Example: supervise revert --root /ws --session SES-... --turn 3
+    Revert(revert::RevertArgs),
     /// Settle what stopped supervisors left behind, for every session of the
     /// state directory (of --root only, when given): kill and remove dead
     /// turns' cgroups, unmount and remove their turn directories, settle
@@ -698,6 +707,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Serve(_) => false,
         Command::Explain(a) => a.common.json,
         Command::Report(a) => a.sel.common.json,
+        Command::Revert(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
@@ -758,6 +768,7 @@ pub fn run(cli: Cli) -> Outcome {
         }),
         Command::Explain(a) => explain(&a),
         Command::Report(a) => report::report_cmd(&a),
+        Command::Revert(a) => revert::revert_cmd(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),

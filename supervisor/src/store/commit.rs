@@ -116,6 +116,25 @@ pub struct Committed {
     pub path: String,
     pub size: u64,
     pub sha256: String,
+    /// What the path held before (for `supervise revert`); absent in
+    /// entries of releases that kept no pre-images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Previous>,
+    /// The commit removed the path (a revert of its creation): `size` 0,
+    /// `sha256` empty, `previous` what was removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
+}
+
+/// What a path held before a commit changed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Previous {
+    /// Nothing: the commit created it.
+    Absent,
+    /// A regular file, kept (content-addressed) under the session's
+    /// `preimages/<sha256>` until the retention limit drops it.
+    File { sha256: String, size: u64 },
 }
 
 /// A declared output: staged next to its destination as `temp`.
@@ -126,6 +145,18 @@ struct OutputOp {
     sha256: String,
     size: u64,
     mode: u32,
+    /// What the destination held, found (and kept) while staging.
+    #[serde(default)]
+    previous: Option<Previous>,
+}
+
+/// A declared path a revert removes (the file must still be what the
+/// reverted turn committed, `sha256`; it is kept as a pre-image first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct RemoveOp {
+    path: String,
+    sha256: String,
+    size: u64,
 }
 
 /// One step of the scratch delta, applied in order (parents first).
@@ -163,6 +194,13 @@ pub struct Journal {
     /// `commit_failed`: recovery completes it and says so.
     #[serde(default)]
     failed: bool,
+    /// Paths a revert removes (moved into `work_dir/trash/r<i>`).
+    #[serde(default)]
+    removals: Vec<RemoveOp>,
+    /// Workspace-relative directory of the session's pre-images (none: a
+    /// journal of a release that kept none).
+    #[serde(default)]
+    preimages: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,6 +225,9 @@ pub struct CommitRequest<'a> {
     /// Workspace-relative private directory for this commit
     /// (`tmp/.<sid>.t<n>.commit`).
     pub work_dir: String,
+    /// Workspace-relative directory where what an output replaces is kept
+    /// ([`crate::store::layout::Workspace::preimages_rel`]); `None` keeps nothing.
+    pub preimages: Option<String>,
 }
 
 fn scope_of<'a>(scopes: &'a [Scope], w: &RealizedWrite) -> Result<(&'a Scope, String)> {
@@ -229,14 +270,24 @@ impl Journal {
     }
 
     fn committed(&self) -> Vec<Committed> {
-        self.outputs
-            .iter()
-            .map(|o| Committed {
-                path: o.path.clone(),
-                size: o.size,
-                sha256: o.sha256.clone(),
-            })
-            .collect()
+        let outputs = self.outputs.iter().map(|o| Committed {
+            path: o.path.clone(),
+            size: o.size,
+            sha256: o.sha256.clone(),
+            previous: o.previous.clone(),
+            removed: false,
+        });
+        let removed = self.removals.iter().map(|r| Committed {
+            path: r.path.clone(),
+            size: 0,
+            sha256: String::new(),
+            previous: Some(Previous::File {
+                sha256: r.sha256.clone(),
+                size: r.size,
+            }),
+            removed: true,
+        });
+        outputs.chain(removed).collect()
     }
 }
 
@@ -247,26 +298,38 @@ pub fn commit(req: &CommitRequest<'_>) -> Result<Vec<Committed>> {
     if journal.outputs.is_empty() && journal.scratch.is_empty() {
         return Ok(Vec::new());
     }
-    write_journal(&req.journal, &journal)?;
-    if let Err(e) = stage_all(req, &journal) {
-        let _ = roll_back(req.root, &journal);
-        let _ = std::fs::remove_file(&req.journal);
+    run_journal(req.root, &req.journal, journal, |j| stage_all(req, j))
+}
+
+/// Writes `journal`, stages through `stage` (which may fill in what it
+/// learnt, such as the outputs' previous contents), passes the commit
+/// point and applies.
+fn run_journal(
+    root: &Path,
+    path: &Path,
+    mut journal: Journal,
+    stage: impl FnOnce(&mut Journal) -> Result<()>,
+) -> Result<Vec<Committed>> {
+    write_journal(path, &journal)?;
+    if let Err(e) = stage(&mut journal) {
+        let _ = roll_back(root, &journal);
+        let _ = std::fs::remove_file(path);
         return Err(e);
     }
     let staged = Journal {
         phase: Phase::Staged,
         ..journal
     };
-    if let Err(e) = write_journal(&req.journal, &staged) {
-        let _ = roll_back(req.root, &staged);
-        let _ = std::fs::remove_file(&req.journal);
+    if let Err(e) = write_journal(path, &staged) {
+        let _ = roll_back(root, &staged);
+        let _ = std::fs::remove_file(path);
         return Err(e);
     }
     // Past the commit point: a failure from here on leaves the journal,
     // marked, for recovery to roll forward.
-    if let Err(e) = apply(req.root, &staged, false) {
+    if let Err(e) = apply(root, &staged, false) {
         let _ = write_journal(
-            &req.journal,
+            path,
             &Journal {
                 failed: true,
                 ..staged
@@ -277,6 +340,263 @@ pub fn commit(req: &CommitRequest<'_>) -> Result<Vec<Committed>> {
     // The journal stays until the turn's finish entries are durable
     // ([`finish`]): a crash in between must not read as "nothing landed".
     Ok(staged.committed())
+}
+
+/// Keeps what `path` holds now under `store` (content-addressed), so a
+/// revert can put it back: a hard link to the file's inode when the store
+/// is on the same file system (the commit renames a new file over the
+/// path, so the kept inode never changes again), a copy otherwise. `None`
+/// when the path holds something other than a regular file (not kept; a
+/// revert of it is refused).
+fn keep_preimage(
+    root: &Path,
+    store: &str,
+    path: &str,
+    tag: &str,
+    durable: &mut Durability,
+) -> Result<Option<Previous>> {
+    let (dir_rel, name) = split(path);
+    let Some(dir) = open_dir(root, dir_rel)? else {
+        return Ok(Some(Previous::Absent));
+    };
+    match nix::sys::stat::fstatat(dir.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Err(nix::errno::Errno::ENOENT) => return Ok(Some(Previous::Absent)),
+        Err(e) => return Err(commit_err(format!("stat {path}: {e}"))),
+        Ok(st) if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG => return Ok(None),
+        Ok(_) => {}
+    }
+    let store_fd = open_dir_creating(root, store)?;
+    let temp = format!(".keep-{tag}");
+    let _ = unlinkat(
+        store_fd.as_fd(),
+        temp.as_str(),
+        nix::unistd::UnlinkatFlags::NoRemoveDir,
+    );
+    let linked = nix::unistd::linkat(
+        dir.as_fd(),
+        name,
+        store_fd.as_fd(),
+        temp.as_str(),
+        nix::fcntl::AtFlags::empty(),
+    );
+    if linked.is_err() {
+        // Another file system (or links refused): a copy.
+        let mut src = File::from(
+            fsx::open_beneath(root, path).map_err(|e| commit_err(format!("{path}: {e}")))?,
+        );
+        let mut dst = File::from(
+            openat2(
+                store_fd.as_fd(),
+                temp.as_str(),
+                beneath(
+                    OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                    Mode::from_bits_truncate(0o600),
+                ),
+            )
+            .map_err(|e| commit_err(format!("keep {path}: {e}")))?,
+        );
+        std::io::copy(&mut src, &mut dst).map_err(|e| commit_err(format!("keep {path}: {e}")))?;
+        durable.file(dst);
+    }
+    let (sha256, size) = fsx::hash_beneath(&root.join(store), &temp)
+        .map_err(|e| commit_err(format!("hash the pre-image of {path}: {e}")))?;
+    if exists_at(&store_fd, &sha256) {
+        let _ = unlinkat(
+            store_fd.as_fd(),
+            temp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    } else {
+        renameat(
+            store_fd.as_fd(),
+            temp.as_str(),
+            store_fd.as_fd(),
+            sha256.as_str(),
+        )
+        .map_err(|e| commit_err(format!("keep the pre-image of {path}: {e}")))?;
+    }
+    durable.dir(store, store_fd);
+    Ok(Some(Previous::File { sha256, size }))
+}
+
+/// Drops the oldest pre-images (by when they were kept: the link's
+/// ctime) until `store` holds at most `limit` bytes; returns how many went.
+/// A revert that needs one dropped is refused, naming it.
+pub fn prune_preimages(root: &Path, store: &str, limit: u64) -> Result<usize> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = root.join(store);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        _ => return Ok(0),
+    }
+    let mut kept: Vec<(i64, i64, u64, std::path::PathBuf)> = std::fs::read_dir(&dir)
+        .map_err(|e| commit_err(format!("list {store}: {e}")))?
+        .flatten()
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            m.is_file()
+                .then(|| (m.ctime(), m.ctime_nsec(), m.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = kept.iter().map(|k| k.2).sum();
+    if total <= limit {
+        return Ok(0);
+    }
+    kept.sort();
+    let mut dropped = 0;
+    for (_, _, size, path) in kept {
+        if total <= limit {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= size;
+            dropped += 1;
+        }
+    }
+    Ok(dropped)
+}
+
+/// A file a revert puts back: the pre-image `sha256` (of `size` bytes)
+/// becomes `path` again.
+#[derive(Debug, Clone)]
+pub struct Restore {
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// A file a revert removes: it must still hold `sha256`.
+#[derive(Debug, Clone)]
+pub struct Removal {
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// What a revert commits: files put back from the pre-image store and
+/// files removed — through the same journal as a turn's commit (crash-safe
+/// alike: recovery rolls it back before its commit point and forward
+/// after), keeping what it replaces or removes, so a revert can be
+/// reverted.
+#[derive(Debug)]
+pub struct RestoreRequest<'a> {
+    pub root: &'a Path,
+    pub preimages: &'a str,
+    pub restores: &'a [Restore],
+    pub removals: &'a [Removal],
+    pub output_owner: (u32, u32),
+    pub turn_number: u64,
+    pub journal: PathBuf,
+    pub work_dir: String,
+}
+
+pub fn commit_restore(req: &RestoreRequest<'_>) -> Result<Vec<Committed>> {
+    let mut outputs = Vec::new();
+    let mut created_dirs: Vec<String> = Vec::new();
+    for r in req.restores {
+        let (dir_rel, name) = split(&r.path);
+        note_missing_dirs(req.root, dir_rel, &mut created_dirs)?;
+        let kept = fsx::open_beneath(&req.root.join(req.preimages), &r.sha256)
+            .map(File::from)
+            .and_then(|f| f.metadata())
+            .map_err(|e| commit_err(format!("{}: its pre-image is not kept: {e}", r.path)))?;
+        outputs.push(OutputOp {
+            path: r.path.clone(),
+            temp: format!(".{name}.turnstile-t{}", req.turn_number),
+            sha256: r.sha256.clone(),
+            size: r.size,
+            mode: output_mode(std::os::unix::fs::PermissionsExt::mode(&kept.permissions())),
+            previous: None,
+        });
+    }
+    let journal = Journal {
+        version: 1,
+        phase: Phase::Staging,
+        turn_number: req.turn_number,
+        work_dir: req.work_dir.clone(),
+        output_owner: req.output_owner,
+        scratch_owner: req.output_owner,
+        outputs,
+        created_dirs,
+        scratch: Vec::new(),
+        failed: false,
+        removals: req
+            .removals
+            .iter()
+            .map(|r| RemoveOp {
+                path: r.path.clone(),
+                sha256: r.sha256.clone(),
+                size: r.size,
+            })
+            .collect(),
+        preimages: Some(req.preimages.to_owned()),
+    };
+    if journal.outputs.is_empty() && journal.removals.is_empty() {
+        return Ok(Vec::new());
+    }
+    run_journal(req.root, &req.journal, journal, |j| {
+        let mut durable = Durability::new(j.outputs.len() + j.removals.len());
+        make_created_dirs(req.root, j, &mut durable)?;
+        let store = req.root.join(req.preimages);
+        for (i, op) in j.outputs.iter_mut().enumerate() {
+            op.previous = keep_preimage(
+                req.root,
+                req.preimages,
+                &op.path,
+                &format!("t{}-{i}", req.turn_number),
+                &mut durable,
+            )?;
+            let (dir_rel, _) = split(&op.path);
+            let dir = open_dir_creating(req.root, dir_rel)?;
+            let f = stage_file(
+                &store,
+                &op.sha256,
+                &dir,
+                &op.temp,
+                StageAs {
+                    expected: Some(&op.sha256),
+                    mode: op.mode,
+                    owner: j.output_owner,
+                },
+                &op.path,
+            )?;
+            durable.file(f);
+            durable.dir(dir_rel, dir);
+        }
+        for (i, r) in j.removals.iter().enumerate() {
+            match keep_preimage(
+                req.root,
+                req.preimages,
+                &r.path,
+                &format!("t{}-r{i}", req.turn_number),
+                &mut durable,
+            )? {
+                Some(Previous::File { sha256, .. }) if sha256 == r.sha256 => {}
+                _ => {
+                    return Err(commit_err(format!(
+                        "{}: changed since the revert was planned",
+                        r.path
+                    )));
+                }
+            }
+        }
+        durable.finish(req.root)
+    })
+}
+
+/// Adds to `created` the components of `dir_rel` that do not exist yet.
+fn note_missing_dirs(root: &Path, dir_rel: &str, created: &mut Vec<String>) -> Result<()> {
+    let mut prefix = String::new();
+    for part in dir_rel.split('/').filter(|p| !p.is_empty()) {
+        if !prefix.is_empty() {
+            prefix.push('/');
+        }
+        prefix.push_str(part);
+        if !created.contains(&prefix) && open_dir(root, &prefix)?.is_none() {
+            created.push(prefix.clone());
+        }
+    }
+    Ok(())
 }
 
 /// Removes a commit's private directory and its journal, once the turn's
@@ -295,22 +615,14 @@ fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
     let mut created_dirs: Vec<String> = Vec::new();
     for w in req.matched {
         let (dir_rel, name) = split(&w.path);
-        let mut prefix = String::new();
-        for part in dir_rel.split('/').filter(|p| !p.is_empty()) {
-            if !prefix.is_empty() {
-                prefix.push('/');
-            }
-            prefix.push_str(part);
-            if !created_dirs.contains(&prefix) && open_dir(req.root, &prefix)?.is_none() {
-                created_dirs.push(prefix.clone());
-            }
-        }
+        note_missing_dirs(req.root, dir_rel, &mut created_dirs)?;
         outputs.push(OutputOp {
             path: w.path.clone(),
             temp: format!(".{name}.turnstile-t{}", req.turn_number),
             sha256: w.sha256.clone().unwrap_or_default(),
             size: w.size,
             mode: output_mode(w.mode),
+            previous: None,
         });
     }
     let mut scratch = Vec::new();
@@ -339,6 +651,8 @@ fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
         created_dirs,
         scratch,
         failed: false,
+        removals: Vec::new(),
+        preimages: req.preimages.clone(),
     })
 }
 
@@ -352,7 +666,7 @@ struct StageAs<'a> {
 }
 
 fn stage_file(
-    scope: &Scope,
+    src_root: &Path,
     source_rel: &str,
     dir: &OwnedFd,
     temp: &str,
@@ -365,8 +679,7 @@ fn stage_file(
         owner: (uid, gid),
     } = want;
     let mut src = File::from(
-        fsx::open_beneath(&scope.upper, source_rel)
-            .map_err(|e| commit_err(format!("{what}: {e}")))?,
+        fsx::open_beneath(src_root, source_rel).map_err(|e| commit_err(format!("{what}: {e}")))?,
     );
     if !src.metadata().map(|m| m.is_file()).unwrap_or(false) {
         return Err(commit_err(format!("{what}: not a regular file")));
@@ -427,19 +740,12 @@ fn stage_file(
     Ok(dst)
 }
 
-fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
-    let staged = journal.outputs.len()
-        + journal
-            .scratch
-            .iter()
-            .filter(|op| matches!(op, ScratchOp::Place { .. }))
-            .count();
-    let mut durable = Durability::new(staged);
-    // The implied parents (issue 23), parents first: owned and moded as
-    // committed outputs are, and durable in their parents before the
-    // commit point (a roll-forward must find the staged files under them).
+/// The implied parents (issue 23), parents first: owned and moded as
+/// committed outputs are, and durable in their parents before the commit
+/// point (a roll-forward must find the staged files under them).
+fn make_created_dirs(root: &Path, journal: &Journal, durable: &mut Durability) -> Result<()> {
     for d in &journal.created_dirs {
-        let fd = open_dir_creating(req.root, d)?;
+        let fd = open_dir_creating(root, d)?;
         nix::unistd::fchown(
             fd.as_fd(),
             Some(nix::unistd::Uid::from_raw(journal.output_owner.0)),
@@ -449,16 +755,38 @@ fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
         nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(0o755))
             .map_err(|e| commit_err(format!("chmod {d}: {e}")))?;
         let (parent, _) = split(d);
-        if let Some(p) = open_dir(req.root, parent)? {
+        if let Some(p) = open_dir(root, parent)? {
             durable.dir(parent, p);
         }
     }
-    for (op, w) in journal.outputs.iter().zip(req.matched) {
+    Ok(())
+}
+
+fn stage_all(req: &CommitRequest<'_>, journal: &mut Journal) -> Result<()> {
+    let staged = journal.outputs.len()
+        + journal
+            .scratch
+            .iter()
+            .filter(|op| matches!(op, ScratchOp::Place { .. }))
+            .count();
+    let mut durable = Durability::new(staged);
+    make_created_dirs(req.root, journal, &mut durable)?;
+    let turn = journal.turn_number;
+    for (i, (op, w)) in journal.outputs.iter_mut().zip(req.matched).enumerate() {
+        if let Some(store) = &req.preimages {
+            op.previous = keep_preimage(
+                req.root,
+                store,
+                &op.path,
+                &format!("t{turn}-{i}"),
+                &mut durable,
+            )?;
+        }
         let (scope, rel) = scope_of(req.scopes, w)?;
         let (dir_rel, _) = split(&op.path);
         let dir = open_dir_creating(req.root, dir_rel)?;
         let f = stage_file(
-            scope,
+            &scope.upper,
             &rel,
             &dir,
             &op.temp,
@@ -517,7 +845,7 @@ fn stage_all(req: &CommitRequest<'_>, journal: &Journal) -> Result<()> {
                 }
                 _ => {
                     let f = stage_file(
-                        scope,
+                        &scope.upper,
                         &rel,
                         &stage,
                         &name,
@@ -622,6 +950,23 @@ fn apply(root: &Path, j: &Journal, recovering: bool) -> Result<()> {
                 )));
             }
         }
+    }
+    if !j.removals.is_empty() {
+        let work = open_dir_creating(root, &j.work_dir)?;
+        let trash = open_dir_creating(root, &format!("{}/trash", j.work_dir))?;
+        for (i, r) in j.removals.iter().enumerate() {
+            let aside = format!("r{i}");
+            let (dir_rel, name) = split(&r.path);
+            let Some(dir) = open_dir(root, dir_rel)? else {
+                continue; // removed before the crash
+            };
+            if exists_at(&dir, name) && !exists_at(&trash, &aside) {
+                renameat(dir.as_fd(), name, trash.as_fd(), aside.as_str())
+                    .map_err(|e| commit_err(format!("remove {}: {e}", r.path)))?;
+                durable.dir(dir_rel, dir);
+            }
+        }
+        durable.dir(&j.work_dir, work);
     }
     if !j.scratch.is_empty() {
         let work = open_dir_creating(root, &j.work_dir)?;

@@ -70,6 +70,13 @@ impl Workspace {
             .join("ledger")
     }
 
+    /// Workspace-relative: where the session keeps the pre-images of what
+    /// its commits replace or remove (for `supervise revert`), beside its
+    /// ledger directory.
+    pub fn preimages_rel(tier: &str, session: &SessionId) -> String {
+        format!("planes/{tier}/sessions/{}/preimages", session.as_str())
+    }
+
     pub fn ledger_path(&self, tier: &str, session: &SessionId, kind: LedgerKind) -> PathBuf {
         self.ledger_dir(tier, session).join(kind.file_name())
     }

@@ -431,6 +431,9 @@ pub struct EvidenceEntry {
     pub work_order_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The turn this one reverted (`supervise revert`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reverts_turn: Option<u64>,
 }
 
 /// Where a session's ledgers are.

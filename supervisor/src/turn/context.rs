@@ -109,7 +109,10 @@ impl Context {
             exit_code: None,
             ts: entry.ts.clone(),
         });
-        for Committed { path, size, sha256 } in &entry.committed {
+        for Committed {
+            path, size, sha256, ..
+        } in &entry.committed
+        {
             self.outputs.insert(
                 path.clone(),
                 OutputLine {

@@ -25,6 +25,7 @@ pub mod interrupt;
 pub mod outcome;
 pub mod realfs;
 pub mod replay;
+pub mod revert;
 
 mod record;
 
@@ -719,6 +720,17 @@ impl Turn<'_> {
 
     /// Commits a turn judged `committed` (unless an interrupt came after
     /// the command, before the commit point).
+    /// Keeps the session's pre-images within the configured retention
+    /// (best effort: a failure leaves more kept, never less).
+    fn prune_preimages(&self) {
+        let limit = crate::backend::select::preimage_retention(&self.opts.config)
+            .unwrap_or(crate::backend::select::DEFAULT_PREIMAGE_RETENTION);
+        let store = Workspace::preimages_rel(&self.session.tier, &self.session.id);
+        if let Err(e) = commit::prune_preimages(self.workspace.root(), &store, limit) {
+            tracing::warn!(error = %e, "pre-image retention");
+        }
+    }
+
     fn commit(&self, plan: &Plan, scopes: &[Scope], outcome: &mut Outcome) {
         if outcome.status != TurnStatus::Committed {
             return;
@@ -742,9 +754,20 @@ impl Turn<'_> {
                 .state()
                 .commit_journal(&self.session.id, self.turn_number),
             work_dir: Workspace::commit_work_dir(&self.session.id, self.turn_number),
+            preimages: Some(Workspace::preimages_rel(
+                &self.session.tier,
+                &self.session.id,
+            )),
         };
         match commit::commit(&request) {
-            Ok(c) => outcome.committed = c,
+            Ok(c) => {
+                if c.iter()
+                    .any(|c| matches!(c.previous, Some(commit::Previous::File { .. })))
+                {
+                    self.prune_preimages();
+                }
+                outcome.committed = c;
+            }
             Err(e) => {
                 // Host I/O (a full disk, EIO): exit 1, nothing landed — or,
                 // past the commit point, the journal stays for recovery to

@@ -306,6 +306,7 @@ impl Turn<'_> {
             ts: f.now.clone(),
             work_order_id: r.work_order_id.clone(),
             idempotency_key: r.idempotency_key.clone(),
+            reverts_turn: None,
         }
     }
 
