@@ -27,6 +27,12 @@ pub fn readme_check(root: &Path) -> Result<()> {
     let readme = read("README.md")?;
     let mut problems = Vec::new();
 
+    if !(readme.contains(CI_TIME_BEGIN) && readme.contains(CI_TIME_END)) {
+        problems.push(format!(
+            "README must hold the {CI_TIME_BEGIN} … {CI_TIME_END} markers (`cargo xtask test` writes its duration there)"
+        ));
+    }
+
     let rust = rust_version(&read("Cargo.toml")?).context("no rust-version in Cargo.toml")?;
     if !readme.contains(&format!("Rust {rust} or newer")) {
         problems.push(format!(
@@ -288,6 +294,47 @@ fn links(text: &str) -> Vec<(usize, String)> {
         }
     }
     out
+}
+
+/// The markers around the line `cargo xtask test` writes with its own
+/// duration when it passes.
+const CI_TIME_BEGIN: &str = "<!-- readme-check:ci-time -->";
+const CI_TIME_END: &str = "<!-- /readme-check:ci-time -->";
+
+/// Writes the measured duration of a passing `cargo xtask test` into the
+/// README between the ci-time markers (with the commit and the cores), so
+/// the figure is the run's own, never copied by hand.
+pub fn record_ci_time(root: &Path, took: std::time::Duration) -> Result<()> {
+    let path = root.join("README.md");
+    let readme = std::fs::read_to_string(&path).context("reading README.md")?;
+    let (Some(b), Some(e)) = (readme.find(CI_TIME_BEGIN), readme.find(CI_TIME_END)) else {
+        anyhow::bail!("README.md has no {CI_TIME_BEGIN} … {CI_TIME_END} markers");
+    };
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let line = format!(
+        "{CI_TIME_BEGIN}\nLast passing `cargo xtask test`: **{} min {} s** on {cores} cores \
+         (commit `{commit}`, {date}; written by the run itself, build and apt \
+         installs included).\n",
+        took.as_secs() / 60,
+        took.as_secs() % 60
+    );
+    let updated = format!("{}{line}{}", &readme[..b], &readme[e..]);
+    std::fs::write(&path, updated).context("writing README.md")?;
+    eprintln!("xtask: README.md: CI time recorded");
+    Ok(())
 }
 
 #[cfg(test)]
