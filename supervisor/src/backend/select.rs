@@ -87,6 +87,18 @@ pub fn preimage_retention(config: &Path) -> Result<u64> {
     }
 }
 
+/// Checks a config document as `run` would (both tables, the retention):
+/// `Err` names the field. For the fuzzer and `doctor`.
+pub fn check_config_bytes(bytes: &[u8]) -> std::result::Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("turnstile-config-check-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("config.json");
+    std::fs::write(&path, bytes).map_err(|e| e.to_string())?;
+    let r = load(&path).map(|_| ()).map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    r
+}
+
 /// The config document, or the field that is wrong and why.
 fn parse_doc(bytes: &[u8]) -> std::result::Result<ConfigDoc, (String, String)> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);

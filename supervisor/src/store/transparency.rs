@@ -449,6 +449,13 @@ pub fn take(session: &Session, key: &SigningKeyFile, witnesses: &[PathBuf]) -> R
     })
 }
 
+/// A checkpoint's head, read from its bytes without checking any
+/// signature (the note syntax and the turnstile body are checked).
+pub fn read_unverified(path: &Path, bytes: &[u8]) -> Result<Head> {
+    let note = parse_note(path, bytes)?;
+    Head::parse(note.text()).map_err(|d| malformed(path, d))
+}
+
 /// The newest checkpoint kept in `dir` (the largest tree): its path, its
 /// bytes and its head, read without checking any signature (the caller
 /// says so, or checks it with [`open`]). `None` when none is kept.
@@ -479,8 +486,7 @@ pub fn newest_kept(dir: &Path) -> Result<Option<(PathBuf, Vec<u8>, Head)>> {
             path: path.clone(),
             source,
         })?;
-    let note = parse_note(&path, &bytes)?;
-    let head = Head::parse(note.text()).map_err(|d| malformed(&path, d))?;
+    let head = read_unverified(&path, &bytes)?;
     Ok(Some((path, bytes, head)))
 }
 

@@ -43,6 +43,8 @@ const TARGETS: &[&str] = &[
     "bus_message",
     "bus_rules",
     "ledger",
+    "config",
+    "checkpoint",
 ];
 
 /// Tokens that parsers of JSON and YAML treat specially.
@@ -204,6 +206,16 @@ fn target(name: &str, scratch: &Path) -> (Parse, Vec<Vec<u8>>) {
                 std::fs::write(&f.path, b).is_ok() && f.verify().is_ok()
             })
         }
+        "config" => {
+            Box::new(|b| turnstile_supervisor::backend::select::check_config_bytes(b).is_ok())
+        }
+        "checkpoint" => Box::new(|b| {
+            turnstile_supervisor::store::transparency::read_unverified(
+                Path::new("fuzz/checkpoint.note"),
+                b,
+            )
+            .is_ok()
+        }),
         other => panic!("unknown target {other}; targets: {}", TARGETS.join(" ")),
     };
     assert!(!corpus.is_empty(), "no seed corpus for {name}");
