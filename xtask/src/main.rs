@@ -80,7 +80,7 @@ fn main() -> Result<()> {
         Some("realsw") => realsw(&args[1..]),
         Some("bench") => bench(),
         Some("bench-shim") => bench_shim(&args[1..]),
-        Some("deb") => deb(&args[1..]),
+        Some("package" | "deb") => package(&args[1..]),
         Some("bench-serve") => bench_serve(&args[1..]),
         Some("vm-test") => {
             setup()?;
@@ -88,7 +88,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|deb [--debug]|fr-coverage|readme-check|fuzz [--seconds N] [TARGET…]>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--seconds N] [TARGET…]>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
@@ -97,7 +97,7 @@ fn main() -> Result<()> {
                  \n  vm-test      the integration and red-team suites in QEMU on Debian kernels 6.1 and 6.12 (or --kernel SERIES|PACKAGE), pure cgroup v2 (root)\
                  \n  bench        turnstile vs bare/unshare/bwrap/crun/runc/runsc; writes bench/RESULTS.md (root)\
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
-                 \n  deb          build target/debian/turnstile_<version>_<arch>.deb: supervise, the containerd shim, the systemd unit (--debug: debug binaries)\
+                 \n  package      build target/debian/turnstile_<version>_<arch>.deb (alias: deb): supervise, the containerd shim, the systemd unit, the default config, man page, completion (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\
                  \n  fuzz         mutated inputs to the manifest, request, envelope, socket, bus and ledger parsers, N seconds each (default 60); non-zero on a panic, hang or unbounded allocation\
@@ -615,22 +615,84 @@ fn demo() -> Result<()> {
 /// `cargo xtask deb [--debug]`: a .deb with `supervise`, the containerd
 /// shim and the systemd unit of `supervise serve`, built with dpkg-deb
 /// (no cargo-deb needed). Prints the path of the package.
-fn deb(args: &[String]) -> Result<()> {
+/// The package's maintainer scripts. They run chrootless too (`dpkg
+/// --root DIR --force-script-chrootless`, as the install test does), so
+/// every path is under `$DPKG_ROOT`, and systemd is touched only when it
+/// runs the host being installed to.
+const POSTINST: &str = r#"#!/bin/sh
+set -e
+install -d -m 0700 "$DPKG_ROOT/var/lib/turnstile"
+# The unit is not enabled or started by the package: an operator decides
+# (README "Operate the daemon").
+if [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload || true
+fi
+"#;
+
+const PRERM: &str = r#"#!/bin/sh
+set -e
+# A running daemon interrupts its in-flight turns (recorded) and exits.
+if [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
+    systemctl stop turnstile-serve.service || true
+fi
+"#;
+
+const POSTRM: &str = r#"#!/bin/sh
+set -e
+if [ "$1" = purge ]; then
+    state="$DPKG_ROOT/var/lib/turnstile"
+    rm -rf "$DPKG_ROOT/run/turnstile"
+    rmdir "$DPKG_ROOT/etc/turnstile" 2>/dev/null || true
+    # The state dir holds the ledgers' anchors: evidence is never deleted
+    # by a package manager. Without any session it goes.
+    if [ -d "$state" ]; then
+        if [ -n "$(ls -A "$state/sessions" 2>/dev/null)" ]; then
+            echo "turnstile: kept $state (session state: the ledgers' anchors); remove it by hand once the evidence is archived" >&2
+        else
+            rm -rf "$state"
+        fi
+    fi
+    if [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+    fi
+fi
+"#;
+
+/// The default system configuration the package installs (a conffile):
+/// the built-in tables, written out so an operator sees what to change.
+const DEFAULT_CONFIG_JSON: &str = r#"{
+  "backends": {"trusted": "native", "standard": "native", "untrusted": "kata", "confidential": "kata"},
+  "minimum_backends": {},
+  "preimage_retention_bytes": 1073741824
+}
+"#;
+
+/// `package [--debug]` (alias `deb`): builds
+/// target/debian/turnstile_<version>_<arch>.deb — supervise, the containerd
+/// shim, the systemd unit, the default config (a conffile), the man page,
+/// bash completion, README and example shim config; maintainer scripts
+/// that never enable the unit and never delete evidence.
+fn package(args: &[String]) -> Result<()> {
     let release = !args.iter().any(|a| a == "--debug");
     let root = workspace_root();
-    let mut c = cargo();
-    c.args([
-        "build",
-        "-p",
-        "turnstile-supervisor",
-        "-p",
-        "containerd-shim-turnstile-v2",
-        "--bins",
-    ]);
-    if release {
-        c.arg("--release");
+    // --no-build: package the binaries as they are (the install test uses
+    // those `cargo test --workspace` built: building them again with
+    // `-p` would unify features differently and rebuild everything).
+    if !args.iter().any(|a| a == "--no-build") {
+        let mut c = cargo();
+        c.args([
+            "build",
+            "-p",
+            "turnstile-supervisor",
+            "-p",
+            "containerd-shim-turnstile-v2",
+            "--bins",
+        ]);
+        if release {
+            c.arg("--release");
+        }
+        run(&mut c)?;
     }
-    run(&mut c)?;
     let profile = if release { "release" } else { "debug" };
     let version = env!("CARGO_PKG_VERSION");
     let arch = Command::new("dpkg")
@@ -646,32 +708,76 @@ fn deb(args: &[String]) -> Result<()> {
     if stage.exists() {
         std::fs::remove_dir_all(&stage).with_context(|| format!("remove {}", stage.display()))?;
     }
-    let install = |from: &Path, to: &str, mode: u32| -> Result<()> {
+    let write = |to: &str, bytes: &[u8], mode: u32| -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let dest = stage.join(to);
         if let Some(parent) = dest.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        std::fs::copy(from, &dest)
-            .with_context(|| format!("copy {} to {}", from.display(), dest.display()))?;
+        std::fs::write(&dest, bytes).with_context(|| dest.display().to_string())?;
         std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
         Ok(())
     };
+    let read = |p: &Path| std::fs::read(p).with_context(|| p.display().to_string());
     let bin = root.join("target").join(profile);
-    install(&bin.join("supervise"), "usr/bin/supervise", 0o755)?;
-    install(
-        &bin.join("containerd-shim-turnstile-v2"),
+    let supervise = bin.join("supervise");
+    write("usr/bin/supervise", &read(&supervise)?, 0o755)?;
+    write(
         "usr/bin/containerd-shim-turnstile-v2",
+        &read(&bin.join("containerd-shim-turnstile-v2"))?,
         0o755,
     )?;
-    install(
-        &root.join("packaging/turnstile-serve.service"),
+    write(
         "lib/systemd/system/turnstile-serve.service",
+        &read(&root.join("packaging/turnstile-serve.service"))?,
         0o644,
     )?;
-    install(
-        &root.join("README.md"),
+    write(
+        "etc/turnstile/config.json",
+        DEFAULT_CONFIG_JSON.as_bytes(),
+        0o644,
+    )?;
+    write(
         "usr/share/doc/turnstile/README.md",
+        &read(&root.join("README.md"))?,
+        0o644,
+    )?;
+    write(
+        "usr/share/doc/turnstile/examples/shim.json",
+        &read(&root.join("examples/kubernetes/shim.json"))?,
+        0o644,
+    )?;
+    let generated = |args: &[&str]| -> Result<Vec<u8>> {
+        let out = Command::new(&supervise)
+            .args(args)
+            .output()
+            .with_context(|| format!("supervise {}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!("supervise {} failed", args.join(" "));
+        }
+        Ok(out.stdout)
+    };
+    let man = generated(&["man"])?;
+    let mut gz = Vec::new();
+    {
+        let mut child = Command::new("gzip")
+            .args(["-9n"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("gzip")?;
+        use std::io::Write;
+        child.stdin.take().context("gzip stdin")?.write_all(&man)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("gzip failed");
+        }
+        gz.extend_from_slice(&out.stdout);
+    }
+    write("usr/share/man/man1/supervise.1.gz", &gz, 0o644)?;
+    write(
+        "usr/share/bash-completion/completions/supervise",
+        &generated(&["completions", "bash"])?,
         0o644,
     )?;
     let control = format!(
@@ -691,22 +797,19 @@ fn deb(args: &[String]) -> Result<()> {
          systemd unit (turnstile-serve.service) and the containerd shim\n \
          containerd-shim-turnstile-v2.\n"
     );
-    std::fs::create_dir_all(stage.join("DEBIAN"))?;
-    std::fs::write(stage.join("DEBIAN/control"), control)?;
-    // The unit is not enabled or started by the package: an operator
-    // decides (README "Operate the daemon").
-    let postinst = "#!/bin/sh\nset -e\nif [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\n";
-    std::fs::write(stage.join("DEBIAN/postinst"), postinst)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            stage.join("DEBIAN/postinst"),
-            std::fs::Permissions::from_mode(0o755),
-        )?;
-    }
+    write("DEBIAN/control", control.as_bytes(), 0o644)?;
+    write("DEBIAN/conffiles", b"/etc/turnstile/config.json\n", 0o644)?;
+    write("DEBIAN/postinst", POSTINST.as_bytes(), 0o755)?;
+    write("DEBIAN/prerm", PRERM.as_bytes(), 0o755)?;
+    write("DEBIAN/postrm", POSTRM.as_bytes(), 0o755)?;
     let deb = out_dir.join(format!("turnstile_{version}_{arch}.deb"));
+    // Debug binaries are hundreds of MB of debug info: xz would take
+    // minutes; they are for tests, stored uncompressed.
+    let compression: &[&str] = if release { &[] } else { &["-Znone"] };
     run(Command::new("dpkg-deb")
-        .args(["--root-owner-group", "--build"])
+        .args(["--root-owner-group"])
+        .args(compression)
+        .arg("--build")
         .arg(&stage)
         .arg(&deb))?;
     println!("{}", deb.display());

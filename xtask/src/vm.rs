@@ -77,6 +77,10 @@ const SKIPPED_TESTS: &[(&str, &str)] = &[
         "CPython's regression suite and toolchain workflows: hours under TCG; the host runs them (`cargo xtask test`, `cargo xtask realsw`)",
     ),
     (
+        "package",
+        "builds the .deb with cargo and dpkg, which the guest does not carry: packaging, not a kernel property (the host runs it)",
+    ),
+    (
         "report",
         "renders the session page in headless chromium, which the VM image does not carry: a browser test, not a kernel one (the host runs it)",
     ),
