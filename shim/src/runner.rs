@@ -66,6 +66,14 @@ pub trait TurnRunner: Send + Sync {
     fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError>;
     /// Undo [`mount_rootfs`](Self::mount_rootfs) (a refused Create, Delete).
     fn unmount_rootfs(&self, rootfs: &Path);
+    /// Create: the container's cgroup (`linux.cgroupsPath`) with its
+    /// resources, recorded in `bundle` for a later `delete` action.
+    fn pod_cgroup(
+        &self,
+        path: &str,
+        resources: Option<&crate::contract::Resources>,
+        bundle: &Path,
+    ) -> Result<crate::podcgroup::PodCgroup, ShimError>;
     /// Create: the pre-execution check.
     fn check(&self, turn: &Turn, options: &Options) -> Result<Checked, ShimError>;
     /// Create, after a violation: `supervise run` records the refused turn
@@ -344,7 +352,39 @@ fn open_stdio(stdio: &TaskStdio) -> Result<[Stdio; 3], ShimError> {
     Ok([stdin, open_out(&stdio.stdout)?, open_out(&stdio.stderr)?])
 }
 
+/// Whether a `turn.finished` event line (the last of [`EVENTS_FILE`])
+/// says the kernel's OOM killer ended a process of the turn.
+pub fn oom_killed(line: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Finished {
+        #[serde(rename = "type")]
+        kind: String,
+        payload: turnstile_supervisor::store::record::TurnReport,
+    }
+    serde_json::from_str::<Finished>(line).is_ok_and(|f| {
+        f.kind == "turn.finished"
+            && f.payload
+                .resources
+                .is_some_and(|r| r.oom_killed || r.oom_kills > 0)
+    })
+}
+
 impl TurnRunner for SuperviseRunner {
+    fn pod_cgroup(
+        &self,
+        path: &str,
+        resources: Option<&crate::contract::Resources>,
+        bundle: &Path,
+    ) -> Result<crate::podcgroup::PodCgroup, ShimError> {
+        let cg = crate::podcgroup::PodCgroup::create(
+            &turnstile_supervisor::sandbox::cgroup::root(),
+            path,
+            resources,
+        )?;
+        cg.save(bundle);
+        Ok(cg)
+    }
+
     fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError> {
         for m in mounts {
             mount_one(&m.type_, &m.source, &m.options, rootfs)?;

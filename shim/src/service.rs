@@ -31,7 +31,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use containerd_shim::protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskIO, TaskStart};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExit, TaskIO, TaskOOM, TaskStart,
+};
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
 use containerd_shim::publisher::RemotePublisher;
@@ -42,6 +44,7 @@ use containerd_shim::{
 use crate::contract::{self, Options, Turn};
 use crate::error::ShimError;
 use crate::exit::RunExit;
+use crate::podcgroup::{self, PodCgroup};
 use crate::runner::{
     self, Checked, EVENTS_FILE, PID_FILE, Publisher, SuperviseRunner, TaskStdio, TurnRunner,
 };
@@ -114,6 +117,7 @@ impl containerd_shim::Shim for Shim {
             }
         }
         runner::unmount_rootfs(&bundle.join("rootfs"));
+        podcgroup::remove_saved(&bundle);
         let mut r = DeleteResponse::new();
         r.pid = u32::try_from(pid).unwrap_or_default();
         r.exit_status = 128 + libc::SIGKILL as u32;
@@ -161,6 +165,8 @@ struct TaskState {
     pid: u32,
     exit_status: u32,
     exited_at: Option<Timestamp>,
+    /// The container's cgroup (`linux.cgroupsPath`) the shim made.
+    pod_cgroup: Option<PodCgroup>,
 }
 
 type Shared = Arc<(Mutex<Option<TaskState>>, Condvar)>;
@@ -286,6 +292,7 @@ impl TaskService {
             pid,
             exit_status: 0,
             exited_at: None,
+            pod_cgroup: None,
         };
         if is_sandbox {
             self.runner.mount_rootfs(&req.rootfs, &rootfs)?;
@@ -306,9 +313,25 @@ impl TaskService {
         let request = contract::request_from_spec(&spec)?;
         let namespace = workspaces::namespace_of(&self.namespace, &spec.annotations)?;
         let workspace = options.workspaces.resolve(&request.workspace, &namespace)?;
-        self.runner.mount_rootfs(&req.rootfs, &rootfs)?;
+        // The container's (the pod's) cgroup, which the turn's is made in:
+        // its limits bound the turn.
+        let pod_cgroup = match spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref()) {
+            Some(path) if !path.is_empty() => Some(self.runner.pod_cgroup(
+                path,
+                spec.linux.as_ref().and_then(|l| l.resources.as_ref()),
+                &bundle,
+            )?),
+            _ => None,
+        };
+        if let Err(e) = self.runner.mount_rootfs(&req.rootfs, &rootfs) {
+            if let Some(cg) = &pod_cgroup {
+                cg.remove();
+            }
+            return Err(e);
+        }
         // argv[0] is resolved in the mounted image.
-        let turn = request.into_turn(workspace, &bundle, &namespace);
+        let mut turn = request.into_turn(workspace, &bundle, &namespace);
+        turn.cgroup_parent = pod_cgroup.as_ref().map(|c| c.path.clone());
         // From here on a refusal unmounts what it mounted.
         let admitted = match self.runner.check(&turn, &options) {
             Ok(Checked::Admitted) => Ok(()),
@@ -330,9 +353,14 @@ impl TaskService {
         };
         if let Err(e) = admitted {
             self.runner.unmount_rootfs(&rootfs);
+            if let Some(cg) = &pod_cgroup {
+                cg.remove();
+            }
             return Err(e);
         }
-        Ok(state(Kind::Turn(turn), options, 0))
+        let mut t = state(Kind::Turn(turn), options, 0);
+        t.pod_cgroup = pod_cgroup;
+        Ok(t)
     }
 
     /// Create: one task per shim; refused, nothing is kept.
@@ -450,6 +478,7 @@ impl TaskService {
             let exit = process.wait();
             let exit_status = exit.exit_status();
             let at = now();
+            let mut oom = false;
             {
                 let (m, cv) = &*state;
                 let mut guard = lock(m);
@@ -460,6 +489,7 @@ impl TaskService {
                     if let Ok(ev) = std::fs::read_to_string(t.bundle.join(EVENTS_FILE)) {
                         if let Some(last) = ev.lines().last() {
                             info!("task {id}: turn finished: {last}");
+                            oom = runner::oom_killed(last);
                         }
                     }
                 }
@@ -469,6 +499,18 @@ impl TaskService {
                 info!("task {id}: supervise run exited {exit}");
             } else {
                 info!("task {id}: pod sandbox exited {}", exit.code());
+            }
+            // The kernel's OOM killer ended a process of the turn (its
+            // evidence says `oom_killed`): containerd hears it as TaskOOM,
+            // before the exit, as from runc's shim.
+            if oom {
+                let event = TaskOOM {
+                    container_id: id.clone(),
+                    ..Default::default()
+                };
+                if let Err(e) = publisher.publish("/tasks/oom", &namespace, Box::new(event)) {
+                    warn!("publish /tasks/oom: {e}");
+                }
             }
             let event = TaskExit {
                 container_id: id.clone(),
@@ -597,6 +639,9 @@ impl TaskService {
             return Err(ShimError::NotFound(req.id.clone()));
         };
         self.runner.unmount_rootfs(&t.bundle.join("rootfs"));
+        if let Some(cg) = &t.pod_cgroup {
+            cg.remove();
+        }
         let exited_at = t.exited_at.clone().unwrap_or_else(now);
         info!("task {}: deleted (exit {})", t.id, t.exit_status);
         self.publish(

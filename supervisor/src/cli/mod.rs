@@ -531,6 +531,14 @@ pub struct RunArgs {
     /// package, and only they may add turns to it (TS1041 otherwise).
     #[arg(long, value_name = "NAMESPACE")]
     pub tenant: Option<String>,
+    /// Make the turn's cgroup under this existing cgroup (a pod's
+    /// container cgroup, as containerd's `linux.cgroupsPath` names it,
+    /// e.g. `/kubepods/burstable/pod…/…`, or a directory under the cgroup
+    /// mount) instead of `turnstile/`: its limits bound the turn's, the
+    /// manifest's apply inside (the stricter wins; recorded). The containerd
+    /// shim passes the container's. A bad value: TS1051, nothing created.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_parent: Option<PathBuf>,
     /// System configuration (the trust level -> backend table and the
     /// minimum backends); a missing file means the built-in tables.
     #[arg(long, value_name = "FILE", default_value = crate::backend::select::DEFAULT_CONFIG)]
@@ -1326,6 +1334,21 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             "--deterministic",
             "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
         ));
+    }
+    if let Some(raw) = &a.cgroup_parent {
+        if a.server.is_some() {
+            return Err(SupervisorError::CgroupParentInvalid {
+                value: raw.display().to_string(),
+                reason: "not with --server (the daemon makes its turns' cgroups)".into(),
+            });
+        }
+        let rel = crate::sandbox::cgroup::parent_of(&cgroup_root(), raw).map_err(|reason| {
+            SupervisorError::CgroupParentInvalid {
+                value: raw.display().to_string(),
+                reason,
+            }
+        })?;
+        crate::sandbox::cgroup::set_parent(rel);
     }
     if let Some(socket) = &a.server {
         use crate::serve::client::{absolute, request_doc};

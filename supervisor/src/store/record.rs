@@ -241,6 +241,31 @@ pub struct Resources {
     pub oom_kills: u64,
     pub pids_limit_hits: u64,
     pub disk_full: bool,
+    /// The kernel's OOM killer ended a process of the turn (memory.events
+    /// / memory.oom_control `oom_kill` of the turn's cgroup).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
+    /// The turn's cgroup was made under a pod's (`run --cgroup-parent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_parent: Option<CgroupParentRecord>,
+}
+
+/// The cgroup parent a turn ran under, and which limits won: the parent
+/// chain's (the pod's) or the manifest's — the stricter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupParentRecord {
+    /// The parent, relative to each hierarchy's root.
+    pub path: String,
+    /// The tightest memory limit of the parent and its ancestors.
+    pub parent_memory_bytes: Option<u64>,
+    pub manifest_memory_bytes: u64,
+    pub effective_memory_bytes: u64,
+    /// `parent` or `manifest`: whose memory limit bounds the turn.
+    pub memory_bound_by: String,
+    pub parent_pids: Option<u64>,
+    pub manifest_pids: u64,
+    pub effective_pids: u64,
+    pub pids_bound_by: String,
 }
 
 /// One output stream's account.

@@ -198,6 +198,11 @@ impl Turn<'_> {
                 oom_kills: x.usage.oom_kills,
                 pids_limit_hits: x.usage.pids_limit_hits,
                 disk_full: x.disk_full,
+                oom_killed: x.usage.oom_kills > 0,
+                cgroup_parent: o
+                    .plan
+                    .as_ref()
+                    .and_then(|p| cgroup_parent_record(&p.limits)),
             }),
             output: x.map(|x| {
                 let stream = |s: &crate::sandbox::StreamRecord| StreamOut {
@@ -511,6 +516,33 @@ pub(super) fn interrupted_message() -> String {
         "supervise received {}; the turn was killed and nothing was committed",
         crate::turn::interrupt::received().map_or("a signal", |s| s.as_str())
     )
+}
+
+/// The cgroup parent of this process's turns and which limits won (see
+/// `run --cgroup-parent`); `None` without one.
+fn cgroup_parent_record(
+    limits: &turnstile_policy::plan::PlanLimits,
+) -> Option<crate::store::record::CgroupParentRecord> {
+    use crate::sandbox::cgroup;
+    let rel = cgroup::parent()?;
+    let b = cgroup::parent_bounds(&cgroup::root(), rel);
+    let pick = |parent: Option<u64>, manifest: u64| match parent {
+        Some(p) if p < manifest => (p, "parent".to_owned()),
+        _ => (manifest, "manifest".to_owned()),
+    };
+    let (effective_memory_bytes, memory_bound_by) = pick(b.memory_bytes, limits.memory_bytes);
+    let (effective_pids, pids_bound_by) = pick(b.pids, u64::from(limits.pids));
+    Some(crate::store::record::CgroupParentRecord {
+        path: format!("/{}", rel.display()),
+        parent_memory_bytes: b.memory_bytes,
+        manifest_memory_bytes: limits.memory_bytes,
+        effective_memory_bytes,
+        memory_bound_by,
+        parent_pids: b.pids,
+        manifest_pids: u64::from(limits.pids),
+        effective_pids,
+        pids_bound_by,
+    })
 }
 
 #[cfg(test)]
