@@ -165,6 +165,7 @@ impl Backend for RuncBackend {
             &id,
             &plan.limits,
         )?);
+        let _ = cg.publish(&turn.path.with_extension("cgroup"));
         let mut sb = RuncSandbox {
             backend: self.clone(),
             id: id.clone(),

@@ -114,6 +114,18 @@ pub enum Command {
     ///
     /// Example: supervise checkpoint --root /ws --session SES-...
     Checkpoint(SessionArgs),
+    /// Freeze the running turn of a session (its cgroup: cgroup.freeze, or
+    /// the v1 freezer); its timeout does not run while it is frozen.
+    /// Recorded as `turn.suspended` in the turn's evidence. What the
+    /// containerd shim's Pause calls. Exit 2 TS1052 when no turn runs.
+    ///
+    /// Example: supervise suspend --root /ws --session SES-...
+    Suspend(SessionArgs),
+    /// Thaw a suspended turn (`turn.resumed`). A turn that cannot be
+    /// thawed is ended and fails with E2024 RESUME_FAILED (recorded).
+    ///
+    /// Example: supervise resume --root /ws --session SES-...
+    Resume(SessionArgs),
     /// Print a session's context as of a time (FR-RT-009): the latest
     /// checkpoint not after it plus the evidence entries since, merged.
     ///
@@ -684,6 +696,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Serve(_) => false,
         Command::Explain(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
+        Command::Suspend(a) | Command::Resume(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
         Command::Init(a) => a.json,
@@ -733,6 +746,8 @@ pub fn run(cli: Cli) -> Outcome {
         }),
         Command::Explain(a) => explain(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
+        Command::Suspend(a) => suspend_cmd(&a, true),
+        Command::Resume(a) => suspend_cmd(&a, false),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),
         Command::Init(a) => init::init(&a.root, &a.package, a.json),
@@ -875,6 +890,121 @@ fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
 struct CheckpointWritten<'a> {
     path: &'a std::path::Path,
     checkpoint: &'a Value,
+}
+
+/// What `suspend`/`resume --json` print.
+#[derive(serde::Serialize)]
+struct SuspendReport {
+    session_id: String,
+    turn_number: u64,
+    frozen: bool,
+}
+
+/// `supervise suspend` (`freeze`) and `resume`: the running turn of the
+/// session, found by the cgroup file its supervisor published
+/// (`turn-N.cgroup` in the session's state directory), frozen or thawed;
+/// the fact is appended for the turn's evidence.
+fn suspend_cmd(a: &SessionArgs, freeze: bool) -> Result<Outcome> {
+    use crate::sandbox::cgroup::TurnCgroup;
+    use crate::store::record::{ErrorRecord, SuspensionFact, suspensions_file};
+    use turnstile_policy::session::Clock as _;
+    let action = if freeze { "suspend" } else { "resume" };
+    let id = SessionId::parse(&a.session)?;
+    let (ws, state) = open_workspace(&a.common)?;
+    let _session = Session::open(&ws, &state, &id, None)?;
+    let dir = state.session_dir(&id);
+    let running = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n: u64 = name
+                .strip_prefix("turn-")?
+                .strip_suffix(".cgroup")?
+                .parse()
+                .ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n);
+    let none = || SupervisorError::NoRunningTurn {
+        session: id.to_string(),
+        action,
+    };
+    let (turn, file) = running.ok_or_else(none)?;
+    let cg = TurnCgroup::from_file(&file).ok_or_else(none)?;
+    if cg.pids().is_empty() {
+        return Err(none());
+    }
+    let now = turnstile_policy::timefmt::rfc3339_micros(crate::ids::SystemClock.now());
+    let record = |fact: &SuspensionFact| {
+        use std::io::Write as _;
+        let line = format!("{}\n", to_json(fact));
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(suspensions_file(&dir, turn))
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|source| SupervisorError::StateIo {
+                op: "append",
+                path: suspensions_file(&dir, turn),
+                source,
+            })
+    };
+    if freeze {
+        if let Err(e) = cg.set_frozen(true) {
+            let _ = cg.set_frozen(false);
+            return Err(SupervisorError::SuspendFailed {
+                session: id.to_string(),
+                detail: e.to_string(),
+            });
+        }
+        record(&SuspensionFact {
+            event: "turn.suspended".into(),
+            ts: now,
+            error: None,
+        })?;
+    } else if let Err(e) = cg.set_frozen(false) {
+        // Fail closed: a turn that cannot be thawed is ended, and says why.
+        let err = SupervisorError::ResumeFailed {
+            session: id.to_string(),
+            detail: e.to_string(),
+        };
+        let code = err.code();
+        record(&SuspensionFact {
+            event: "turn.resume_failed".into(),
+            ts: now,
+            error: Some(ErrorRecord {
+                code: code.code.to_owned(),
+                name: code.name.to_owned(),
+                message: err.to_string(),
+            }),
+        })?;
+        cg.kill_all();
+        return Err(err);
+    } else {
+        record(&SuspensionFact {
+            event: "turn.resumed".into(),
+            ts: now,
+            error: None,
+        })?;
+    }
+    let text = if a.common.json {
+        format!(
+            "{}\n",
+            to_json(&SuspendReport {
+                session_id: id.to_string(),
+                turn_number: turn,
+                frozen: freeze,
+            })
+        )
+    } else {
+        format!(
+            "turn {turn} of {id}: {}\n",
+            if freeze { "suspended" } else { "resumed" }
+        )
+    };
+    Ok(Outcome::ok(text))
 }
 
 fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {

@@ -452,7 +452,29 @@ impl Watch {
         let (cancel, cancelled) = mpsc::channel::<()>();
         let timed_out = Arc::clone(&self.timed_out);
         self.timer = Some(std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+            // The clock runs only while the turn is not frozen (`supervise
+            // suspend`, the shim's Pause): checked every 50 ms.
+            let mut left = timeout;
+            let freezable = cg.can_freeze();
+            let expired = loop {
+                let tick = if freezable {
+                    left.min(Duration::from_millis(50))
+                } else {
+                    left
+                };
+                let t0 = std::time::Instant::now();
+                match cancelled.recv_timeout(tick) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => break false,
+                }
+                if !(freezable && cg.frozen()) {
+                    left = left.saturating_sub(t0.elapsed());
+                }
+                if left.is_zero() {
+                    break true;
+                }
+            };
+            if expired {
                 timed_out.store(true, Ordering::SeqCst);
                 cg.signal_all(Signal::SIGTERM);
                 if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
@@ -762,6 +784,9 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         cg_name,
         &plan.limits,
     )?);
+    // Where `supervise suspend`/`resume` find it (`turn-N.cgroup` beside
+    // the turn's directory).
+    let _ = cg.publish(&turn.path.with_extension("cgroup"));
     lap("cgroup_create", &mut phases);
     let spawned = spawn_parked(turn, &cg);
     let (mut child, ready, go, turn_w) = match spawned {

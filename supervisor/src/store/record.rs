@@ -456,9 +456,34 @@ pub struct EvidenceEntry {
     pub work_order_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// `supervise suspend` / `resume` of the running turn, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspensions: Vec<SuspensionFact>,
 }
 
-/// Where a session's ledgers are.
+/// One `turn.suspended`, `turn.resumed` or `turn.resume_failed` fact: the
+/// turn's cgroup frozen or thawed (its timeout does not run while frozen).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspensionFact {
+    pub event: String,
+    pub ts: String,
+    /// Why a resume failed (with the code E2024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorRecord>,
+}
+
+/// Where the running turn's suspensions are appended (one JSON line per
+/// [`SuspensionFact`]), in its session's state directory; read into the
+/// turn's evidence when it finishes.
+pub fn suspensions_file(session_dir: &std::path::Path, turn: u64) -> std::path::PathBuf {
+    session_dir.join(format!("turn-{turn}.suspensions.jsonl"))
+}
+pub fn running_cgroup_file(session_dir: &std::path::Path, turn: u64) -> std::path::PathBuf {
+    session_dir.join(format!("turn-{turn}.cgroup"))
+}
+
+/// Where to find the running turn's cgroup: `TurnCgroup::publish`'s file,
+/// in its session's state directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct LedgerPaths {
     pub exec: std::path::PathBuf,

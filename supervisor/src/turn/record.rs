@@ -284,6 +284,12 @@ impl Turn<'_> {
 
     fn evidence_entry(&self, f: &Facts, o: &Outcome) -> EvidenceEntry {
         let r = self.request;
+        let suspensions = self.suspensions();
+        // A resume that could not thaw the turn ended it: that is its error.
+        let error = suspensions
+            .iter()
+            .find_map(|s| s.error.clone())
+            .or_else(|| f.error.clone());
         EvidenceEntry {
             event: Event::TurnFinished,
             schema_version: SCHEMA_VERSION,
@@ -307,11 +313,28 @@ impl Turn<'_> {
             resources: f.resources.clone(),
             output: f.output.clone(),
             termination: f.termination.clone(),
-            error: f.error.clone(),
+            error,
             ts: f.now.clone(),
             work_order_id: r.work_order_id.clone(),
             idempotency_key: r.idempotency_key.clone(),
+            suspensions,
         }
+    }
+
+    /// What `supervise suspend` / `resume` recorded for this turn while it
+    /// ran (then the files go: the turn is over).
+    fn suspensions(&self) -> Vec<crate::store::record::SuspensionFact> {
+        use crate::store::record::{running_cgroup_file, suspensions_file};
+        let dir = self.session.state().session_dir(&self.session.id);
+        let _ = std::fs::remove_file(running_cgroup_file(&dir, self.turn_number));
+        let file = suspensions_file(&dir, self.turn_number);
+        let facts = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let _ = std::fs::remove_file(&file);
+        facts
     }
 
     /// The `--json` report, from the same facts as the entries.
