@@ -488,6 +488,8 @@ impl Turn {
         if let Some(p) = &self.cgroup_parent {
             a.extend(["--cgroup-parent".to_owned(), p.clone()]);
         }
+        // The container's log is whole (the kubelet keeps and rotates it).
+        a.push("--forward-all-output".to_owned());
         a.extend(self.common(options));
         if let Some(w) = &self.work_order {
             a.extend(["--work-order".to_owned(), w.clone()]);
@@ -744,6 +746,7 @@ mod tests {
                 "/b/turn-events.jsonl",
                 "--tenant",
                 "team-a",
+                "--forward-all-output",
                 "--root",
                 "/ws",
                 "--state-dir",

@@ -223,6 +223,142 @@ impl PodCgroup {
         Ok(())
     }
 
+    /// The directory of hierarchy `h` (`memory`, `pids`, `cpu`,
+    /// `cpuacct`, `freezer`; v2: the one directory).
+    fn dir(&self, root: &Path, h: &str) -> Option<PathBuf> {
+        self.dirs
+            .iter()
+            .find(|d| self.version == Version::V2 || d.starts_with(root.join(h)))
+            .cloned()
+    }
+
+    /// Update: `resources` applied to the container's cgroup, which bounds
+    /// the turn's; the manifest's limits stay in force inside it (the
+    /// stricter wins), so an update can only tighten what the manifest
+    /// allows, never widen it.
+    pub fn update(&self, root: &Path, resources: &Resources) -> Result<(), ShimError> {
+        let mut me = self.clone();
+        me.created.clear();
+        let rel = PathBuf::from(self.path.trim_start_matches('/'));
+        me.dirs.clear();
+        me.make(root, &rel, Some(resources))
+    }
+
+    /// Stats: the container's cgroup (the turn's is inside it, so its
+    /// hierarchical counters hold the turn's), as containerd's metrics type
+    /// for the layout: `io.containerd.cgroups.v1.Metrics` (memory usage,
+    /// max usage, limit and failcnt; cpuacct usage; pids current and
+    /// limit; oom_kill) on v1, `io.containerd.cgroups.v2.Metrics` on v2.
+    pub fn metrics(
+        &self,
+        root: &Path,
+    ) -> Result<containerd_shim::protos::protobuf::well_known_types::any::Any, ShimError> {
+        use containerd_shim::protos::protobuf::Message;
+        use containerd_shim::protos::protobuf::well_known_types::any::Any;
+        let num = |p: PathBuf| -> u64 {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let key = |p: PathBuf, k: &str| -> u64 {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    let (a, b) = l.split_once(' ')?;
+                    (a == k).then(|| b.trim().parse().ok()).flatten()
+                })
+                .unwrap_or(0)
+        };
+        let fail = |e: containerd_shim::protos::protobuf::Error| ShimError::Io {
+            op: "encode metrics of",
+            path: PathBuf::from(&self.path),
+            source: std::io::Error::other(e.to_string()),
+        };
+        let mut any = Any::new();
+        match self.version {
+            Version::V1 => {
+                use containerd_shim::protos::cgroups::metrics as m;
+                let mem = self.dir(root, "memory").unwrap_or_default();
+                let pids = self.dir(root, "pids").unwrap_or_default();
+                let cpuacct = self
+                    .dirs
+                    .iter()
+                    .find(|d| d.join("cpuacct.usage").exists())
+                    .cloned()
+                    .unwrap_or_default();
+                let mut x = m::Metrics::new();
+                let mut memory = m::MemoryStat::new();
+                memory.usage =
+                    containerd_shim::protos::protobuf::MessageField::some(m::MemoryEntry {
+                        usage: num(mem.join("memory.usage_in_bytes")),
+                        max: num(mem.join("memory.max_usage_in_bytes")),
+                        limit: num(mem.join("memory.limit_in_bytes")),
+                        failcnt: num(mem.join("memory.failcnt")),
+                        ..Default::default()
+                    });
+                memory.rss = key(mem.join("memory.stat"), "rss");
+                memory.total_rss = key(mem.join("memory.stat"), "total_rss");
+                memory.cache = key(mem.join("memory.stat"), "cache");
+                x.memory = containerd_shim::protos::protobuf::MessageField::some(memory);
+                let mut oom = m::MemoryOomControl::new();
+                oom.oom_kill = key(mem.join("memory.oom_control"), "oom_kill");
+                oom.under_oom = key(mem.join("memory.oom_control"), "under_oom");
+                x.memory_oom_control = containerd_shim::protos::protobuf::MessageField::some(oom);
+                let mut cpu = m::CPUStat::new();
+                cpu.usage = containerd_shim::protos::protobuf::MessageField::some(m::CPUUsage {
+                    total: num(cpuacct.join("cpuacct.usage")),
+                    user: num(cpuacct.join("cpuacct.usage_user")),
+                    kernel: num(cpuacct.join("cpuacct.usage_sys")),
+                    ..Default::default()
+                });
+                x.cpu = containerd_shim::protos::protobuf::MessageField::some(cpu);
+                x.pids = containerd_shim::protos::protobuf::MessageField::some(m::PidsStat {
+                    current: num(pids.join("pids.current")),
+                    limit: num(pids.join("pids.max")),
+                    ..Default::default()
+                });
+                any.type_url = "io.containerd.cgroups.v1.Metrics".into();
+                any.value = x.write_to_bytes().map_err(fail)?;
+            }
+            Version::V2 => {
+                use containerd_shim::protos::cgroups_v2::metrics as m;
+                let d = self.dir(root, "").unwrap_or_default();
+                let mut x = m::Metrics::new();
+                x.memory = containerd_shim::protos::protobuf::MessageField::some(m::MemoryStat {
+                    usage: num(d.join("memory.current")),
+                    usage_limit: num(d.join("memory.max")),
+                    max_usage: num(d.join("memory.peak")),
+                    anon: key(d.join("memory.stat"), "anon"),
+                    file: key(d.join("memory.stat"), "file"),
+                    ..Default::default()
+                });
+                x.cpu = containerd_shim::protos::protobuf::MessageField::some(m::CPUStat {
+                    usage_usec: key(d.join("cpu.stat"), "usage_usec"),
+                    user_usec: key(d.join("cpu.stat"), "user_usec"),
+                    system_usec: key(d.join("cpu.stat"), "system_usec"),
+                    ..Default::default()
+                });
+                x.pids = containerd_shim::protos::protobuf::MessageField::some(m::PidsStat {
+                    current: num(d.join("pids.current")),
+                    limit: num(d.join("pids.max")),
+                    ..Default::default()
+                });
+                x.memory_events =
+                    containerd_shim::protos::protobuf::MessageField::some(m::MemoryEvents {
+                        oom: key(d.join("memory.events"), "oom"),
+                        oom_kill: key(d.join("memory.events"), "oom_kill"),
+                        max: key(d.join("memory.events"), "max"),
+                        ..Default::default()
+                    });
+                any.type_url = "io.containerd.cgroups.v2.Metrics".into();
+                any.value = x.write_to_bytes().map_err(fail)?;
+            }
+        }
+        Ok(any)
+    }
+
     /// Records what was created in `bundle` (for the `delete` action).
     pub fn save(&self, bundle: &Path) {
         let text: Vec<String> = self
@@ -328,6 +464,16 @@ mod tests {
         assert_eq!(read("pids/kubepods/pod1/c1/pids.max"), "10");
         assert_eq!(read("cpu/kubepods/pod1/c1/cpu.cfs_quota_us"), "50000");
         assert!(r.join("freezer/kubepods/pod1/c1").is_dir());
+        // Update: the new resources land in the same directories (the
+        // manifest's limits stay in force in the turn's cgroup inside).
+        let upd: Resources =
+            serde_json::from_str(r#"{"memory":{"limit":524288},"pids":{"limit":5}}"#).unwrap();
+        cg.update(r, &upd).unwrap();
+        assert_eq!(
+            read("memory/kubepods/pod1/c1/memory.limit_in_bytes"),
+            "524288"
+        );
+        assert_eq!(read("pids/kubepods/pod1/c1/pids.max"), "5");
         // The existing kubepods dir of memory is not the shim's.
         assert!(!cg.created.contains(&r.join("memory/kubepods")));
         // Plain directories stand in for cgroupfs: empty them first.

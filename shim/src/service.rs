@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExit, TaskIO, TaskOOM, TaskStart,
+    TaskCreate, TaskDelete, TaskExit, TaskIO, TaskOOM, TaskPaused, TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
@@ -143,6 +143,9 @@ impl containerd_shim::Shim for Shim {
 enum Phase {
     Created,
     Running,
+    /// Frozen by Pause (`supervise suspend`): still running, its timeout
+    /// stopped.
+    Paused,
     Stopped,
 }
 
@@ -549,6 +552,7 @@ impl TaskService {
             let status = match t.phase {
                 Phase::Created => api::Status::CREATED,
                 Phase::Running => api::Status::RUNNING,
+                Phase::Paused => api::Status::PAUSED,
                 Phase::Stopped => api::Status::STOPPED,
             };
             Ok(api::StateResponse {
@@ -572,7 +576,7 @@ impl TaskService {
     pub fn kill_task(&self, req: &api::KillRequest) -> Result<api::Empty, ShimError> {
         no_exec(&req.exec_id)?;
         self.with_task(&req.id, |t| {
-            if t.phase != Phase::Running {
+            if !matches!(t.phase, Phase::Running | Phase::Paused) {
                 return Err(ShimError::NotFound(format!(
                     "task `{}`: process already finished or not started",
                     t.id
@@ -617,7 +621,7 @@ impl TaskService {
             let (m, _) = &*self.state;
             let mut guard = lock(m);
             match guard.as_ref() {
-                Some(t) if t.id == req.id && t.phase == Phase::Running => {
+                Some(t) if t.id == req.id && matches!(t.phase, Phase::Running | Phase::Paused) => {
                     return Err(ShimError::State(format!(
                         "task `{}` is running; kill it first",
                         req.id
@@ -666,7 +670,7 @@ impl TaskService {
     pub fn task_pids(&self, req: &api::PidsRequest) -> Result<api::PidsResponse, ShimError> {
         self.with_task(&req.id, |t| {
             let mut r = api::PidsResponse::new();
-            if t.phase == Phase::Running {
+            if matches!(t.phase, Phase::Running | Phase::Paused) {
                 r.processes
                     .push(containerd_shim::protos::types::task::ProcessInfo {
                         pid: t.pid,
@@ -679,7 +683,90 @@ impl TaskService {
 
     fn is_running(&self) -> bool {
         let (m, _) = &*self.state;
-        lock(m).as_ref().is_some_and(|t| t.phase == Phase::Running)
+        lock(m)
+            .as_ref()
+            .is_some_and(|t| matches!(t.phase, Phase::Running | Phase::Paused))
+    }
+
+    /// Pause (`freeze`) / Resume: the turn's cgroup frozen or thawed by
+    /// `supervise suspend|resume` (recorded in the turn's evidence; its
+    /// timeout does not run while frozen).
+    pub fn pause_task(&self, id: &str, freeze: bool) -> Result<api::Empty, ShimError> {
+        let (want, next, topic) = if freeze {
+            (Phase::Running, Phase::Paused, "/tasks/paused")
+        } else {
+            (Phase::Paused, Phase::Running, "/tasks/resumed")
+        };
+        self.with_task(id, |t| {
+            let Kind::Turn(turn) = &t.kind else {
+                return Err(ShimError::Unsupported(
+                    "pause/resume of the CRI pod sandbox: it is not a turn".into(),
+                ));
+            };
+            if t.phase != want {
+                return Err(ShimError::State(format!(
+                    "task `{id}` is {:?}, not {want:?}",
+                    t.phase
+                )));
+            }
+            self.runner.suspend(turn, &t.options, t.pid, freeze)?;
+            t.phase = next;
+            info!("task {id}: {}", if freeze { "paused" } else { "resumed" });
+            Ok(())
+        })?;
+        let event: Box<dyn MessageDyn> = if freeze {
+            Box::new(TaskPaused {
+                container_id: id.to_owned(),
+                ..Default::default()
+            })
+        } else {
+            Box::new(TaskResumed {
+                container_id: id.to_owned(),
+                ..Default::default()
+            })
+        };
+        self.publish(topic, event);
+        Ok(api::Empty::new())
+    }
+
+    /// Stats: the container's cgroup (see [`PodCgroup::metrics`]).
+    pub fn task_stats(&self, id: &str) -> Result<api::StatsResponse, ShimError> {
+        self.with_task(id, |t| {
+            let cg = t.pod_cgroup.as_ref().ok_or_else(|| {
+                ShimError::Unsupported(
+                    "stats: the container has no cgroup of its own (no linux.cgroupsPath)".into(),
+                )
+            })?;
+            let any = cg.metrics(&turnstile_supervisor::sandbox::cgroup::root())?;
+            Ok(api::StatsResponse {
+                stats: MessageField::some(any),
+                ..Default::default()
+            })
+        })
+    }
+
+    /// Update: the resources (`specs.LinuxResources`, JSON in the Any)
+    /// applied to the container's cgroup, inside which the manifest's
+    /// limits stay in force: an update never widens what the manifest
+    /// allows.
+    pub fn update_task(&self, req: &api::UpdateTaskRequest) -> Result<api::Empty, ShimError> {
+        let resources: contract::Resources = match req.resources.as_ref() {
+            Some(any) => serde_json::from_slice(&any.value).map_err(|e| ShimError::Spec {
+                field: "update.resources",
+                reason: e.to_string(),
+            })?,
+            None => return Ok(api::Empty::new()),
+        };
+        self.with_task(&req.id, |t| {
+            let cg = t.pod_cgroup.as_ref().ok_or_else(|| {
+                ShimError::Unsupported(
+                    "update: the container has no cgroup of its own (no linux.cgroupsPath)".into(),
+                )
+            })?;
+            cg.update(&turnstile_supervisor::sandbox::cgroup::root(), &resources)?;
+            info!("task {}: resources updated: {resources:?}", t.id);
+            Ok(api::Empty::new())
+        })
     }
 }
 
@@ -750,15 +837,20 @@ impl Task for TaskService {
         .into())
     }
 
-    fn pause(&self, _ctx: &TtrpcContext, _req: api::PauseRequest) -> TtrpcResult<api::Empty> {
-        Err(ShimError::Unsupported(
-            "pause: a turn runs to its end or is interrupted (kill); it is not frozen".into(),
-        )
-        .into())
+    fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        Ok(self.pause_task(&req.id, true)?)
     }
 
-    fn resume(&self, _ctx: &TtrpcContext, _req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
-        Err(ShimError::Unsupported("resume: turns are never paused".into()).into())
+    fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
+        Ok(self.pause_task(&req.id, false)?)
+    }
+
+    fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        Ok(self.task_stats(&req.id)?)
     }
 
     fn resize_pty(
@@ -766,18 +858,20 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         _req: api::ResizePtyRequest,
     ) -> TtrpcResult<api::Empty> {
-        Err(ShimError::Unsupported("resize_pty: a turn has no terminal".into()).into())
+        // Create refuses `process.terminal`: the shim holds no pty master
+        // to resize.
+        Err(ShimError::Unsupported(
+            "resize_pty: a turn has no terminal (Create refuses process.terminal; its output is captured and recorded), so there is no pty to resize".into(),
+        )
+        .into())
     }
 
     fn close_io(&self, _ctx: &TtrpcContext, _req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
         Ok(api::Empty::new())
     }
 
-    fn update(&self, _ctx: &TtrpcContext, _req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
-        Err(
-            ShimError::Unsupported("update: a turn's limits are its package's manifest's".into())
-                .into(),
-        )
+    fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
+        Ok(self.update_task(&req)?)
     }
 
     fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {

@@ -772,3 +772,175 @@ fn issue_25_the_turn_cgroup_lives_under_the_pods_and_an_oom_reaches_containerd()
         );
     }
 }
+
+#[test]
+fn issue_25_pause_resume_stats_exec_and_whole_logs_through_ctr() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) = setup("issue_25_pause_resume_stats_exec_and_whole_logs_through_ctr") else {
+        return;
+    };
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    let pod = format!("/turnstile-test-pause-{}", std::process::id());
+    let mut sessions = Vec::new();
+    {
+        let mut c = containerd(&setup);
+        options_file(c.dir.path(), &fx.state, &fx.root, serde_json::json!({}));
+        // A 4 s timeout; the turn is ~3 s of work and is paused for 4 s.
+        let manifest = BUSYBOX_MANIFEST.replace(
+            r#""limits": {"timeout_seconds": 30}"#,
+            r#""limits": {"timeout_seconds": 4}"#,
+        );
+        fx.install("bb", &manifest);
+        let cg = format!("{pod}/c1");
+        let config = c.dir.path().join("shim.json").display().to_string();
+        let fifos = c.dir.path().join("fifo").display().to_string();
+        let mut child = std::process::Command::new("ctr")
+            .arg("-a")
+            .arg(c.socket())
+            .args([
+                "run",
+                "--rm",
+                "--runtime",
+                "io.containerd.turnstile.v2",
+                "--runtime-config-path",
+                &config,
+                "--fifo-dir",
+                &fifos,
+                "--annotation",
+                "io.turnstile.workspace=ws",
+                "--annotation",
+                "io.turnstile.package=bb",
+                "--annotation",
+                "io.turnstile.outputs=[]",
+                "--cgroup",
+                &cg,
+                IMAGE,
+                "pausable",
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo tick$i; sleep 0.1; done",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let lines = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
+        let reader = {
+            let lines = std::sync::Arc::clone(&lines);
+            let out = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(l);
+                }
+            })
+        };
+        while lines.lock().unwrap().len() < 3 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "no output\n{}",
+                c.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Stats: real numbers from the container's cgroup.
+        let m = c.ctr(&["tasks", "metrics", "--format", "json", "pausable"]);
+        let mt = text(&m);
+        assert!(m.status.success(), "{mt}\n{}", c.log());
+        let mv: serde_json::Value = serde_json::from_slice(&m.stdout).expect("metrics json");
+        let usage = mv["memory"]["usage"]["usage"]
+            .as_u64()
+            .or_else(|| mv["memory"]["usage"].as_u64())
+            .unwrap_or(0);
+        assert!(usage > 0, "memory usage: {mt}");
+        assert!(mv["pids"]["current"].as_u64().unwrap_or(0) >= 1, "{mt}");
+        // Exec: refused, with why.
+        let e = c.ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            "x1",
+            "pausable",
+            "sh",
+            "-c",
+            "echo EXEC",
+        ]);
+        let et = text(&e);
+        assert!(
+            !e.status.success() && et.contains("TS1206") && et.contains("one admitted command"),
+            "{et}"
+        );
+        // Pause: the counter stops, for longer than the whole timeout.
+        let p = c.ctr(&["tasks", "pause", "pausable"]);
+        assert!(p.status.success(), "{}\n{}", text(&p), c.log());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let frozen_at = lines.lock().unwrap().len();
+        let ls = c.ctr(&["tasks", "ls"]);
+        assert!(
+            text(&ls)
+                .lines()
+                .any(|l| l.contains("pausable") && l.contains("PAUSED")),
+            "{}",
+            text(&ls)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(4000));
+        assert_eq!(
+            lines.lock().unwrap().len(),
+            frozen_at,
+            "advanced while paused"
+        );
+        let r = c.ctr(&["tasks", "resume", "pausable"]);
+        assert!(r.status.success(), "{}\n{}", text(&r), c.log());
+        let status = child.wait().unwrap();
+        reader.join().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        sessions.extend(sessions_in(&err));
+        assert!(started.elapsed() > std::time::Duration::from_secs(6));
+        assert_eq!(status.code(), Some(0), "{err}\n{}", c.log());
+        assert_eq!(lines.lock().unwrap().len(), 30);
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let last = ev.last().unwrap();
+        assert_eq!(last["status"], "committed", "{last}");
+        let facts: Vec<&str> = last["suspensions"]
+            .as_array()
+            .expect("suspensions")
+            .iter()
+            .filter_map(|f| f["event"].as_str())
+            .collect();
+        assert_eq!(facts, ["turn.suspended", "turn.resumed"]);
+        assert_no_shim(&c, "the paused turn");
+
+        // Logs over the manifest's 1 MiB output_bytes arrive whole.
+        let out = ctr_run_with(
+            &c,
+            &[],
+            "bb",
+            "big-log",
+            &["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a"],
+        );
+        sessions.extend(sessions_in(&text(&out)));
+        assert_eq!(out.status.code(), Some(0), "{}", c.log());
+        assert_eq!(out.stdout.len(), 3_000_000);
+        assert!(out.stdout.iter().all(|b| *b == b'a'));
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let o = &ev.last().unwrap()["output"];
+        assert_eq!(o["stdout"]["forwarded"], 3_000_000, "{o}");
+        assert_eq!(o["truncated"], false, "{o}");
+        assert_eq!(o["forwarded_whole"], true, "{o}");
+
+        let mut cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
+        cgroups.push(pod.trim_start_matches('/').to_owned());
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, setup.image_dir.path()],
+            &cgroups,
+        );
+    }
+}

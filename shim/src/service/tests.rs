@@ -132,6 +132,16 @@ impl FakeRunner {
 }
 
 impl TurnRunner for FakeRunner {
+    fn suspend(
+        &self,
+        _turn: &crate::contract::Turn,
+        _options: &crate::contract::Options,
+        _pid: u32,
+        _freeze: bool,
+    ) -> Result<(), ShimError> {
+        Err(ShimError::State("the fake runner suspends nothing".into()))
+    }
+
     fn pod_cgroup(
         &self,
         path: &str,

@@ -551,6 +551,12 @@ pub struct RunArgs {
     /// shim passes the container's. A bad value: TS1051, nothing created.
     #[arg(long, value_name = "PATH")]
     pub cgroup_parent: Option<PathBuf>,
+    /// Forward the command's stdout and stderr whole instead of cutting
+    /// them at the manifest's `output_bytes` (the containerd shim: a
+    /// container's log is the kubelet's to keep and rotate). Recorded as
+    /// `output.forwarded_whole`; the streams are still counted and hashed.
+    #[arg(long)]
+    pub forward_all_output: bool,
     /// System configuration (the trust level -> backend table and the
     /// minimum backends); a missing file means the built-in tables.
     #[arg(long, value_name = "FILE", default_value = crate::backend::select::DEFAULT_CONFIG)]
@@ -1464,6 +1470,15 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             "--deterministic",
             "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
         ));
+    }
+    if a.forward_all_output {
+        if a.server.is_some() {
+            return Err(SupervisorError::invalid(
+                "--forward-all-output",
+                "not with --server (the daemon forwards within output_bytes)",
+            ));
+        }
+        crate::sandbox::set_forward_all();
     }
     if let Some(raw) = &a.cgroup_parent {
         if a.server.is_some() {

@@ -397,6 +397,21 @@ pub(crate) fn pump(
     }
 }
 
+/// `run --forward-all-output`: the command's streams are forwarded whole,
+/// not cut at the manifest's `output_bytes` (a container's log, which the
+/// kubelet keeps and rotates). Set once per process, before the turn.
+static FORWARD_ALL: AtomicBool = AtomicBool::new(false);
+
+/// Forward the command's streams whole (see [`FORWARD_ALL`]).
+pub fn set_forward_all() {
+    FORWARD_ALL.store(true, Ordering::SeqCst);
+}
+
+/// Whether the streams are forwarded whole.
+pub fn forward_all() -> bool {
+    FORWARD_ALL.load(Ordering::SeqCst)
+}
+
 /// What every backend watches while a turn runs: the command's two output
 /// streams (pumped under one shared byte budget) and the timer (SIGTERM to
 /// every process of the turn at the deadline, SIGKILL after the grace).
@@ -421,6 +436,12 @@ impl Watch {
         output_bytes: u64,
         json_mode: bool,
     ) -> Self {
+        // `run --forward-all-output` (a container's log): no budget.
+        let output_bytes = if forward_all() {
+            u64::MAX
+        } else {
+            output_bytes
+        };
         let budget = Arc::new(AtomicU64::new(output_bytes));
         let truncated = Arc::new(AtomicBool::new(false));
         let out_thread = {

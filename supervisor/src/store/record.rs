@@ -282,6 +282,10 @@ pub struct OutputRecord {
     pub stdout: StreamOut,
     pub stderr: StreamOut,
     pub truncated: bool,
+    /// `run --forward-all-output`: forwarded whole, the manifest's
+    /// `output_bytes` not applied (a container's log).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded_whole: bool,
 }
 
 /// The trust level's minimum backend and who set it.

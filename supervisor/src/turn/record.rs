@@ -214,6 +214,7 @@ impl Turn<'_> {
                     stdout: stream(&x.stdout),
                     stderr: stream(&x.stderr),
                     truncated: x.output_truncated,
+                    forwarded_whole: crate::sandbox::forward_all(),
                 }
             }),
             error: o.error(),
