@@ -401,9 +401,8 @@ fn descends_from(mut pid: u32, ancestor: u32) -> bool {
 }
 
 /// The session of the turn `supervise run` process `pid` runs: the
-/// `turn-N.cgroup` file (which `supervise` publishes in the session's
-/// state directory while a turn runs) whose cgroup holds a descendant of
-/// `pid`.
+/// `turn-N/cgroup.where` file (which `supervise` publishes in the turn's
+/// directory while it runs) whose cgroup holds a descendant of `pid`.
 fn running_session(state_dir: &Path, pid: u32) -> Option<String> {
     for s in std::fs::read_dir(state_dir.join("sessions"))
         .ok()?
@@ -411,10 +410,13 @@ fn running_session(state_dir: &Path, pid: u32) -> Option<String> {
     {
         for f in std::fs::read_dir(s.path()).into_iter().flatten().flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with("turn-") && name.ends_with(".cgroup")) {
+            if !name.starts_with("turn-") {
                 continue;
             }
-            let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+            let where_file = turnstile_supervisor::store::record::running_cgroup_file(&f.path());
+            let Ok(text) = std::fs::read_to_string(where_file) else {
+                continue;
+            };
             // Line 3: the pids hierarchy's directory.
             let Some(pids) = text.lines().nth(2) else {
                 continue;

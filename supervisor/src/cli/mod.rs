@@ -912,7 +912,9 @@ struct SuspendReport {
 /// the fact is appended for the turn's evidence.
 fn suspend_cmd(a: &SessionArgs, freeze: bool) -> Result<Outcome> {
     use crate::sandbox::cgroup::TurnCgroup;
-    use crate::store::record::{ErrorRecord, SuspensionFact, suspensions_file};
+    use crate::store::record::{
+        ErrorRecord, SuspensionFact, running_cgroup_file, suspensions_file,
+    };
     use turnstile_policy::session::Clock as _;
     let action = if freeze { "suspend" } else { "resume" };
     let id = SessionId::parse(&a.session)?;
@@ -925,20 +927,18 @@ fn suspend_cmd(a: &SessionArgs, freeze: bool) -> Result<Outcome> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let n: u64 = name
-                .strip_prefix("turn-")?
-                .strip_suffix(".cgroup")?
-                .parse()
-                .ok()?;
-            Some((n, e.path()))
+            let n: u64 = name.strip_prefix("turn-")?.parse().ok()?;
+            running_cgroup_file(&e.path())
+                .is_file()
+                .then_some((n, e.path()))
         })
         .max_by_key(|(n, _)| *n);
     let none = || SupervisorError::NoRunningTurn {
         session: id.to_string(),
         action,
     };
-    let (turn, file) = running.ok_or_else(none)?;
-    let cg = TurnCgroup::from_file(&file).ok_or_else(none)?;
+    let (turn, turn_dir) = running.ok_or_else(none)?;
+    let cg = TurnCgroup::from_file(&running_cgroup_file(&turn_dir)).ok_or_else(none)?;
     if cg.pids().is_empty() {
         return Err(none());
     }
@@ -949,11 +949,11 @@ fn suspend_cmd(a: &SessionArgs, freeze: bool) -> Result<Outcome> {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(suspensions_file(&dir, turn))
+            .open(suspensions_file(&turn_dir))
             .and_then(|mut f| f.write_all(line.as_bytes()))
             .map_err(|source| SupervisorError::StateIo {
                 op: "append",
-                path: suspensions_file(&dir, turn),
+                path: suspensions_file(&turn_dir),
                 source,
             })
     };

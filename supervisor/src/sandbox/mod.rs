@@ -805,9 +805,9 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         cg_name,
         &plan.limits,
     )?);
-    // Where `supervise suspend`/`resume` find it (`turn-N.cgroup` beside
-    // the turn's directory).
-    let _ = cg.publish(&turn.path.with_extension("cgroup"));
+    // Where `supervise suspend`/`resume` find it (in the turn's
+    // directory).
+    let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
     lap("cgroup_create", &mut phases);
     let spawned = spawn_parked(turn, &cg);
     let (mut child, ready, go, turn_w) = match spawned {

@@ -477,17 +477,28 @@ pub struct SuspensionFact {
 }
 
 /// Where the running turn's suspensions are appended (one JSON line per
-/// [`SuspensionFact`]), in its session's state directory; read into the
-/// turn's evidence when it finishes.
-pub fn suspensions_file(session_dir: &std::path::Path, turn: u64) -> std::path::PathBuf {
-    session_dir.join(format!("turn-{turn}.suspensions.jsonl"))
-}
-pub fn running_cgroup_file(session_dir: &std::path::Path, turn: u64) -> std::path::PathBuf {
-    session_dir.join(format!("turn-{turn}.cgroup"))
+/// [`SuspensionFact`]), in its turn directory; read into the turn's
+/// evidence when it finishes (and gone with the directory).
+pub fn suspensions_file(turn_dir: &std::path::Path) -> std::path::PathBuf {
+    turn_dir.join("suspensions.jsonl")
 }
 
-/// Where to find the running turn's cgroup: `TurnCgroup::publish`'s file,
-/// in its session's state directory.
+/// The facts [`suspensions_file`] holds, in order.
+pub fn read_suspensions(turn_dir: &std::path::Path) -> Vec<SuspensionFact> {
+    std::fs::read_to_string(suspensions_file(turn_dir))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Where the running turn's cgroup is described (`TurnCgroup::publish`),
+/// in its turn directory: what `supervise suspend`/`resume` read.
+pub fn running_cgroup_file(turn_dir: &std::path::Path) -> std::path::PathBuf {
+    turn_dir.join("cgroup.where")
+}
+
+/// Where a session's ledgers are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct LedgerPaths {
     pub exec: std::path::PathBuf,

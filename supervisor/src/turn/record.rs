@@ -79,6 +79,9 @@ pub(super) struct Outcome {
     pub(super) phases: Phases,
     /// The turn directory's removal, running while the ledgers are written.
     pub(super) cleanup: Option<std::thread::JoinHandle<()>>,
+    /// `supervise suspend`/`resume` facts, read from the turn directory
+    /// before it goes.
+    pub(super) suspensions: Vec<crate::store::record::SuspensionFact>,
 }
 
 /// The facts of one finished turn, typed: both ledger entries and the
@@ -285,7 +288,7 @@ impl Turn<'_> {
 
     fn evidence_entry(&self, f: &Facts, o: &Outcome) -> EvidenceEntry {
         let r = self.request;
-        let suspensions = self.suspensions();
+        let suspensions = o.suspensions.clone();
         // A resume that could not thaw the turn ended it: that is its error.
         let error = suspensions
             .iter()
@@ -320,22 +323,6 @@ impl Turn<'_> {
             idempotency_key: r.idempotency_key.clone(),
             suspensions,
         }
-    }
-
-    /// What `supervise suspend` / `resume` recorded for this turn while it
-    /// ran (then the files go: the turn is over).
-    fn suspensions(&self) -> Vec<crate::store::record::SuspensionFact> {
-        use crate::store::record::{running_cgroup_file, suspensions_file};
-        let dir = self.session.state().session_dir(&self.session.id);
-        let _ = std::fs::remove_file(running_cgroup_file(&dir, self.turn_number));
-        let file = suspensions_file(&dir, self.turn_number);
-        let facts = std::fs::read_to_string(&file)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        let _ = std::fs::remove_file(&file);
-        facts
     }
 
     /// The `--json` report, from the same facts as the entries.
@@ -512,6 +499,7 @@ impl Outcome {
             plan,
             phases: Phases::new(),
             cleanup: None,
+            suspensions: Vec::new(),
         }
     }
 
