@@ -377,19 +377,46 @@ impl PodCgroup {
 }
 
 /// Removes `created` (parents first in the list) deepest first, with the
-/// empty directories inside each.
+/// empty directories inside each. On v1 the same paths go in every other
+/// hierarchy too: an OCI runtime running the turn (runc, runsc) makes the
+/// turn's `cgroupsPath`, and so its parents, in all of them (blkio,
+/// devices, name=systemd…). Only empty cgroups can be removed, and only
+/// paths this shim created are tried.
 pub fn remove_created(created: &[PathBuf]) {
+    let root = cgroup::root();
+    let v1 = cgroup::detect(&root) == Some(Version::V1);
+    let others: Vec<PathBuf> = if v1 {
+        std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    } else {
+        Vec::new()
+    };
     for d in created.iter().rev() {
-        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                rmdir(&e.path());
-            }
+        let mut all = vec![d.clone()];
+        if let Some(rel) = d.strip_prefix(&root).ok().filter(|_| v1) {
+            let rel: PathBuf = rel.components().skip(1).collect();
+            all.extend(others.iter().map(|h| h.join(&rel)).filter(|p| p != d));
         }
-        rmdir(d);
+        for d in all {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    rmdir(&e.path());
+                }
+            }
+            rmdir(&d);
+        }
     }
 }
 
 fn rmdir(d: &Path) {
+    if !d.is_dir() {
+        return;
+    }
     for _ in 0..400 {
         match std::fs::remove_dir(d) {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {

@@ -718,6 +718,66 @@ mod tests {
     }
 
     #[test]
+    fn a_cgroup_parent_is_validated_and_its_chain_bounds_read() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for c in ["memory", "pids", "cpu"] {
+            std::fs::create_dir_all(r.join(c).join("kubepods/pod1/c1")).unwrap();
+        }
+        std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
+        let rel = PathBuf::from("kubepods/pod1/c1");
+        assert_eq!(parent_of(r, Path::new("/kubepods/pod1/c1")).unwrap(), rel);
+        // A directory under the mount, with its controller.
+        assert_eq!(
+            parent_of(r, &r.join("memory/kubepods/pod1/c1")).unwrap(),
+            rel
+        );
+        for bad in ["kubepods", "/kubepods/../x", "/./kubepods", "/", "/nope"] {
+            assert!(parent_of(r, Path::new(bad)).is_err(), "{bad}");
+        }
+        // Missing in one hierarchy: refused.
+        std::fs::create_dir_all(r.join("memory/only-memory")).unwrap();
+        assert!(parent_of(r, Path::new("/only-memory")).is_err());
+        // The tightest limit of the chain; v1's "unlimited" is none.
+        std::fs::write(r.join("memory/kubepods/memory.limit_in_bytes"), "1048576").unwrap();
+        std::fs::write(
+            r.join("memory/kubepods/pod1/c1/memory.limit_in_bytes"),
+            "9223372036854771712",
+        )
+        .unwrap();
+        std::fs::write(r.join("pids/kubepods/pod1/pids.max"), "max").unwrap();
+        std::fs::write(r.join("pids/kubepods/pod1/c1/pids.max"), "7").unwrap();
+        assert_eq!(
+            parent_bounds(r, &rel),
+            ParentBounds {
+                memory_bytes: Some(1 << 20),
+                pids: Some(7)
+            }
+        );
+    }
+
+    #[test]
+    fn v1_freezer_freezes_and_thaws_and_survives_publish() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for c in ["memory", "pids", "cpu", "freezer"] {
+            std::fs::create_dir_all(r.join(c)).unwrap();
+        }
+        std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
+        std::fs::write(r.join("freezer/freezer.state"), "THAWED").unwrap();
+        let cg = TurnCgroup::create(r, "t9", &limits()).unwrap();
+        assert!(cg.can_freeze());
+        cg.set_frozen(true).unwrap();
+        assert!(cg.frozen());
+        let file = r.join("where");
+        cg.publish(&file).unwrap();
+        let back = TurnCgroup::from_file(&file).unwrap();
+        assert_eq!(back.dirs(), cg.dirs());
+        back.set_frozen(false).unwrap();
+        assert!(!cg.frozen());
+    }
+
+    #[test]
     fn no_cgroups_is_an_error_not_a_skip() {
         let root = tempfile::tempdir().unwrap();
         assert!(TurnCgroup::create(root.path(), "t1", &limits()).is_err());
