@@ -185,6 +185,9 @@ pub struct Turn {
     /// namespace on the CRI path, else the containerd namespace): the
     /// tenant a session it starts belongs to (`supervise run --tenant`).
     pub tenant: String,
+    /// The container's cgroup (the pod's, `linux.cgroupsPath`) the turn's
+    /// is made under (`supervise run --cgroup-parent`).
+    pub cgroup_parent: Option<String>,
 }
 
 /// A container's contract as its spec states it, before anything is
@@ -210,6 +213,49 @@ pub struct Spec {
     pub root: Option<Root>,
     #[serde(default)]
     pub annotations: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub linux: Option<Linux>,
+}
+
+/// The part of `linux` the shim honours: where the container's cgroup is
+/// (the pod's, on the CRI path) and its resources.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Linux {
+    #[serde(default, rename = "cgroupsPath")]
+    pub cgroups_path: Option<String>,
+    #[serde(default)]
+    pub resources: Option<Resources>,
+}
+
+/// `linux.resources`: the container's limits (the pod's on the CRI path).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Resources {
+    #[serde(default)]
+    pub memory: Option<MemoryResources>,
+    #[serde(default)]
+    pub cpu: Option<CpuResources>,
+    #[serde(default)]
+    pub pids: Option<PidsResources>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct MemoryResources {
+    #[serde(default)]
+    pub limit: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct CpuResources {
+    #[serde(default)]
+    pub quota: Option<i64>,
+    #[serde(default)]
+    pub period: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct PidsResources {
+    #[serde(default)]
+    pub limit: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -360,6 +406,7 @@ impl Request {
             argv,
             rootfs,
             tenant: tenant.to_owned(),
+            cgroup_parent: None,
         }
     }
 }
@@ -438,6 +485,11 @@ impl Turn {
         // A session belongs to the tenant (and package) that started it;
         // another pod's turns are refused (TS1041).
         a.extend(["--tenant".to_owned(), self.tenant.clone()]);
+        if let Some(p) = &self.cgroup_parent {
+            a.extend(["--cgroup-parent".to_owned(), p.clone()]);
+        }
+        // The container's log is whole (the kubelet keeps and rotates it).
+        a.push("--forward-all-output".to_owned());
         a.extend(self.common(options));
         if let Some(w) = &self.work_order {
             a.extend(["--work-order".to_owned(), w.clone()]);
@@ -541,6 +593,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            linux: None,
         }
     }
 
@@ -693,6 +746,7 @@ mod tests {
                 "/b/turn-events.jsonl",
                 "--tenant",
                 "team-a",
+                "--forward-all-output",
                 "--root",
                 "/ws",
                 "--state-dir",

@@ -80,6 +80,10 @@ pub enum ShimError {
         field: String,
         reason: String,
     },
+    /// `linux.cgroupsPath` cannot be the container's cgroup, or it cannot
+    /// be made (nothing of it is left).
+    #[error("config.json `linux.cgroupsPath` `{path}`: {reason}; nothing was created")]
+    PodCgroup { path: String, reason: String },
     /// The namespace a workspace is checked against cannot be told.
     #[error("namespace: {0}")]
     Namespace(String),
@@ -115,6 +119,7 @@ impl ShimError {
             Self::UnknownAnnotation { .. } => "TS1047",
             Self::OptionsField { .. } => "TS1048",
             Self::Namespace(_) => "TS1049",
+            Self::PodCgroup { .. } => "TS1042",
         }
     }
 
@@ -126,6 +131,7 @@ impl ShimError {
             | Self::WorkspaceName { .. }
             | Self::WorkspaceUnknown { .. }
             | Self::UnknownAnnotation { .. }
+            | Self::PodCgroup { .. }
             | Self::Namespace(_) => ttrpc::Code::INVALID_ARGUMENT,
             Self::WorkspaceNamespace { .. } => ttrpc::Code::PERMISSION_DENIED,
             Self::Options { .. }

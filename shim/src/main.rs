@@ -8,6 +8,7 @@
 mod contract;
 mod error;
 mod exit;
+mod podcgroup;
 mod runner;
 mod sandbox;
 mod service;

@@ -66,6 +66,23 @@ pub trait TurnRunner: Send + Sync {
     fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError>;
     /// Undo [`mount_rootfs`](Self::mount_rootfs) (a refused Create, Delete).
     fn unmount_rootfs(&self, rootfs: &Path);
+    /// Create: the container's cgroup (`linux.cgroupsPath`) with its
+    /// resources, recorded in `bundle` for a later `delete` action.
+    fn pod_cgroup(
+        &self,
+        path: &str,
+        resources: Option<&crate::contract::Resources>,
+        bundle: &Path,
+    ) -> Result<crate::podcgroup::PodCgroup, ShimError>;
+    /// Pause (`freeze`) / Resume: `supervise suspend|resume` of the
+    /// running turn of `supervise run` process `pid`.
+    fn suspend(
+        &self,
+        turn: &Turn,
+        options: &Options,
+        pid: u32,
+        freeze: bool,
+    ) -> Result<(), ShimError>;
     /// Create: the pre-execution check.
     fn check(&self, turn: &Turn, options: &Options) -> Result<Checked, ShimError>;
     /// Create, after a violation: `supervise run` records the refused turn
@@ -344,7 +361,129 @@ fn open_stdio(stdio: &TaskStdio) -> Result<[Stdio; 3], ShimError> {
     Ok([stdin, open_out(&stdio.stdout)?, open_out(&stdio.stderr)?])
 }
 
+/// Whether a `turn.finished` event line (the last of [`EVENTS_FILE`])
+/// says the kernel's OOM killer ended a process of the turn.
+pub fn oom_killed(line: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Finished {
+        #[serde(rename = "type")]
+        kind: String,
+        payload: turnstile_supervisor::store::record::TurnReport,
+    }
+    serde_json::from_str::<Finished>(line).is_ok_and(|f| {
+        f.kind == "turn.finished"
+            && f.payload
+                .resources
+                .is_some_and(|r| r.oom_killed || r.oom_kills > 0)
+    })
+}
+
+/// The parent pid of `pid` (`/proc/<pid>/stat`'s fourth field).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(1)?.parse().ok()
+}
+
+/// Whether `pid` descends from `ancestor`.
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..64 {
+        if pid == ancestor {
+            return true;
+        }
+        match parent_of(pid) {
+            Some(p) if p > 1 => pid = p,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The session of the turn `supervise run` process `pid` runs: the
+/// `turn-N/cgroup.where` file (which `supervise` publishes in the turn's
+/// directory while it runs) whose cgroup holds a descendant of `pid`.
+fn running_session(state_dir: &Path, pid: u32) -> Option<String> {
+    for s in std::fs::read_dir(state_dir.join("sessions"))
+        .ok()?
+        .flatten()
+    {
+        for f in std::fs::read_dir(s.path()).into_iter().flatten().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("turn-") {
+                continue;
+            }
+            let where_file = turnstile_supervisor::store::record::running_cgroup_file(&f.path());
+            let Ok(text) = std::fs::read_to_string(where_file) else {
+                continue;
+            };
+            // Line 3: the pids hierarchy's directory.
+            let Some(pids) = text.lines().nth(2) else {
+                continue;
+            };
+            let procs =
+                std::fs::read_to_string(Path::new(pids).join("cgroup.procs")).unwrap_or_default();
+            if procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .any(|p| descends_from(p, pid))
+            {
+                return Some(s.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    None
+}
+
 impl TurnRunner for SuperviseRunner {
+    fn suspend(
+        &self,
+        turn: &Turn,
+        options: &Options,
+        pid: u32,
+        freeze: bool,
+    ) -> Result<(), ShimError> {
+        let action = if freeze { "suspend" } else { "resume" };
+        let session = running_session(&options.state_dir, pid).ok_or_else(|| {
+            ShimError::State(format!(
+                "{action}: no running turn of supervise pid {pid} (not started yet, or finished)"
+            ))
+        })?;
+        let supervise = supervise_binary(options);
+        let out = output(
+            Command::new(&supervise)
+                .arg(action)
+                .arg("--root")
+                .arg(&turn.workspace)
+                .arg("--state-dir")
+                .arg(&options.state_dir)
+                .arg("--session")
+                .arg(&session),
+            "run",
+            &supervise,
+        )?;
+        match exit_of(out.status) {
+            RunExit::Committed => Ok(()),
+            RunExit::Unavailable => Err(ShimError::Unavailable(text(&out))),
+            _ => Err(ShimError::Refused(text(&out))),
+        }
+    }
+
+    fn pod_cgroup(
+        &self,
+        path: &str,
+        resources: Option<&crate::contract::Resources>,
+        bundle: &Path,
+    ) -> Result<crate::podcgroup::PodCgroup, ShimError> {
+        let cg = crate::podcgroup::PodCgroup::create(
+            &turnstile_supervisor::sandbox::cgroup::root(),
+            path,
+            resources,
+        )?;
+        cg.save(bundle);
+        Ok(cg)
+    }
+
     fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError> {
         for m in mounts {
             mount_one(&m.type_, &m.source, &m.options, rootfs)?;

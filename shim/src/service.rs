@@ -31,7 +31,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use containerd_shim::protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskIO, TaskStart};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExit, TaskIO, TaskOOM, TaskPaused, TaskResumed, TaskStart,
+};
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
 use containerd_shim::publisher::RemotePublisher;
@@ -42,6 +44,7 @@ use containerd_shim::{
 use crate::contract::{self, Options, Turn};
 use crate::error::ShimError;
 use crate::exit::RunExit;
+use crate::podcgroup::{self, PodCgroup};
 use crate::runner::{
     self, Checked, EVENTS_FILE, PID_FILE, Publisher, SuperviseRunner, TaskStdio, TurnRunner,
 };
@@ -114,6 +117,7 @@ impl containerd_shim::Shim for Shim {
             }
         }
         runner::unmount_rootfs(&bundle.join("rootfs"));
+        podcgroup::remove_saved(&bundle);
         let mut r = DeleteResponse::new();
         r.pid = u32::try_from(pid).unwrap_or_default();
         r.exit_status = 128 + libc::SIGKILL as u32;
@@ -139,6 +143,9 @@ impl containerd_shim::Shim for Shim {
 enum Phase {
     Created,
     Running,
+    /// Frozen by Pause (`supervise suspend`): still running, its timeout
+    /// stopped.
+    Paused,
     Stopped,
 }
 
@@ -161,6 +168,8 @@ struct TaskState {
     pid: u32,
     exit_status: u32,
     exited_at: Option<Timestamp>,
+    /// The container's cgroup (`linux.cgroupsPath`) the shim made.
+    pod_cgroup: Option<PodCgroup>,
 }
 
 type Shared = Arc<(Mutex<Option<TaskState>>, Condvar)>;
@@ -286,6 +295,7 @@ impl TaskService {
             pid,
             exit_status: 0,
             exited_at: None,
+            pod_cgroup: None,
         };
         if is_sandbox {
             self.runner.mount_rootfs(&req.rootfs, &rootfs)?;
@@ -306,9 +316,25 @@ impl TaskService {
         let request = contract::request_from_spec(&spec)?;
         let namespace = workspaces::namespace_of(&self.namespace, &spec.annotations)?;
         let workspace = options.workspaces.resolve(&request.workspace, &namespace)?;
-        self.runner.mount_rootfs(&req.rootfs, &rootfs)?;
+        // The container's (the pod's) cgroup, which the turn's is made in:
+        // its limits bound the turn.
+        let pod_cgroup = match spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref()) {
+            Some(path) if !path.is_empty() => Some(self.runner.pod_cgroup(
+                path,
+                spec.linux.as_ref().and_then(|l| l.resources.as_ref()),
+                &bundle,
+            )?),
+            _ => None,
+        };
+        if let Err(e) = self.runner.mount_rootfs(&req.rootfs, &rootfs) {
+            if let Some(cg) = &pod_cgroup {
+                cg.remove();
+            }
+            return Err(e);
+        }
         // argv[0] is resolved in the mounted image.
-        let turn = request.into_turn(workspace, &bundle, &namespace);
+        let mut turn = request.into_turn(workspace, &bundle, &namespace);
+        turn.cgroup_parent = pod_cgroup.as_ref().map(|c| c.path.clone());
         // From here on a refusal unmounts what it mounted.
         let admitted = match self.runner.check(&turn, &options) {
             Ok(Checked::Admitted) => Ok(()),
@@ -330,9 +356,14 @@ impl TaskService {
         };
         if let Err(e) = admitted {
             self.runner.unmount_rootfs(&rootfs);
+            if let Some(cg) = &pod_cgroup {
+                cg.remove();
+            }
             return Err(e);
         }
-        Ok(state(Kind::Turn(turn), options, 0))
+        let mut t = state(Kind::Turn(turn), options, 0);
+        t.pod_cgroup = pod_cgroup;
+        Ok(t)
     }
 
     /// Create: one task per shim; refused, nothing is kept.
@@ -450,6 +481,7 @@ impl TaskService {
             let exit = process.wait();
             let exit_status = exit.exit_status();
             let at = now();
+            let mut oom = false;
             {
                 let (m, cv) = &*state;
                 let mut guard = lock(m);
@@ -460,6 +492,7 @@ impl TaskService {
                     if let Ok(ev) = std::fs::read_to_string(t.bundle.join(EVENTS_FILE)) {
                         if let Some(last) = ev.lines().last() {
                             info!("task {id}: turn finished: {last}");
+                            oom = runner::oom_killed(last);
                         }
                     }
                 }
@@ -469,6 +502,18 @@ impl TaskService {
                 info!("task {id}: supervise run exited {exit}");
             } else {
                 info!("task {id}: pod sandbox exited {}", exit.code());
+            }
+            // The kernel's OOM killer ended a process of the turn (its
+            // evidence says `oom_killed`): containerd hears it as TaskOOM,
+            // before the exit, as from runc's shim.
+            if oom {
+                let event = TaskOOM {
+                    container_id: id.clone(),
+                    ..Default::default()
+                };
+                if let Err(e) = publisher.publish("/tasks/oom", &namespace, Box::new(event)) {
+                    warn!("publish /tasks/oom: {e}");
+                }
             }
             let event = TaskExit {
                 container_id: id.clone(),
@@ -507,6 +552,7 @@ impl TaskService {
             let status = match t.phase {
                 Phase::Created => api::Status::CREATED,
                 Phase::Running => api::Status::RUNNING,
+                Phase::Paused => api::Status::PAUSED,
                 Phase::Stopped => api::Status::STOPPED,
             };
             Ok(api::StateResponse {
@@ -530,7 +576,7 @@ impl TaskService {
     pub fn kill_task(&self, req: &api::KillRequest) -> Result<api::Empty, ShimError> {
         no_exec(&req.exec_id)?;
         self.with_task(&req.id, |t| {
-            if t.phase != Phase::Running {
+            if !matches!(t.phase, Phase::Running | Phase::Paused) {
                 return Err(ShimError::NotFound(format!(
                     "task `{}`: process already finished or not started",
                     t.id
@@ -575,7 +621,7 @@ impl TaskService {
             let (m, _) = &*self.state;
             let mut guard = lock(m);
             match guard.as_ref() {
-                Some(t) if t.id == req.id && t.phase == Phase::Running => {
+                Some(t) if t.id == req.id && matches!(t.phase, Phase::Running | Phase::Paused) => {
                     return Err(ShimError::State(format!(
                         "task `{}` is running; kill it first",
                         req.id
@@ -597,6 +643,9 @@ impl TaskService {
             return Err(ShimError::NotFound(req.id.clone()));
         };
         self.runner.unmount_rootfs(&t.bundle.join("rootfs"));
+        if let Some(cg) = &t.pod_cgroup {
+            cg.remove();
+        }
         let exited_at = t.exited_at.clone().unwrap_or_else(now);
         info!("task {}: deleted (exit {})", t.id, t.exit_status);
         self.publish(
@@ -621,7 +670,7 @@ impl TaskService {
     pub fn task_pids(&self, req: &api::PidsRequest) -> Result<api::PidsResponse, ShimError> {
         self.with_task(&req.id, |t| {
             let mut r = api::PidsResponse::new();
-            if t.phase == Phase::Running {
+            if matches!(t.phase, Phase::Running | Phase::Paused) {
                 r.processes
                     .push(containerd_shim::protos::types::task::ProcessInfo {
                         pid: t.pid,
@@ -634,7 +683,90 @@ impl TaskService {
 
     fn is_running(&self) -> bool {
         let (m, _) = &*self.state;
-        lock(m).as_ref().is_some_and(|t| t.phase == Phase::Running)
+        lock(m)
+            .as_ref()
+            .is_some_and(|t| matches!(t.phase, Phase::Running | Phase::Paused))
+    }
+
+    /// Pause (`freeze`) / Resume: the turn's cgroup frozen or thawed by
+    /// `supervise suspend|resume` (recorded in the turn's evidence; its
+    /// timeout does not run while frozen).
+    pub fn pause_task(&self, id: &str, freeze: bool) -> Result<api::Empty, ShimError> {
+        let (want, next, topic) = if freeze {
+            (Phase::Running, Phase::Paused, "/tasks/paused")
+        } else {
+            (Phase::Paused, Phase::Running, "/tasks/resumed")
+        };
+        self.with_task(id, |t| {
+            let Kind::Turn(turn) = &t.kind else {
+                return Err(ShimError::Unsupported(
+                    "pause/resume of the CRI pod sandbox: it is not a turn".into(),
+                ));
+            };
+            if t.phase != want {
+                return Err(ShimError::State(format!(
+                    "task `{id}` is {:?}, not {want:?}",
+                    t.phase
+                )));
+            }
+            self.runner.suspend(turn, &t.options, t.pid, freeze)?;
+            t.phase = next;
+            info!("task {id}: {}", if freeze { "paused" } else { "resumed" });
+            Ok(())
+        })?;
+        let event: Box<dyn MessageDyn> = if freeze {
+            Box::new(TaskPaused {
+                container_id: id.to_owned(),
+                ..Default::default()
+            })
+        } else {
+            Box::new(TaskResumed {
+                container_id: id.to_owned(),
+                ..Default::default()
+            })
+        };
+        self.publish(topic, event);
+        Ok(api::Empty::new())
+    }
+
+    /// Stats: the container's cgroup (see [`PodCgroup::metrics`]).
+    pub fn task_stats(&self, id: &str) -> Result<api::StatsResponse, ShimError> {
+        self.with_task(id, |t| {
+            let cg = t.pod_cgroup.as_ref().ok_or_else(|| {
+                ShimError::Unsupported(
+                    "stats: the container has no cgroup of its own (no linux.cgroupsPath)".into(),
+                )
+            })?;
+            let any = cg.metrics(&turnstile_supervisor::sandbox::cgroup::root())?;
+            Ok(api::StatsResponse {
+                stats: MessageField::some(any),
+                ..Default::default()
+            })
+        })
+    }
+
+    /// Update: the resources (`specs.LinuxResources`, JSON in the Any)
+    /// applied to the container's cgroup, inside which the manifest's
+    /// limits stay in force: an update never widens what the manifest
+    /// allows.
+    pub fn update_task(&self, req: &api::UpdateTaskRequest) -> Result<api::Empty, ShimError> {
+        let resources: contract::Resources = match req.resources.as_ref() {
+            Some(any) => serde_json::from_slice(&any.value).map_err(|e| ShimError::Spec {
+                field: "update.resources",
+                reason: e.to_string(),
+            })?,
+            None => return Ok(api::Empty::new()),
+        };
+        self.with_task(&req.id, |t| {
+            let cg = t.pod_cgroup.as_ref().ok_or_else(|| {
+                ShimError::Unsupported(
+                    "update: the container has no cgroup of its own (no linux.cgroupsPath)".into(),
+                )
+            })?;
+            cg.update(&turnstile_supervisor::sandbox::cgroup::root(), &resources)?;
+            info!("task {}: resources updated: {resources:?}", t.id);
+            Ok(api::Empty::new())
+        })
     }
 }
 
@@ -705,15 +837,20 @@ impl Task for TaskService {
         .into())
     }
 
-    fn pause(&self, _ctx: &TtrpcContext, _req: api::PauseRequest) -> TtrpcResult<api::Empty> {
-        Err(ShimError::Unsupported(
-            "pause: a turn runs to its end or is interrupted (kill); it is not frozen".into(),
-        )
-        .into())
+    fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        Ok(self.pause_task(&req.id, true)?)
     }
 
-    fn resume(&self, _ctx: &TtrpcContext, _req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
-        Err(ShimError::Unsupported("resume: turns are never paused".into()).into())
+    fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
+        Ok(self.pause_task(&req.id, false)?)
+    }
+
+    fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        Ok(self.task_stats(&req.id)?)
     }
 
     fn resize_pty(
@@ -721,18 +858,20 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         _req: api::ResizePtyRequest,
     ) -> TtrpcResult<api::Empty> {
-        Err(ShimError::Unsupported("resize_pty: a turn has no terminal".into()).into())
+        // Create refuses `process.terminal`: the shim holds no pty master
+        // to resize.
+        Err(ShimError::Unsupported(
+            "resize_pty: a turn has no terminal (Create refuses process.terminal; its output is captured and recorded), so there is no pty to resize".into(),
+        )
+        .into())
     }
 
     fn close_io(&self, _ctx: &TtrpcContext, _req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
         Ok(api::Empty::new())
     }
 
-    fn update(&self, _ctx: &TtrpcContext, _req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
-        Err(
-            ShimError::Unsupported("update: a turn's limits are its package's manifest's".into())
-                .into(),
-        )
+    fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
+        Ok(self.update_task(&req)?)
     }
 
     fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {

@@ -112,6 +112,23 @@ pub enum SupervisorError {
         requester: String,
     },
 
+    #[error("invalid `--cgroup-parent` {value}: {reason}; nothing was created")]
+    CgroupParentInvalid { value: String, reason: String },
+
+    #[error("session `{session}` has no running turn to {action}")]
+    NoRunningTurn {
+        session: String,
+        action: &'static str,
+    },
+
+    #[error("cannot suspend the running turn of session `{session}`: {detail}")]
+    SuspendFailed { session: String, detail: String },
+
+    #[error(
+        "cannot resume the running turn of session `{session}`: {detail}; the turn was ended and fails with RESUME_FAILED"
+    )]
+    ResumeFailed { session: String, detail: String },
+
     #[error("cannot reach the daemon at {} (`--server`): is `supervise serve` running?", socket.display())]
     ServerUnavailable {
         socket: PathBuf,
@@ -209,6 +226,10 @@ impl SupervisorError {
             Self::Unenforceable { .. } => codes::LAYER_UNENFORCEABLE,
             Self::BelowTrustMinimum { .. } => codes::BACKEND_BELOW_TRUST_MINIMUM,
             Self::SessionNotOwned { .. } => codes::SESSION_NOT_OWNED,
+            Self::CgroupParentInvalid { .. } => codes::CGROUP_PARENT_INVALID,
+            Self::NoRunningTurn { .. } => codes::NO_RUNNING_TURN,
+            Self::SuspendFailed { .. } => codes::SUSPEND_FAILED,
+            Self::ResumeFailed { .. } => codes::RESUME_FAILED,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
             Self::Commit { .. } => codes::COMMIT_FAILED,
             Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
@@ -234,6 +255,8 @@ impl SupervisorError {
             | Self::InputUnreadable { .. }
             | Self::IdempotencyConflict { .. }
             | Self::SessionNotOwned { .. }
+            | Self::CgroupParentInvalid { .. }
+            | Self::NoRunningTurn { .. }
             | Self::PeerRefused { .. }
             | Self::ProtocolMismatch { .. }
             | Self::BusRules { .. }
@@ -249,7 +272,9 @@ impl SupervisorError {
             Self::Sandbox { .. }
             | Self::RuntimeUnavailable { .. }
             | Self::Unenforceable { .. }
-            | Self::BelowTrustMinimum { .. } => exit::SANDBOX,
+            | Self::BelowTrustMinimum { .. }
+            | Self::SuspendFailed { .. }
+            | Self::ResumeFailed { .. } => exit::SANDBOX,
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
         }
     }
@@ -263,6 +288,8 @@ impl SupervisorError {
             Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             Self::Unenforceable { .. } => Some("allow_degraded"),
             Self::BelowTrustMinimum { .. } => Some("--backend"),
+            Self::CgroupParentInvalid { .. } => Some("--cgroup-parent"),
+            Self::NoRunningTurn { .. } => Some("--session"),
             Self::ServerUnavailable { .. } => Some("--server"),
             Self::ProtocolMismatch { .. } => Some("protocol"),
             Self::BusRules { field, .. } => Some(field),

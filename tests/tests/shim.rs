@@ -555,3 +555,392 @@ fn issue_25_hostile_pods_are_refused_at_create_and_the_trust_level_picks_the_bac
         );
     }
 }
+
+/// `ctr run` with these extra ctr flags (before the image) and the
+/// contract of package `pkg` in workspace `ws`.
+fn ctr_run_with(c: &Containerd, flags: &[&str], pkg: &str, id: &str, argv: &[&str]) -> Output {
+    let config = c.dir.path().join("shim.json").display().to_string();
+    let fifos = c.dir.path().join("fifo").display().to_string();
+    let package = format!("io.turnstile.package={pkg}");
+    let mut args = vec![
+        "run",
+        "--rm",
+        "--runtime",
+        "io.containerd.turnstile.v2",
+        "--runtime-config-path",
+        &config,
+        "--fifo-dir",
+        &fifos,
+        "--annotation",
+        "io.turnstile.workspace=ws",
+        "--annotation",
+        &package,
+        "--annotation",
+        "io.turnstile.outputs=[]",
+    ];
+    args.extend(flags);
+    args.extend([IMAGE, id]);
+    args.extend(argv);
+    c.ctr(&args)
+}
+
+/// The memory hierarchy's directory of cgroup path `rel` (v1 hybrid
+/// here; v2 unified elsewhere).
+fn memory_dir(rel: &str) -> PathBuf {
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    if v1.join("memory.limit_in_bytes").exists() || v1.is_dir() {
+        v1.join(rel.trim_start_matches('/'))
+    } else {
+        Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'))
+    }
+}
+
+#[test]
+fn issue_25_the_turn_cgroup_lives_under_the_pods_and_an_oom_reaches_containerd() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) =
+        setup("issue_25_the_turn_cgroup_lives_under_the_pods_and_an_oom_reaches_containerd")
+    else {
+        return;
+    };
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    let pod = format!("/turnstile-test-pod-{}", std::process::id());
+    let mut sessions = Vec::new();
+    {
+        let mut c = containerd(&setup);
+        options_file(c.dir.path(), &fx.state, &fx.root, serde_json::json!({}));
+        // The manifest allows 256 MiB; the pod 32 MiB: the pod's wins.
+        let manifest = BUSYBOX_MANIFEST.replace(
+            r#""limits": {"timeout_seconds": 30}"#,
+            r#""limits": {"timeout_seconds": 30, "memory": "256Mi"}"#,
+        );
+        fx.install("bb", &manifest);
+        let pod_limit = (32u64 << 20).to_string();
+
+        // The turn's cgroup is inside the container's (cgroupfs form): seen
+        // from the host while the turn runs (the turn itself is in a cgroup
+        // namespace), holding its processes, under the pod's limit.
+        let cg = format!("{pod}/c1");
+        let watch_dir = memory_dir(&cg);
+        let watcher = std::thread::spawn(move || {
+            for _ in 0..300 {
+                for e in std::fs::read_dir(&watch_dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let procs =
+                        std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+                    if e.path().is_dir() && !procs.trim().is_empty() {
+                        let limit =
+                            std::fs::read_to_string(watch_dir.join("memory.limit_in_bytes"))
+                                .unwrap_or_default();
+                        return Some((e.file_name().to_string_lossy().into_owned(), limit));
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            None
+        });
+        let out = ctr_run_with(
+            &c,
+            &["--cgroup", &cg, "--memory-limit", &pod_limit],
+            "bb",
+            "pod-cgroup",
+            &["sh", "-c", "sleep 2; echo done"],
+        );
+        let t = text(&out);
+        sessions.extend(sessions_in(&t));
+        assert_eq!(out.status.code(), Some(0), "{t}\n{}", c.log());
+        let sid = sessions.last().expect("a session").clone();
+        let (seen, limit) = watcher
+            .join()
+            .unwrap()
+            .expect("no turn cgroup under the pod's");
+        assert_eq!(seen, format!("{sid}-t1"));
+        if memory_dir("/").join("memory.limit_in_bytes").exists() {
+            assert_eq!(limit.trim(), pod_limit);
+        }
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let r = &ev.last().unwrap()["resources"]["cgroup_parent"];
+        assert_eq!(r["path"], cg.as_str(), "{r}");
+        assert_eq!(r["parent_memory_bytes"], 32u64 << 20, "{r}");
+        assert_eq!(r["manifest_memory_bytes"], 256u64 << 20, "{r}");
+        assert_eq!(r["effective_memory_bytes"], 32u64 << 20, "{r}");
+        assert_eq!(r["memory_bound_by"], "parent", "{r}");
+        // Delete removed the container's cgroup the shim made (and the
+        // pod directory above it, which it also made).
+        assert!(!memory_dir(&cg).exists(), "{cg} left");
+
+        // Beyond the pod's limit (below the manifest's): OOM-killed at the
+        // pod's limit; containerd hears TaskOOM; the evidence says so.
+        let events = std::process::Command::new("ctr")
+            .arg("-a")
+            .arg(c.socket())
+            .arg("events")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let cg2 = format!("{pod}/c2");
+        let out = ctr_run_with(
+            &c,
+            &["--cgroup", &cg2, "--memory-limit", &pod_limit],
+            "bb",
+            "pod-oom",
+            &[
+                "sh",
+                "-c",
+                "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo ${#x}",
+            ],
+        );
+        let t = text(&out);
+        sessions.extend(sessions_in(&t));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(events.id()).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let seen = events.wait_with_output().unwrap();
+        let seen = String::from_utf8_lossy(&seen.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(13), "{t}\n{}", c.log());
+        assert!(
+            seen.lines()
+                .any(|l| l.contains("/tasks/oom") && l.contains("pod-oom")),
+            "no TaskOOM: {seen}"
+        );
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let last = ev.last().unwrap();
+        assert_eq!(last["status"], "memory_limit", "{last}");
+        assert_eq!(last["resources"]["oom_killed"], true, "{last}");
+        assert_eq!(
+            last["resources"]["cgroup_parent"]["effective_memory_bytes"],
+            32u64 << 20
+        );
+        // Its peak stayed at the pod's limit (the kernel charges in
+        // batches: a few pages over), far below the manifest's.
+        let peak = last["resources"]["peak_memory_bytes"].as_u64().unwrap();
+        assert!(peak <= 33 << 20, "peak {peak}");
+        fx.assert_ledgers_intact(&sid);
+
+        // The systemd form, expanded as runc does.
+        let slice = format!("turnstiletest{}.slice", std::process::id());
+        let systemd = format!("{slice}:tstest:c3");
+        let out = ctr_run_with(
+            &c,
+            &["--cgroup", &systemd],
+            "bb",
+            "pod-systemd",
+            &["sh", "-c", "echo ok"],
+        );
+        let t = text(&out);
+        sessions.extend(sessions_in(&t));
+        assert_eq!(out.status.code(), Some(0), "{t}\n{}", c.log());
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        assert_eq!(
+            ev.last().unwrap()["resources"]["cgroup_parent"]["path"],
+            format!("/{slice}/tstest-c3.scope").as_str()
+        );
+        // A cgroupsPath with `..`: refused at Create, nothing created.
+        let out = ctr_run_with(
+            &c,
+            &["--cgroup", "/turnstile-test-x/../escape"],
+            "bb",
+            "pod-dotdot",
+            &["sh", "-c", "echo RAN"],
+        );
+        let t = text(&out);
+        assert!(
+            !out.status.success() && t.contains("TS1042") && !t.contains("RAN"),
+            "{t}"
+        );
+        assert!(!memory_dir("/turnstile-test-x").exists());
+        assert!(!memory_dir("/escape").exists());
+        assert_no_shim(&c, "a bad cgroupsPath");
+
+        let mut cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
+        cgroups.push(pod.trim_start_matches('/').to_owned());
+        cgroups.push(slice.trim_end_matches(".slice").to_owned());
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, setup.image_dir.path()],
+            &cgroups,
+        );
+    }
+}
+
+#[test]
+fn issue_25_pause_resume_stats_exec_and_whole_logs_through_ctr() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) = setup("issue_25_pause_resume_stats_exec_and_whole_logs_through_ctr") else {
+        return;
+    };
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    let pod = format!("/turnstile-test-pause-{}", std::process::id());
+    let mut sessions = Vec::new();
+    {
+        let mut c = containerd(&setup);
+        options_file(c.dir.path(), &fx.state, &fx.root, serde_json::json!({}));
+        // A 4 s timeout; the turn is ~3 s of work and is paused for 4 s.
+        let manifest = BUSYBOX_MANIFEST.replace(
+            r#""limits": {"timeout_seconds": 30}"#,
+            r#""limits": {"timeout_seconds": 4}"#,
+        );
+        fx.install("bb", &manifest);
+        let cg = format!("{pod}/c1");
+        let config = c.dir.path().join("shim.json").display().to_string();
+        let fifos = c.dir.path().join("fifo").display().to_string();
+        let mut child = std::process::Command::new("ctr")
+            .arg("-a")
+            .arg(c.socket())
+            .args([
+                "run",
+                "--rm",
+                "--runtime",
+                "io.containerd.turnstile.v2",
+                "--runtime-config-path",
+                &config,
+                "--fifo-dir",
+                &fifos,
+                "--annotation",
+                "io.turnstile.workspace=ws",
+                "--annotation",
+                "io.turnstile.package=bb",
+                "--annotation",
+                "io.turnstile.outputs=[]",
+                "--cgroup",
+                &cg,
+                IMAGE,
+                "pausable",
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo tick$i; sleep 0.1; done",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let lines = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
+        let reader = {
+            let lines = std::sync::Arc::clone(&lines);
+            let out = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(l);
+                }
+            })
+        };
+        while lines.lock().unwrap().len() < 3 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "no output\n{}",
+                c.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Stats: real numbers from the container's cgroup.
+        let m = c.ctr(&["tasks", "metrics", "--format", "json", "pausable"]);
+        let mt = text(&m);
+        assert!(m.status.success(), "{mt}\n{}", c.log());
+        let mv: serde_json::Value = serde_json::from_slice(&m.stdout).expect("metrics json");
+        let usage = mv["memory"]["usage"]["usage"]
+            .as_u64()
+            .or_else(|| mv["memory"]["usage"].as_u64())
+            .unwrap_or(0);
+        assert!(usage > 0, "memory usage: {mt}");
+        assert!(mv["pids"]["current"].as_u64().unwrap_or(0) >= 1, "{mt}");
+        // Exec: refused, with why.
+        let e = c.ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            "x1",
+            "pausable",
+            "sh",
+            "-c",
+            "echo EXEC",
+        ]);
+        let et = text(&e);
+        assert!(
+            !e.status.success() && et.contains("TS1206") && et.contains("one admitted command"),
+            "{et}"
+        );
+        // Pause: the counter stops, for longer than the whole timeout.
+        let p = c.ctr(&["tasks", "pause", "pausable"]);
+        assert!(p.status.success(), "{}\n{}", text(&p), c.log());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let frozen_at = lines.lock().unwrap().len();
+        let ls = c.ctr(&["tasks", "ls"]);
+        assert!(
+            text(&ls)
+                .lines()
+                .any(|l| l.contains("pausable") && l.contains("PAUSED")),
+            "{}",
+            text(&ls)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(4000));
+        assert_eq!(
+            lines.lock().unwrap().len(),
+            frozen_at,
+            "advanced while paused"
+        );
+        let r = c.ctr(&["tasks", "resume", "pausable"]);
+        assert!(r.status.success(), "{}\n{}", text(&r), c.log());
+        let status = child.wait().unwrap();
+        reader.join().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        sessions.extend(sessions_in(&err));
+        assert!(started.elapsed() > std::time::Duration::from_secs(6));
+        assert_eq!(status.code(), Some(0), "{err}\n{}", c.log());
+        assert_eq!(lines.lock().unwrap().len(), 30);
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let last = ev.last().unwrap();
+        assert_eq!(last["status"], "committed", "{last}");
+        let facts: Vec<&str> = last["suspensions"]
+            .as_array()
+            .expect("suspensions")
+            .iter()
+            .filter_map(|f| f["event"].as_str())
+            .collect();
+        assert_eq!(facts, ["turn.suspended", "turn.resumed"]);
+        assert_no_shim(&c, "the paused turn");
+
+        // Logs over the manifest's 1 MiB output_bytes arrive whole.
+        let out = ctr_run_with(
+            &c,
+            &[],
+            "bb",
+            "big-log",
+            &["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a"],
+        );
+        sessions.extend(sessions_in(&text(&out)));
+        assert_eq!(out.status.code(), Some(0), "{}", c.log());
+        assert_eq!(out.stdout.len(), 3_000_000);
+        assert!(out.stdout.iter().all(|b| *b == b'a'));
+        let sid = sessions.last().expect("a session").clone();
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let o = &ev.last().unwrap()["output"];
+        assert_eq!(o["stdout"]["forwarded"], 3_000_000, "{o}");
+        assert_eq!(o["truncated"], false, "{o}");
+        assert_eq!(o["forwarded_whole"], true, "{o}");
+
+        let mut cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
+        cgroups.push(pod.trim_start_matches('/').to_owned());
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, setup.image_dir.path()],
+            &cgroups,
+        );
+    }
+}

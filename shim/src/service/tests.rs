@@ -132,6 +132,28 @@ impl FakeRunner {
 }
 
 impl TurnRunner for FakeRunner {
+    fn suspend(
+        &self,
+        _turn: &crate::contract::Turn,
+        _options: &crate::contract::Options,
+        _pid: u32,
+        _freeze: bool,
+    ) -> Result<(), ShimError> {
+        Err(ShimError::State("the fake runner suspends nothing".into()))
+    }
+
+    fn pod_cgroup(
+        &self,
+        path: &str,
+        _resources: Option<&crate::contract::Resources>,
+        _bundle: &Path,
+    ) -> Result<crate::podcgroup::PodCgroup, ShimError> {
+        Err(ShimError::PodCgroup {
+            path: path.to_owned(),
+            reason: "the fake runner makes no cgroups".into(),
+        })
+    }
+
     fn mount_rootfs(&self, mounts: &[Mount], rootfs: &Path) -> Result<(), ShimError> {
         self.failing(Step::Mount)?;
         self.record(Call::Mount {

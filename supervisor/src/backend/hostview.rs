@@ -103,8 +103,10 @@ impl HostView {
         )?;
         let mut bundle =
             turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
-        bundle.config["linux"]["cgroupsPath"] =
-            serde_json::Value::String(format!("/turnstile/{id}"));
+        bundle.config["linux"]["cgroupsPath"] = serde_json::Value::String(format!(
+            "/{}/{id}",
+            crate::sandbox::cgroup::base().display()
+        ));
         Ok((bundle_dir, bundle))
     }
 
@@ -251,6 +253,7 @@ impl Guard {
             cstr(id.as_bytes())?,
             cstr(turn_dir.as_os_str().as_bytes())?,
             cstr(cgroup_root.as_os_str().as_bytes())?,
+            cstr(crate::sandbox::cgroup::base().as_os_str().as_bytes())?,
         ];
         let mut argv_ptrs: Vec<*const nix::libc::c_char> =
             argv.iter().map(|a| a.as_ptr()).collect();
@@ -364,12 +367,16 @@ unsafe fn guard_child(
     }
 }
 
-/// Entry point of `supervise __turn-guard RUNTIME ID TURN_DIR CGROUP_ROOT`
+/// Entry point of `supervise __turn-guard RUNTIME ID TURN_DIR CGROUP_ROOT BASE`
 /// (see [`Guard`]). Never returns.
 pub fn guard_main(args: &[OsString]) -> ! {
-    let [runtime, id, turn_dir, cgroup_root] = args else {
+    let [runtime, id, turn_dir, cgroup_root, base] = args else {
         std::process::exit(2)
     };
+    // The turns' cgroup parent of the supervisor that started this guard.
+    if base.as_os_str() != "turnstile" {
+        crate::sandbox::cgroup::set_parent(PathBuf::from(base));
+    }
     let (Some(runtime), Some(id)) = (runtime.to_str(), id.to_str()) else {
         std::process::exit(2)
     };

@@ -165,6 +165,7 @@ impl Backend for RuncBackend {
             &id,
             &plan.limits,
         )?);
+        let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
         let mut sb = RuncSandbox {
             backend: self.clone(),
             id: id.clone(),

@@ -235,6 +235,7 @@ impl Backend for RunscBackend {
         let mut limits = plan.limits.clone();
         limits.pids = limits.pids.saturating_add(PIDS_OVERHEAD);
         let cg = Arc::new(cgroup::TurnCgroup::create(&self.cgroup_root, &id, &limits)?);
+        let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
         let mut sb = RunscSandbox {
             backend: self.clone(),
             id: id.clone(),

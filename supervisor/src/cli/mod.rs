@@ -116,6 +116,18 @@ pub enum Command {
     ///
     /// Example: supervise checkpoint --root /ws --session SES-...
     Checkpoint(SessionArgs),
+    /// Freeze the running turn of a session (its cgroup: cgroup.freeze, or
+    /// the v1 freezer); its timeout does not run while it is frozen.
+    /// Recorded as `turn.suspended` in the turn's evidence. What the
+    /// containerd shim's Pause calls. Exit 2 TS1052 when no turn runs.
+    ///
+    /// Example: supervise suspend --root /ws --session SES-...
+    Suspend(SessionArgs),
+    /// Thaw a suspended turn (`turn.resumed`). A turn that cannot be
+    /// thawed is ended and fails with E2024 RESUME_FAILED (recorded).
+    ///
+    /// Example: supervise resume --root /ws --session SES-...
+    Resume(SessionArgs),
     /// Print a session's context as of a time (FR-RT-009): the latest
     /// checkpoint not after it plus the evidence entries since, merged.
     ///
@@ -562,6 +574,20 @@ pub struct RunArgs {
     /// package, and only they may add turns to it (TS1041 otherwise).
     #[arg(long, value_name = "NAMESPACE")]
     pub tenant: Option<String>,
+    /// Make the turn's cgroup under this existing cgroup (a pod's
+    /// container cgroup, as containerd's `linux.cgroupsPath` names it,
+    /// e.g. `/kubepods/burstable/pod…/…`, or a directory under the cgroup
+    /// mount) instead of `turnstile/`: its limits bound the turn's, the
+    /// manifest's apply inside (the stricter wins; recorded). The containerd
+    /// shim passes the container's. A bad value: TS1051, nothing created.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_parent: Option<PathBuf>,
+    /// Forward the command's stdout and stderr whole instead of cutting
+    /// them at the manifest's `output_bytes` (the containerd shim: a
+    /// container's log is the kubelet's to keep and rotate). Recorded as
+    /// `output.forwarded_whole`; the streams are still counted and hashed.
+    #[arg(long)]
+    pub forward_all_output: bool,
     /// System configuration (the trust level -> backend table and the
     /// minimum backends); a missing file means the built-in tables.
     #[arg(long, value_name = "FILE", default_value = crate::backend::select::DEFAULT_CONFIG)]
@@ -709,6 +735,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Report(a) => a.sel.common.json,
         Command::Revert(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
+        Command::Suspend(a) | Command::Resume(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
         Command::Init(a) => a.json,
@@ -770,6 +797,8 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Report(a) => report::report_cmd(&a),
         Command::Revert(a) => revert::revert_cmd(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
+        Command::Suspend(a) => suspend_cmd(&a, true),
+        Command::Resume(a) => suspend_cmd(&a, false),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),
         Command::Init(a) => init::init(&a.root, &a.package, a.json),
@@ -912,6 +941,121 @@ fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
 struct CheckpointWritten<'a> {
     path: &'a std::path::Path,
     checkpoint: &'a Value,
+}
+
+/// What `suspend`/`resume --json` print.
+#[derive(serde::Serialize)]
+struct SuspendReport {
+    session_id: String,
+    turn_number: u64,
+    frozen: bool,
+}
+
+/// `supervise suspend` (`freeze`) and `resume`: the running turn of the
+/// session, found by the cgroup file its supervisor published
+/// (`turn-N.cgroup` in the session's state directory), frozen or thawed;
+/// the fact is appended for the turn's evidence.
+fn suspend_cmd(a: &SessionArgs, freeze: bool) -> Result<Outcome> {
+    use crate::sandbox::cgroup::TurnCgroup;
+    use crate::store::record::{
+        ErrorRecord, SuspensionFact, running_cgroup_file, suspensions_file,
+    };
+    use turnstile_policy::session::Clock as _;
+    let action = if freeze { "suspend" } else { "resume" };
+    let id = SessionId::parse(&a.session)?;
+    let (ws, state) = open_workspace(&a.common)?;
+    let _session = Session::open(&ws, &state, &id, None)?;
+    let dir = state.session_dir(&id);
+    let running = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n: u64 = name.strip_prefix("turn-")?.parse().ok()?;
+            running_cgroup_file(&e.path())
+                .is_file()
+                .then_some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n);
+    let none = || SupervisorError::NoRunningTurn {
+        session: id.to_string(),
+        action,
+    };
+    let (turn, turn_dir) = running.ok_or_else(none)?;
+    let cg = TurnCgroup::from_file(&running_cgroup_file(&turn_dir)).ok_or_else(none)?;
+    if cg.pids().is_empty() {
+        return Err(none());
+    }
+    let now = turnstile_policy::timefmt::rfc3339_micros(crate::ids::SystemClock.now());
+    let record = |fact: &SuspensionFact| {
+        use std::io::Write as _;
+        let line = format!("{}\n", to_json(fact));
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(suspensions_file(&turn_dir))
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|source| SupervisorError::StateIo {
+                op: "append",
+                path: suspensions_file(&turn_dir),
+                source,
+            })
+    };
+    if freeze {
+        if let Err(e) = cg.set_frozen(true) {
+            let _ = cg.set_frozen(false);
+            return Err(SupervisorError::SuspendFailed {
+                session: id.to_string(),
+                detail: e.to_string(),
+            });
+        }
+        record(&SuspensionFact {
+            event: "turn.suspended".into(),
+            ts: now,
+            error: None,
+        })?;
+    } else if let Err(e) = cg.set_frozen(false) {
+        // Fail closed: a turn that cannot be thawed is ended, and says why.
+        let err = SupervisorError::ResumeFailed {
+            session: id.to_string(),
+            detail: e.to_string(),
+        };
+        let code = err.code();
+        record(&SuspensionFact {
+            event: "turn.resume_failed".into(),
+            ts: now,
+            error: Some(ErrorRecord {
+                code: code.code.to_owned(),
+                name: code.name.to_owned(),
+                message: err.to_string(),
+            }),
+        })?;
+        cg.kill_all();
+        return Err(err);
+    } else {
+        record(&SuspensionFact {
+            event: "turn.resumed".into(),
+            ts: now,
+            error: None,
+        })?;
+    }
+    let text = if a.common.json {
+        format!(
+            "{}\n",
+            to_json(&SuspendReport {
+                session_id: id.to_string(),
+                turn_number: turn,
+                frozen: freeze,
+            })
+        )
+    } else {
+        format!(
+            "turn {turn} of {id}: {}\n",
+            if freeze { "suspended" } else { "resumed" }
+        )
+    };
+    Ok(Outcome::ok(text))
 }
 
 fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
@@ -1371,6 +1515,30 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             "--deterministic",
             "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
         ));
+    }
+    if a.forward_all_output {
+        if a.server.is_some() {
+            return Err(SupervisorError::invalid(
+                "--forward-all-output",
+                "not with --server (the daemon forwards within output_bytes)",
+            ));
+        }
+        crate::sandbox::set_forward_all();
+    }
+    if let Some(raw) = &a.cgroup_parent {
+        if a.server.is_some() {
+            return Err(SupervisorError::CgroupParentInvalid {
+                value: raw.display().to_string(),
+                reason: "not with --server (the daemon makes its turns' cgroups)".into(),
+            });
+        }
+        let rel = crate::sandbox::cgroup::parent_of(&cgroup_root(), raw).map_err(|reason| {
+            SupervisorError::CgroupParentInvalid {
+                value: raw.display().to_string(),
+                reason,
+            }
+        })?;
+        crate::sandbox::cgroup::set_parent(rel);
     }
     if let Some(socket) = &a.server {
         use crate::serve::client::{absolute, request_doc};

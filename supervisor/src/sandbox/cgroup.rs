@@ -10,6 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use turnstile_policy::plan::PlanLimits;
 
@@ -63,6 +64,135 @@ pub struct TurnCgroup {
     pids: PathBuf,
     cpu: PathBuf,
     cpuacct: PathBuf,
+    /// v1 only: the turn's directory in the freezer hierarchy, when the
+    /// host has one (v2 freezes through `cgroup.freeze` in `memory`'s).
+    freezer: Option<PathBuf>,
+}
+
+/// The cgroup parent of this process's turns (`run --cgroup-parent`),
+/// relative to each hierarchy's root; unset: `turnstile`.
+static PARENT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Where turn cgroups are made, relative to each hierarchy's root: the
+/// cgroup parent `run --cgroup-parent` named (a pod's container cgroup),
+/// else `turnstile`.
+pub fn base() -> PathBuf {
+    PARENT
+        .get()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("turnstile"))
+}
+
+/// The validated cgroup parent (see [`parent_of`]), relative; set once per
+/// process, before any turn cgroup is made.
+pub fn set_parent(rel: PathBuf) {
+    let _ = PARENT.set(rel);
+}
+
+/// The cgroup parent, if one was set.
+pub fn parent() -> Option<&'static Path> {
+    PARENT.get().map(PathBuf::as_path)
+}
+
+/// The controller hierarchies (relative to `root`) a turn cgroup needs on
+/// `version`: v2 one (`""`), v1 memory, pids, cpu and a separate cpuacct.
+fn managed(root: &Path, version: Version) -> Vec<&'static str> {
+    match version {
+        Version::V2 => vec![""],
+        Version::V1 => {
+            let mut v = vec!["memory", "pids", "cpu"];
+            if root.join("cpuacct").is_dir() && !root.join("cpuacct/cpu.cfs_quota_us").exists() {
+                v.push("cpuacct");
+            }
+            v
+        }
+    }
+}
+
+/// Validates a `--cgroup-parent` value: a cgroup path as containerd's
+/// `linux.cgroupsPath` names it (`/kubepods/burstable/pod…/…`, relative to
+/// each hierarchy) or a directory under the cgroup mount `root` (on v1,
+/// `root/<controller>/…`). No `.` or `..` component, not the hierarchy's
+/// root, and an existing directory (not a symlink) in every hierarchy a
+/// turn cgroup uses. Returns it relative to the hierarchies' roots.
+/// Nothing is created.
+pub fn parent_of(root: &Path, raw: &Path) -> std::result::Result<PathBuf, String> {
+    let text = raw.to_str().ok_or("not UTF-8")?;
+    if !text.starts_with('/') {
+        return Err(
+            "must be absolute: a cgroup path (`/kubepods/…`) or a directory under the cgroup mount"
+                .into(),
+        );
+    }
+    if text.split('/').any(|c| c == "." || c == "..") {
+        return Err("`.` and `..` components are refused".into());
+    }
+    let version = detect(root).ok_or_else(|| {
+        format!(
+            "no cgroup v1 memory+pids or v2 hierarchy under {}",
+            root.display()
+        )
+    })?;
+    let rel: PathBuf = match raw.strip_prefix(root) {
+        Ok(under) => match version {
+            Version::V2 => under.to_path_buf(),
+            // `root/<controller>/<path>`: the path without its controller.
+            Version::V1 => under.components().skip(1).collect(),
+        },
+        Err(_) => raw.components().skip(1).collect(),
+    };
+    if rel.as_os_str().is_empty() {
+        return Err("the root of a hierarchy is not a pod's cgroup".into());
+    }
+    for h in managed(root, version) {
+        let dir = root.join(h).join(&rel);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(format!("{} is not a directory", dir.display())),
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        }
+    }
+    Ok(rel)
+}
+
+/// The limits of the cgroup parent's chain (the tightest of the parent
+/// and its ancestors) and the manifest's: the stricter wins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParentBounds {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+/// The tightest memory and pids limits on the chain from the cgroup
+/// parent up to (not including) the hierarchy's root; `None`: unlimited.
+pub fn parent_bounds(root: &Path, rel: &Path) -> ParentBounds {
+    let Some(version) = detect(root) else {
+        return ParentBounds::default();
+    };
+    let (mem_root, mem_file, pids_root) = match version {
+        Version::V2 => (root.to_path_buf(), "memory.max", root.to_path_buf()),
+        Version::V1 => (
+            root.join("memory"),
+            "memory.limit_in_bytes",
+            root.join("pids"),
+        ),
+    };
+    // v1 writes "unlimited" as a page-rounded i64::MAX.
+    let limit = |p: &Path| read_u64(p).filter(|v| *v < (1u64 << 62));
+    let mut b = ParentBounds::default();
+    let mut rel = rel.to_path_buf();
+    while !rel.as_os_str().is_empty() {
+        if let Some(m) = limit(&mem_root.join(&rel).join(mem_file)) {
+            b.memory_bytes = Some(b.memory_bytes.map_or(m, |x| x.min(m)));
+        }
+        if let Some(p) = limit(&pids_root.join(&rel).join("pids.max")) {
+            b.pids = Some(b.pids.map_or(p, |x| x.min(p)));
+        }
+        if !rel.pop() {
+            break;
+        }
+    }
+    b
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
@@ -104,7 +234,7 @@ impl TurnCgroup {
         })?;
         let cg = match version {
             Version::V2 => {
-                let base = root.join("turnstile");
+                let base = root.join(base());
                 match std::fs::create_dir(&base) {
                     Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                         return Err(io("create cgroup", &base)(e));
@@ -116,7 +246,10 @@ impl TurnCgroup {
                 // starts while another is creating it would otherwise find
                 // the directory without its controllers (no memory.max).
                 // Enabling an enabled controller is a no-op.
-                let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                if parent().is_none() {
+                    let _ =
+                        std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                }
                 write(&base.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 let dir = base.join(name);
                 std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
@@ -127,12 +260,13 @@ impl TurnCgroup {
                     pids: dir.clone(),
                     cpu: dir.clone(),
                     cpuacct: dir,
+                    freezer: None,
                 }
             }
             Version::V1 => {
                 let mut dirs = Vec::new();
                 let mut dir_for = |controller: &str| -> Result<PathBuf> {
-                    let base = root.join(controller).join("turnstile");
+                    let base = root.join(controller).join(base());
                     std::fs::create_dir_all(&base).map_err(io("create cgroup", &base))?;
                     let dir = base.join(name);
                     std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
@@ -149,6 +283,13 @@ impl TurnCgroup {
                 } else {
                     cpu.clone()
                 };
+                let freezer = if root.join("freezer/freezer.state").exists()
+                    || root.join("freezer/cgroup.procs").exists()
+                {
+                    Some(dir_for("freezer")?)
+                } else {
+                    None
+                };
                 Self {
                     version,
                     dirs,
@@ -156,6 +297,7 @@ impl TurnCgroup {
                     pids,
                     cpu,
                     cpuacct,
+                    freezer,
                 }
             }
         };
@@ -245,6 +387,10 @@ impl TurnCgroup {
                 return true;
             }
             self.signal_all(nix::sys::signal::Signal::SIGKILL);
+            // A frozen (v1) task never handles its SIGKILL: thaw it.
+            if let Some(f) = &self.freezer {
+                let _ = std::fs::write(f.join("freezer.state"), "THAWED");
+            }
             std::thread::sleep(std::time::Duration::from_micros(500));
         }
         self.pids().is_empty()
@@ -279,7 +425,7 @@ impl TurnCgroup {
     pub fn sweep_unmanaged(root: &Path, name: &str) -> Vec<PathBuf> {
         let mut busy = Vec::new();
         for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            let dir = entry.path().join("turnstile").join(name);
+            let dir = entry.path().join(base()).join(name);
             if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
                 busy.push(dir);
             }
@@ -292,10 +438,10 @@ impl TurnCgroup {
             return Vec::new();
         };
         let bases: Vec<PathBuf> = match version {
-            Version::V2 => vec![root.join("turnstile")],
-            Version::V1 => ["memory", "pids", "cpu", "cpuacct"]
+            Version::V2 => vec![root.join(base())],
+            Version::V1 => ["memory", "pids", "cpu", "cpuacct", "freezer"]
                 .iter()
-                .map(|c| root.join(c).join("turnstile"))
+                .map(|c| root.join(c).join(base()))
                 .collect(),
         };
         let mut names = std::collections::BTreeSet::new();
@@ -321,16 +467,138 @@ impl TurnCgroup {
                         .cloned()
                         .unwrap_or_else(|| dirs.first().cloned().unwrap_or_default())
                 };
+                let freezer = (version == Version::V1)
+                    .then(|| {
+                        dirs.iter()
+                            .find(|d| d.starts_with(root.join("freezer")))
+                            .cloned()
+                    })
+                    .flatten();
                 Self {
                     version,
                     memory: pick("memory"),
                     pids: pick("pids"),
                     cpu: pick("cpu"),
                     cpuacct: pick("cpuacct"),
+                    freezer,
                     dirs,
                 }
             })
             .collect()
+    }
+
+    /// Whether the turn can be frozen here: v2, or v1 with a freezer.
+    pub fn can_freeze(&self) -> bool {
+        self.version == Version::V2 || self.freezer.is_some()
+    }
+
+    /// Whether the cgroup is frozen (v2 `cgroup.events` frozen 1; v1
+    /// `freezer.state` FROZEN or FREEZING).
+    pub fn frozen(&self) -> bool {
+        match (&self.version, &self.freezer) {
+            (Version::V2, _) => read_key(&self.memory.join("cgroup.events"), "frozen") == Some(1),
+            (Version::V1, Some(f)) => {
+                std::fs::read_to_string(f.join("freezer.state")).is_ok_and(|s| s.trim() != "THAWED")
+            }
+            (Version::V1, None) => false,
+        }
+    }
+
+    /// Freezes (`true`) or thaws every process of the turn and waits
+    /// (bounded, 5 s) until the kernel says it is done.
+    pub fn set_frozen(&self, freeze: bool) -> Result<()> {
+        let (file, value, done): (PathBuf, &str, &str) = match (&self.version, &self.freezer) {
+            (Version::V2, _) => (
+                self.memory.join("cgroup.freeze"),
+                if freeze { "1" } else { "0" },
+                if freeze { "1" } else { "0" },
+            ),
+            (Version::V1, Some(f)) => (
+                f.join("freezer.state"),
+                if freeze { "FROZEN" } else { "THAWED" },
+                if freeze { "FROZEN" } else { "THAWED" },
+            ),
+            (Version::V1, None) => {
+                return Err(SupervisorError::Sandbox {
+                    step: "freeze cgroup",
+                    detail: "the host has no v1 freezer hierarchy".into(),
+                    source: None,
+                });
+            }
+        };
+        write(&file, value)?;
+        for _ in 0..1000 {
+            let now = match self.version {
+                Version::V2 => read_key(&self.memory.join("cgroup.events"), "frozen")
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+                Version::V1 => std::fs::read_to_string(&file)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            };
+            if now == done {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Err(SupervisorError::Sandbox {
+            step: if freeze {
+                "freeze cgroup"
+            } else {
+                "thaw cgroup"
+            },
+            detail: format!("{} did not become {done} within 5 s", file.display()),
+            source: None,
+        })
+    }
+
+    /// Writes where this cgroup is to `file` (`supervise suspend` and
+    /// `resume` read it back with [`TurnCgroup::from_file`]).
+    pub fn publish(&self, file: &Path) -> Result<()> {
+        let text = std::iter::once(self.version.as_str().to_owned())
+            .chain(
+                [&self.memory, &self.pids, &self.cpu, &self.cpuacct]
+                    .map(|p| p.display().to_string()),
+            )
+            .chain([self
+                .freezer
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()])
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(file, text).map_err(io("write", file))
+    }
+
+    /// The cgroup [`publish`](Self::publish) wrote to `file`.
+    pub fn from_file(file: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(file).ok()?;
+        let l: Vec<&str> = text.lines().collect();
+        let [v, memory, pids, cpu, cpuacct, rest @ ..] = l.as_slice() else {
+            return None;
+        };
+        let version = match *v {
+            "v1" => Version::V1,
+            "v2" => Version::V2,
+            _ => return None,
+        };
+        let freezer = rest.first().filter(|f| !f.is_empty()).map(PathBuf::from);
+        let mut dirs: Vec<PathBuf> = [memory, pids, cpu, cpuacct]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        dirs.dedup();
+        dirs.extend(freezer.clone());
+        Some(Self {
+            version,
+            memory: PathBuf::from(memory),
+            pids: PathBuf::from(pids),
+            cpu: PathBuf::from(cpu),
+            cpuacct: PathBuf::from(cpuacct),
+            freezer,
+            dirs,
+        })
     }
 
     /// The cgroup's directories.
@@ -447,6 +715,66 @@ mod tests {
         assert_eq!(cg.dirs(), [r.join("turnstile/t2")]);
         // And a second turn beside it.
         TurnCgroup::create(r, "t3", &limits()).unwrap();
+    }
+
+    #[test]
+    fn a_cgroup_parent_is_validated_and_its_chain_bounds_read() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for c in ["memory", "pids", "cpu"] {
+            std::fs::create_dir_all(r.join(c).join("kubepods/pod1/c1")).unwrap();
+        }
+        std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
+        let rel = PathBuf::from("kubepods/pod1/c1");
+        assert_eq!(parent_of(r, Path::new("/kubepods/pod1/c1")).unwrap(), rel);
+        // A directory under the mount, with its controller.
+        assert_eq!(
+            parent_of(r, &r.join("memory/kubepods/pod1/c1")).unwrap(),
+            rel
+        );
+        for bad in ["kubepods", "/kubepods/../x", "/./kubepods", "/", "/nope"] {
+            assert!(parent_of(r, Path::new(bad)).is_err(), "{bad}");
+        }
+        // Missing in one hierarchy: refused.
+        std::fs::create_dir_all(r.join("memory/only-memory")).unwrap();
+        assert!(parent_of(r, Path::new("/only-memory")).is_err());
+        // The tightest limit of the chain; v1's "unlimited" is none.
+        std::fs::write(r.join("memory/kubepods/memory.limit_in_bytes"), "1048576").unwrap();
+        std::fs::write(
+            r.join("memory/kubepods/pod1/c1/memory.limit_in_bytes"),
+            "9223372036854771712",
+        )
+        .unwrap();
+        std::fs::write(r.join("pids/kubepods/pod1/pids.max"), "max").unwrap();
+        std::fs::write(r.join("pids/kubepods/pod1/c1/pids.max"), "7").unwrap();
+        assert_eq!(
+            parent_bounds(r, &rel),
+            ParentBounds {
+                memory_bytes: Some(1 << 20),
+                pids: Some(7)
+            }
+        );
+    }
+
+    #[test]
+    fn v1_freezer_freezes_and_thaws_and_survives_publish() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for c in ["memory", "pids", "cpu", "freezer"] {
+            std::fs::create_dir_all(r.join(c)).unwrap();
+        }
+        std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
+        std::fs::write(r.join("freezer/freezer.state"), "THAWED").unwrap();
+        let cg = TurnCgroup::create(r, "t9", &limits()).unwrap();
+        assert!(cg.can_freeze());
+        cg.set_frozen(true).unwrap();
+        assert!(cg.frozen());
+        let file = r.join("where");
+        cg.publish(&file).unwrap();
+        let back = TurnCgroup::from_file(&file).unwrap();
+        assert_eq!(back.dirs(), cg.dirs());
+        back.set_frozen(false).unwrap();
+        assert!(!cg.frozen());
     }
 
     #[test]

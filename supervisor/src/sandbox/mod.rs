@@ -397,6 +397,21 @@ pub(crate) fn pump(
     }
 }
 
+/// `run --forward-all-output`: the command's streams are forwarded whole,
+/// not cut at the manifest's `output_bytes` (a container's log, which the
+/// kubelet keeps and rotates). Set once per process, before the turn.
+static FORWARD_ALL: AtomicBool = AtomicBool::new(false);
+
+/// Forward the command's streams whole (see [`FORWARD_ALL`]).
+pub fn set_forward_all() {
+    FORWARD_ALL.store(true, Ordering::SeqCst);
+}
+
+/// Whether the streams are forwarded whole.
+pub fn forward_all() -> bool {
+    FORWARD_ALL.load(Ordering::SeqCst)
+}
+
 /// What every backend watches while a turn runs: the command's two output
 /// streams (pumped under one shared byte budget) and the timer (SIGTERM to
 /// every process of the turn at the deadline, SIGKILL after the grace).
@@ -421,6 +436,12 @@ impl Watch {
         output_bytes: u64,
         json_mode: bool,
     ) -> Self {
+        // `run --forward-all-output` (a container's log): no budget.
+        let output_bytes = if forward_all() {
+            u64::MAX
+        } else {
+            output_bytes
+        };
         let budget = Arc::new(AtomicU64::new(output_bytes));
         let truncated = Arc::new(AtomicBool::new(false));
         let out_thread = {
@@ -452,7 +473,29 @@ impl Watch {
         let (cancel, cancelled) = mpsc::channel::<()>();
         let timed_out = Arc::clone(&self.timed_out);
         self.timer = Some(std::thread::spawn(move || {
-            if cancelled.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+            // The clock runs only while the turn is not frozen (`supervise
+            // suspend`, the shim's Pause): checked every 50 ms.
+            let mut left = timeout;
+            let freezable = cg.can_freeze();
+            let expired = loop {
+                let tick = if freezable {
+                    left.min(Duration::from_millis(50))
+                } else {
+                    left
+                };
+                let t0 = std::time::Instant::now();
+                match cancelled.recv_timeout(tick) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => break false,
+                }
+                if !(freezable && cg.frozen()) {
+                    left = left.saturating_sub(t0.elapsed());
+                }
+                if left.is_zero() {
+                    break true;
+                }
+            };
+            if expired {
                 timed_out.store(true, Ordering::SeqCst);
                 cg.signal_all(Signal::SIGTERM);
                 if cancelled.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
@@ -762,6 +805,9 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         cg_name,
         &plan.limits,
     )?);
+    // Where `supervise suspend`/`resume` find it (in the turn's
+    // directory).
+    let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
     lap("cgroup_create", &mut phases);
     let spawned = spawn_parked(turn, &cg);
     let (mut child, ready, go, turn_w) = match spawned {

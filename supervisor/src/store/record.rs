@@ -241,6 +241,31 @@ pub struct Resources {
     pub oom_kills: u64,
     pub pids_limit_hits: u64,
     pub disk_full: bool,
+    /// The kernel's OOM killer ended a process of the turn (memory.events
+    /// / memory.oom_control `oom_kill` of the turn's cgroup).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
+    /// The turn's cgroup was made under a pod's (`run --cgroup-parent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_parent: Option<CgroupParentRecord>,
+}
+
+/// The cgroup parent a turn ran under, and which limits won: the parent
+/// chain's (the pod's) or the manifest's — the stricter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupParentRecord {
+    /// The parent, relative to each hierarchy's root.
+    pub path: String,
+    /// The tightest memory limit of the parent and its ancestors.
+    pub parent_memory_bytes: Option<u64>,
+    pub manifest_memory_bytes: u64,
+    pub effective_memory_bytes: u64,
+    /// `parent` or `manifest`: whose memory limit bounds the turn.
+    pub memory_bound_by: String,
+    pub parent_pids: Option<u64>,
+    pub manifest_pids: u64,
+    pub effective_pids: u64,
+    pub pids_bound_by: String,
 }
 
 /// One output stream's account.
@@ -257,6 +282,10 @@ pub struct OutputRecord {
     pub stdout: StreamOut,
     pub stderr: StreamOut,
     pub truncated: bool,
+    /// `run --forward-all-output`: forwarded whole, the manifest's
+    /// `output_bytes` not applied (a container's log).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded_whole: bool,
 }
 
 /// The trust level's minimum backend and who set it.
@@ -434,6 +463,42 @@ pub struct EvidenceEntry {
     /// The turn this one reverted (`supervise revert`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reverts_turn: Option<u64>,
+    /// `supervise suspend` / `resume` of the running turn, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspensions: Vec<SuspensionFact>,
+}
+
+/// One `turn.suspended`, `turn.resumed` or `turn.resume_failed` fact: the
+/// turn's cgroup frozen or thawed (its timeout does not run while frozen).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspensionFact {
+    pub event: String,
+    pub ts: String,
+    /// Why a resume failed (with the code E2024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorRecord>,
+}
+
+/// Where the running turn's suspensions are appended (one JSON line per
+/// [`SuspensionFact`]), in its turn directory; read into the turn's
+/// evidence when it finishes (and gone with the directory).
+pub fn suspensions_file(turn_dir: &std::path::Path) -> std::path::PathBuf {
+    turn_dir.join("suspensions.jsonl")
+}
+
+/// The facts [`suspensions_file`] holds, in order.
+pub fn read_suspensions(turn_dir: &std::path::Path) -> Vec<SuspensionFact> {
+    std::fs::read_to_string(suspensions_file(turn_dir))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Where the running turn's cgroup is described (`TurnCgroup::publish`),
+/// in its turn directory: what `supervise suspend`/`resume` read.
+pub fn running_cgroup_file(turn_dir: &std::path::Path) -> std::path::PathBuf {
+    turn_dir.join("cgroup.where")
 }
 
 /// Where a session's ledgers are.

@@ -588,6 +588,7 @@ impl Turn<'_> {
         }
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
+        outcome.suspensions = crate::store::record::read_suspensions(&prepared.turn_dir.path);
         outcome.cleanup = Some(prepared.turn_dir.remove_in_background());
         Ok(outcome)
     }
@@ -860,6 +861,7 @@ fn judge(
         plan: None,
         phases: Phases::new(),
         cleanup: None,
+        suspensions: Vec::new(),
     }
 }
 

@@ -79,6 +79,9 @@ pub(super) struct Outcome {
     pub(super) phases: Phases,
     /// The turn directory's removal, running while the ledgers are written.
     pub(super) cleanup: Option<std::thread::JoinHandle<()>>,
+    /// `supervise suspend`/`resume` facts, read from the turn directory
+    /// before it goes.
+    pub(super) suspensions: Vec<crate::store::record::SuspensionFact>,
 }
 
 /// The facts of one finished turn, typed: both ledger entries and the
@@ -198,6 +201,11 @@ impl Turn<'_> {
                 oom_kills: x.usage.oom_kills,
                 pids_limit_hits: x.usage.pids_limit_hits,
                 disk_full: x.disk_full,
+                oom_killed: x.usage.oom_kills > 0,
+                cgroup_parent: o
+                    .plan
+                    .as_ref()
+                    .and_then(|p| cgroup_parent_record(&p.limits)),
             }),
             output: x.map(|x| {
                 let stream = |s: &crate::sandbox::StreamRecord| StreamOut {
@@ -209,6 +217,7 @@ impl Turn<'_> {
                     stdout: stream(&x.stdout),
                     stderr: stream(&x.stderr),
                     truncated: x.output_truncated,
+                    forwarded_whole: crate::sandbox::forward_all(),
                 }
             }),
             error: o.error(),
@@ -279,6 +288,12 @@ impl Turn<'_> {
 
     fn evidence_entry(&self, f: &Facts, o: &Outcome) -> EvidenceEntry {
         let r = self.request;
+        let suspensions = o.suspensions.clone();
+        // A resume that could not thaw the turn ended it: that is its error.
+        let error = suspensions
+            .iter()
+            .find_map(|s| s.error.clone())
+            .or_else(|| f.error.clone());
         EvidenceEntry {
             event: Event::TurnFinished,
             schema_version: SCHEMA_VERSION,
@@ -302,11 +317,12 @@ impl Turn<'_> {
             resources: f.resources.clone(),
             output: f.output.clone(),
             termination: f.termination.clone(),
-            error: f.error.clone(),
+            error,
             ts: f.now.clone(),
             work_order_id: r.work_order_id.clone(),
             idempotency_key: r.idempotency_key.clone(),
             reverts_turn: None,
+            suspensions,
         }
     }
 
@@ -484,6 +500,7 @@ impl Outcome {
             plan,
             phases: Phases::new(),
             cleanup: None,
+            suspensions: Vec::new(),
         }
     }
 
@@ -512,6 +529,33 @@ pub(super) fn interrupted_message() -> String {
         "supervise received {}; the turn was killed and nothing was committed",
         crate::turn::interrupt::received().map_or("a signal", |s| s.as_str())
     )
+}
+
+/// The cgroup parent of this process's turns and which limits won (see
+/// `run --cgroup-parent`); `None` without one.
+fn cgroup_parent_record(
+    limits: &turnstile_policy::plan::PlanLimits,
+) -> Option<crate::store::record::CgroupParentRecord> {
+    use crate::sandbox::cgroup;
+    let rel = cgroup::parent()?;
+    let b = cgroup::parent_bounds(&cgroup::root(), rel);
+    let pick = |parent: Option<u64>, manifest: u64| match parent {
+        Some(p) if p < manifest => (p, "parent".to_owned()),
+        _ => (manifest, "manifest".to_owned()),
+    };
+    let (effective_memory_bytes, memory_bound_by) = pick(b.memory_bytes, limits.memory_bytes);
+    let (effective_pids, pids_bound_by) = pick(b.pids, u64::from(limits.pids));
+    Some(crate::store::record::CgroupParentRecord {
+        path: format!("/{}", rel.display()),
+        parent_memory_bytes: b.memory_bytes,
+        manifest_memory_bytes: limits.memory_bytes,
+        effective_memory_bytes,
+        memory_bound_by,
+        parent_pids: b.pids,
+        manifest_pids: u64::from(limits.pids),
+        effective_pids,
+        pids_bound_by,
+    })
 }
 
 #[cfg(test)]
