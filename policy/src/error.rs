@@ -66,6 +66,7 @@ codes! {
     CHECKPOINT_MALFORMED = "TS1062", "CHECKPOINT_MALFORMED";
     KEY_INVALID = "TS1063", "KEY_INVALID";
     PROTOCOL_MISMATCH = "TS1050", "PROTOCOL_MISMATCH";
+    NETWORK_UNENFORCEABLE = "TS1070", "NETWORK_UNENFORCEABLE";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

@@ -412,6 +412,7 @@ impl Sandbox for RuncSandbox {
                 ),
             ],
             warm: false,
+            egress: None,
         })
     }
 

@@ -4,6 +4,7 @@
 //! tears everything down so that nothing of the turn is left running.
 
 pub mod cgroup;
+pub mod egress;
 pub mod init;
 pub mod landlock;
 pub mod landlock_exec;
@@ -137,6 +138,9 @@ pub struct Execution {
     /// The sandbox was built before the turn (a warm one from the pool),
     /// not for it.
     pub warm: bool,
+    /// What a `restricted` or `allow_egress` turn's network saw (`None`:
+    /// `isolated`).
+    pub egress: Option<egress::Report>,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -512,6 +516,7 @@ pub struct Created {
     scratch: PathBuf,
     listener: std::result::Result<notify::Listener, String>,
     warm: bool,
+    egress: Option<egress::Running>,
 }
 
 impl Created {
@@ -599,6 +604,10 @@ impl Created {
         }
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
+        let egress = self.egress.take().map(egress::Running::finish);
+        if egress.is_some() {
+            self.lap("egress_finish");
+        }
         let usage = self.cg.usage();
         self.cg.remove();
         self.lap("cgroup_teardown");
@@ -630,6 +639,7 @@ impl Created {
                 .map(notify::Listener::finish),
             degraded: Vec::new(),
             warm: self.warm,
+            egress,
         })
     }
 }
@@ -906,10 +916,27 @@ impl Parked {
             scratch: std::mem::take(&mut self.scratch),
             listener: Err("the sandbox never became ready".into()),
             warm,
+            egress: None,
         };
         if self.parked() {
             if warm {
                 created.lap("warm_take");
+            }
+            // Egress by name, in the turn's own network namespace, before
+            // the command can run: a setup that fails refuses the turn.
+            if plan.network != "isolated" {
+                let pid = created.child.as_ref().map_or(0, std::process::Child::id);
+                let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+                    .map(std::os::fd::OwnedFd::from)
+                    .map_err(|e| e.to_string())
+                    .and_then(|ns| egress::start(plan, ns));
+                match ns {
+                    Ok(running) => {
+                        created.phases.extend(running.phases.iter().copied());
+                        created.egress = Some(running);
+                    }
+                    Err(e) => return Err(sandbox_err("network egress", e)),
+                }
             }
             let bytes =
                 serde_json::to_vec(plan).map_err(|e| sandbox_err("send plan", e.to_string()))?;
