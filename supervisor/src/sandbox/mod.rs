@@ -705,6 +705,9 @@ pub struct Parked {
     /// Every host path the sandbox shows (the workspace root, each mount's
     /// source) with the file it was when the sandbox was built.
     sources: Vec<(PathBuf, Option<(u64, u64)>)>,
+    /// A `restricted` / `allow_egress` sandbox's egress, being set up in
+    /// its network namespace while its init builds the rest.
+    egress: Option<std::thread::JoinHandle<std::result::Result<egress::Running, String>>>,
 }
 
 /// The host paths a Plan's mounts show, each with the (device, inode) it
@@ -783,6 +786,16 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         }
     };
     lap("spawn", &mut phases);
+    // Egress by name, in the sandbox's own network namespace, set up while
+    // its init builds the rest (the shape carries the network policy).
+    let egress = (plan.network != "isolated").then(|| {
+        let ns = std::fs::File::open(format!("/proc/{}/ns/net", child.id()))
+            .map(std::os::fd::OwnedFd::from);
+        let (network, entries) = (plan.network.clone(), plan.egress.clone());
+        std::thread::spawn(move || {
+            egress::start(&network, &entries, ns.map_err(|e| e.to_string())?)
+        })
+    });
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         let _ = child.kill();
         let _ = child.wait();
@@ -810,6 +823,7 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         report_path: turn.path.join(init::REPORT_FILE),
         scratch: turn.path.join(init::SCRATCH_DIR),
         sources,
+        egress,
     })
 }
 
@@ -922,20 +936,19 @@ impl Parked {
             if warm {
                 created.lap("warm_take");
             }
-            // Egress by name, in the turn's own network namespace, before
-            // the command can run: a setup that fails refuses the turn.
-            if plan.network != "isolated" {
-                let pid = created.child.as_ref().map_or(0, std::process::Child::id);
-                let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-                    .map(std::os::fd::OwnedFd::from)
-                    .map_err(|e| e.to_string())
-                    .and_then(|ns| egress::start(plan, ns));
-                match ns {
-                    Ok(running) => {
-                        created.phases.extend(running.phases.iter().copied());
+            // Egress must be in force before the command can run: a setup
+            // that failed refuses the turn.
+            if let Some(setup) = self.egress.take() {
+                match setup.join() {
+                    Ok(Ok(running)) => {
+                        if !warm {
+                            created.phases.extend(running.phases.iter().copied());
+                        }
+                        created.lap("egress_wait");
                         created.egress = Some(running);
                     }
-                    Err(e) => return Err(sandbox_err("network egress", e)),
+                    Ok(Err(e)) => return Err(sandbox_err("network egress", e)),
+                    Err(_) => return Err(sandbox_err("network egress", "the setup panicked")),
                 }
             }
             let bytes =

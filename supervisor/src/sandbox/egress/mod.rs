@@ -363,7 +363,43 @@ struct Shared {
     flows: Mutex<Flows>,
     upstream: Option<SocketAddr>,
     stop: AtomicBool,
+    /// Readable once the egress stops (a byte is written and never read):
+    /// wakes every thread waiting in poll.
+    wake: (OwnedFd, OwnedFd),
     active: AtomicUsize,
+}
+
+impl Shared {
+    /// Waits until `fd` is readable; `false` once the egress stops.
+    fn wait(&self, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            let mut fds = [
+                PollFd::new(fd, PollFlags::POLLIN),
+                PollFd::new(self.wake.0.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {
+                    if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                        return false;
+                    }
+                    if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                        return true;
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = nix::unistd::write(&self.wake.1, b"x");
+    }
 }
 
 impl Shared {
@@ -595,8 +631,8 @@ pub struct Running {
 
 /// Sets up egress in the network namespace `ns` (a fresh one, the turn's)
 /// for `plan`; the turn is refused if this fails (fail closed).
-pub fn start(plan: &turnstile_policy::plan::Plan, ns: OwnedFd) -> Result<Running, String> {
-    let network = match plan.network.as_str() {
+pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, String> {
+    let network = match network {
         "restricted" => Network::Restricted,
         "allow_egress" => Network::AllowEgress,
         other => return Err(format!("network `{other}` has no egress")),
@@ -608,7 +644,7 @@ pub fn start(plan: &turnstile_policy::plan::Plan, ns: OwnedFd) -> Result<Running
         t = Instant::now();
     };
     let host = host_addresses();
-    let policy = Policy::new(network, &plan.egress, host)?;
+    let policy = Policy::new(network, egress, host)?;
     let (udp, tcp_dns, l4, l6) = in_netns(&ns, || {
         crate::sandbox::sys::loopback_up()?;
         rtnl::local_default_routes()?;
@@ -630,6 +666,7 @@ pub fn start(plan: &turnstile_policy::plan::Plan, ns: OwnedFd) -> Result<Running
         flows: Mutex::new(Flows::default()),
         upstream: upstream(),
         stop: AtomicBool::new(false),
+        wake: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?,
         active: AtomicUsize::new(0),
     });
     let threads = vec![
@@ -703,7 +740,7 @@ impl Running {
     /// returns every flow: the proxy's and resolver's, and the kernel's
     /// refusals counted in the namespace.
     pub fn finish(mut self) -> Report {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stop();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -753,7 +790,7 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stop();
     }
 }
 
@@ -870,13 +907,8 @@ fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
 /// Accepts connections on `l` until the turn's egress stops, each on its
 /// own thread.
 fn accept_loop(shared: &Arc<Shared>, l: &TcpListener, handle: fn(&Shared, TcpStream)) {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let _ = l.set_nonblocking(true);
-    while !shared.stop.load(Ordering::SeqCst) {
-        let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
-        if !matches!(poll(&mut fds, PollTimeout::from(50u16)), Ok(n) if n > 0) {
-            continue;
-        }
+    while shared.wait(l.as_fd()) {
         while let Ok((s, _)) = l.accept() {
             let _ = s.set_nonblocking(false);
             let s2 = Arc::clone(shared);
@@ -948,14 +980,13 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
 pub const RESOLVER_ADDR: &str = turnstile_policy::plan::RESOLVER;
 
 fn serve_udp(shared: &Shared, sock: &UdpSocket) {
-    let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
+    let _ = sock.set_nonblocking(true);
     let mut buf = [0u8; 1500];
-    while !shared.stop.load(Ordering::SeqCst) {
-        let Ok((n, from)) = sock.recv_from(&mut buf) else {
-            continue;
-        };
-        if let Some(reply) = resolve_query(shared, &buf[..n]) {
-            let _ = sock.send_to(&reply, from);
+    while shared.wait(sock.as_fd()) {
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if let Some(reply) = resolve_query(shared, &buf[..n]) {
+                let _ = sock.send_to(&reply, from);
+            }
         }
     }
 }
