@@ -269,12 +269,19 @@ fn manifest(network: &str, egress: &[&str]) -> String {
 
 /// Runs the probes in a turn of `pkg`; (results by index, the evidence).
 fn probe(fx: &Fixture, pkg: &str, probes: &Value) -> (Vec<Value>, Value) {
+    probe_on(fx, pkg, "native", probes)
+}
+
+/// [`probe`] on `backend`.
+fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Value>, Value) {
     let out = Command::new(supervise_bin())
         .args(["run", "--root"])
         .arg(&fx.root)
         .arg("--state-dir")
         .arg(&fx.state)
         .args([
+            "--backend",
+            backend,
             "--package",
             pkg,
             "--json",
@@ -581,7 +588,7 @@ fn issue_26_isolated_turns_are_unchanged_and_oci_backends_refuse_egress() {
     assert_eq!(result(&r, 1).0, "ok:hi");
     assert_eq!(ev["external_calls"], serde_json::json!([]));
     fx.install("o", &manifest("restricted", &["good.test:443"]));
-    for backend in ["runc", "crun", "runsc"] {
+    for backend in ["runsc"] {
         let r = fx.run(
             "o",
             &[
@@ -603,4 +610,63 @@ fn issue_26_isolated_turns_are_unchanged_and_oci_backends_refuse_egress() {
         assert_eq!(v["error"]["code"], "TS1070", "{backend}: {v}");
     }
     let _ = Duration::ZERO;
+}
+
+#[test]
+fn issue_26_restricted_on_runc_and_crun() {
+    if !root_and_tools("issue_26_restricted_on_runc_and_crun") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "r",
+        &manifest("restricted", &["good.test:80", "203.0.113.11/32:9000"]),
+    );
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 80},
+        {"kind": "resolve", "host": "secret.exfil.test"},
+        {"kind": "tcp", "host": "203.0.113.10", "port": 80},
+        {"kind": "tcp", "host": "203.0.113.11", "port": 9000},
+        {"kind": "loopback"},
+    ]);
+    for backend in ["runc", "crun"] {
+        let which = Command::new("sh")
+            .args(["-c", &format!("command -v {backend}")])
+            .output()
+            .unwrap();
+        if !which.status.success() {
+            assert!(
+                std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+                "{backend} missing"
+            );
+            continue;
+        }
+        let (r, ev) = probe_on(&fx, "r", backend, &probes);
+        assert_eq!(
+            result(&r, 0).0,
+            "ok:OK 203.0.113.10 80 GET / HTTP/1.1",
+            "{backend}: {r:#?}"
+        );
+        assert!(result(&r, 1).0.starts_with("err:"), "{backend}: {r:#?}");
+        assert_eq!(result(&r, 2).0, "err:ECONNREFUSED", "{backend}");
+        assert_eq!(
+            result(&r, 3).0,
+            "ok:OK 203.0.113.11 9000 GET / HTTP/1.1",
+            "{backend}"
+        );
+        assert_eq!(result(&r, 4).0, "ok:hi", "{backend}");
+        assert!(
+            !calls(&ev, |c| c["name"] == "good.test" && c["allowed"] == true).is_empty(),
+            "{backend}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["address"] == "203.0.113.10"
+                && c["allowed"] == false)
+            .is_empty(),
+            "{backend}"
+        );
+    }
+    assert!(!net.queries().iter().any(|q| q.contains("exfil")));
 }

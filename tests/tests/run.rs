@@ -614,8 +614,8 @@ fn allow_egress_is_refused_not_silently_isolated() {
     if !require_root("allow_egress_is_refused_not_silently_isolated") {
         return;
     }
-    // Enforced natively (tests/tests/network.rs); a backend that does not
-    // enforce it refuses the turn (TS1070).
+    // Enforced on native, runc and crun (tests/tests/network.rs); runsc
+    // does not enforce it and refuses the turn (TS1070).
     let fx = fixture();
     fx.install(
         "net",
@@ -625,7 +625,7 @@ fn allow_egress_is_refused_not_silently_isolated() {
         "net",
         &[
             "--backend",
-            "runc",
+            "runsc",
             "--json",
             "--no-outputs",
             "--",
@@ -634,7 +634,7 @@ fn allow_egress_is_refused_not_silently_isolated() {
         ],
     );
     if r.json()["error"]["code"] == "E2040" {
-        return; // runc is not installed
+        return; // runsc is not installed
     }
     assert_eq!(r.status, 20, "{}", r.stdout);
     let v = r.json();

@@ -60,7 +60,7 @@ pub trait Backend {
         match network {
             turnstile_policy::manifest::Network::Isolated => Ok(()),
             _ => {
-                Err("egress by name is enforced by the native backend only in this release".into())
+                Err("egress by name is enforced by the native, runc and crun backends only in this release".into())
             }
         }
     }

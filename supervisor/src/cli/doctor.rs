@@ -188,7 +188,7 @@ pub fn report() -> (String, DoctorReport) {
         })
         .collect();
     let egress = match crate::sandbox::egress::host_support() {
-        Ok(()) => "native: per-turn network namespace, nftables (nft) and the supervisor's resolver and proxy; runc, crun, runsc refuse (TS1070)".to_owned(),
+        Ok(()) => "native, runc, crun: the turn's own network namespace with nftables (nft) and the supervisor's resolver and proxy; runsc refuses (TS1070)".to_owned(),
         Err(why) => format!("refused on every backend (TS1070): {why}"),
     };
     let status = status_of(&failed, &degraded);
