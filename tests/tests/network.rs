@@ -670,3 +670,78 @@ fn issue_26_restricted_on_runc_and_crun() {
     }
     assert!(!net.queries().iter().any(|q| q.contains("exfil")));
 }
+
+/// Times `n` GETs of 1 MiB from good.test:8080 (by name) in Python;
+/// prints the median in ms.
+const GETS: &str = r#"
+import socket, sys, time, statistics
+host, n = sys.argv[1], int(sys.argv[2])
+ts = []
+for _ in range(n):
+    t = time.perf_counter()
+    c = socket.create_connection((host, 8080), timeout=5); c.sendall(b"GET / HTTP/1.1\r\n\r\n"); k = 0
+    while True:
+        d = c.recv(1 << 16)
+        if not d: break
+        k += len(d)
+    assert k == 1 << 20
+    ts.append((time.perf_counter() - t) * 1000)
+print("GETS", round(statistics.median(ts), 3))
+"#;
+
+#[test]
+fn issue_26_a_1_mib_get_through_the_proxy_costs_little() {
+    if !root_and_tools("issue_26_a_1_mib_get_through_the_proxy_costs_little") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("g", &manifest("restricted", &["good.test:8080"]));
+    let out = Command::new(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "g",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            GETS,
+            "good.test",
+            "30",
+        ])
+        .env("TURNSTILE_DNS_UPSTREAM", "203.0.113.53:53")
+        .output()
+        .unwrap();
+    let inside = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{inside}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outside = Command::new("python3")
+        .args(["-c", GETS, "203.0.113.10", "30"])
+        .output()
+        .unwrap();
+    let outside = String::from_utf8_lossy(&outside.stdout).to_string();
+    let ms = |s: &str| -> f64 {
+        s.lines()
+            .find_map(|l| l.strip_prefix("GETS "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no timing in {s}"))
+    };
+    let (i, o) = (ms(&inside), ms(&outside));
+    eprintln!(
+        "1 MiB GET, median of 30: through the proxy {i:.3} ms, outside {o:.3} ms ({:.2}x)",
+        i / o
+    );
+    // Loose (a shared 2-core machine); the issue's 1.5x is measured in
+    // release builds by hand (see the report).
+    assert!(
+        i < o * 10.0 + 20.0,
+        "through the proxy {i} ms vs outside {o} ms"
+    );
+}

@@ -424,7 +424,23 @@ impl Turn<'_> {
             denials_observed: o
                 .execution
                 .as_ref()
-                .map(|x| crate::turn::denials::observability(&x.denials)),
+                .map(|x| {
+                    let mut m = crate::turn::denials::observability(&x.denials);
+                    if x.egress.is_some() {
+                        m.insert(
+                            "network".to_owned(),
+                            crate::store::record::Observed {
+                                observed: true,
+                                via: Some(
+                                    "the supervisor's resolver and proxy, and the turn namespace's nftables counters (exact, per turn)"
+                                        .into(),
+                                ),
+                                why: None,
+                            },
+                        );
+                    }
+                    m
+                }),
             degraded,
             // Only for a turn whose sandbox ran: nothing was applied
             // otherwise.

@@ -45,6 +45,8 @@ const MAX_NAMES: u32 = 65_000;
 const NFT_TABLE: &str = "turnstile";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PEEK_WAIT: Duration = Duration::from_millis(1500);
+/// How long an upstream answer is reused within a turn.
+const CACHE_TTL: Duration = Duration::from_secs(30);
 
 /// Egress entries this release cannot enforce: `Err(why)` refuses the turn.
 pub fn supported(entries: &[Egress]) -> Result<(), String> {
@@ -362,6 +364,9 @@ struct Shared {
     names: Mutex<Names>,
     flows: Mutex<Flows>,
     upstream: Option<SocketAddr>,
+    /// Upstream answers, per name, for [`CACHE_TTL`] (every connection is
+    /// checked against them as against a fresh answer).
+    cache: Mutex<HashMap<String, (Instant, Vec<IpAddr>)>>,
     stop: AtomicBool,
     /// Readable once the egress stops (a byte is written and never read):
     /// wakes every thread waiting in poll.
@@ -403,6 +408,22 @@ impl Shared {
 }
 
 impl Shared {
+    /// `name`'s upstream addresses, from the cache when fresh.
+    fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, String> {
+        if let Some((at, addrs)) = self.cache.lock().ok().and_then(|c| c.get(name).cloned()) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(addrs);
+            }
+        }
+        let addrs = resolve(self.upstream, name)?;
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() < 4096 {
+                c.insert(name.to_owned(), (Instant::now(), addrs.clone()));
+            }
+        }
+        Ok(addrs)
+    }
+
     fn record(&self, f: Flow) {
         if let Ok(mut flows) = self.flows.lock() {
             flows.add(f);
@@ -665,6 +686,7 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         names: Mutex::new(Names::default()),
         flows: Mutex::new(Flows::default()),
         upstream: upstream(),
+        cache: Mutex::new(HashMap::new()),
         stop: AtomicBool::new(false),
         wake: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?,
         active: AtomicUsize::new(0),
@@ -933,7 +955,7 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
     let missing = |name: &str| {
         shared.policy.network == Network::AllowEgress
             && shared.policy.name_entry(name, None).is_none()
-            && resolve(shared.upstream, name).is_err()
+            && shared.resolve(name).is_err()
     };
     let rcode_addr = if !allowed || missing(&q.name) {
         (dns::RCODE_NXDOMAIN, None)
@@ -1199,7 +1221,7 @@ fn proxy(shared: &Shared, client: TcpStream) {
                 }
             }
             let listed = shared.policy.name_entry(n, Some(port)).is_some();
-            match resolve(shared.upstream, n) {
+            match shared.resolve(n) {
                 Ok(addrs) => {
                     let (ok, bad): (Vec<IpAddr>, Vec<IpAddr>) = addrs
                         .into_iter()
