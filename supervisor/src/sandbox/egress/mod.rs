@@ -45,6 +45,8 @@ const MAX_NAMES: u32 = 65_000;
 const NFT_TABLE: &str = "turnstile";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PEEK_WAIT: Duration = Duration::from_millis(1500);
+/// Connections (resolver and proxy) handled at once per turn.
+const MAX_ACTIVE: usize = 512;
 /// How long an upstream answer is reused within a turn.
 const CACHE_TTL: Duration = Duration::from_secs(30);
 
@@ -933,6 +935,26 @@ fn accept_loop(shared: &Arc<Shared>, l: &TcpListener, handle: fn(&Shared, TcpStr
     while shared.wait(l.as_fd()) {
         while let Ok((s, _)) = l.accept() {
             let _ = s.set_nonblocking(false);
+            // Bounded: a turn cannot make the supervisor hold more than
+            // this many connections (threads) at once.
+            if shared.active.load(Ordering::SeqCst) >= MAX_ACTIVE {
+                let at = Instant::now();
+                let d = Decision::Denied {
+                    rule: format!("more than {MAX_ACTIVE} connections at once"),
+                    hint: None,
+                };
+                let addr = original_dst(&s);
+                shared.record(shared.flow(
+                    None,
+                    addr.map_or(String::new(), |a| a.ip().to_string()),
+                    addr.map_or(0, |a| a.port()),
+                    "tcp",
+                    &d,
+                    at,
+                ));
+                reset(s);
+                continue;
+            }
             let s2 = Arc::clone(shared);
             s2.active.fetch_add(1, Ordering::SeqCst);
             std::thread::spawn(move || {
