@@ -415,6 +415,7 @@ fn issue_26_restricted_egress_by_name_dns_tcp_and_evidence() {
     assert!(result(&r, 4).1 < 500);
     assert_eq!(result(&r, 5).0, "ok:OK 203.0.113.11 9000 GET / HTTP/1.1");
     assert!(result(&r, 6).0.starts_with("err:"), "{:?}", r[6]);
+    assert_eq!(result(&r, 7).0, "ok:OK 2001:db8:77::10 443 GET / HTTP/1.1");
     assert_eq!(result(&r, 7).0, "ok:OK 203.0.113.11 80 GET / HTTP/1.1");
     assert!(
         matches!(result(&r, 8).0, "err:EPERM" | "err:ECONNREFUSED"),
@@ -540,6 +541,7 @@ fn issue_26_allow_egress_refuses_private_link_local_and_rebinding() {
         {"kind": "tcp", "host": "private.test", "port": 80},    // 4 name -> private (rebinding)
         {"kind": "tcp", "host": "meta.test", "port": 80},       // 5 name -> link-local
         {"kind": "resolve", "host": "missing.test"},            // 6 NXDOMAIN upstream
+        {"kind": "tcp", "host": "2001:db8:77::10", "port": 443}, // 7 public IPv6 literal
     ]);
     let (r, ev) = probe(&fx, "e", &probes);
     eprintln!("{r:#?}");
