@@ -71,6 +71,7 @@ codes! {
     KEY_INVALID = "TS1063", "KEY_INVALID";
     REVERT_CONFLICT = "TS1064", "REVERT_CONFLICT";
     PROTOCOL_MISMATCH = "TS1050", "PROTOCOL_MISMATCH";
+    NETWORK_UNENFORCEABLE = "TS1070", "NETWORK_UNENFORCEABLE";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

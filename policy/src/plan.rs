@@ -143,6 +143,10 @@ pub struct Plan {
     pub seccomp: SeccompProfile,
     pub limits: PlanLimits,
     pub network: String,
+    /// The manifest's `egress` entries as written (`restricted`,
+    /// `allow_egress`); the supervisor enforces them by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<String>,
     /// Layers the manifest lets a backend or kernel lack
     /// (`allow_degraded`, e.g. `landlock`).
     #[serde(default)]
@@ -166,10 +170,6 @@ pub enum PlanError {
     TooManyMatches { pattern: String },
     #[error("writable scope `{0}` is not a directory under the workspace root")]
     BadScope(String),
-    #[error(
-        "{0} is not enforced by this release: the turn is refused rather than run with another network (only `isolated` is enforced)"
-    )]
-    Unsupported(&'static str),
     #[error(
         "pattern `{0}` would show the whole host file system to the turn; grant the directories it needs"
     )]
@@ -213,6 +213,10 @@ pub const READ_BASELINE: &[&str] = &[
 
 /// Private writable tmpfs mounts for programs that ignore TMPDIR.
 pub const EPHEMERAL: &[&str] = &["/tmp", "/var/tmp"];
+
+/// The address of the supervisor's resolver inside a turn's network
+/// namespace (`restricted`, `allow_egress`).
+pub const RESOLVER: &str = "127.0.0.53";
 
 /// The sandbox's host name (its own UTS namespace); `/etc/hosts` resolves it.
 pub const HOSTNAME: &str = "turnstile";
@@ -302,13 +306,6 @@ pub fn compile(
     allowed: &Allowed,
     fs: &dyn FsView,
 ) -> Result<Plan, PlanError> {
-    // Only `isolated` is enforced by this release: a policy that grants
-    // egress is refused rather than run with another network (fail closed).
-    match manifest.network {
-        Network::Isolated => {}
-        Network::Restricted => return Err(PlanError::Unsupported("network `restricted`")),
-        Network::AllowEgress => return Err(PlanError::Unsupported("network `allow_egress`")),
-    }
     let c = Compiler::new(ctx, manifest, request, fs);
     let scopes = c.writable_scopes()?;
     let (program_abs, execute) = c.executables()?;
@@ -357,6 +354,7 @@ pub fn compile(
             output_bytes: l.output_bytes.0,
         },
         network: manifest.network.as_str().into(),
+        egress: manifest.egress.iter().map(|e| e.raw.clone()).collect(),
         allow_degraded: manifest
             .allow_degraded
             .iter()
@@ -680,6 +678,14 @@ impl<'a> Compiler<'a> {
                 contents,
             });
         }
+        // A turn with egress resolves names only through the supervisor's
+        // resolver inside its network namespace.
+        if self.manifest.network != Network::Isolated {
+            view.mounts.push(Mount::Generated {
+                path: "/etc/resolv.conf".into(),
+                contents: format!("nameserver {RESOLVER}\noptions timeout:2 attempts:2\n"),
+            });
+        }
         Ok(())
     }
 
@@ -785,6 +791,9 @@ impl<'a> Compiler<'a> {
             .collect();
         read.push("/proc".into());
         read.extend(["/etc/hosts".to_owned(), "/etc/hostname".to_owned()]);
+        if self.manifest.network != Network::Isolated {
+            read.push("/etc/resolv.conf".to_owned());
+        }
         for p in &caps.read {
             let start = if p.is_absolute() {
                 p.static_prefix(session)

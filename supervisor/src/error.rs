@@ -94,6 +94,15 @@ pub enum SupervisorError {
     },
 
     #[error(
+        "backend `{backend}` cannot enforce network `{network}`: {why}; the turn is refused rather than run with another network, nothing was run"
+    )]
+    NetworkUnenforceable {
+        backend: String,
+        network: String,
+        why: String,
+    },
+
+    #[error(
         "backend `{backend}` is weaker than `{minimum}`, the minimum isolation of trust level `{level}` ({minimum_by}); nothing was run"
     )]
     BelowTrustMinimum {
@@ -224,6 +233,7 @@ impl SupervisorError {
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
             Self::Unenforceable { .. } => codes::LAYER_UNENFORCEABLE,
+            Self::NetworkUnenforceable { .. } => codes::NETWORK_UNENFORCEABLE,
             Self::BelowTrustMinimum { .. } => codes::BACKEND_BELOW_TRUST_MINIMUM,
             Self::SessionNotOwned { .. } => codes::SESSION_NOT_OWNED,
             Self::CgroupParentInvalid { .. } => codes::CGROUP_PARENT_INVALID,
@@ -272,6 +282,7 @@ impl SupervisorError {
             Self::Sandbox { .. }
             | Self::RuntimeUnavailable { .. }
             | Self::Unenforceable { .. }
+            | Self::NetworkUnenforceable { .. }
             | Self::BelowTrustMinimum { .. }
             | Self::SuspendFailed { .. }
             | Self::ResumeFailed { .. } => exit::SANDBOX,
@@ -287,6 +298,7 @@ impl SupervisorError {
             Self::InputUnreadable { .. } => Some("declared_inputs"),
             Self::IdempotencyConflict { .. } => Some("idempotency_key"),
             Self::Unenforceable { .. } => Some("allow_degraded"),
+            Self::NetworkUnenforceable { .. } => Some("network"),
             Self::BelowTrustMinimum { .. } => Some("--backend"),
             Self::CgroupParentInvalid { .. } => Some("--cgroup-parent"),
             Self::NoRunningTurn { .. } => Some("--session"),

@@ -919,7 +919,7 @@ pub fn probes() -> Vec<Probe> {
             "tcp_egress_denied",
             "network",
             py(
-                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('1.1.1.1', 80))))"
+                "s = socket.socket(); s.settimeout(2); res(err(lambda: s.connect(('203.0.113.1', 80))))"
             ),
             ok(&["EACCES", "ENETUNREACH"]),
             "Landlock TCP connect (and an empty network namespace)"
@@ -969,7 +969,7 @@ pub fn probes() -> Vec<Probe> {
             "udp_egress_unroutable",
             "network",
             py(
-                "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); res(err(lambda: s.sendto(b'x', ('8.8.8.8', 53))))"
+                "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); res(err(lambda: s.sendto(b'x', ('198.51.100.7', 53))))"
             ),
             ok(&["ENETUNREACH"]),
             "Landlock has no UDP rules; the empty network namespace covers UDP"

@@ -614,12 +614,28 @@ fn allow_egress_is_refused_not_silently_isolated() {
     if !require_root("allow_egress_is_refused_not_silently_isolated") {
         return;
     }
+    // Enforced on native, runc and crun (tests/tests/network.rs); runsc
+    // does not enforce it and refuses the turn (TS1070).
     let fx = fixture();
     fx.install(
         "net",
         r#"{"capabilities":{"execute":["/bin/sleep"]},"network":"allow_egress"}"#,
     );
-    let r = fx.run("net", &["--json", "--no-outputs", "--", "/bin/sleep", "0"]);
+    let r = fx.run(
+        "net",
+        &[
+            "--backend",
+            "runsc",
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "0",
+        ],
+    );
+    if r.json()["error"]["code"] == "E2040" {
+        return; // runsc is not installed
+    }
     assert_eq!(r.status, 20, "{}", r.stdout);
     let v = r.json();
     assert!(
@@ -629,7 +645,7 @@ fn allow_egress_is_refused_not_silently_isolated() {
             .contains("allow_egress"),
         "{v}"
     );
-    fx.assert_ledgers_intact(&sid(&v));
+    assert_eq!(v["error"]["code"], "TS1070", "{v}");
 }
 
 #[test]
@@ -845,11 +861,12 @@ fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
         return;
     }
     for (pkg, network) in [("restricted", "restricted"), ("egress", "allow_egress")] {
-        fx.install(pkg, &manifest(network, r#"["pypi.org:443"]"#));
+        fx.install(pkg, &manifest(network, r#"["pypi.org:443/udp"]"#));
         let r = fx.run(pkg, &["--json", "--no-outputs", "--", "/bin/true"]);
         assert_ne!(r.status, 0, "{pkg}: ran with another network: {}", r.stdout);
         assert!(
-            r.stdout.contains("is not enforced by this release"),
+            r.stdout
+                .contains("UDP egress is not enforced by this release"),
             "{pkg}: {}{}",
             r.stdout,
             r.stderr

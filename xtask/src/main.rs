@@ -59,6 +59,7 @@ const APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "e2fsprogs",
     "xz-utils",
+    "nftables",
 ];
 
 /// Requirements that must each have at least one test whose name contains

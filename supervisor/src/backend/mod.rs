@@ -50,6 +50,21 @@ pub trait Backend {
     /// in [`Backend::not_applied`] — never claimed.
     fn applied_by(&self) -> Vec<(&'static str, &'static str)>;
 
+    /// Whether this backend enforces `network` (`restricted`,
+    /// `allow_egress`): `Err(why)` refuses the turn (fail closed). Every
+    /// backend enforces `isolated`.
+    fn enforces_network(
+        &self,
+        network: turnstile_policy::manifest::Network,
+    ) -> std::result::Result<(), String> {
+        match network {
+            turnstile_policy::manifest::Network::Isolated => Ok(()),
+            _ => {
+                Err("egress by name is enforced by the native, runc and crun backends only in this release".into())
+            }
+        }
+    }
+
     /// Layers this backend does not apply at all, with why.
     fn not_applied(&self) -> Vec<(&'static str, &'static str)> {
         Vec::new()
@@ -212,6 +227,22 @@ pub fn by_name(
             reason: kata::unavailable(),
         }),
     }
+}
+
+/// Refuses (exit 20, TS1070, nothing run) a turn whose network policy
+/// `backend` cannot enforce.
+pub fn check_network(
+    backend: &dyn Backend,
+    manifest: &turnstile_policy::manifest::Manifest,
+) -> Result<()> {
+    backend
+        .enforces_network(manifest.network)
+        .and_then(|()| crate::sandbox::egress::supported(&manifest.egress))
+        .map_err(|why| SupervisorError::NetworkUnenforceable {
+            backend: backend.name().to_owned(),
+            network: manifest.network.as_str().to_owned(),
+            why,
+        })
 }
 
 /// Refuses (exit 20, nothing run) a turn on `backend` whose manifest does

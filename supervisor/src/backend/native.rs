@@ -45,6 +45,16 @@ impl Backend for NativeBackend {
         "native"
     }
 
+    fn enforces_network(
+        &self,
+        network: turnstile_policy::manifest::Network,
+    ) -> std::result::Result<(), String> {
+        match network {
+            turnstile_policy::manifest::Network::Isolated => Ok(()),
+            _ => crate::sandbox::egress::host_support(),
+        }
+    }
+
     fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
         vec![
             (

@@ -107,6 +107,9 @@ struct RuncSandbox {
     torn_down: bool,
     /// Ends the turn if the supervisor dies; disarmed once torn down.
     guard: Option<super::hostview::Guard>,
+    /// A `restricted` / `allow_egress` turn's egress, in the container's
+    /// network namespace.
+    egress: Option<crate::sandbox::egress::Running>,
 }
 
 impl Backend for RuncBackend {
@@ -151,6 +154,16 @@ impl Backend for RuncBackend {
         ]
     }
 
+    fn enforces_network(
+        &self,
+        network: turnstile_policy::manifest::Network,
+    ) -> std::result::Result<(), String> {
+        match network {
+            turnstile_policy::manifest::Network::Isolated => Ok(()),
+            _ => crate::sandbox::egress::host_support(),
+        }
+    }
+
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         // The container's processes become ours when runc exits.
         nix::sys::prctl::set_child_subreaper(true)
@@ -184,6 +197,7 @@ impl Backend for RuncBackend {
             scratch: turn.path.join(init::SCRATCH_DIR),
             torn_down: false,
             guard: Some(guard),
+            egress: None,
         };
         // Drop tears down whatever was built if a step below fails.
         let view = sb
@@ -245,6 +259,19 @@ impl Backend for RuncBackend {
             .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| err("runc run", "no pid file"))?;
         sb.lap("runtime_run");
+        // Egress by name in the container's own network namespace (made
+        // by the runtime, empty), before the command may run: a setup that
+        // fails refuses the turn.
+        if plan.network != "isolated" {
+            let running = std::fs::File::open(format!("/proc/{}/ns/net", sb.pid))
+                .map_err(|e| e.to_string())
+                .and_then(|ns| {
+                    crate::sandbox::egress::start(&plan.network, &plan.egress, ns.into())
+                })
+                .map_err(|e| err("network egress", e))?;
+            sb.egress = Some(running);
+            sb.lap("egress");
+        }
         // The timer, from here.
         if let Some(w) = sb.watch.as_mut() {
             w.start_timer(
@@ -358,6 +385,10 @@ impl Sandbox for RuncSandbox {
         let ending = super::hostview::reap(self.pid, "runc", "container");
         self.lap("command_and_exit");
         let empty = self.cg.kill_all();
+        let egress = self
+            .egress
+            .take()
+            .map(crate::sandbox::egress::Running::finish);
         let usage = self.cg.usage();
         let version = self.cg.version;
         self.teardown();
@@ -413,6 +444,7 @@ impl Sandbox for RuncSandbox {
                 ),
             ],
             warm: false,
+            egress,
         })
     }
 

@@ -572,6 +572,7 @@ impl Sandbox for RunscSandbox {
                 format!("runsc: the cgroup also holds gVisor's sentry and gofer: its pids limit is the plan's + {PIDS_OVERHEAD}, and their memory counts against the turn's limit"),
             ],
             warm: false,
+            egress: None,
         })
     }
 

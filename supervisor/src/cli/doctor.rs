@@ -58,6 +58,11 @@ pub struct DoctorReport {
     pub landlock_unenforced: Vec<String>,
     pub seccomp: bool,
     pub overlayfs: bool,
+    /// Network `restricted` / `allow_egress` (issue 26): how the native
+    /// backend enforces them here, or why it cannot (such turns are then
+    /// refused, TS1070).
+    #[serde(default)]
+    pub network_egress: String,
     pub user_namespaces: u64,
     pub cgroup: Option<&'static str>,
     pub runtimes: Vec<Runtime>,
@@ -182,6 +187,10 @@ pub fn report() -> (String, DoctorReport) {
             path: which(r),
         })
         .collect();
+    let egress = match crate::sandbox::egress::host_support() {
+        Ok(()) => "native, runc, crun: the turn's own network namespace with nftables (nft) and the supervisor's resolver and proxy; runsc refuses (TS1070)".to_owned(),
+        Err(why) => format!("refused on every backend (TS1070): {why}"),
+    };
     let status = status_of(&failed, &degraded);
     let value = DoctorReport {
         status,
@@ -196,6 +205,7 @@ pub fn report() -> (String, DoctorReport) {
             .collect(),
         seccomp,
         overlayfs: overlay,
+        network_egress: egress.clone(),
         user_namespaces: userns,
         cgroup: cg.map(cgroup::Version::as_str),
         runtimes,
@@ -223,6 +233,7 @@ pub fn report() -> (String, DoctorReport) {
         if overlay { "yes" } else { "no" }
     );
     text += &format!("  user namespaces: {userns}\n");
+    text += &format!("  network egress:  {egress}\n");
     text += &format!(
         "  cgroups:         {}\n",
         cg.map_or("none", cgroup::Version::as_str)

@@ -4,6 +4,7 @@
 //! tears everything down so that nothing of the turn is left running.
 
 pub mod cgroup;
+pub mod egress;
 pub mod init;
 pub mod landlock;
 pub mod landlock_exec;
@@ -137,6 +138,9 @@ pub struct Execution {
     /// The sandbox was built before the turn (a warm one from the pool),
     /// not for it.
     pub warm: bool,
+    /// What a `restricted` or `allow_egress` turn's network saw (`None`:
+    /// `isolated`).
+    pub egress: Option<egress::Report>,
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -555,6 +559,7 @@ pub struct Created {
     scratch: PathBuf,
     listener: std::result::Result<notify::Listener, String>,
     warm: bool,
+    egress: Option<egress::Running>,
 }
 
 impl Created {
@@ -642,6 +647,10 @@ impl Created {
         }
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
+        let egress = self.egress.take().map(egress::Running::finish);
+        if egress.is_some() {
+            self.lap("egress_finish");
+        }
         let usage = self.cg.usage();
         self.cg.remove();
         self.lap("cgroup_teardown");
@@ -673,6 +682,7 @@ impl Created {
                 .map(notify::Listener::finish),
             degraded: Vec::new(),
             warm: self.warm,
+            egress,
         })
     }
 }
@@ -738,6 +748,9 @@ pub struct Parked {
     /// Every host path the sandbox shows (the workspace root, each mount's
     /// source) with the file it was when the sandbox was built.
     sources: Vec<(PathBuf, Option<(u64, u64)>)>,
+    /// A `restricted` / `allow_egress` sandbox's egress, being set up in
+    /// its network namespace while its init builds the rest.
+    egress: Option<std::thread::JoinHandle<std::result::Result<egress::Running, String>>>,
 }
 
 /// The host paths a Plan's mounts show, each with the (device, inode) it
@@ -819,6 +832,16 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         }
     };
     lap("spawn", &mut phases);
+    // Egress by name, in the sandbox's own network namespace, set up while
+    // its init builds the rest (the shape carries the network policy).
+    let egress = (plan.network != "isolated").then(|| {
+        let ns = std::fs::File::open(format!("/proc/{}/ns/net", child.id()))
+            .map(std::os::fd::OwnedFd::from);
+        let (network, entries) = (plan.network.clone(), plan.egress.clone());
+        std::thread::spawn(move || {
+            egress::start(&network, &entries, ns.map_err(|e| e.to_string())?)
+        })
+    });
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         let _ = child.kill();
         let _ = child.wait();
@@ -846,6 +869,7 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
         report_path: turn.path.join(init::REPORT_FILE),
         scratch: turn.path.join(init::SCRATCH_DIR),
         sources,
+        egress,
     })
 }
 
@@ -952,10 +976,26 @@ impl Parked {
             scratch: std::mem::take(&mut self.scratch),
             listener: Err("the sandbox never became ready".into()),
             warm,
+            egress: None,
         };
         if self.parked() {
             if warm {
                 created.lap("warm_take");
+            }
+            // Egress must be in force before the command can run: a setup
+            // that failed refuses the turn.
+            if let Some(setup) = self.egress.take() {
+                match setup.join() {
+                    Ok(Ok(running)) => {
+                        if !warm {
+                            created.phases.extend(running.phases.iter().copied());
+                        }
+                        created.lap("egress_wait");
+                        created.egress = Some(running);
+                    }
+                    Ok(Err(e)) => return Err(sandbox_err("network egress", e)),
+                    Err(_) => return Err(sandbox_err("network egress", "the setup panicked")),
+                }
             }
             let bytes =
                 serde_json::to_vec(plan).map_err(|e| sandbox_err("send plan", e.to_string()))?;

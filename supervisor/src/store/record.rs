@@ -202,6 +202,34 @@ pub struct Violation {
     pub timestamp: Option<String>,
 }
 
+/// One network flow of a turn (`external_calls[]`, issue 26): allowed or
+/// denied, with the `egress` entry or the rule that decided. Repeats of
+/// one flow are one record with a `count`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExternalCall {
+    /// The name the turn asked for (absent for a literal address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The address connected to (or refused).
+    pub address: String,
+    pub port: u16,
+    /// `tcp`, `udp` or `dns`.
+    pub protocol: String,
+    pub allowed: bool,
+    pub decided_by: String,
+    pub count: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// When first and last seen (absent for refusals the kernel counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
+    /// An allowed flow that failed upstream: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// One realized write (`realized_writes[]`, `scratch_writes[]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteRecord {
@@ -448,7 +476,7 @@ pub struct EvidenceEntry {
     /// discarded).
     pub ephemeral_writes: Option<serde_json::Map<String, Value>>,
     pub committed: Vec<Committed>,
-    pub external_calls: Vec<Value>,
+    pub external_calls: Vec<ExternalCall>,
     pub violations: Vec<Violation>,
     pub enforcement: Option<EnforcementRecord>,
     pub resources: Option<Resources>,

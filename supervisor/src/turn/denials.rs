@@ -176,3 +176,90 @@ pub fn observability(denials: &Result<Denials, String>) -> BTreeMap<String, Obse
         ("mount".to_owned(), not(MOUNT_UNOBSERVED)),
     ])
 }
+
+/// The evidence's `external_calls[]` and the `network` violations of a
+/// turn's egress (issue 26): one violation per denied flow, with the
+/// `egress` entry that would allow it as the hint.
+pub fn network_records(
+    r: &crate::sandbox::egress::Report,
+    session: &str,
+    turn: u64,
+    clock: TurnClock,
+) -> (Vec<crate::store::record::ExternalCall>, Vec<Violation>) {
+    let date = |i: Option<std::time::Instant>| {
+        i.map(|i| {
+            if clock.deterministic {
+                rfc3339_micros(clock.at)
+            } else {
+                rfc3339_micros(clock.at + i.saturating_duration_since(clock.instant))
+            }
+        })
+    };
+    let mut calls = Vec::new();
+    let mut violations = Vec::new();
+    for f in &r.flows {
+        calls.push(crate::store::record::ExternalCall {
+            name: f.name.clone(),
+            address: f.address.clone(),
+            port: f.port,
+            protocol: f.protocol.to_owned(),
+            allowed: f.allowed,
+            decided_by: f.decided_by.clone(),
+            count: f.count,
+            bytes_out: f.bytes_out,
+            bytes_in: f.bytes_in,
+            first: date(f.first),
+            last: date(f.last),
+            error: f.error.clone(),
+        });
+        if f.allowed {
+            continue;
+        }
+        let target = match &f.name {
+            Some(n) => format!("{n}:{}", f.port),
+            None if f.address.contains(':') => format!("[{}]:{}", f.address, f.port),
+            None => format!("{}:{}", f.address, f.port),
+        };
+        violations.push(Violation {
+            attempted_operation: match f.protocol {
+                "dns" => "resolve".into(),
+                p => format!("{p} connect"),
+            },
+            target: target.clone(),
+            violated_capability: ViolatedCapability::NotGranted {
+                capability: "egress".into(),
+            },
+            details: format!("{} refused {} time(s): {}", target, f.count, f.decided_by),
+            layer: Layer::Network,
+            hint: Some(match &f.hint {
+                Some(h) => format!("add `{h}` to `egress`"),
+                None => f.decided_by.clone(),
+            }),
+            count: f.count,
+            session_id: session.to_owned(),
+            turn_number: turn,
+            timestamp: date(f.first),
+        });
+    }
+    if r.dropped > 0 {
+        violations.push(Violation {
+            attempted_operation: "connect".into(),
+            target: "(other destinations)".into(),
+            violated_capability: ViolatedCapability::NotGranted {
+                capability: "egress".into(),
+            },
+            details: format!(
+                "{} more refused flows beyond the first {} distinct ones",
+                r.dropped,
+                crate::sandbox::egress::MAX_FLOWS
+            ),
+            layer: Layer::Network,
+            hint: None,
+            count: r.dropped,
+            session_id: session.to_owned(),
+            turn_number: turn,
+            timestamp: None,
+        });
+    }
+    (calls, violations)
+}

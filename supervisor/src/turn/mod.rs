@@ -122,6 +122,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         .iter()
         .map(|l| l.as_str().to_owned())
         .collect();
+    crate::backend::check_network(backend.as_ref(), &admission.manifest)?;
     crate::backend::check_enforceable(backend.as_ref(), &allowed_degraded)?;
     if let Some(t) = &opts.tenant {
         let ok = !t.is_empty()

@@ -283,7 +283,25 @@ impl Turn<'_> {
                 },
             ));
         }
+        violations.extend(self.network(o).1);
         violations
+    }
+
+    /// The turn's network flows and their violations (issue 26).
+    fn network(&self, o: &Outcome) -> (Vec<crate::store::record::ExternalCall>, Vec<Violation>) {
+        match o.execution.as_ref().and_then(|x| x.egress.as_ref()) {
+            Some(r) => crate::turn::denials::network_records(
+                r,
+                self.session.id.as_str(),
+                self.turn_number,
+                crate::turn::denials::TurnClock {
+                    at: self.started_at,
+                    instant: self.started,
+                    deterministic: self.session.deterministic.is_some(),
+                },
+            ),
+            None => (Vec::new(), Vec::new()),
+        }
     }
 
     fn evidence_entry(&self, f: &Facts, o: &Outcome) -> EvidenceEntry {
@@ -311,7 +329,7 @@ impl Turn<'_> {
             // Written where nothing is ever committed: recorded, discarded.
             ephemeral_writes: o.execution.as_ref().map(|x| x.ephemeral.clone()),
             committed: o.committed.clone(),
-            external_calls: Vec::new(),
+            external_calls: self.network(o).0,
             violations: f.violations.clone(),
             enforcement: Some(EnforcementRecord::Ran(Box::new(f.enforcement.clone()))),
             resources: f.resources.clone(),
@@ -423,7 +441,23 @@ impl Turn<'_> {
             denials_observed: o
                 .execution
                 .as_ref()
-                .map(|x| crate::turn::denials::observability(&x.denials)),
+                .map(|x| {
+                    let mut m = crate::turn::denials::observability(&x.denials);
+                    if x.egress.is_some() {
+                        m.insert(
+                            "network".to_owned(),
+                            crate::store::record::Observed {
+                                observed: true,
+                                via: Some(
+                                    "the supervisor's resolver and proxy, and the turn namespace's nftables counters (exact, per turn)"
+                                        .into(),
+                                ),
+                                why: None,
+                            },
+                        );
+                    }
+                    m
+                }),
             degraded,
             // Only for a turn whose sandbox ran: nothing was applied
             // otherwise.

@@ -1,0 +1,1459 @@
+//! Egress by name for `restricted` and `allow_egress` turns (issue 26),
+//! with nothing changed on the host: every piece lives in the turn's own
+//! network namespace and dies with it.
+//!
+//! - Routes: every address is local in the turn's namespace (`local
+//!   0.0.0.0/0` and `local ::/0` on `lo`), so nothing leaves it by itself.
+//! - A resolver on 127.0.0.53:53 (UDP and TCP; the turn's
+//!   `/etc/resolv.conf`) created by the supervisor inside the namespace: an
+//!   allowed name gets a synthetic address of its own from 127.64.0.0/10,
+//!   any other name NXDOMAIN — never forwarded upstream (no exfiltration
+//!   through DNS).
+//! - nftables in the namespace: TCP to a synthetic address, to a CIDR entry
+//!   (and under `allow_egress` to any public address) is redirected to the
+//!   supervisor's listener; any other connect or datagram is refused at
+//!   once (ECONNREFUSED, EPERM) and counted per destination in a set.
+//! - The listener reads the original destination, maps a synthetic address
+//!   back to its name, checks name and port (and the TLS server name or
+//!   HTTP Host on 443/80), resolves the name itself, refuses private,
+//!   loopback and link-local answers (DNS rebinding) unless listed, connects
+//!   from the supervisor's namespace and splices, counting bytes.
+//!
+//! Every flow, allowed or denied, becomes a [`Flow`] of the evidence.
+
+pub mod dns;
+mod rtnl;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
+};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use turnstile_policy::manifest::{Egress, EgressHost, Network, Transport};
+
+/// The synthetic range names are given addresses from.
+const SYNTHETIC: (Ipv4Addr, u8) = (Ipv4Addr::new(127, 64, 0, 0), 10);
+/// Distinct flows kept per turn; more are counted in one record.
+pub const MAX_FLOWS: usize = 1024;
+/// Distinct names given an address per turn.
+const MAX_NAMES: u32 = 65_000;
+const NFT_TABLE: &str = "turnstile";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const PEEK_WAIT: Duration = Duration::from_millis(1500);
+/// Connections (resolver and proxy) handled at once per turn.
+const MAX_ACTIVE: usize = 512;
+/// How long an upstream answer is reused within a turn.
+const CACHE_TTL: Duration = Duration::from_secs(30);
+
+/// Egress entries this release cannot enforce: `Err(why)` refuses the turn.
+pub fn supported(entries: &[Egress]) -> Result<(), String> {
+    match entries.iter().find(|e| e.transport == Transport::Udp) {
+        Some(e) => Err(format!(
+            "egress entry `{}`: UDP egress is not enforced by this release (only the turn's resolver answers UDP)",
+            e.raw
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What this host lacks for egress by name (`nft`), or `Ok`.
+pub fn host_support() -> Result<(), String> {
+    nft_path().map(|_| ()).ok_or_else(|| {
+        "`nft` (package nftables) is not installed: egress by name needs it inside the turn's network namespace".into()
+    })
+}
+
+fn nft_path() -> Option<&'static str> {
+    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+}
+
+/// A turn's egress policy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    network: Network,
+    entries: Vec<Egress>,
+    /// The host's own addresses (never reachable under `allow_egress`
+    /// unless listed).
+    host: Vec<IpAddr>,
+}
+
+fn wildcard_match(suffix: &str, name: &str) -> bool {
+    name.len() > suffix.len() + 1
+        && name.ends_with(suffix)
+        && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
+}
+
+fn cidr_contains(net: IpAddr, len: u8, ip: IpAddr) -> bool {
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(i)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            u32::from(n) & mask == u32::from(i) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(i)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            u128::from(n) & mask == u128::from(i) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Why `ip` is not a public address, if it is not one.
+pub fn not_public(ip: IpAddr) -> Option<&'static str> {
+    let v4: &[(&str, u8, &str)] = &[
+        ("0.0.0.0", 8, "an unspecified (\"this network\") address"),
+        ("10.0.0.0", 8, "a private address"),
+        ("100.64.0.0", 10, "a carrier-grade NAT address"),
+        ("127.0.0.0", 8, "a loopback address"),
+        ("169.254.0.0", 16, "a link-local address (cloud metadata)"),
+        ("172.16.0.0", 12, "a private address"),
+        ("192.0.0.0", 24, "an IETF protocol address"),
+        ("192.168.0.0", 16, "a private address"),
+        ("198.18.0.0", 15, "a benchmarking address"),
+        ("224.0.0.0", 4, "a multicast address"),
+        ("240.0.0.0", 4, "a reserved address"),
+    ];
+    let v6: &[(&str, u8, &str)] = &[
+        ("::", 128, "the unspecified address"),
+        ("::1", 128, "a loopback address"),
+        ("fc00::", 7, "a unique local (ULA) address"),
+        ("fe80::", 10, "a link-local address"),
+        ("ff00::", 8, "a multicast address"),
+    ];
+    if let IpAddr::V6(a) = ip {
+        if let Some(v4) = a.to_ipv4_mapped() {
+            return not_public(IpAddr::V4(v4));
+        }
+    }
+    let table = if ip.is_ipv4() { v4 } else { v6 };
+    table
+        .iter()
+        .find(|(net, len, _)| cidr_contains(net.parse().unwrap_or(ip), *len, ip))
+        .map(|(_, _, why)| *why)
+}
+
+/// A decision: the entry or rule that made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allowed(String),
+    Denied { rule: String, hint: Option<String> },
+}
+
+impl Policy {
+    pub fn new(network: Network, raw: &[String], host: Vec<IpAddr>) -> Result<Self, String> {
+        let entries = raw
+            .iter()
+            .map(|r| Egress::parse(r).map_err(|e| format!("egress entry `{r}`: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        supported(&entries)?;
+        Ok(Self {
+            network,
+            entries,
+            host,
+        })
+    }
+
+    fn tcp(&self) -> impl Iterator<Item = &Egress> {
+        self.entries
+            .iter()
+            .filter(|e| e.transport == Transport::Tcp)
+    }
+
+    /// The entry listing `name` (on `port`, when given).
+    fn name_entry(&self, name: &str, port: Option<u16>) -> Option<&Egress> {
+        self.tcp().find(|e| {
+            let host = match &e.host {
+                EgressHost::Name(n) => n == name,
+                EgressHost::Wildcard(s) => wildcard_match(s, name),
+                EgressHost::Cidr(..) => false,
+            };
+            host && port.is_none_or(|p| (e.ports.0..=e.ports.1).contains(&p))
+        })
+    }
+
+    fn cidr_entry(&self, ip: IpAddr, port: u16) -> Option<&Egress> {
+        self.tcp().find(|e| {
+            matches!(e.host, EgressHost::Cidr(net, len) if cidr_contains(net, len, ip))
+                && (e.ports.0..=e.ports.1).contains(&port)
+        })
+    }
+
+    /// Whether the resolver answers `name` (with a synthetic address).
+    pub fn resolves(&self, name: &str) -> bool {
+        match self.network {
+            Network::Restricted => self.name_entry(name, None).is_some(),
+            _ => !name.is_empty(),
+        }
+    }
+
+    /// A connection to the literal address `ip:port`.
+    pub fn decide_ip(&self, ip: IpAddr, port: u16) -> Decision {
+        if let Some(e) = self.cidr_entry(ip, port) {
+            return Decision::Allowed(e.raw.clone());
+        }
+        let hint = Some(format!("{}:{port}", host_entry(ip)));
+        match self.network {
+            Network::AllowEgress => match self.special(ip) {
+                Some(why) => Decision::Denied {
+                    rule: format!("allow_egress: {ip} is {why}"),
+                    hint,
+                },
+                None => Decision::Allowed("allow_egress: a public address".into()),
+            },
+            _ => Decision::Denied {
+                rule: format!("restricted: no egress entry covers {ip} port {port}"),
+                hint,
+            },
+        }
+    }
+
+    fn special(&self, ip: IpAddr) -> Option<&'static str> {
+        not_public(ip).or_else(|| {
+            self.host
+                .contains(&ip)
+                .then_some("one of the host's own addresses")
+        })
+    }
+
+    /// A connection to `name:port`.
+    pub fn decide_name(&self, name: &str, port: u16) -> Decision {
+        match self.name_entry(name, Some(port)) {
+            Some(e) => Decision::Allowed(e.raw.clone()),
+            None if self.network == Network::AllowEgress => {
+                Decision::Allowed("allow_egress: any public name".into())
+            }
+            None => Decision::Denied {
+                rule: format!("restricted: no egress entry lists {name} port {port}"),
+                hint: Some(format!("{name}:{port}")),
+            },
+        }
+    }
+
+    /// Whether `name` (allowed by `rule`) may be reached at `ip`, the
+    /// upstream resolver's answer: never loopback, link-local or
+    /// unspecified through a name; under `allow_egress` no private address
+    /// either (DNS rebinding) — unless a CIDR entry lists it.
+    fn address_ok(&self, name_listed: bool, ip: IpAddr, port: u16) -> Result<(), String> {
+        if self.cidr_entry(ip, port).is_some() {
+            return Ok(());
+        }
+        let why = match (name_listed, self.special(ip)) {
+            (_, None) => return Ok(()),
+            (true, Some(w))
+                if !w.starts_with("a loopback")
+                    && !w.starts_with("a link-local")
+                    && !w.starts_with("the unspecified")
+                    && !w.starts_with("an unspecified") =>
+            {
+                return Ok(());
+            }
+            (_, Some(w)) => w,
+        };
+        Err(format!("{ip} is {why}"))
+    }
+}
+
+fn host_entry(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => format!("{a}/32"),
+        IpAddr::V6(a) => format!("[{a}/128]"),
+    }
+}
+
+/// One flow of the turn, as the evidence records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flow {
+    pub name: Option<String>,
+    pub address: String,
+    pub port: u16,
+    /// `tcp`, `udp` or `dns`.
+    pub protocol: &'static str,
+    pub allowed: bool,
+    /// The manifest entry or the rule that decided.
+    pub decided_by: String,
+    /// For a denied flow: the `egress` entry that would allow it.
+    pub hint: Option<String>,
+    pub count: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// `None` when only counted (the kernel's refusals).
+    pub first: Option<Instant>,
+    pub last: Option<Instant>,
+    /// An allowed flow that failed upstream, with why.
+    pub error: Option<String>,
+}
+
+type FlowKey = (Option<String>, String, u16, &'static str, bool, String);
+
+#[derive(Debug, Default)]
+struct Flows {
+    map: BTreeMap<FlowKey, Flow>,
+    /// Flows not kept (beyond [`MAX_FLOWS`]).
+    dropped: u64,
+}
+
+impl Flows {
+    fn add(&mut self, f: Flow) {
+        let key = (
+            f.name.clone(),
+            f.address.clone(),
+            f.port,
+            f.protocol,
+            f.allowed,
+            f.decided_by.clone(),
+        );
+        if let Some(have) = self.map.get_mut(&key) {
+            have.count += f.count;
+            have.bytes_out += f.bytes_out;
+            have.bytes_in += f.bytes_in;
+            have.first = match (have.first, f.first) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            have.last = have.last.max(f.last);
+            if f.error.is_some() {
+                have.error = f.error;
+            }
+        } else if self.map.len() < MAX_FLOWS {
+            self.map.insert(key, f);
+        } else {
+            self.dropped += f.count;
+        }
+    }
+}
+
+/// Names given synthetic addresses.
+#[derive(Debug, Default)]
+struct Names {
+    by_name: HashMap<String, Ipv4Addr>,
+    by_addr: HashMap<Ipv4Addr, String>,
+    next: u32,
+}
+
+impl Names {
+    fn address(&mut self, name: &str) -> Option<Ipv4Addr> {
+        if let Some(a) = self.by_name.get(name) {
+            return Some(*a);
+        }
+        if self.next >= MAX_NAMES {
+            return None;
+        }
+        self.next += 1;
+        let a = Ipv4Addr::from(u32::from(SYNTHETIC.0) + self.next);
+        self.by_name.insert(name.to_owned(), a);
+        self.by_addr.insert(a, name.to_owned());
+        Some(a)
+    }
+}
+
+fn synthetic(ip: IpAddr) -> Option<Ipv4Addr> {
+    match ip {
+        IpAddr::V4(a) if cidr_contains(IpAddr::V4(SYNTHETIC.0), SYNTHETIC.1, ip) => Some(a),
+        _ => None,
+    }
+}
+
+/// What the resolver and the proxy share.
+#[derive(Debug)]
+struct Shared {
+    policy: Policy,
+    names: Mutex<Names>,
+    flows: Mutex<Flows>,
+    upstream: Option<SocketAddr>,
+    /// Upstream answers, per name, for [`CACHE_TTL`] (every connection is
+    /// checked against them as against a fresh answer).
+    cache: Mutex<HashMap<String, (Instant, Vec<IpAddr>)>>,
+    stop: AtomicBool,
+    /// Readable once the egress stops (a byte is written and never read):
+    /// wakes every thread waiting in poll.
+    wake: (OwnedFd, OwnedFd),
+    active: AtomicUsize,
+}
+
+impl Shared {
+    /// Waits until `fd` is readable; `false` once the egress stops.
+    fn wait(&self, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            let mut fds = [
+                PollFd::new(fd, PollFlags::POLLIN),
+                PollFd::new(self.wake.0.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {
+                    if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                        return false;
+                    }
+                    if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                        return true;
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = nix::unistd::write(&self.wake.1, b"x");
+    }
+}
+
+impl Shared {
+    /// `name`'s upstream addresses, from the cache when fresh.
+    fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, String> {
+        if let Some((at, addrs)) = self.cache.lock().ok().and_then(|c| c.get(name).cloned()) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(addrs);
+            }
+        }
+        let addrs = resolve(self.upstream, name)?;
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() < 4096 {
+                c.insert(name.to_owned(), (Instant::now(), addrs.clone()));
+            }
+        }
+        Ok(addrs)
+    }
+
+    fn record(&self, f: Flow) {
+        if let Ok(mut flows) = self.flows.lock() {
+            flows.add(f);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn flow(
+        &self,
+        name: Option<&str>,
+        address: String,
+        port: u16,
+        protocol: &'static str,
+        decision: &Decision,
+        at: Instant,
+    ) -> Flow {
+        let (allowed, decided_by, hint) = match decision {
+            Decision::Allowed(by) => (true, by.clone(), None),
+            Decision::Denied { rule, hint } => (false, rule.clone(), hint.clone()),
+        };
+        Flow {
+            name: name.map(str::to_owned),
+            address,
+            port,
+            protocol,
+            allowed,
+            decided_by,
+            hint,
+            count: 1,
+            bytes_out: 0,
+            bytes_in: 0,
+            first: Some(at),
+            last: Some(Instant::now()),
+            error: None,
+        }
+    }
+}
+
+/// The upstream resolver: `TURNSTILE_DNS_UPSTREAM` (`ADDR:PORT`), else the
+/// first `nameserver` of the host's `/etc/resolv.conf`.
+fn upstream() -> Option<SocketAddr> {
+    if let Ok(v) = std::env::var("TURNSTILE_DNS_UPSTREAM") {
+        return v.parse().ok();
+    }
+    let conf = std::fs::read_to_string("/etc/resolv.conf").ok()?;
+    conf.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .next()
+}
+
+/// Resolves `name` through the upstream resolver (A and AAAA).
+fn resolve(upstream: Option<SocketAddr>, name: &str) -> Result<Vec<IpAddr>, String> {
+    let server = upstream.ok_or("no upstream resolver is configured")?;
+    let bind: SocketAddr = if server.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap_or(server)
+    } else {
+        "[::]:0".parse().unwrap_or(server)
+    };
+    let sock = UdpSocket::bind(bind).map_err(|e| format!("resolver socket: {e}"))?;
+    sock.connect(server)
+        .map_err(|e| format!("upstream resolver {server}: {e}"))?;
+    let mut out = Vec::new();
+    let mut nx = false;
+    let mut id_seed = 0u16;
+    let mut buf = [0u8; 1500];
+    for qtype in [dns::TYPE_A, dns::TYPE_AAAA] {
+        use turnstile_policy::session::RandomSource;
+        let id = crate::ids::OsRandom.next_u64().unwrap_or(0) as u16 ^ id_seed;
+        id_seed = id_seed.wrapping_add(1);
+        let q = dns::build_query(id, name, qtype);
+        sock.send(&q)
+            .map_err(|e| format!("upstream resolver {server}: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("upstream resolver {server} did not answer"));
+            }
+            let _ = sock.set_read_timeout(Some(left));
+            match sock.recv(&mut buf) {
+                Ok(n) => {
+                    if let Some((rcode, addrs)) = dns::parse_response(&buf[..n], id) {
+                        nx |= rcode == dns::RCODE_NXDOMAIN;
+                        out.extend(addrs);
+                        break;
+                    }
+                }
+                Err(e) => return Err(format!("upstream resolver {server}: {e}")),
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(if nx {
+            format!("{name} does not exist (NXDOMAIN upstream)")
+        } else {
+            format!("{name} has no address upstream")
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `f` on a short-lived thread inside the network namespace `ns`
+/// (sockets created there stay in it).
+fn in_netns<T: Send + 'static>(
+    ns: &OwnedFd,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let ns = ns.try_clone()?;
+    std::thread::spawn(move || {
+        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(std::io::Error::from)?;
+        f()
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("network namespace thread panicked"))?
+}
+
+/// Runs `nft` in the namespace `ns` with `args`, `input` on its stdin.
+fn nft(ns: &OwnedFd, args: &[&str], input: &str) -> Result<String, String> {
+    use std::os::unix::process::CommandExt;
+    let path = nft_path().ok_or("`nft` is not installed")?;
+    let raw = ns.as_raw_fd();
+    let mut cmd = std::process::Command::new(path);
+    cmd.args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: setns(2) is async-signal-safe and `raw` stays open until
+    // the child has exec'd (spawn waits for that).
+    unsafe {
+        cmd.pre_exec(move || {
+            if nix::libc::setns(raw, nix::libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("nft: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The nftables ruleset of a turn whose proxy listens on `port`.
+fn ruleset(policy: &Policy, port: u16) -> String {
+    let mut nat = String::new();
+    let (sn, sl) = SYNTHETIC;
+    nat += &format!("    ip daddr {sn}/{sl} meta l4proto tcp redirect to :{port}\n");
+    nat += "    ip daddr 127.0.0.0/8 return\n    ip6 daddr ::1 return\n";
+    for e in policy.tcp() {
+        if let EgressHost::Cidr(net, len) = e.host {
+            let fam = if net.is_ipv4() { "ip" } else { "ip6" };
+            nat += &format!(
+                "    {fam} daddr {net}/{len} tcp dport {}-{} redirect to :{port}\n",
+                e.ports.0, e.ports.1
+            );
+        }
+    }
+    if policy.network == Network::AllowEgress {
+        // Anything public; the rest is refused below (the host's own
+        // addresses are refused by the proxy).
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (net, len) in [
+            ("0.0.0.0", 8),
+            ("10.0.0.0", 8),
+            ("100.64.0.0", 10),
+            ("169.254.0.0", 16),
+            ("172.16.0.0", 12),
+            ("192.0.0.0", 24),
+            ("192.168.0.0", 16),
+            ("198.18.0.0", 15),
+            ("224.0.0.0", 4),
+            ("240.0.0.0", 4),
+        ] {
+            v4.push(format!("{net}/{len}"));
+        }
+        for n in [
+            "::/128",
+            "fc00::/7",
+            "fe80::/10",
+            "ff00::/8",
+            "::ffff:0:0/96",
+        ] {
+            v6.push(n.to_owned());
+        }
+        nat += &format!("    ip daddr {{ {} }} return\n", v4.join(", "));
+        nat += &format!("    ip6 daddr {{ {} }} return\n", v6.join(", "));
+        nat += &format!("    meta l4proto tcp redirect to :{port}\n");
+    }
+    let set = |name: &str, ty: &str| {
+        format!(
+            "  set {name} {{ type {ty} . inet_service; size {MAX_FLOWS}; flags dynamic; counter; }}\n"
+        )
+    };
+    format!(
+        "table inet {NFT_TABLE} {{\n{}{}{}{}  counter refused_other {{ }}\n  chain nat_out {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}\n  chain filter_out {{\n    type filter hook output priority 0; policy accept;\n    ip daddr {sn}/{sl} meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    ip daddr 127.0.0.0/8 accept\n    ip6 daddr ::1 accept\n    ct status dnat accept\n    meta l4proto {{ icmp, ipv6-icmp }} accept\n    tcp flags & (syn | ack) != syn accept\n    meta nfproto ipv4 meta l4proto tcp add @tcp4 {{ ip daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv6 meta l4proto tcp add @tcp6 {{ ip6 daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv4 meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    meta nfproto ipv6 meta l4proto udp add @udp6 {{ ip6 daddr . udp dport }} reject\n    counter name refused_other reject\n  }}\n}}\n",
+        set("tcp4", "ipv4_addr"),
+        set("tcp6", "ipv6_addr"),
+        set("udp4", "ipv4_addr"),
+        set("udp6", "ipv6_addr"),
+    )
+}
+
+/// A turn's egress, running: its resolver and proxy threads, and the
+/// namespace they serve.
+#[derive(Debug)]
+pub struct Running {
+    ns: OwnedFd,
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Where the setup's time went: (phase, µs).
+    pub phases: Vec<(&'static str, u64)>,
+}
+
+/// Sets up egress in the network namespace `ns` (a fresh one, the turn's)
+/// for `plan`; the turn is refused if this fails (fail closed).
+pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, String> {
+    let network = match network {
+        "restricted" => Network::Restricted,
+        "allow_egress" => Network::AllowEgress,
+        other => return Err(format!("network `{other}` has no egress")),
+    };
+    let mut t = Instant::now();
+    let mut phases = Vec::new();
+    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
+        phases.push((name, t.elapsed().as_micros() as u64));
+        t = Instant::now();
+    };
+    let host = host_addresses();
+    let policy = Policy::new(network, egress, host)?;
+    let (udp, tcp_dns, l4, l6) = in_netns(&ns, || {
+        crate::sandbox::sys::loopback_up()?;
+        rtnl::local_default_routes()?;
+        let udp = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
+        let tcp_dns = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
+        let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = l4.local_addr()?.port();
+        let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port))?;
+        Ok((udp, tcp_dns, l4, l6))
+    })
+    .map_err(|e| format!("preparing the turn's network namespace: {e}"))?;
+    lap("egress_sockets", &mut phases);
+    let port = l4.local_addr().map_err(|e| e.to_string())?.port();
+    nft(&ns, &["-f", "-"], &ruleset(&policy, port))?;
+    lap("egress_nft", &mut phases);
+    let shared = Arc::new(Shared {
+        policy,
+        names: Mutex::new(Names::default()),
+        flows: Mutex::new(Flows::default()),
+        upstream: upstream(),
+        cache: Mutex::new(HashMap::new()),
+        stop: AtomicBool::new(false),
+        wake: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?,
+        active: AtomicUsize::new(0),
+    });
+    let threads = vec![
+        {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || serve_udp(&s, &udp))
+        },
+        {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || accept_loop(&s, &tcp_dns, serve_dns_tcp))
+        },
+        {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || accept_loop(&s, &l4, proxy))
+        },
+        {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || accept_loop(&s, &l6, proxy))
+        },
+    ];
+    Ok(Running {
+        ns,
+        shared,
+        threads,
+        phases,
+    })
+}
+
+/// The addresses of the supervisor's own (the host's) interfaces.
+fn host_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut list: *mut nix::libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below; each entry is read
+    // while the list is alive, addresses by their family's layout.
+    unsafe {
+        if nix::libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let a = (*p).ifa_addr;
+            if !a.is_null() {
+                match i32::from((*a).sa_family) {
+                    nix::libc::AF_INET => {
+                        let s = &*a.cast::<nix::libc::sockaddr_in>();
+                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))));
+                    }
+                    nix::libc::AF_INET6 => {
+                        let s = &*a.cast::<nix::libc::sockaddr_in6>();
+                        out.push(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            p = (*p).ifa_next;
+        }
+        nix::libc::freeifaddrs(list);
+    }
+    out
+}
+
+/// What the turn's egress saw: every flow, and how many were not kept.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub flows: Vec<Flow>,
+    pub dropped: u64,
+}
+
+impl Running {
+    /// Stops the resolver and the proxy (the turn's processes are gone) and
+    /// returns every flow: the proxy's and resolver's, and the kernel's
+    /// refusals counted in the namespace.
+    pub fn finish(mut self) -> Report {
+        self.shared.stop();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // Connections still being spliced end with their peers (the turn's
+        // sockets are closed); wait a little for their byte counts.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let refused = nft(&self.ns, &["-j", "list", "table", "inet", NFT_TABLE], "")
+            .map(|s| kernel_refusals(&s, &self.shared.policy));
+        let mut flows = self
+            .shared
+            .flows
+            .lock()
+            .map(|mut f| std::mem::take(&mut *f))
+            .unwrap_or_default();
+        match refused {
+            Ok((list, other)) => {
+                for f in list {
+                    flows.add(f);
+                }
+                flows.dropped += other;
+            }
+            Err(e) => flows.add(Flow {
+                name: None,
+                address: String::new(),
+                port: 0,
+                protocol: "tcp",
+                allowed: false,
+                decided_by: format!("the kernel's refusals could not be read: {e}"),
+                hint: None,
+                count: 0,
+                bytes_out: 0,
+                bytes_in: 0,
+                first: None,
+                last: None,
+                error: None,
+            }),
+        }
+        Report {
+            flows: flows.map.into_values().collect(),
+            dropped: flows.dropped,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shared.stop();
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct NftDoc {
+    nftables: Vec<NftItem>,
+}
+
+#[derive(serde::Deserialize)]
+struct NftItem {
+    #[serde(default)]
+    set: Option<NftSet>,
+    #[serde(default)]
+    counter: Option<NftNamedCounter>,
+}
+
+#[derive(serde::Deserialize)]
+struct NftNamedCounter {
+    packets: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct NftSet {
+    name: String,
+    #[serde(default)]
+    elem: Vec<NftElemItem>,
+}
+
+#[derive(serde::Deserialize)]
+struct NftElemItem {
+    elem: NftElem,
+}
+
+#[derive(serde::Deserialize)]
+struct NftElem {
+    val: NftConcat,
+    #[serde(default)]
+    counter: Option<NftNamedCounter>,
+}
+
+#[derive(serde::Deserialize)]
+struct NftConcat {
+    concat: (String, u16),
+}
+
+/// The connects and datagrams the namespace's nftables refused, from
+/// `nft -j list table`: one flow per destination with its count, and the
+/// count of those beyond the sets' size.
+fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
+    let Ok(doc) = serde_json::from_str::<NftDoc>(json) else {
+        return (Vec::new(), 0);
+    };
+    let mut flows = Vec::new();
+    let mut other = 0;
+    for item in doc.nftables {
+        if let Some(c) = item.counter {
+            other += c.packets;
+        }
+        let Some(set) = item.set else { continue };
+        let protocol = if set.name.starts_with("udp") {
+            "udp"
+        } else {
+            "tcp"
+        };
+        for e in set.elem {
+            let (addr, port) = e.elem.val.concat;
+            let count = e.elem.counter.map_or(1, |c| c.packets);
+            let Ok(ip) = addr.parse::<IpAddr>() else {
+                continue;
+            };
+            let (rule, hint) = if let Some(s) = synthetic(ip) {
+                (
+                    format!("no UDP egress: {s} port {port} is a name's address, for TCP only"),
+                    None,
+                )
+            } else {
+                match policy.decide_ip(ip, port) {
+                    Decision::Denied { rule, hint } if protocol == "tcp" => (rule, hint),
+                    Decision::Denied { rule, .. } | Decision::Allowed(rule)
+                        if protocol == "udp" =>
+                    {
+                        (
+                            format!("no UDP egress entry covers {ip} port {port} ({rule})"),
+                            None,
+                        )
+                    }
+                    Decision::Denied { rule, hint } => (rule, hint),
+                    Decision::Allowed(_) => (
+                        format!("refused in the turn's namespace: {ip} port {port}"),
+                        None,
+                    ),
+                }
+            };
+            flows.push(Flow {
+                name: None,
+                address: ip.to_string(),
+                port,
+                protocol,
+                allowed: false,
+                decided_by: rule,
+                hint,
+                count,
+                bytes_out: 0,
+                bytes_in: 0,
+                first: None,
+                last: None,
+                error: None,
+            });
+        }
+    }
+    (flows, other)
+}
+
+/// Accepts connections on `l` until the turn's egress stops, each on its
+/// own thread.
+fn accept_loop(shared: &Arc<Shared>, l: &TcpListener, handle: fn(&Shared, TcpStream)) {
+    let _ = l.set_nonblocking(true);
+    while shared.wait(l.as_fd()) {
+        while let Ok((s, _)) = l.accept() {
+            let _ = s.set_nonblocking(false);
+            // Bounded: a turn cannot make the supervisor hold more than
+            // this many connections (threads) at once.
+            if shared.active.load(Ordering::SeqCst) >= MAX_ACTIVE {
+                let at = Instant::now();
+                let d = Decision::Denied {
+                    rule: format!("more than {MAX_ACTIVE} connections at once"),
+                    hint: None,
+                };
+                let addr = original_dst(&s);
+                shared.record(shared.flow(
+                    None,
+                    addr.map_or(String::new(), |a| a.ip().to_string()),
+                    addr.map_or(0, |a| a.port()),
+                    "tcp",
+                    &d,
+                    at,
+                ));
+                reset(s);
+                continue;
+            }
+            let s2 = Arc::clone(shared);
+            s2.active.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                handle(&s2, s);
+                s2.active.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    }
+}
+
+/// The resolver's answer to one query message.
+fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
+    let Some(q) = dns::parse_query(raw) else {
+        return dns::formerr(raw);
+    };
+    let at = Instant::now();
+    let allowed = shared.policy.resolves(&q.name);
+    // Under `allow_egress` an unlisted name is answered only when it
+    // exists upstream.
+    let missing = |name: &str| {
+        shared.policy.network == Network::AllowEgress
+            && shared.policy.name_entry(name, None).is_none()
+            && shared.resolve(name).is_err()
+    };
+    let rcode_addr = if !allowed || missing(&q.name) {
+        (dns::RCODE_NXDOMAIN, None)
+    } else {
+        match shared
+            .names
+            .lock()
+            .ok()
+            .and_then(|mut n| n.address(&q.name))
+        {
+            Some(a) => (dns::RCODE_NOERROR, Some(a)),
+            None => (dns::RCODE_SERVFAIL, None),
+        }
+    };
+    let decision = if allowed {
+        Decision::Allowed(
+            shared
+                .policy
+                .name_entry(&q.name, None)
+                .map_or_else(|| "allow_egress: any public name".into(), |e| e.raw.clone()),
+        )
+    } else {
+        Decision::Denied {
+            rule: format!("restricted: no egress entry lists {}", q.name),
+            hint: Some(format!("{}:443", q.name)),
+        }
+    };
+    // Only the denied names are flows of their own (an allowed name's
+    // connections are).
+    if !allowed {
+        shared.record(shared.flow(
+            Some(&q.name),
+            crate::sandbox::egress::RESOLVER_ADDR.into(),
+            53,
+            "dns",
+            &decision,
+            at,
+        ));
+    }
+    Some(dns::answer(&q, raw, rcode_addr.0, rcode_addr.1))
+}
+
+/// The resolver's address in the turn (`/etc/resolv.conf`).
+pub const RESOLVER_ADDR: &str = turnstile_policy::plan::RESOLVER;
+
+fn serve_udp(shared: &Shared, sock: &UdpSocket) {
+    let _ = sock.set_nonblocking(true);
+    let mut buf = [0u8; 1500];
+    while shared.wait(sock.as_fd()) {
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if let Some(reply) = resolve_query(shared, &buf[..n]) {
+                let _ = sock.send_to(&reply, from);
+            }
+        }
+    }
+}
+
+fn serve_dns_tcp(shared: &Shared, mut s: TcpStream) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut len = [0u8; 2];
+    while s.read_exact(&mut len).is_ok() {
+        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+        if s.read_exact(&mut msg).is_err() {
+            return;
+        }
+        let Some(reply) = resolve_query(shared, &msg) else {
+            return;
+        };
+        let mut out = (reply.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&reply);
+        if s.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
+
+/// The destination a redirected connection was opened for.
+fn original_dst(s: &TcpStream) -> Option<SocketAddr> {
+    let fd = s.as_raw_fd();
+    const SO_ORIGINAL_DST: nix::libc::c_int = 80;
+    if s.local_addr().ok()?.is_ipv4() {
+        // SAFETY: sockaddr_in is plain old data; zeroed is a valid value.
+        let mut a: nix::libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&a) as nix::libc::socklen_t;
+        // SAFETY: `a` is a sockaddr_in of `len` bytes.
+        let r = unsafe {
+            nix::libc::getsockopt(
+                fd,
+                nix::libc::SOL_IP,
+                SO_ORIGINAL_DST,
+                (&raw mut a).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then(|| {
+            SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))),
+                u16::from_be(a.sin_port),
+            )
+        })
+    } else {
+        // SAFETY: sockaddr_in6 is plain old data; zeroed is a valid value.
+        let mut a: nix::libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&a) as nix::libc::socklen_t;
+        // SAFETY: `a` is a sockaddr_in6 of `len` bytes.
+        let r = unsafe {
+            nix::libc::getsockopt(
+                fd,
+                nix::libc::SOL_IPV6,
+                SO_ORIGINAL_DST,
+                (&raw mut a).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then(|| {
+            SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)),
+                u16::from_be(a.sin6_port),
+            )
+        })
+    }
+}
+
+/// Closes `s` with a reset (the peer's next read or write fails at once).
+fn reset(s: TcpStream) {
+    let l = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid linger of its own size.
+    unsafe {
+        nix::libc::setsockopt(
+            s.as_raw_fd(),
+            nix::libc::SOL_SOCKET,
+            nix::libc::SO_LINGER,
+            (&raw const l).cast(),
+            std::mem::size_of_val(&l) as nix::libc::socklen_t,
+        );
+    }
+    drop(s);
+}
+
+/// The server name a client's first bytes name: a TLS ClientHello's SNI,
+/// or an HTTP request's Host (without port). `None`: neither is there.
+pub fn named_host(b: &[u8]) -> Option<String> {
+    if b.first() == Some(&0x16) {
+        return sni(b);
+    }
+    let text = std::str::from_utf8(b.get(..b.len().min(8192))?).ok()?;
+    let head = text.split("\r\n\r\n").next()?;
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case("host").then(|| {
+            let v = v.trim();
+            let host = if v.starts_with('[') {
+                v.split(']').next().unwrap_or(v).trim_start_matches('[')
+            } else {
+                v.split(':').next().unwrap_or(v)
+            };
+            host.trim_end_matches('.').to_ascii_lowercase()
+        })
+    })
+}
+
+/// A TLS ClientHello's server name.
+fn sni(b: &[u8]) -> Option<String> {
+    let u16_at = |i: usize| -> Option<usize> {
+        Some(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]) as usize)
+    };
+    // Record header (5), handshake type 1 (1), length (3), version (2),
+    // random (32).
+    if *b.get(5)? != 1 {
+        return None;
+    }
+    let mut i = 5 + 4 + 2 + 32;
+    i += 1 + *b.get(i)? as usize; // session id
+    i += 2 + u16_at(i)?; // cipher suites
+    i += 1 + *b.get(i)? as usize; // compression
+    let ext_end = (i + 2 + u16_at(i)?).min(b.len());
+    i += 2;
+    while i + 4 <= ext_end {
+        let (ty, len) = (u16_at(i)?, u16_at(i + 2)?);
+        if ty == 0 {
+            // server_name list: len (2), type (1), name len (2), name.
+            let n = u16_at(i + 7)?;
+            let name = b.get(i + 9..i + 9 + n)?;
+            return Some(
+                String::from_utf8_lossy(name)
+                    .trim_end_matches('.')
+                    .to_ascii_lowercase(),
+            );
+        }
+        i += 4 + len;
+    }
+    None
+}
+
+/// Waits up to [`PEEK_WAIT`] for the client's first bytes and peeks them.
+fn peek_first(s: &TcpStream) -> Vec<u8> {
+    let _ = s.set_read_timeout(Some(PEEK_WAIT));
+    let mut buf = vec![0u8; 4096];
+    let n = s.peek(&mut buf).unwrap_or(0);
+    buf.truncate(n);
+    let _ = s.set_read_timeout(None);
+    buf
+}
+
+/// One intercepted connection: decide, connect upstream, splice.
+fn proxy(shared: &Shared, client: TcpStream) {
+    let at = Instant::now();
+    let Some(dst) = original_dst(&client) else {
+        return reset(client);
+    };
+    let port = dst.port();
+    let name = synthetic(dst.ip()).map(|a| {
+        shared
+            .names
+            .lock()
+            .ok()
+            .and_then(|n| n.by_addr.get(&a).cloned())
+    });
+    let (name, decision) = match name {
+        Some(None) => (
+            None,
+            Decision::Denied {
+                rule: format!("{} is not an address the turn's resolver gave", dst.ip()),
+                hint: None,
+            },
+        ),
+        Some(Some(n)) => {
+            let d = shared.policy.decide_name(&n, port);
+            (Some(n), d)
+        }
+        None => (None, shared.policy.decide_ip(dst.ip(), port)),
+    };
+    let deny = |decision: &Decision, address: String, client: TcpStream| {
+        shared.record(shared.flow(name.as_deref(), address, port, "tcp", decision, at));
+        reset(client);
+    };
+    if let Decision::Denied { .. } = decision {
+        return deny(&decision, dst.ip().to_string(), client);
+    }
+    // By name: the server name the client sends must be that name.
+    let targets: Vec<SocketAddr> = match &name {
+        Some(n) => {
+            if port == 443 || port == 80 {
+                let first = peek_first(&client);
+                if let Some(h) = named_host(&first) {
+                    if &h != n {
+                        let what = if first.first() == Some(&0x16) {
+                            "TLS server name"
+                        } else {
+                            "HTTP Host"
+                        };
+                        let d = Decision::Denied {
+                            rule: format!(
+                                "{what} `{h}` is not `{n}`, the name the connection was opened for"
+                            ),
+                            hint: Some(format!("{h}:{port}")),
+                        };
+                        return deny(&d, dst.ip().to_string(), client);
+                    }
+                }
+            }
+            let listed = shared.policy.name_entry(n, Some(port)).is_some();
+            match shared.resolve(n) {
+                Ok(addrs) => {
+                    let (ok, bad): (Vec<IpAddr>, Vec<IpAddr>) = addrs
+                        .into_iter()
+                        .partition(|ip| shared.policy.address_ok(listed, *ip, port).is_ok());
+                    if ok.is_empty() {
+                        let why = bad
+                            .first()
+                            .and_then(|ip| shared.policy.address_ok(listed, *ip, port).err())
+                            .unwrap_or_default();
+                        let d = Decision::Denied {
+                            rule: format!("{n} resolves to {why} (DNS rebinding refused)"),
+                            hint: bad.first().map(|ip| format!("{}:{port}", host_entry(*ip))),
+                        };
+                        return deny(
+                            &d,
+                            bad.first().map_or(String::new(), ToString::to_string),
+                            client,
+                        );
+                    }
+                    ok.into_iter().map(|ip| SocketAddr::new(ip, port)).collect()
+                }
+                Err(e) => {
+                    let mut f = shared.flow(Some(n), String::new(), port, "tcp", &decision, at);
+                    f.error = Some(e);
+                    shared.record(f);
+                    return reset(client);
+                }
+            }
+        }
+        None => vec![dst],
+    };
+    let mut last_err = String::new();
+    let upstream = targets.iter().find_map(|t| {
+        TcpStream::connect_timeout(t, CONNECT_TIMEOUT)
+            .map(|s| (s, *t))
+            .map_err(|e| last_err = format!("{t}: {e}"))
+            .ok()
+    });
+    let Some((up, addr)) = upstream else {
+        let mut f = shared.flow(
+            name.as_deref(),
+            targets
+                .first()
+                .map_or(String::new(), |t| t.ip().to_string()),
+            port,
+            "tcp",
+            &decision,
+            at,
+        );
+        f.error = Some(last_err);
+        shared.record(f);
+        return reset(client);
+    };
+    let (out, inn) = splice(client, up);
+    let mut f = shared.flow(
+        name.as_deref(),
+        addr.ip().to_string(),
+        port,
+        "tcp",
+        &decision,
+        at,
+    );
+    f.bytes_out = out;
+    f.bytes_in = inn;
+    f.last = Some(Instant::now());
+    shared.record(f);
+}
+
+/// Copies both ways until both sides are done: (bytes to upstream, bytes
+/// back).
+fn splice(client: TcpStream, up: TcpStream) -> (u64, u64) {
+    let (c2, u2) = match (client.try_clone(), up.try_clone()) {
+        (Ok(c), Ok(u)) => (c, u),
+        _ => return (0, 0),
+    };
+    let back = std::thread::spawn(move || copy(u2, c2));
+    let out = copy(client, up);
+    (out, back.join().unwrap_or(0))
+}
+
+fn copy(mut from: TcpStream, mut to: TcpStream) -> u64 {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut n = 0u64;
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => {
+                if to.write_all(&buf[..k]).is_err() {
+                    break;
+                }
+                n += k as u64;
+            }
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(network: Network, raw: &[&str]) -> Policy {
+        let raw: Vec<String> = raw.iter().map(|s| (*s).to_owned()).collect();
+        Policy::new(network, &raw, vec!["192.0.2.77".parse().unwrap()]).unwrap()
+    }
+
+    #[test]
+    fn issue_26_names_wildcards_cidrs_and_public_addresses_are_decided_by_the_policy() {
+        let p = policy(
+            Network::Restricted,
+            &[
+                "pypi.org:443",
+                "*.files.example.org:443",
+                "10.20.0.0/16:50051",
+            ],
+        );
+        assert!(p.resolves("pypi.org") && p.resolves("a.b.files.example.org"));
+        assert!(!p.resolves("files.example.org") && !p.resolves("evil.org"));
+        assert_eq!(
+            p.decide_name("pypi.org", 443),
+            Decision::Allowed("pypi.org:443".into())
+        );
+        assert!(
+            matches!(p.decide_name("pypi.org", 80), Decision::Denied { hint: Some(h), .. } if h == "pypi.org:80")
+        );
+        assert!(matches!(
+            p.decide_ip("10.20.3.4".parse().unwrap(), 50051),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            p.decide_ip("10.21.3.4".parse().unwrap(), 50051),
+            Decision::Denied { .. }
+        ));
+        let e = policy(Network::AllowEgress, &["10.1.2.3/32:80"]);
+        for ip in [
+            "169.254.169.254",
+            "10.0.0.1",
+            "100.64.1.1",
+            "127.0.0.1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+            "192.0.2.77",
+        ] {
+            assert!(
+                matches!(
+                    e.decide_ip(ip.parse().unwrap(), 80),
+                    Decision::Denied { .. }
+                ),
+                "{ip}"
+            );
+        }
+        assert!(matches!(
+            e.decide_ip("10.1.2.3".parse().unwrap(), 80),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            e.decide_ip("203.0.113.9".parse().unwrap(), 80),
+            Decision::Allowed(_)
+        ));
+        assert!(
+            e.address_ok(false, "10.0.0.1".parse().unwrap(), 443)
+                .is_err()
+        );
+        assert!(p.address_ok(true, "10.0.0.1".parse().unwrap(), 443).is_ok());
+        assert!(
+            p.address_ok(true, "169.254.169.254".parse().unwrap(), 443)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn issue_26_sni_and_host_are_read_from_the_first_bytes() {
+        assert_eq!(
+            named_host(b"GET / HTTP/1.1\r\nHost: Example.ORG:8080\r\n\r\n").as_deref(),
+            Some("example.org")
+        );
+        // A minimal ClientHello naming a.example.
+        let name = b"a.example";
+        let mut ext = vec![0, 0];
+        let list_len = (3 + name.len()) as u16;
+        ext.extend_from_slice(&(list_len + 2).to_be_bytes());
+        ext.extend_from_slice(&list_len.to_be_bytes());
+        ext.push(0);
+        ext.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        ext.extend_from_slice(name);
+        let mut hello = vec![3, 3];
+        hello.extend_from_slice(&[0; 32]);
+        hello.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+        hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+        hello.extend_from_slice(&ext);
+        let mut msg = vec![0x16, 3, 1, 0, 0, 1, 0, 0, 0];
+        msg.extend_from_slice(&hello);
+        assert_eq!(named_host(&msg).as_deref(), Some("a.example"));
+        for n in 0..msg.len() {
+            let _ = named_host(&msg[..n]);
+        }
+    }
+
+    #[test]
+    fn issue_26_the_ruleset_redirects_names_and_cidrs_and_refuses_the_rest() {
+        let r = ruleset(
+            &policy(Network::Restricted, &["10.20.0.0/16:50051", "pypi.org:443"]),
+            4000,
+        );
+        assert!(r.contains("ip daddr 127.64.0.0/10 meta l4proto tcp redirect to :4000"));
+        assert!(r.contains("ip daddr 10.20.0.0/16 tcp dport 50051-50051 redirect to :4000"));
+        assert!(!r.contains("meta l4proto tcp redirect to :4000\n  }"));
+        let r = ruleset(&policy(Network::AllowEgress, &[]), 4000);
+        assert!(r.contains("169.254.0.0/16"));
+    }
+}

@@ -1,0 +1,93 @@
+//! Two routes by rtnetlink, in the calling thread's network namespace:
+//! every IPv4 and IPv6 address is local (`local 0.0.0.0/0 dev lo`,
+//! `local ::/0 dev lo`), so a turn's connect reaches its namespace's
+//! nftables and never a real interface (there is none).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const RTM_NEWROUTE: u16 = 24;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const NLMSG_ERROR: u16 = 2;
+const RT_TABLE_LOCAL: u8 = 255;
+const RTPROT_BOOT: u8 = 3;
+const RT_SCOPE_HOST: u8 = 254;
+const RTN_LOCAL: u8 = 2;
+const RTA_OIF: u16 = 4;
+
+fn route_msg(family: u8, seq: u32, ifindex: u32) -> Vec<u8> {
+    let mut m = Vec::with_capacity(36);
+    // nlmsghdr (length filled below).
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&RTM_NEWROUTE.to_ne_bytes());
+    m.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL).to_ne_bytes());
+    m.extend_from_slice(&seq.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    // rtmsg: family, dst_len 0, src_len, tos, table, protocol, scope, type,
+    // flags.
+    m.extend_from_slice(&[
+        family,
+        0,
+        0,
+        0,
+        RT_TABLE_LOCAL,
+        RTPROT_BOOT,
+        RT_SCOPE_HOST,
+        RTN_LOCAL,
+    ]);
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    // RTA_OIF.
+    m.extend_from_slice(&8u16.to_ne_bytes());
+    m.extend_from_slice(&RTA_OIF.to_ne_bytes());
+    m.extend_from_slice(&ifindex.to_ne_bytes());
+    let len = m.len() as u32;
+    m[..4].copy_from_slice(&len.to_ne_bytes());
+    m
+}
+
+/// Adds the two local default routes on `lo`.
+pub fn local_default_routes() -> std::io::Result<()> {
+    // SAFETY: socket(2) with constant arguments; owned below.
+    let raw = unsafe {
+        nix::libc::socket(
+            nix::libc::AF_NETLINK,
+            nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
+            nix::libc::NETLINK_ROUTE,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // `lo` is interface 1 in every network namespace.
+    let lo = 1;
+    for (seq, family) in [
+        (1u32, nix::libc::AF_INET as u8),
+        (2, nix::libc::AF_INET6 as u8),
+    ] {
+        let msg = route_msg(family, seq, lo);
+        // SAFETY: sending our own buffer; the kernel is the default peer.
+        let n = unsafe { nix::libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut buf = [0u8; 512];
+        // SAFETY: receiving into our own buffer.
+        let n = unsafe { nix::libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // nlmsghdr (16) then the error's errno (i32, 0 for the ack).
+        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
+        if ty == NLMSG_ERROR && n >= 20 {
+            let errno = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
+            if errno != 0 {
+                return Err(std::io::Error::from_raw_os_error(-errno));
+            }
+        }
+    }
+    Ok(())
+}
