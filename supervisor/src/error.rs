@@ -179,6 +179,16 @@ pub enum SupervisorError {
         recorded: String,
         given: String,
     },
+
+    #[error(
+        "package `{package}` has no ARA entry point: its manifest declares no `entry.receive`; nothing was run"
+    )]
+    ReceiveNoEntry { package: String },
+
+    #[error(
+        "a receive turn runs on the native backend only (its input reaches the agent through turnstile's own sandbox init); `{backend}` was chosen: nothing was run"
+    )]
+    ReceiveBackend { backend: String },
 }
 
 pub type Result<T, E = SupervisorError> = std::result::Result<T, E>;
@@ -212,6 +222,8 @@ impl SupervisorError {
             Self::CheckpointMalformed { .. } => codes::CHECKPOINT_MALFORMED,
             Self::KeyInvalid { .. } => codes::KEY_INVALID,
             Self::ProtocolMismatch { .. } => codes::PROTOCOL_MISMATCH,
+            Self::ReceiveNoEntry { .. } => codes::RECEIVE_NO_ENTRY,
+            Self::ReceiveBackend { .. } => codes::RECEIVE_BACKEND_UNSUPPORTED,
         }
     }
 
@@ -228,7 +240,8 @@ impl SupervisorError {
             | Self::ProtocolMismatch { .. }
             | Self::BusRules { .. }
             | Self::CheckpointMalformed { .. }
-            | Self::KeyInvalid { .. } => exit::BAD_INPUT,
+            | Self::KeyInvalid { .. }
+            | Self::ReceiveNoEntry { .. } => exit::BAD_INPUT,
             Self::CheckpointMismatch { .. } | Self::CheckpointSignature { .. } => exit::INTEGRITY,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
@@ -238,7 +251,8 @@ impl SupervisorError {
             Self::Sandbox { .. }
             | Self::RuntimeUnavailable { .. }
             | Self::Unenforceable { .. }
-            | Self::BelowTrustMinimum { .. } => exit::SANDBOX,
+            | Self::BelowTrustMinimum { .. }
+            | Self::ReceiveBackend { .. } => exit::SANDBOX,
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
         }
     }
@@ -255,6 +269,8 @@ impl SupervisorError {
             Self::ServerUnavailable { .. } => Some("--server"),
             Self::ProtocolMismatch { .. } => Some("protocol"),
             Self::BusRules { field, .. } => Some(field),
+            Self::ReceiveNoEntry { .. } => Some("entry.receive"),
+            Self::ReceiveBackend { .. } => Some("--backend"),
             _ => None,
         }
     }

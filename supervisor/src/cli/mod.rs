@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod doctor;
 pub mod init;
+pub mod receive;
 
 use std::path::PathBuf;
 
@@ -144,6 +145,15 @@ pub enum Command {
     ///
     /// Example: supervise serve --state-dir /var/lib/turnstile --socket /run/turnstile.sock --metrics 127.0.0.1:9464
     Serve(ServeArgs),
+    /// ARA receive (issue 28): run the package's `entry.receive` as one
+    /// turn with the envelope's canonical JSON on its stdin; print the
+    /// EventEnvelope v1 lines it returns, validated and canonical, in
+    /// order. Network isolated, no write but the declared outputs; an
+    /// invalid envelope from the agent fails the turn (TS1091) and emits
+    /// nothing; the same key in a session runs the agent once.
+    ///
+    /// Example: supervise receive --root /ws --package triage --session SES-... --envelope in.json
+    Receive(receive::ReceiveArgs),
     /// Create a workspace (if missing) with a package that runs as it is:
     /// installed/<ID>/manifest.json (python3 reading data/**, writing
     /// output/<session_id>/**), installed/<ID>/main.py and a sample
@@ -659,6 +669,7 @@ pub struct PromptHeaderArgs {
 pub fn run(cli: Cli) -> Outcome {
     let json = match &cli.command {
         Command::Run(a) => a.common.json,
+        Command::Receive(a) => a.common.json,
         Command::Plan(a) => a.common.json,
         Command::Doctor(a) => a.json,
         Command::Bundle(a) => a.plan.common.json,
@@ -683,6 +694,7 @@ pub fn run(cli: Cli) -> Outcome {
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
+        Command::Receive(a) => receive::receive(&a),
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
         Command::Bundle(a) => bundle_cmd(&a),
@@ -1083,7 +1095,7 @@ fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
     })
 }
 
-fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
+pub(crate) fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
     let (path, role) = raw.rsplit_once(':').ok_or_else(|| {
         SupervisorError::invalid(
             "--output",
@@ -1351,6 +1363,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
                     clock: turnstile_policy::timefmt::rfc3339_micros(d.clock),
                 }),
             request: request_doc(&request),
+            receive: None,
         };
         return crate::serve::client::run(socket, &wire);
     }
@@ -1370,6 +1383,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         config: a.config.clone(),
         deterministic,
         rootfs: a.rootfs.clone(),
+        receive: None,
     };
     Ok(run_turn_outcome(&opts, a.events.as_deref()).0)
 }

@@ -103,6 +103,9 @@ pub struct StreamRecord {
     pub bytes: u64,
     pub forwarded: u64,
     pub sha256: String,
+    /// What was forwarded, when the stream was captured rather than
+    /// forwarded (a receive turn's stdout: its envelopes).
+    pub captured: Option<Vec<u8>>,
 }
 
 /// What running the command produced.
@@ -394,6 +397,7 @@ pub(crate) fn pump(
         bytes,
         forwarded,
         sha256: hex::encode(hasher.finalize()),
+        captured: None,
     }
 }
 
@@ -414,19 +418,26 @@ pub struct Watch {
 
 impl Watch {
     /// Pumps `out` and `err` (stdout goes to our stderr in `json_mode`,
-    /// where stdout carries the one JSON object).
+    /// where stdout carries the one JSON object; into memory, within the
+    /// same budget, with `capture`).
     pub fn pumps(
         out: impl Read + Send + 'static,
         err: impl Read + Send + 'static,
         output_bytes: u64,
         json_mode: bool,
+        capture: bool,
     ) -> Self {
         let budget = Arc::new(AtomicU64::new(output_bytes));
         let truncated = Arc::new(AtomicBool::new(false));
         let out_thread = {
             let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
             std::thread::spawn(move || {
-                if json_mode {
+                if capture {
+                    let mut kept = Vec::new();
+                    let mut record = pump(out, &mut kept, budget, truncated);
+                    record.captured = Some(kept);
+                    record
+                } else if json_mode {
                     pump(out, std::io::stderr(), budget, truncated)
                 } else {
                     pump(out, std::io::stdout(), budget, truncated)
@@ -884,7 +895,13 @@ impl Parked {
             return Err(sandbox_err("begin turn", "the sandbox was begun before"));
         };
         let child = self.child.take();
-        let mut watch = Watch::pumps(out, err, plan.limits.output_bytes, json_mode);
+        let mut watch = Watch::pumps(
+            out,
+            err,
+            plan.limits.output_bytes,
+            json_mode,
+            plan.stdin.is_some(),
+        );
         // The timer runs from here: a sandbox that never becomes ready is
         // killed at the deadline like any turn.
         watch.start_timer(

@@ -1147,6 +1147,7 @@ impl Bus {
                 idempotency_key: format!("bus:{}:{j}", m.msg_id),
             })
             .unwrap_or_default(),
+            receive: None,
         };
         let t = Instant::now();
         let n = d.next_conn.fetch_add(1, Ordering::SeqCst);

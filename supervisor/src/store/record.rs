@@ -431,6 +431,9 @@ pub struct EvidenceEntry {
     pub work_order_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// An ARA `receive` turn: its input envelope and what it emitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receive: Option<ReceiveRecord>,
 }
 
 /// Where a session's ledgers are.
@@ -490,6 +493,25 @@ pub struct TurnReport {
     /// The key it was returned for (with `replayed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// An ARA `receive` turn: its input envelope and what it emitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive: Option<ReceiveRecord>,
+}
+
+/// An ARA `receive` turn (issue 28): the envelope it was given, the
+/// envelopes its agent returned — validated, canonical, in order; empty
+/// unless the turn committed — and, when the agent's output was refused,
+/// why (a TS109x code).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReceiveRecord {
+    pub input: turnstile_policy::envelope::EventEnvelope,
+    pub emitted: Vec<turnstile_policy::envelope::EventEnvelope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<ErrorRecord>,
+    /// How many routed hops separate the input from the chain's first
+    /// envelope (0: given by a client; see `serve` subscriptions).
+    #[serde(default)]
+    pub hop: u32,
 }
 
 impl TurnReport {

@@ -19,9 +19,9 @@ use crate::store::evidence::RejectedTurn;
 use crate::store::ledger::LedgerKind;
 use crate::store::record::{
     BackendMinimum, DeclaredWrite, Durations, Enforcement, EnforcementRecord, ErrorRecord, Event,
-    EvidenceEntry, ExecEntry, Layer, LedgerPaths, OutputRecord, Phases, Resources, SCHEMA_VERSION,
-    SeccompFacts, StreamOut, Termination, Timings, TurnReport, ViolatedCapability, Violation,
-    WriteRecord, to_object,
+    EvidenceEntry, ExecEntry, Layer, LedgerPaths, OutputRecord, Phases, ReceiveRecord, Resources,
+    SCHEMA_VERSION, SeccompFacts, StreamOut, Termination, Timings, TurnReport, ViolatedCapability,
+    Violation, WriteRecord, to_object,
 };
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::TurnStatus;
@@ -79,6 +79,10 @@ pub(super) struct Outcome {
     pub(super) phases: Phases,
     /// The turn directory's removal, running while the ledgers are written.
     pub(super) cleanup: Option<std::thread::JoinHandle<()>>,
+    /// A receive turn's envelopes (kept only if it commits).
+    pub(super) emitted: Vec<turnstile_policy::envelope::EventEnvelope>,
+    /// Why a receive turn's output was refused.
+    pub(super) refused: Option<ErrorRecord>,
 }
 
 /// The facts of one finished turn, typed: both ledger entries and the
@@ -306,7 +310,23 @@ impl Turn<'_> {
             ts: f.now.clone(),
             work_order_id: r.work_order_id.clone(),
             idempotency_key: r.idempotency_key.clone(),
+            receive: self.receive_record(o),
         }
+    }
+
+    /// A receive turn's record: what it was given and, if it committed,
+    /// what it emitted.
+    fn receive_record(&self, o: &Outcome) -> Option<ReceiveRecord> {
+        self.opts.receive.as_ref().map(|r| ReceiveRecord {
+            input: r.envelope.clone(),
+            emitted: if o.status == TurnStatus::Committed {
+                o.emitted.clone()
+            } else {
+                Vec::new()
+            },
+            refused: o.refused.clone(),
+            hop: r.hop,
+        })
     }
 
     /// The `--json` report, from the same facts as the entries.
@@ -343,6 +363,7 @@ impl Turn<'_> {
             }),
             replayed: false,
             idempotency_key: None,
+            receive: self.receive_record(o),
         }
     }
 
@@ -483,6 +504,8 @@ impl Outcome {
             plan,
             phases: Phases::new(),
             cleanup: None,
+            emitted: Vec::new(),
+            refused: None,
         }
     }
 

@@ -295,6 +295,7 @@ pub fn replay(
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
             rootfs: None,
+            receive: None,
         };
         crate::turn::run_turn(&opts)?;
     }
