@@ -10,6 +10,7 @@
 
 pub mod bus;
 pub mod client;
+pub mod eventbus;
 pub mod health;
 pub mod metrics;
 pub mod wire;
