@@ -304,3 +304,343 @@ fn issue_28_receive_entry_is_validated_at_load_and_required() {
     assert!(r.stderr.contains("TS1090"), "{}", r.stderr);
     assert_eq!(turns_started(&fx, &sid), 0);
 }
+
+// ---- the daemon ------------------------------------------------------------
+
+/// A running `supervise serve`; SIGTERM'd (then SIGKILL'd) when dropped.
+struct Daemon {
+    child: Option<std::process::Child>,
+    socket: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(fx: &Fixture, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new().prefix("ts-rc-").tempdir().unwrap();
+        Self::start_in(fx, dir, extra)
+    }
+
+    fn start_in(fx: &Fixture, dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        let socket = dir.path().join("serve.sock");
+        let n = std::fs::read_dir(dir.path()).unwrap().count();
+        let log = dir.path().join(format!("daemon-{n}.log"));
+        let child = std::process::Command::new(turnstile_tests::supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn supervise serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self {
+            child: Some(child),
+            socket,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, no goodbye.
+    #[allow(dead_code)]
+    fn kill9(mut self) -> tempfile::TempDir {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let dir = tempfile::Builder::new().prefix("ts-rc-").tempdir().unwrap();
+        std::mem::replace(&mut self._dir, dir)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---- the strict file bus (item 6) ------------------------------------------
+
+const ECHO_MANIFEST: &str = r#"{
+  "capabilities": {"write": ["output/<session_id>/**"], "execute": ["/usr/bin/echo"]},
+  "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 30}
+}"#;
+
+fn bus_dir(fx: &Fixture, name: &str, approval: &str) -> PathBuf {
+    let bus = fx.state.parent().unwrap().join(name);
+    for sub in ["input", "approvals"] {
+        std::fs::create_dir_all(bus.join(sub)).unwrap();
+    }
+    std::fs::write(
+        bus.join("rules.v0.1.yaml"),
+        format!(
+            r#"rules:
+  - id: live-echo
+    trigger: {{command_type: exec, source: "*"}}
+    guards: {{approval: {approval}}}
+    actions:
+      - run: "echo hello {{{{msg_id}}}}"
+        allowlist: ["echo"]
+        workspace: {}
+        package: e
+        mode: live
+"#,
+            fx.root.display()
+        ),
+    )
+    .unwrap();
+    bus
+}
+
+fn bus_message(id: &str) -> String {
+    json!({
+        "msg_id": id, "category": "A", "msg_type": "COMMAND", "command_type": "exec",
+        "title": format!("title-{id}"), "run": ["x"],
+        "context": {"phase": 1, "requested_by": "agent-7"},
+        "timestamp": "2026-11-23T10:00:00Z",
+    })
+    .to_string()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+fn drop_message(bus: &std::path::Path, id: &str) -> String {
+    let msg = bus_message(id);
+    let tmp = bus.join(format!("input/.{id}.tmp"));
+    std::fs::write(&tmp, &msg).unwrap();
+    std::fs::rename(&tmp, bus.join("input").join(format!("{id}.json"))).unwrap();
+    msg
+}
+
+/// The evidence of `id`, once written: (output|error, the evidence).
+fn bus_evidence(bus: &std::path::Path, id: &str) -> Option<(String, Value)> {
+    for sub in ["output", "error"] {
+        let p = bus.join(sub).join(format!("{id}.json"));
+        if let Ok(b) = std::fs::read(&p) {
+            return Some((sub.to_owned(), serde_json::from_slice(&b).unwrap()));
+        }
+    }
+    None
+}
+
+fn daemon_config(fx: &Fixture, name: &str, v: Value) -> String {
+    let p = fx.state.parent().unwrap().join(name);
+    std::fs::write(&p, v.to_string()).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn issue_28_bus_dry_run_wins_over_a_rules_mode_live() {
+    if !require_root("issue_28_bus_dry_run_wins_over_a_rules_mode_live") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", ECHO_MANIFEST);
+    let bus = bus_dir(&fx, "bus", "none");
+    let b = bus.display().to_string();
+    let daemon = Daemon::start(&fx, &["--bus", &b, "--dry-run"]);
+    drop_message(&bus, "m1");
+    wait_for("evidence", 60, || bus_evidence(&bus, "m1").is_some());
+    let (sub, v) = bus_evidence(&bus, "m1").unwrap();
+    assert_eq!(sub, "output", "{v}");
+    let a = &v["actions"][0];
+    assert_eq!(a["mode"], "dry-run", "{v}");
+    assert_eq!(a["would_execute"][0], "/usr/bin/echo");
+    assert!(a.get("session_id").is_none(), "a dry run ran a turn: {v}");
+    assert!(
+        !fx.state.join("bus-sessions").exists(),
+        "no session was made"
+    );
+    assert!(daemon.log().contains("mode dry-run"), "{}", daemon.log());
+}
+
+#[test]
+fn issue_28_bus_forged_approval_is_ignored_and_recorded() {
+    if !require_root("issue_28_bus_forged_approval_is_ignored_and_recorded") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", ECHO_MANIFEST);
+    let bus = bus_dir(&fx, "bus", "required");
+    let b = bus.display().to_string();
+    let cfg = daemon_config(&fx, "daemon.json", json!({"approvers": ["alice"]}));
+    let daemon = Daemon::start(&fx, &["--bus", &b, "--daemon-config", &cfg]);
+    let msg = drop_message(&bus, "m1");
+    let sha = sha256_hex(msg.as_bytes());
+    let approvals = bus.join("approvals");
+    let held = || bus.join("processing/m1.json").exists() && bus_evidence(&bus, "m1").is_none();
+    wait_for("the message held", 60, held);
+    // Forgeries: a bare file, another content's hash, a stranger.
+    std::fs::write(approvals.join("m1"), "ok").unwrap();
+    wait_for("the bare file ignored", 30, || {
+        daemon.log().contains("\"file\":\"m1\"")
+    });
+    std::fs::write(
+        approvals.join("m1.json"),
+        json!({"sha256": sha256_hex(b"other"), "approver": "alice"}).to_string(),
+    )
+    .unwrap();
+    wait_for("the wrong hash ignored", 30, || {
+        daemon.log().contains("other content")
+    });
+    std::fs::write(
+        approvals.join("m1.json"),
+        json!({"sha256": sha, "approver": "mallory"}).to_string(),
+    )
+    .unwrap();
+    wait_for("the stranger ignored", 30, || {
+        daemon.log().contains("mallory")
+    });
+    assert!(held(), "a forged approval released the message");
+    let h = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let h: Value = serde_json::from_slice(&h.stdout).unwrap();
+    let ignored = &h["daemon"]["bus"]["held"][0]["approvals_ignored"];
+    assert_eq!(ignored.as_array().map(Vec::len), Some(3), "{h}");
+    assert_eq!(ignored[0]["code"], "TS1095");
+    // The real approval: runs, and the evidence records the forgeries.
+    std::fs::remove_file(approvals.join("m1")).unwrap();
+    std::fs::write(
+        approvals.join("m1.json"),
+        json!({"sha256": sha, "approver": "alice"}).to_string(),
+    )
+    .unwrap();
+    wait_for("the approved message", 60, || {
+        bus_evidence(&bus, "m1").is_some()
+    });
+    let (sub, v) = bus_evidence(&bus, "m1").unwrap();
+    assert_eq!(sub, "output", "{v}");
+    assert_eq!(v["actions"][0]["status"], "committed", "{v}");
+    let rec = v["approvals_ignored"].as_array().unwrap();
+    assert_eq!(rec.len(), 3, "{v}");
+    assert!(rec.iter().all(|r| r["code"] == "TS1095"));
+}
+
+#[test]
+fn issue_28_bus_production_requires_the_sandbox_bus_first() {
+    if !require_root("issue_28_bus_production_requires_the_sandbox_bus_first") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", ECHO_MANIFEST);
+    let sandbox = bus_dir(&fx, "sandbox-bus", "none");
+    let prod = bus_dir(&fx, "prod-bus", "none");
+    // m2 goes through the sandbox bus in dry-run first.
+    {
+        let sb = sandbox.display().to_string();
+        let _d = Daemon::start(&fx, &["--bus", &sb, "--dry-run"]);
+        drop_message(&sandbox, "m2");
+        wait_for("sandbox evidence", 60, || {
+            bus_evidence(&sandbox, "m2").is_some()
+        });
+    }
+    let cfg = daemon_config(
+        &fx,
+        "prod.json",
+        json!({"bus": {"role": "production", "sandbox_bus": sandbox}}),
+    );
+    let p = prod.display().to_string();
+    let mut daemon = Daemon::start(&fx, &["--bus", &p, "--daemon-config", &cfg]);
+    drop_message(&prod, "m1");
+    drop_message(&prod, "m2");
+    wait_for("production evidence", 60, || {
+        bus_evidence(&prod, "m1").is_some() && bus_evidence(&prod, "m2").is_some()
+    });
+    let (sub, v) = bus_evidence(&prod, "m1").unwrap();
+    assert_eq!(sub, "error", "{v}");
+    assert_eq!(v["error"]["code"], "TS1096", "{v}");
+    assert!(v.get("actions").is_none(), "nothing ran: {v}");
+    let (sub, v) = bus_evidence(&prod, "m2").unwrap();
+    assert_eq!(sub, "output", "{v}");
+    assert_eq!(v["actions"][0]["mode"], "live");
+    assert_eq!(v["actions"][0]["status"], "committed", "{v}");
+    // Said at start.
+    let log = daemon.log();
+    assert!(log.contains("role production"), "{log}");
+    assert!(
+        log.contains("only after it was processed in dry-run on the sandbox bus"),
+        "{log}"
+    );
+    assert_eq!(daemon.stop(), Some(0));
+    // Unless the config says otherwise — and then it says so.
+    let off = daemon_config(
+        &fx,
+        "off.json",
+        json!({"bus": {"role": "production", "require_sandbox_first": false}}),
+    );
+    let daemon = Daemon::start(&fx, &["--bus", &p, "--daemon-config", &off]);
+    drop_message(&prod, "m3");
+    wait_for("m3 evidence", 60, || bus_evidence(&prod, "m3").is_some());
+    assert_eq!(bus_evidence(&prod, "m3").unwrap().0, "output");
+    assert!(
+        daemon.log().contains("sandbox-first is NOT enforced"),
+        "{}",
+        daemon.log()
+    );
+    // A production role without a sandbox bus refuses to start.
+    let bad = daemon_config(&fx, "bad.json", json!({"bus": {"role": "production"}}));
+    let state = fx.state.display().to_string();
+    let r = Fixture::raw(&[
+        "serve",
+        "--state-dir",
+        &state,
+        "--bus",
+        &p,
+        "--daemon-config",
+        &bad,
+    ]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("bus.sandbox_bus"), "{}", r.stderr);
+}

@@ -271,7 +271,8 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on ADDR:PORT (plain HTTP, GET /metrics).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
-    /// Bus actions without a `mode` are recorded as "would execute" only.
+    /// Every bus action is recorded as "would execute" only, whatever a
+    /// rule's `mode` says (`--dry-run` always wins).
     #[arg(long)]
     pub dry_run: bool,
     /// Socket turns allowed in flight at once; more are refused (TS1032,
@@ -286,6 +287,12 @@ pub struct ServeArgs {
     /// A session's warm sandbox is discarded after this many idle seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub pool_idle_seconds: u64,
+    /// The daemon's own configuration (JSON): `subscriptions` (route a
+    /// receive's envelopes to packages by type), `max_hops`, `approvers`
+    /// (who may approve a bus message), `bus` (`role` sandbox|production,
+    /// `sandbox_bus`, `require_sandbox_first`).
+    #[arg(long, value_name = "FILE")]
+    pub daemon_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -725,16 +732,24 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
         Command::Recover(a) => recover_cmd(&a),
-        Command::Serve(a) => crate::serve::serve(&crate::serve::ServeOptions {
-            state_dir: a.state_dir,
-            socket: a.socket,
-            bus: a.bus,
-            metrics: a.metrics,
-            dry_run: a.dry_run,
-            max_turns: a.max_turns,
-            pool_size: a.pool_size,
-            pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
-        }),
+        Command::Serve(a) => a
+            .daemon_config
+            .as_deref()
+            .map(crate::serve::config::DaemonConfig::load)
+            .transpose()
+            .and_then(|config| {
+                crate::serve::serve(&crate::serve::ServeOptions {
+                    state_dir: a.state_dir,
+                    socket: a.socket,
+                    bus: a.bus,
+                    metrics: a.metrics,
+                    dry_run: a.dry_run,
+                    max_turns: a.max_turns,
+                    pool_size: a.pool_size,
+                    pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
+                    config: config.unwrap_or_default(),
+                })
+            }),
         Command::Explain(a) => explain(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),

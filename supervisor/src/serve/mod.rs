@@ -10,6 +10,7 @@
 
 pub mod bus;
 pub mod client;
+pub mod config;
 pub mod eventbus;
 pub mod health;
 pub mod metrics;
@@ -50,6 +51,8 @@ pub struct ServeOptions {
     pub pool_size: usize,
     /// Idle time after which such a worker (and its sandbox) goes.
     pub pool_idle: Duration,
+    /// `--daemon-config`: subscriptions, approvers, the bus's role.
+    pub config: config::DaemonConfig,
 }
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -384,8 +387,12 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     let bus = o
         .bus
         .as_deref()
-        .map(|b| bus::Bus::open(b, o.dry_run))
+        .map(|b| bus::Bus::open(b, o.dry_run).map(|b| b.with_policy(&o.config)))
         .transpose()?;
+    if let Some(b) = &bus {
+        // Said at start: what the bus enforces.
+        tracing::info!(policy = %b.policy_statement(), "bus policy");
+    }
     // Every session is recovered before the first turn (what a stopped
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
     let cgroup_root = crate::sandbox::cgroup::root();
