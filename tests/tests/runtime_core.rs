@@ -116,7 +116,7 @@ fn issue_28_receive_happy_path_pure_turn_emits_canonical_envelopes_in_order() {
     assert_eq!(first["source"]["agent"], "a");
     assert_eq!(first["schema_version"], "1");
     // Derived from the input key and the index; the agent's own kept.
-    assert_eq!(first["idempotency_key"], "IDEM-1#0");
+    assert_eq!(first["idempotency_key"], "IDEM-1:0");
     let second: Value = serde_json::from_str(lines[1]).unwrap();
     assert_eq!(second["idempotency_key"], "own-key");
     // Printed canonical: keys sorted, no whitespace.
@@ -379,7 +379,6 @@ impl Daemon {
     }
 
     /// SIGKILL, no goodbye.
-    #[allow(dead_code)]
     fn kill9(mut self) -> tempfile::TempDir {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -643,4 +642,231 @@ fn issue_28_bus_production_requires_the_sandbox_bus_first() {
     ]);
     assert_eq!(r.status, 2, "{}", r.stderr);
     assert!(r.stderr.contains("bus.sandbox_bus"), "{}", r.stderr);
+}
+
+// ---- serve subscriptions: chains (item 2) ---------------------------------
+
+/// An agent that emits `next` (if any) with its input's payload and its
+/// own name appended to `path`; sleeps `sleep` seconds first.
+fn relay(next: Option<&str>, sleep: u32) -> String {
+    let emit = match next {
+        Some(t) => format!(
+            "print(json.dumps({{\"type\": \"{t}\", \"payload\": {{\"path\": e[\"payload\"].get(\"path\", []) + [me]}}}}))"
+        ),
+        None => String::new(),
+    };
+    format!(
+        "import json, os, sys, time\ne = json.loads(sys.stdin.read())\nme = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0])))\ntime.sleep({sleep})\n{emit}\n"
+    )
+}
+
+/// Every committed receive of `pkg`, from every session's evidence.
+fn receives_of(fx: &Fixture, pkg: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(fx.root.join("planes/ho1/sessions")) else {
+        return out;
+    };
+    for s in rd.flatten() {
+        let ledger = s.path().join("ledger/evidence.jsonl");
+        if !ledger.exists() {
+            continue;
+        }
+        for e in read_entries(&ledger) {
+            if e["event"] == "turn.finished"
+                && e["package_id"] == pkg
+                && e["status"] == "committed"
+                && e.get("receive").is_some()
+            {
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
+fn chain_config(fx: &Fixture, subs: &[(&str, &str)], max_hops: u32) -> String {
+    let subs: Vec<Value> = subs
+        .iter()
+        .map(|(t, p)| json!({"type": t, "root": fx.root, "package": p}))
+        .collect();
+    daemon_config(
+        fx,
+        "chain.json",
+        json!({"subscriptions": subs, "max_hops": max_hops}),
+    )
+}
+
+fn receive_via(fx: &Fixture, daemon: &Daemon, pkg: &str, env: &std::path::Path) -> Run {
+    let sock = daemon.socket.display().to_string();
+    let env = env.display().to_string();
+    let root = fx.root.display().to_string();
+    Fixture::raw(&[
+        "receive",
+        "--root",
+        &root,
+        "--package",
+        pkg,
+        "--envelope",
+        &env,
+        "--server",
+        &sock,
+    ])
+}
+
+#[test]
+fn issue_28_chain_a_b_c_through_serve_every_hop_in_the_ledgers() {
+    if !require_root("issue_28_chain_a_b_c_through_serve_every_hop_in_the_ledgers") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("order.checked"), 0), "");
+    agent(&fx, "b", &relay(Some("order.billed"), 0), "");
+    agent(&fx, "c", &relay(Some("order.done"), 0), "");
+    let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let env = envelope(&fx, "ORDER-1", "order.placed", json!({}));
+    let r = receive_via(&fx, &daemon, "a", &env);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let a_out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(a_out["type"], "order.checked");
+    wait_for("C's receive", 60, || receives_of(&fx, "c").len() == 1);
+    let (a, b, c) = (
+        receives_of(&fx, "a"),
+        receives_of(&fx, "b"),
+        receives_of(&fx, "c"),
+    );
+    assert_eq!((a.len(), b.len(), c.len()), (1, 1, 1));
+    // Each hop's input is the previous hop's output, byte for byte.
+    assert_eq!(a[0]["receive"]["hop"], 0);
+    assert_eq!(b[0]["receive"]["hop"], 1);
+    assert_eq!(c[0]["receive"]["hop"], 2);
+    assert_eq!(b[0]["receive"]["input"], a[0]["receive"]["emitted"][0]);
+    assert_eq!(c[0]["receive"]["input"], b[0]["receive"]["emitted"][0]);
+    assert_eq!(a[0]["receive"]["emitted"][0], a_out);
+    assert_eq!(
+        c[0]["receive"]["emitted"][0]["payload"]["path"],
+        json!(["a", "b", "c"])
+    );
+    assert_eq!(
+        c[0]["receive"]["emitted"][0]["idempotency_key"],
+        "ORDER-1:0:0:0"
+    );
+    // order.done has no subscriber: nothing else runs, nothing is dead.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(receives_of(&fx, "c").len(), 1);
+    assert!(
+        std::fs::read_dir(fx.state.join("eventbus/dead"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
+}
+
+#[test]
+fn issue_28_subscription_loop_a_b_a_is_cut_at_the_hop_limit() {
+    if !require_root("issue_28_subscription_loop_a_b_a_is_cut_at_the_hop_limit") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("ping.a"), 0), "");
+    agent(&fx, "b", &relay(Some("ping.b"), 0), "");
+    let cfg = chain_config(&fx, &[("ping.a", "b"), ("ping.b", "a")], 3);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let r = receive_via(
+        &fx,
+        &daemon,
+        "a",
+        &envelope(&fx, "P", "ping.start", json!({})),
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let dead = fx.state.join("eventbus/dead");
+    wait_for("the dead letter", 60, || {
+        std::fs::read_dir(&dead).map(|d| d.count()).unwrap_or(0) == 1
+    });
+    let letter: Value = serde_json::from_slice(
+        &std::fs::read(
+            std::fs::read_dir(&dead)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(letter["error"]["code"], "TS1094", "{letter}");
+    assert!(
+        letter["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_hops 3")
+    );
+    assert_eq!(letter["package"], "a");
+    // a (hop 0), b (1), a (2), b (3); the next hop is cut.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(receives_of(&fx, "a").len(), 2);
+    assert_eq!(receives_of(&fx, "b").len(), 2);
+    assert!(daemon.log().contains("TS1094"), "{}", daemon.log());
+}
+
+#[test]
+fn issue_28_sigkill_of_the_daemon_mid_chain_then_restart_effects_exactly_once() {
+    if !require_root("issue_28_sigkill_of_the_daemon_mid_chain_then_restart_effects_exactly_once") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("order.checked"), 0), "");
+    // B is slow: the daemon dies while B's turn runs.
+    agent(&fx, "b", &relay(Some("order.billed"), 3), "");
+    agent(&fx, "c", &relay(None, 0), "");
+    let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let r = receive_via(
+        &fx,
+        &daemon,
+        "a",
+        &envelope(&fx, "ORDER-9", "order.placed", json!({})),
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    // B's turn has begun (its intent entry is in a ledger).
+    wait_for("B's turn to start", 60, || {
+        std::fs::read_dir(fx.root.join("planes/ho1/sessions"))
+            .unwrap()
+            .flatten()
+            .any(|s| {
+                let l = s.path().join("ledger/exec.jsonl");
+                l.exists()
+                    && read_entries(&l)
+                        .iter()
+                        .any(|e| e["event"] == "turn.started")
+                    && read_entries(&s.path().join("ledger/evidence.jsonl"))
+                        .iter()
+                        .all(|e| e["event"] != "turn.finished")
+            })
+    });
+    let dir = daemon.kill9();
+    let daemon = Daemon::start_in(&fx, dir, &["--daemon-config", &cfg]);
+    wait_for("C's receive after the restart", 90, || {
+        receives_of(&fx, "c").len() == 1
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    // Exactly once in effect: one committed receive per hop.
+    assert_eq!(receives_of(&fx, "a").len(), 1);
+    assert_eq!(receives_of(&fx, "b").len(), 1);
+    assert_eq!(receives_of(&fx, "c").len(), 1);
+    // B's cut turn is recorded `aborted`, then its second attempt.
+    let b = &receives_of(&fx, "b")[0];
+    assert_eq!(b["idempotency_key"], "ORDER-9:0:attempt1", "{b}");
+    assert_eq!(
+        receives_of(&fx, "c")[0]["receive"]["input"]["idempotency_key"],
+        "ORDER-9:0:0"
+    );
+    // A third start finds nothing to do.
+    let dir = daemon.kill9();
+    let daemon = Daemon::start_in(&fx, dir, &["--daemon-config", &cfg]);
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(receives_of(&fx, "b").len(), 1);
+    assert_eq!(receives_of(&fx, "c").len(), 1);
+    drop(daemon);
 }

@@ -74,6 +74,7 @@ pub fn receive(a: &ReceiveArgs) -> Result<Outcome> {
         &a.common.root,
         &a.package,
         &envelope,
+        0,
         a.inputs.clone(),
         Some(outputs),
         a.timeout,
@@ -101,6 +102,7 @@ pub fn receive(a: &ReceiveArgs) -> Result<Outcome> {
             receive: Some(crate::serve::wire::ReceiveWire {
                 envelope: serde_json::to_value(&envelope).unwrap_or_default(),
                 hop: 0,
+                attempt: 0,
             }),
         };
         return crate::serve::client::run(socket, &wire);

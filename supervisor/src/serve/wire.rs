@@ -79,6 +79,10 @@ pub struct ReceiveWire {
     pub envelope: Value,
     #[serde(default)]
     pub hop: u32,
+    /// The router's retry of a delivery whose earlier turns were cut by a
+    /// crash (see `turn::receive::request`).
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

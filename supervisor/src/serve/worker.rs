@@ -177,6 +177,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
                 &r.root,
                 &r.package,
                 &envelope,
+                w.attempt,
                 request.declared_inputs.clone(),
                 Some(request.declared_outputs.clone()),
                 request.timeout_seconds,

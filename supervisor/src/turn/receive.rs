@@ -64,14 +64,14 @@ fn refused(code: ErrorCode, message: String) -> ErrorRecord {
     }
 }
 
-/// `key#index`, or its digest's when that would exceed 256 characters.
+/// `key:index`, or its digest's when that would exceed 256 characters.
 fn derived(key: &str, index: usize) -> String {
-    let d = format!("{key}#{index}");
+    let d = format!("{key}:{index}");
     if d.len() <= 256 {
         d
     } else {
         format!(
-            "sha256:{}#{index}",
+            "sha256:{}:{index}",
             hex::encode(Sha256::digest(key.as_bytes()))
         )
     }
@@ -161,11 +161,14 @@ pub fn parse_output(
 /// The turn request of a receive: the manifest's `entry.receive` as the
 /// command, the envelope's key as the turn's (a key received twice runs
 /// once), the declared inputs and outputs given (none by default: a pure
-/// receive writes nothing).
+/// receive writes nothing). `attempt` > 0 (the daemon's router only): a
+/// new try after attempts whose turns were cut by a crash (`aborted`:
+/// nothing of them committed), under the key `<key>:attempt<N>`.
 pub fn request(
     root: &std::path::Path,
     package: &str,
     envelope: &EventEnvelope,
+    attempt: u32,
     declared_inputs: Vec<String>,
     declared_outputs: Option<Vec<turnstile_policy::request::DeclaredOutput>>,
     timeout_seconds: Option<u64>,
@@ -184,10 +187,31 @@ pub fn request(
             declared_inputs,
             declared_outputs: Some(declared_outputs.unwrap_or_default()),
             work_order_id: None,
-            idempotency_key: Some(envelope.idempotency_key.clone()),
+            idempotency_key: Some(attempt_key(&envelope.idempotency_key, attempt)),
             timeout_seconds,
         },
     )?)
+}
+
+/// The turn's idempotency key for an attempt: the envelope's key (its
+/// digest, `sha256:<hex>`, when it is not a turn key's token), then
+/// `:attempt<N>` after the first.
+fn attempt_key(key: &str, attempt: u32) -> String {
+    let token = key.len() <= 240
+        && key.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    let base = if token {
+        key.to_owned()
+    } else {
+        format!("sha256:{}", hex::encode(Sha256::digest(key.as_bytes())))
+    };
+    if attempt == 0 {
+        base
+    } else {
+        format!("{base}:attempt{attempt}")
+    }
 }
 
 /// `receive --json`: the turn and the envelopes it emitted.
@@ -285,7 +309,10 @@ mod tests {
         let out = b"{\"type\":\"invoice.checked\",\"payload\":{\"n\":1}}\n\n{\"type\":\"invoice.paid\",\"idempotency_key\":\"mine\"}\n";
         let e = parse_output(&input(), "a", out, false, 1 << 20).unwrap();
         assert_eq!(e.len(), 2);
-        assert_eq!(e[0].idempotency_key, "IDEM-123#0");
+        assert_eq!(e[0].idempotency_key, "IDEM-123:0");
+        assert_eq!(attempt_key("IDEM-123", 0), "IDEM-123");
+        assert_eq!(attempt_key("IDEM-123", 2), "IDEM-123:attempt2");
+        assert!(attempt_key("has space#", 0).starts_with("sha256:"));
         assert_eq!(e[1].idempotency_key, "mine");
         assert_eq!(e[0].source.agent, "a");
         assert_eq!(e[0].ts, input().ts);
