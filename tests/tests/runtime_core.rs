@@ -870,3 +870,154 @@ fn issue_28_sigkill_of_the_daemon_mid_chain_then_restart_effects_exactly_once() 
     assert_eq!(receives_of(&fx, "c").len(), 1);
     drop(daemon);
 }
+
+// ---- replay determinism (item 3) --------------------------------------------
+
+/// Keeps a running sum in `output/<session_id>/state.json` and emits it.
+const SUMMER: &str = r#"
+import json, os, sys
+e = json.loads(sys.stdin.read())
+p = "output/%s/state.json" % os.environ["TURNSTILE_SESSION_ID"]
+n = json.load(open(p))["n"] if os.path.exists(p) else 0
+n += e["payload"]["add"] * FACTOR
+json.dump({"n": n}, open(p, "w"))
+print(json.dumps({"type": "sum.updated", "payload": {"n": n}}))
+"#;
+
+fn summer(fx: &Fixture, factor: u32) {
+    fx.install(
+        "s",
+        r#"{"capabilities":{"read":["installed/s/**","output/<session_id>/**"],
+            "write":["output/<session_id>/**"],
+            "execute":["/usr/bin/python3 installed/s/agent.py"]},
+          "entry":{"receive":["/usr/bin/python3","installed/s/agent.py"]}}"#,
+    );
+    fx.write(
+        "installed/s/agent.py",
+        SUMMER.replace("FACTOR", &factor.to_string()).as_bytes(),
+    );
+}
+
+fn replay_json(fx: &Fixture, sessions: &[&str], into: &std::path::Path) -> (i32, Value) {
+    let into = into.display().to_string();
+    let mut args = vec!["--into", &into, "--json"];
+    for s in sessions {
+        args.extend_from_slice(&["--session", s]);
+    }
+    let r = fx.supervise(&["replay"], &args);
+    (r.status, r.json())
+}
+
+#[test]
+fn issue_28_seed_001_replay_determinism_receive_stream_byte_identical_and_first_difference() {
+    if !require_root(
+        "issue_28_seed_001_replay_determinism_receive_stream_byte_identical_and_first_difference",
+    ) {
+        return;
+    }
+    let fx = Fixture::new();
+    summer(&fx, 1);
+    let r = fx.supervise(
+        &["session", "new"],
+        &[
+            "--deterministic",
+            "--seed",
+            "7",
+            "--clock",
+            "2026-01-01T00:00:00Z",
+        ],
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let sid = r.stdout.trim().to_owned();
+    let mut printed = String::new();
+    for (i, add) in [3, 4, 5].iter().enumerate() {
+        let env = envelope(&fx, &format!("S{i}"), "sum.add", json!({"add": add}));
+        let r = receive(
+            &fx,
+            "s",
+            &sid,
+            &env,
+            &["--output", "output/<session_id>/state.json:state"],
+        );
+        assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+        printed += &r.stdout;
+    }
+    assert!(printed.contains("{\"n\":12}"), "{printed}");
+    let base = fx.state.parent().unwrap();
+    let (status, v) = replay_json(&fx, &[&sid], &base.join("same"));
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["identical"], true, "{v}");
+    assert_eq!(v["emitted"]["original"], 3);
+    assert_eq!(v["emitted"]["replay"], 3);
+    assert_eq!(v["tree_sha256"]["original"], v["tree_sha256"]["replay"]);
+    // Deterministic: the replayed ledgers are the original's, byte for byte.
+    let rsid = v["replayed_session_id"].as_str().unwrap();
+    let replayed = base
+        .join("same/root/planes/ho1/sessions")
+        .join(rsid)
+        .join("ledger/evidence.jsonl");
+    assert_eq!(
+        std::fs::read(fx.ledger(&sid, "evidence")).unwrap(),
+        std::fs::read(replayed).unwrap()
+    );
+    // The agent changed since: the first emitted envelope that differs is
+    // named, exit 3.
+    summer(&fx, 2);
+    let (status, v) = replay_json(&fx, &[&sid], &base.join("other"));
+    assert_eq!(status, 3, "{v}");
+    let d = v["first_difference"].as_str().unwrap();
+    assert!(d.starts_with("emitted envelope 1 differs"), "{d}");
+    assert!(d.contains("{\"n\":3}") && d.contains("{\"n\":6}"), "{d}");
+    assert_ne!(v["tree_sha256"]["original"], v["tree_sha256"]["replay"]);
+}
+
+#[test]
+fn issue_28_replay_across_agents_of_a_chain_reproduces_every_envelope() {
+    if !require_root("issue_28_replay_across_agents_of_a_chain_reproduces_every_envelope") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("order.checked"), 0), "");
+    agent(&fx, "b", &relay(Some("order.billed"), 0), "");
+    agent(&fx, "c", &relay(Some("order.done"), 0), "");
+    let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
+    let mut daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let r = receive_via(
+        &fx,
+        &daemon,
+        "a",
+        &envelope(&fx, "R-1", "order.placed", json!({})),
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    wait_for("C's receive", 60, || receives_of(&fx, "c").len() == 1);
+    assert_eq!(daemon.stop(), Some(0));
+    let sid = |p: &str| {
+        receives_of(&fx, p)[0]["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (a, b, c) = (sid("a"), sid("b"), sid("c"));
+    let base = fx.state.parent().unwrap();
+    let (status, v) = replay_json(&fx, &[&a, &b, &c], &base.join("chain"));
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["identical"], true, "{v}");
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 3);
+    for s in v["sessions"].as_array().unwrap() {
+        assert_eq!(s["emitted"]["original"], 1, "{s}");
+        assert_eq!(s["emitted"]["replay"], 1, "{s}");
+    }
+    // B changed: the report names B's session and its envelope.
+    fx.write(
+        "installed/b/agent.py",
+        relay(Some("order.rebilled"), 0).as_bytes(),
+    );
+    let (status, v) = replay_json(&fx, &[&a, &b, &c], &base.join("chain2"));
+    assert_eq!(status, 3, "{v}");
+    let d = v["first_difference"].as_str().unwrap();
+    assert!(
+        d.starts_with(&format!("session {b}: emitted envelope 1")),
+        "{d}"
+    );
+    assert!(d.contains("order.rebilled"), "{d}");
+}

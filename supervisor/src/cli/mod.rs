@@ -299,8 +299,10 @@ pub struct ServeArgs {
 pub struct ReplayArgs {
     #[command(flatten)]
     pub common: Common,
-    #[arg(long, value_name = "SID")]
-    pub session: String,
+    /// The session to replay; repeat it to replay several (the sessions of
+    /// a chain of agents) into the same fresh workspace, in this order.
+    #[arg(long, value_name = "SID", required = true)]
+    pub session: Vec<String>,
     /// Where to replay (created; must not exist).
     #[arg(long, value_name = "DIR")]
     pub into: PathBuf,
@@ -852,14 +854,63 @@ fn report_check(r: &VerifyReport) -> LedgerCheck<'_> {
 }
 
 fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
-    let id = SessionId::parse(&a.session)?;
-    let r = crate::turn::replay::replay(
+    let ids = a
+        .session
+        .iter()
+        .map(|s| SessionId::parse(s))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut all = crate::turn::replay::replay_all(
         &a.common.root,
         &a.common.state_dir,
-        &id,
+        &ids,
         &a.into,
         &cgroup_root(),
     )?;
+    if all.len() > 1 {
+        let first = all.iter().find_map(|r| {
+            r.difference
+                .as_ref()
+                .map(|d| format!("session {}: {d}", r.original))
+        });
+        let stdout = if a.common.json {
+            format!(
+                "{}\n",
+                to_json(&crate::turn::replay::ManyJson {
+                    identical: first.is_none(),
+                    first_difference: first.clone(),
+                    sessions: all.iter().map(|r| r.to_value()).collect(),
+                })
+            )
+        } else {
+            let mut t = String::new();
+            for r in &all {
+                t += &format!(
+                    "replay of {} ({} turns): {}\n",
+                    r.original,
+                    r.turns,
+                    if r.difference.is_none() {
+                        "identical"
+                    } else {
+                        "DIFFERS"
+                    }
+                );
+            }
+            if let Some(d) = &first {
+                t += &format!("  first difference: {d}\n");
+            }
+            t
+        };
+        return Ok(Outcome {
+            status: if first.is_none() {
+                exit::OK
+            } else {
+                exit::INTEGRITY
+            },
+            stdout,
+            stderr: String::new(),
+        });
+    }
+    let r = all.remove(0);
     let stdout = if a.common.json {
         format!("{}\n", r.to_value())
     } else {
