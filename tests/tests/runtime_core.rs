@@ -751,6 +751,25 @@ fn issue_28_chain_a_b_c_through_serve_every_hop_in_the_ledgers() {
         c[0]["receive"]["emitted"][0]["idempotency_key"],
         "ORDER-1:0:0:0"
     );
+    // A subscribed package without an entry point refuses the start.
+    fx.install("noentry", ECHO_MANIFEST);
+    let bad = chain_config(&fx, &[("order.checked", "noentry")], 8);
+    let state = fx.state.display().to_string();
+    let r = Fixture::raw(&[
+        "serve",
+        "--state-dir",
+        &state,
+        "--socket",
+        "/nonexistent-dir/x.sock",
+        "--daemon-config",
+        &bad,
+    ]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("subscriptions[0].package") && r.stderr.contains("entry.receive"),
+        "{}",
+        r.stderr
+    );
     // order.done has no subscriber: nothing else runs, nothing is dead.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(receives_of(&fx, "c").len(), 1);

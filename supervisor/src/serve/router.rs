@@ -82,6 +82,21 @@ impl Router {
         let mut bus = FileEventBus::open(&dir)?;
         let mut targets = Vec::new();
         for (i, sub) in config.subscriptions.iter().enumerate() {
+            // A package that cannot receive refuses the start, not a
+            // delivery later.
+            let field = format!("daemon-config.subscriptions[{i}].package");
+            let id = turnstile_policy::PackageId::parse(&sub.package)?;
+            let manifest = turnstile_policy::Manifest::load(&sub.root, &id)
+                .map_err(|e| SupervisorError::invalid(&field, e.to_string()))?;
+            if manifest.receive.is_none() {
+                return Err(SupervisorError::invalid(
+                    &field,
+                    format!(
+                        "package `{}` declares no `entry.receive`: it cannot be subscribed",
+                        sub.package
+                    ),
+                ));
+            }
             bus.subscribe_pattern(sub.kind.clone());
             let session = session_for(state_dir, sub).map_err(|e| {
                 SupervisorError::invalid(
