@@ -655,8 +655,26 @@ fn relay(next: Option<&str>, sleep: u32) -> String {
         ),
         None => String::new(),
     };
+    // With `probe` in the input: whether each path (the daemon's socket,
+    // its event bus) can be reached from the turn.
+    let probe = r#"
+import socket
+res = []
+for p in e["payload"].get("probe", []):
+    try:
+        if p.endswith(".sock"):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(p)
+            s.close()
+        else:
+            os.listdir(p)
+        res.append("reached")
+    except OSError:
+        res.append("unreachable")
+"#;
+    let emit = emit.replace("[me]}", "[me], \"probe\": res}");
     format!(
-        "import json, os, sys, time\ne = json.loads(sys.stdin.read())\nme = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0])))\ntime.sleep({sleep})\n{emit}\n"
+        "import json, os, sys, time\ne = json.loads(sys.stdin.read())\nme = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0])))\n{probe}\ntime.sleep({sleep})\n{emit}\n"
     )
 }
 
@@ -724,11 +742,19 @@ fn issue_28_chain_a_b_c_through_serve_every_hop_in_the_ledgers() {
     agent(&fx, "c", &relay(Some("order.done"), 0), "");
     let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
     let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
-    let env = envelope(&fx, "ORDER-1", "order.placed", json!({}));
+    // The bus is out of the agent's reach: the daemon's socket and its
+    // event bus directory.
+    let probe = json!([daemon.socket, fx.state.join("eventbus/pending")]);
+    let env = envelope(&fx, "ORDER-1", "order.placed", json!({"probe": probe}));
     let r = receive_via(&fx, &daemon, "a", &env);
     assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
     let a_out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!(a_out["type"], "order.checked");
+    assert_eq!(
+        a_out["payload"]["probe"],
+        json!(["unreachable", "unreachable"]),
+        "{a_out}"
+    );
     wait_for("C's receive", 60, || receives_of(&fx, "c").len() == 1);
     let (a, b, c) = (
         receives_of(&fx, "a"),
