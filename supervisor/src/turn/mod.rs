@@ -460,7 +460,12 @@ impl Turn<'_> {
         let plan = {
             let _phase = tracing::info_span!("phase", phase = "plan").entered();
             plan::compile(&ctx, self.manifest, self.request, allowed, view).map(|mut p| {
-                p.stdin = self.opts.receive.as_ref().map(|r| r.stdin_text());
+                if let Some(r) = &self.opts.receive {
+                    // Its stdout is held in memory: bounded whatever the
+                    // manifest's budget.
+                    p.stdin = Some(r.stdin_text());
+                    p.limits.output_bytes = p.limits.output_bytes.min(receive::MAX_OUTPUT_BYTES);
+                }
                 p
             })
         };

@@ -22,6 +22,10 @@ use turnstile_policy::error::{ErrorCode, codes};
 
 use crate::store::record::ErrorRecord;
 
+/// The most of an agent's output a receive turn reads (its stdout is
+/// held in memory); a manifest's smaller `limits.output_bytes` applies.
+pub const MAX_OUTPUT_BYTES: u64 = 16 << 20;
+
 /// The adapter named by envelopes an agent returns without one.
 pub const ADAPTER: &str = "ara";
 
