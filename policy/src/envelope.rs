@@ -14,13 +14,36 @@ use crate::error::PolicyError;
 /// The envelope schema version this code reads and writes.
 pub const SCHEMA_VERSION: &str = "1";
 
-/// The event types turnstile emits and accepts.
+/// The runtime's own event types. Any other dotted name (see
+/// [`valid_type`]) is an agent's; `turn.*` and `agent.*` are reserved for
+/// the runtime.
 pub const TYPES: &[&str] = &[
     "turn.requested",
     "turn.started",
     "turn.finished",
     "turn.violation",
 ];
+
+/// The type prefixes only the runtime emits.
+pub const RESERVED_PREFIXES: &[&str] = &["turn.", "agent."];
+
+/// Whether `kind` is a dotted name: two or more segments of
+/// `[A-Za-z0-9_-]`, each starting with a letter, at most 128 characters.
+pub fn valid_type(kind: &str) -> bool {
+    kind.len() <= 128
+        && kind.split('.').count() >= 2
+        && kind.split('.').all(|seg| {
+            seg.starts_with(|c: char| c.is_ascii_alphabetic())
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
+/// Whether `kind` belongs to the runtime (`turn.*`, `agent.*`).
+pub fn is_reserved(kind: &str) -> bool {
+    RESERVED_PREFIXES.iter().any(|p| kind.starts_with(p))
+}
 
 /// Who sent the event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,10 +97,22 @@ impl EventEnvelope {
                 ),
             ));
         }
-        if !TYPES.contains(&self.kind.as_str()) {
+        if !valid_type(&self.kind) {
             return Err(invalid(
                 "type",
-                format!("`{}` is not one of {TYPES:?}", self.kind),
+                format!(
+                    "`{}` is not a dotted name (segments of [A-Za-z0-9_-] starting with a letter, e.g. `invoice.received`)",
+                    self.kind
+                ),
+            ));
+        }
+        if self.kind.starts_with("turn.") && !TYPES.contains(&self.kind.as_str()) {
+            return Err(invalid(
+                "type",
+                format!(
+                    "`{}`: `turn.*` is the runtime's and must be one of {TYPES:?}",
+                    self.kind
+                ),
             ));
         }
         for (field, value) in [
@@ -211,6 +246,29 @@ mod tests {
                 other => panic!("{doc}: {other:?}"),
             }
         }
+    }
+
+    /// Issue 28: any dotted name is a type; `turn.*` stays the runtime's.
+    #[test]
+    fn issue_28_types_are_dotted_names() {
+        for ok in [
+            "invoice.received",
+            "a.b.c",
+            "Order_x.paid-late",
+            "agent.suspended",
+        ] {
+            assert!(valid_type(ok), "{ok}");
+        }
+        for bad in ["invoice", ".a", "a.", "a..b", "1a.b", "a.b c", "a.b/c", ""] {
+            assert!(!valid_type(bad), "{bad}");
+        }
+        assert!(is_reserved("turn.finished") && is_reserved("agent.resumed"));
+        assert!(!is_reserved("turnover.x"));
+        let mut e = sample();
+        e.kind = "invoice.received".into();
+        e.validate().unwrap();
+        e.kind = "invoice".into();
+        assert!(e.validate().is_err());
     }
 
     #[test]

@@ -338,6 +338,9 @@ pub struct Manifest {
     pub egress: Vec<Egress>,
     /// Layers the package accepts running without (see [`DegradableLayer`]).
     pub allow_degraded: Vec<DegradableLayer>,
+    /// `entry.receive`: the ARA entry point, the argv a `receive` turn runs
+    /// (issue 28); an execute entry admits it (checked at load).
+    pub receive: Option<Vec<String>>,
     /// The file it was loaded from.
     pub source: PathBuf,
 }
@@ -360,6 +363,15 @@ struct ManifestDoc {
     egress: Vec<String>,
     #[serde(default)]
     allow_degraded: Vec<DegradableLayer>,
+    #[serde(default)]
+    entry: Option<EntryDoc>,
+}
+
+/// `entry`: how the runtime invokes the package.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryDoc {
+    receive: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -557,6 +569,22 @@ impl Manifest {
         };
         // Entries that can grant nothing are refused, naming the entry.
         crate::grants::check_pure(&capabilities, &source)?;
+        let receive = match doc.entry {
+            None => None,
+            Some(EntryDoc { receive: None }) => {
+                return Err(invalid(
+                    "entry",
+                    "names no entry point; give `receive` or remove `entry`".into(),
+                ));
+            }
+            Some(EntryDoc {
+                receive: Some(argv),
+            }) => {
+                check_receive_entry(&argv, &capabilities.execute, &probe)
+                    .map_err(|reason| invalid("entry.receive", reason))?;
+                Some(argv)
+            }
+        };
 
         Ok(Self {
             package_id: package.clone(),
@@ -567,8 +595,48 @@ impl Manifest {
             network: doc.network,
             egress,
             allow_degraded: doc.allow_degraded,
+            receive,
             source,
         })
+    }
+}
+
+/// An `entry.receive` argv is a command some execute entry admits: its
+/// program matches the entry's executable and its arguments start with the
+/// entry's fixed ones. One no entry admits could never run: refused.
+fn check_receive_entry(
+    argv: &[String],
+    execute: &[ExecEntry],
+    probe: &crate::session::SessionId,
+) -> Result<(), String> {
+    let Some(program) = argv.first() else {
+        return Err("is empty; expected [\"<executable>\", \"<arg>\"...]".into());
+    };
+    if let Some(i) = argv
+        .iter()
+        .position(|a| a.is_empty() || a.contains('\0') || a.len() > 4096)
+    {
+        return Err(format!(
+            "argument {i} is empty, too long or holds a NUL byte"
+        ));
+    }
+    // Relative programs and patterns resolve against the workspace root;
+    // any root gives the same answer for both.
+    let target = crate::pattern::Target::new("/probe-root", program);
+    let admitted = execute.iter().any(|e| {
+        PatternSet::compile(std::slice::from_ref(&e.program), probe)
+            .ok()
+            .is_some_and(|set| set.matching(&target).is_some())
+            && argv.len() > e.args.len()
+            && argv[1..=e.args.len()] == e.args[..]
+    });
+    if admitted {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` is admitted by no `capabilities.execute` entry: the entry grants nothing",
+            argv.join(" ")
+        ))
     }
 }
 

@@ -159,6 +159,12 @@ pub struct Plan {
     /// workspace keeps its host path either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_root: Option<String>,
+    /// What the command reads on its standard input: `None`, an empty
+    /// pipe; `Some(text)`, these bytes (an ARA `receive` turn: the input
+    /// envelope's canonical JSON), from a memory file the sandbox's init
+    /// writes before the command starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
 }
 
 /// Why a plan could not be compiled.
@@ -361,6 +367,7 @@ pub fn compile(
             .map(|l| l.as_str().to_owned())
             .collect(),
         system_root: ctx.system_root.map(str::to_owned),
+        stdin: None,
     })
 }
 
@@ -1002,6 +1009,7 @@ impl Plan {
         s.landlock.execute.clear();
         s.limits.timeout_seconds = 0;
         s.limits.output_bytes = 0;
+        s.stdin = None;
         s
     }
 

@@ -214,6 +214,16 @@ pub enum SupervisorError {
         recorded: String,
         given: String,
     },
+
+    #[error(
+        "package `{package}` has no ARA entry point: its manifest declares no `entry.receive`; nothing was run"
+    )]
+    ReceiveNoEntry { package: String },
+
+    #[error(
+        "a receive turn runs on the native backend only (its input reaches the agent through turnstile's own sandbox init); `{backend}` was chosen: nothing was run"
+    )]
+    ReceiveBackend { backend: String },
 }
 
 pub type Result<T, E = SupervisorError> = std::result::Result<T, E>;
@@ -253,6 +263,8 @@ impl SupervisorError {
             Self::KeyInvalid { .. } => codes::KEY_INVALID,
             Self::RevertConflict { .. } => codes::REVERT_CONFLICT,
             Self::ProtocolMismatch { .. } => codes::PROTOCOL_MISMATCH,
+            Self::ReceiveNoEntry { .. } => codes::RECEIVE_NO_ENTRY,
+            Self::ReceiveBackend { .. } => codes::RECEIVE_BACKEND_UNSUPPORTED,
         }
     }
 
@@ -271,7 +283,8 @@ impl SupervisorError {
             | Self::ProtocolMismatch { .. }
             | Self::BusRules { .. }
             | Self::CheckpointMalformed { .. }
-            | Self::KeyInvalid { .. } => exit::BAD_INPUT,
+            | Self::KeyInvalid { .. }
+            | Self::ReceiveNoEntry { .. } => exit::BAD_INPUT,
             Self::CheckpointMismatch { .. } | Self::CheckpointSignature { .. } => exit::INTEGRITY,
             Self::RevertConflict { .. } => exit::WRITE_MISMATCH,
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
@@ -285,7 +298,8 @@ impl SupervisorError {
             | Self::NetworkUnenforceable { .. }
             | Self::BelowTrustMinimum { .. }
             | Self::SuspendFailed { .. }
-            | Self::ResumeFailed { .. } => exit::SANDBOX,
+            | Self::ResumeFailed { .. }
+            | Self::ReceiveBackend { .. } => exit::SANDBOX,
             Self::CaptureLimit(_) => exit::RESOURCE_LIMIT,
         }
     }
@@ -305,6 +319,8 @@ impl SupervisorError {
             Self::ServerUnavailable { .. } => Some("--server"),
             Self::ProtocolMismatch { .. } => Some("protocol"),
             Self::BusRules { field, .. } => Some(field),
+            Self::ReceiveNoEntry { .. } => Some("entry.receive"),
+            Self::ReceiveBackend { .. } => Some("--backend"),
             _ => None,
         }
     }

@@ -975,7 +975,11 @@ fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
         drop_in(file, msg);
     }
     let busarg = bus.display().to_string();
-    let mut daemon = Daemon::start(&fx, &["--bus", &busarg]);
+    // Approvals name an approver of the daemon's config (issue 28).
+    let cfg = busdir.path().join("daemon.json");
+    std::fs::write(&cfg, r#"{"approvers": ["alice"]}"#).unwrap();
+    let cfg = cfg.display().to_string();
+    let mut daemon = Daemon::start(&fx, &["--bus", &busarg, "--daemon-config", &cfg]);
     for (file, _, msg) in &expect[50..] {
         drop_in(file, msg);
     }
@@ -991,7 +995,7 @@ fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
             });
         }
         daemon.kill9();
-        daemon = Daemon::start(&fx, &["--bus", &busarg]);
+        daemon = Daemon::start(&fx, &["--bus", &busarg, "--daemon-config", &cfg]);
     }
     let held: Vec<&(String, &str, String)> = expect.iter().filter(|e| e.1 == "held").collect();
     let settled = |n: usize| count_json(&bus.join("input")) == 0 && evidence(&bus).len() == n;
@@ -1017,10 +1021,12 @@ fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
         held.len(),
         "{h}"
     );
-    for (file, _, _) in &held {
+    for (file, _, msg) in &held {
+        use sha2::Digest;
+        let sha = hex::encode(sha2::Sha256::digest(msg.as_bytes()));
         std::fs::write(
-            bus.join("approvals").join(file.trim_end_matches(".json")),
-            b"ok",
+            bus.join("approvals").join(file),
+            format!(r#"{{"sha256": "{sha}", "approver": "alice"}}"#),
         )
         .unwrap();
     }

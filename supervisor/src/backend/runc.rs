@@ -244,6 +244,7 @@ impl Backend for RuncBackend {
                 errs,
                 plan.limits.output_bytes,
                 self.json_mode,
+                false,
             ));
         }
         let status = child.wait().map_err(|e| err("runc run", e.to_string()))?;

@@ -309,6 +309,7 @@ impl Backend for RunscBackend {
                 errs,
                 plan.limits.output_bytes,
                 self.json_mode,
+                false,
             ));
         }
         let status = child

@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod doctor;
 pub mod init;
+pub mod receive;
 pub mod report;
 pub mod revert;
 
@@ -174,6 +175,15 @@ pub enum Command {
     ///
     /// Example: supervise serve --state-dir /var/lib/turnstile --socket /run/turnstile.sock --metrics 127.0.0.1:9464
     Serve(ServeArgs),
+    /// ARA receive (issue 28): run the package's `entry.receive` as one
+    /// turn with the envelope's canonical JSON on its stdin; print the
+    /// EventEnvelope v1 lines it returns, validated and canonical, in
+    /// order. Network isolated, no write but the declared outputs; an
+    /// invalid envelope from the agent fails the turn (TS1091) and emits
+    /// nothing; the same key in a session runs the agent once.
+    ///
+    /// Example: supervise receive --root /ws --package triage --session SES-... --envelope in.json
+    Receive(receive::ReceiveArgs),
     /// Create a workspace (if missing) with a package that runs as it is:
     /// installed/<ID>/manifest.json (python3 reading data/**, writing
     /// output/<session_id>/**), installed/<ID>/main.py and a sample
@@ -291,7 +301,8 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on ADDR:PORT (plain HTTP, GET /metrics).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
-    /// Bus actions without a `mode` are recorded as "would execute" only.
+    /// Every bus action is recorded as "would execute" only, whatever a
+    /// rule's `mode` says (`--dry-run` always wins).
     #[arg(long)]
     pub dry_run: bool,
     /// Socket turns allowed in flight at once; more are refused (TS1032,
@@ -319,14 +330,22 @@ pub struct ServeArgs {
     /// Copy every checkpoint the daemon signs into DIR (repeatable).
     #[arg(long, value_name = "DIR", requires = "checkpoint_key")]
     pub checkpoint_witness: Vec<PathBuf>,
+    /// The daemon's own configuration (JSON): `subscriptions` (route a
+    /// receive's envelopes to packages by type), `max_hops`, `approvers`
+    /// (who may approve a bus message), `bus` (`role` sandbox|production,
+    /// `sandbox_bus`, `require_sandbox_first`).
+    #[arg(long, value_name = "FILE")]
+    pub daemon_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     #[command(flatten)]
     pub common: Common,
-    #[arg(long, value_name = "SID")]
-    pub session: String,
+    /// The session to replay; repeat it to replay several (the sessions of
+    /// a chain of agents) into the same fresh workspace, in this order.
+    #[arg(long, value_name = "SID", required = true)]
+    pub session: Vec<String>,
     /// Where to replay (created; must not exist).
     #[arg(long, value_name = "DIR")]
     pub into: PathBuf,
@@ -716,6 +735,7 @@ pub struct PromptHeaderArgs {
 pub fn run(cli: Cli) -> Outcome {
     let json = match &cli.command {
         Command::Run(a) => a.common.json,
+        Command::Receive(a) => a.common.json,
         Command::Plan(a) => a.common.json,
         Command::Doctor(a) => a.json,
         Command::Bundle(a) => a.plan.common.json,
@@ -743,6 +763,7 @@ pub fn run(cli: Cli) -> Outcome {
     };
     let result = match cli.command {
         Command::Run(a) => run_cmd(&a),
+        Command::Receive(a) => receive::receive(&a),
         Command::Plan(a) => plan_cmd(&a),
         Command::Doctor(a) => Ok(doctor_cmd(&a)),
         Command::Bundle(a) => bundle_cmd(&a),
@@ -773,26 +794,34 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Check(a) => check(&a),
         Command::PromptHeader(a) => prompt_header(&a),
         Command::Recover(a) => recover_cmd(&a),
-        Command::Serve(a) => crate::serve::serve(&crate::serve::ServeOptions {
-            state_dir: a.state_dir,
-            socket: a.socket,
-            bus: a.bus,
-            metrics: a.metrics,
-            dry_run: a.dry_run,
-            max_turns: a.max_turns,
-            pool_size: a.pool_size,
-            pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
-            checkpoints: a
-                .checkpoint_key
-                .map(|key| crate::serve::checkpoints::Policy {
-                    key,
-                    every_turns: Some(a.checkpoint_every_turns.unwrap_or(100)),
-                    every: a
-                        .checkpoint_every_seconds
-                        .map(std::time::Duration::from_secs),
-                    witnesses: a.checkpoint_witness,
-                }),
-        }),
+        Command::Serve(a) => a
+            .daemon_config
+            .as_deref()
+            .map(crate::serve::config::DaemonConfig::load)
+            .transpose()
+            .and_then(|config| {
+                crate::serve::serve(&crate::serve::ServeOptions {
+                    state_dir: a.state_dir,
+                    socket: a.socket,
+                    bus: a.bus,
+                    metrics: a.metrics,
+                    dry_run: a.dry_run,
+                    max_turns: a.max_turns,
+                    pool_size: a.pool_size,
+                    pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
+                    config: config.unwrap_or_default(),
+                    checkpoints: a
+                        .checkpoint_key
+                        .map(|key| crate::serve::checkpoints::Policy {
+                            key,
+                            every_turns: Some(a.checkpoint_every_turns.unwrap_or(100)),
+                            every: a
+                                .checkpoint_every_seconds
+                                .map(std::time::Duration::from_secs),
+                            witnesses: a.checkpoint_witness,
+                        }),
+                })
+            }),
         Command::Explain(a) => explain(&a),
         Command::Report(a) => report::report_cmd(&a),
         Command::Revert(a) => revert::revert_cmd(&a),
@@ -899,14 +928,63 @@ fn report_check(r: &VerifyReport) -> LedgerCheck<'_> {
 }
 
 fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
-    let id = SessionId::parse(&a.session)?;
-    let r = crate::turn::replay::replay(
+    let ids = a
+        .session
+        .iter()
+        .map(|s| SessionId::parse(s))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut all = crate::turn::replay::replay_all(
         &a.common.root,
         &a.common.state_dir,
-        &id,
+        &ids,
         &a.into,
         &cgroup_root(),
     )?;
+    if all.len() > 1 {
+        let first = all.iter().find_map(|r| {
+            r.difference
+                .as_ref()
+                .map(|d| format!("session {}: {d}", r.original))
+        });
+        let stdout = if a.common.json {
+            format!(
+                "{}\n",
+                to_json(&crate::turn::replay::ManyJson {
+                    identical: first.is_none(),
+                    first_difference: first.clone(),
+                    sessions: all.iter().map(|r| r.to_value()).collect(),
+                })
+            )
+        } else {
+            let mut t = String::new();
+            for r in &all {
+                t += &format!(
+                    "replay of {} ({} turns): {}\n",
+                    r.original,
+                    r.turns,
+                    if r.difference.is_none() {
+                        "identical"
+                    } else {
+                        "DIFFERS"
+                    }
+                );
+            }
+            if let Some(d) = &first {
+                t += &format!("  first difference: {d}\n");
+            }
+            t
+        };
+        return Ok(Outcome {
+            status: if first.is_none() {
+                exit::OK
+            } else {
+                exit::INTEGRITY
+            },
+            stdout,
+            stderr: String::new(),
+        });
+    }
+    let r = all.remove(0);
     let stdout = if a.common.json {
         format!("{}\n", r.to_value())
     } else {
@@ -1272,7 +1350,7 @@ fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
     })
 }
 
-fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
+pub(crate) fn parse_output_flag(raw: &str) -> Result<DeclaredOutput> {
     let (path, role) = raw.rsplit_once(':').ok_or_else(|| {
         SupervisorError::invalid(
             "--output",
@@ -1564,6 +1642,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
                     clock: turnstile_policy::timefmt::rfc3339_micros(d.clock),
                 }),
             request: request_doc(&request),
+            receive: None,
         };
         return crate::serve::client::run(socket, &wire);
     }
@@ -1583,6 +1662,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         config: a.config.clone(),
         deterministic,
         rootfs: a.rootfs.clone(),
+        receive: None,
     };
     Ok(run_turn_outcome(&opts, a.events.as_deref()).0)
 }

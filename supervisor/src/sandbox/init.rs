@@ -828,6 +828,11 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     )
     .or_fail(&mut report, "clear signal mask");
 
+    // A receive turn's stdin: the input envelope, from a memory file
+    // (never a host inode), written before any restriction.
+    if let Some(text) = &plan.stdin {
+        stdin_from_memory(text.as_bytes()).or_fail(&mut report, "stdin");
+    }
     // 2.-6. the restriction order (see sandbox::restrict), seccomp last.
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a, &mut report)).collect();
     let env: Vec<CString> = plan
@@ -865,6 +870,22 @@ fn restrict_and_exec(plan: &Plan, bpf: &[u8], mut report: Report) -> ! {
     } else {
         126
     })
+}
+
+/// Makes `bytes` this process's standard input: a sealed-size memory file,
+/// rewound, on descriptor 0.
+fn stdin_from_memory(bytes: &[u8]) -> std::result::Result<(), String> {
+    use std::io::{Seek, Write};
+    let fd =
+        nix::sys::memfd::memfd_create(c"turnstile-stdin", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| format!("memfd_create: {e}"))?;
+    let mut file = File::from(fd);
+    file.write_all(bytes)
+        .and_then(|()| file.rewind())
+        .map_err(|e| format!("write the input: {e}"))?;
+    // dup2 clears close-on-exec on the new descriptor.
+    nix::unistd::dup2_stdin(&file).map_err(|e| format!("dup2: {e}"))?;
+    Ok(())
 }
 
 /// The real kernel behind the restriction order.

@@ -104,6 +104,9 @@ pub struct StreamRecord {
     pub bytes: u64,
     pub forwarded: u64,
     pub sha256: String,
+    /// What was forwarded, when the stream was captured rather than
+    /// forwarded (a receive turn's stdout: its envelopes).
+    pub captured: Option<Vec<u8>>,
 }
 
 /// What running the command produced.
@@ -398,6 +401,7 @@ pub(crate) fn pump(
         bytes,
         forwarded,
         sha256: hex::encode(hasher.finalize()),
+        captured: None,
     }
 }
 
@@ -433,12 +437,14 @@ pub struct Watch {
 
 impl Watch {
     /// Pumps `out` and `err` (stdout goes to our stderr in `json_mode`,
-    /// where stdout carries the one JSON object).
+    /// where stdout carries the one JSON object; into memory, within the
+    /// same budget, with `capture`).
     pub fn pumps(
         out: impl Read + Send + 'static,
         err: impl Read + Send + 'static,
         output_bytes: u64,
         json_mode: bool,
+        capture: bool,
     ) -> Self {
         // `run --forward-all-output` (a container's log): no budget.
         let output_bytes = if forward_all() {
@@ -451,7 +457,12 @@ impl Watch {
         let out_thread = {
             let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
             std::thread::spawn(move || {
-                if json_mode {
+                if capture {
+                    let mut kept = Vec::new();
+                    let mut record = pump(out, &mut kept, budget, truncated);
+                    record.captured = Some(kept);
+                    record
+                } else if json_mode {
                     pump(out, std::io::stderr(), budget, truncated)
                 } else {
                     pump(out, std::io::stdout(), budget, truncated)
@@ -954,7 +965,13 @@ impl Parked {
             return Err(sandbox_err("begin turn", "the sandbox was begun before"));
         };
         let child = self.child.take();
-        let mut watch = Watch::pumps(out, err, plan.limits.output_bytes, json_mode);
+        let mut watch = Watch::pumps(
+            out,
+            err,
+            plan.limits.output_bytes,
+            json_mode,
+            plan.stdin.is_some(),
+        );
         // The timer runs from here: a sandbox that never becomes ready is
         // killed at the deadline like any turn.
         watch.start_timer(

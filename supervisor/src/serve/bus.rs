@@ -528,6 +528,27 @@ struct Outcome {
     actions: Option<Vec<ActionResult>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     skipped: Option<Vec<Skipped>>,
+    /// Approval files seen for this message and ignored (issue 28).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    approvals_ignored: Vec<IgnoredApproval>,
+}
+
+/// An approval file that approves nothing, and why (TS1095).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IgnoredApproval {
+    pub file: String,
+    pub code: String,
+    pub reason: String,
+}
+
+/// `approvals/<msg_id>.json`: the message's sha256 and who approved it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalDoc {
+    #[serde(default)]
+    msg_id: Option<String>,
+    sha256: String,
+    approver: String,
 }
 
 impl Outcome {
@@ -611,6 +632,8 @@ struct Held {
     file: String,
     msg_id: Option<String>,
     waiting_for: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    approvals_ignored: Vec<IgnoredApproval>,
 }
 
 /// The turn request of a live action.
@@ -628,6 +651,12 @@ pub struct Bus {
     pub dir: PathBuf,
     rules: RulesFile,
     dry_run: bool,
+    /// Who may approve (the daemon's config).
+    approvers: Vec<String>,
+    policy: super::config::BusPolicy,
+    /// Approval files ignored, by msg_id, until the message's evidence
+    /// records them.
+    ignored: std::sync::Mutex<BTreeMap<String, Vec<IgnoredApproval>>>,
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
@@ -658,7 +687,131 @@ impl Bus {
             dir,
             rules,
             dry_run,
+            approvers: Vec::new(),
+            policy: super::config::BusPolicy::default(),
+            ignored: std::sync::Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// The daemon config's approvers and bus role.
+    pub fn with_policy(mut self, c: &super::config::DaemonConfig) -> Self {
+        self.approvers = c.approvers.clone();
+        self.policy = c.bus.clone();
+        self
+    }
+
+    /// What this bus enforces, said at start: the role, whether `--dry-run`
+    /// holds every action, and whether a live production bus requires the
+    /// sandbox bus first.
+    pub fn policy_statement(&self) -> String {
+        use super::config::BusRole;
+        let role = match self.policy.role {
+            BusRole::Sandbox => "sandbox",
+            BusRole::Production => "production",
+        };
+        let mode = if self.dry_run {
+            "dry-run (every action, whatever a rule's mode)"
+        } else {
+            "live"
+        };
+        let first = match (self.policy.role, self.dry_run, &self.policy.sandbox_bus) {
+            (BusRole::Production, false, Some(sb)) if self.policy.require_sandbox_first => format!(
+                "a message runs live only after it was processed in dry-run on the sandbox bus {} (same msg_id or content sha256)",
+                sb.display()
+            ),
+            (BusRole::Production, false, _) => {
+                "sandbox-first is NOT enforced: the daemon config sets `bus.require_sandbox_first: false`".into()
+            }
+            _ => "sandbox-first does not apply".into(),
+        };
+        format!(
+            "bus {}: role {role}, mode {mode}; {first}; approvals: approvals/<msg_id>.json naming the message's sha256 and one of {} approver(s)",
+            self.dir.display(),
+            self.approvers.len()
+        )
+    }
+
+    /// Whether `m` is approved: `approvals/<msg_id>.json` names the
+    /// message's sha256 and an approver of the daemon's list. Any other
+    /// approval file is ignored and recorded (TS1095).
+    fn approved(&self, m: &Message, bytes: &[u8]) -> bool {
+        let sha = sha256_hex(bytes);
+        let mut ignored = Vec::new();
+        let mut ignore = |file: String, reason: String| {
+            ignored.push(IgnoredApproval {
+                file,
+                code: codes::BUS_APPROVAL_IGNORED.code.to_owned(),
+                reason,
+            });
+        };
+        let bare = self.sub("approvals").join(&m.msg_id);
+        if std::fs::symlink_metadata(&bare).is_ok() {
+            ignore(
+                m.msg_id.clone(),
+                "not an approval: an approval is approvals/<msg_id>.json naming the message's sha256 and an approver".into(),
+            );
+        }
+        let name = format!("{}.json", m.msg_id);
+        let path = self.sub("approvals").join(&name);
+        let mut ok = false;
+        match turnstile_policy::input::read_regular_file(&path, 64 * 1024) {
+            Err(e) if e.is_not_found() => {}
+            Err(e) => ignore(name, format!("unreadable: {e}")),
+            Ok(b) => match serde_json::from_slice::<ApprovalDoc>(&b) {
+                Err(e) => ignore(name, format!("not an approval document: {e}")),
+                Ok(doc) if doc.sha256 != sha => ignore(
+                    name,
+                    format!(
+                        "names sha256 {}, but the message's is {sha}: it approves other content",
+                        doc.sha256
+                    ),
+                ),
+                Ok(doc) if doc.msg_id.as_ref().is_some_and(|i| *i != m.msg_id) => {
+                    ignore(name, "names another msg_id".into())
+                }
+                Ok(doc) if !self.approvers.contains(&doc.approver) => ignore(
+                    name,
+                    format!(
+                        "approver `{}` is not one of the daemon's approvers",
+                        doc.approver
+                    ),
+                ),
+                Ok(_) => ok = true,
+            },
+        }
+        if let Ok(mut map) = self.ignored.lock() {
+            let seen = map.entry(m.msg_id.clone()).or_default();
+            for i in ignored {
+                if !seen.contains(&i) {
+                    tracing::warn!(msg_id = %m.msg_id, file = %i.file, code = %i.code, reason = %i.reason, "bus: approval ignored");
+                    seen.push(i);
+                }
+            }
+        }
+        ok
+    }
+
+    /// Whether the sandbox bus processed `m` (same msg_id or same content)
+    /// in dry-run, to completion.
+    fn sandbox_first_ok(&self, m: &Message, sha: &str) -> bool {
+        let Some(sb) = &self.policy.sandbox_bus else {
+            return false;
+        };
+        let out = sb.join("output");
+        std::fs::read_dir(&out)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| crate::fsx::read_small(&e.path(), 4 << 20).ok())
+            .filter_map(|b| serde_json::from_slice::<EvidenceFile>(&b).ok())
+            .any(|v| {
+                (v.message_sha256 == sha || v.outcome.msg_id.as_deref() == Some(&m.msg_id))
+                    && v.outcome.status == "done"
+                    && v.outcome
+                        .actions
+                        .as_ref()
+                        .is_some_and(|a| !a.is_empty() && a.iter().all(|x| x.mode == "dry-run"))
+            })
     }
 
     fn sub(&self, s: &str) -> PathBuf {
@@ -740,7 +893,13 @@ impl Bus {
                     .and_then(|b| parse_message(&b).ok())
                     .map(|m| m.msg_id);
                 Held {
-                    waiting_for: id.as_ref().map(|i| self.sub("approvals").join(i)),
+                    waiting_for: id
+                        .as_ref()
+                        .map(|i| self.sub("approvals").join(format!("{i}.json"))),
+                    approvals_ignored: id
+                        .as_ref()
+                        .and_then(|i| self.ignored.lock().ok()?.get(i).cloned())
+                        .unwrap_or_default(),
                     file: f,
                     msg_id: id,
                 }
@@ -846,11 +1005,14 @@ impl Bus {
         disposition: Disposition,
         t: Instant,
     ) {
-        let (sub, outcome) = match disposition {
+        let (sub, mut outcome) = match disposition {
             Disposition::Done(v) => ("output", v),
             Disposition::Failed(v) => ("error", v),
             Disposition::Held(_) => return,
         };
+        if let (Some(id), Ok(mut map)) = (outcome.msg_id.clone(), self.ignored.lock()) {
+            outcome.approvals_ignored = map.remove(&id).unwrap_or_default();
+        }
         let message: Value = serde_json::from_slice(bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()));
         let v = EvidenceFile {
@@ -980,13 +1142,14 @@ impl Bus {
                 ..Outcome::default()
             });
         };
-        if rule.guards.approval == Approval::Required
-            && !self.sub("approvals").join(&m.msg_id).exists()
-        {
+        if rule.guards.approval == Approval::Required && !self.approved(&m, bytes) {
             return Disposition::Held(format!(
-                "rule `{}` requires approval: create {}",
+                "rule `{}` requires approval: create {} naming the message's sha256 {} and an approver of the daemon's config",
                 rule.id,
-                self.sub("approvals").join(&m.msg_id).display()
+                self.sub("approvals")
+                    .join(format!("{}.json", m.msg_id))
+                    .display(),
+                sha256_hex(bytes)
             ));
         }
         let mut vars = BTreeMap::new();
@@ -1006,7 +1169,13 @@ impl Bus {
         let mut prepared = Vec::new();
         for (j, a) in rule.actions.iter().enumerate() {
             match prepare(a, &vars, &format!("rules[{ri}].actions[{j}]"), default_mode) {
-                Ok(p) => prepared.push(p),
+                // --dry-run wins over a rule's `mode: live`.
+                Ok(mut p) => {
+                    if self.dry_run {
+                        p.mode = Mode::DryRun;
+                    }
+                    prepared.push(p)
+                }
                 Err(e) => {
                     return Disposition::Failed(Outcome {
                         msg_id: Some(m.msg_id.clone()),
@@ -1015,8 +1184,40 @@ impl Bus {
                         error: Some(e.record()),
                         skipped: Some(skipped),
                         actions: None,
+                        ..Outcome::default()
                     });
                 }
+            }
+        }
+        // A live production bus runs only what the sandbox bus ran first.
+        let live = prepared.iter().any(|p| p.mode == Mode::Live);
+        if live
+            && self.policy.role == super::config::BusRole::Production
+            && self.policy.require_sandbox_first
+        {
+            let sha = sha256_hex(bytes);
+            if !self.sandbox_first_ok(&m, &sha) {
+                let e = BusError::new(
+                    codes::BUS_NOT_SANDBOX_FIRST,
+                    "msg_id",
+                    format!(
+                        "message `{}` (sha256 {sha}) was not first processed in dry-run on the sandbox bus {}: refused on the production bus, nothing ran",
+                        m.msg_id,
+                        self.policy
+                            .sandbox_bus
+                            .as_deref()
+                            .unwrap_or(Path::new("(none)"))
+                            .display()
+                    ),
+                );
+                return Disposition::Failed(Outcome {
+                    msg_id: Some(m.msg_id.clone()),
+                    rule: Some(rule.id.clone()),
+                    status: "not_sandbox_first".into(),
+                    error: Some(e.record()),
+                    skipped: Some(skipped),
+                    ..Outcome::default()
+                });
             }
         }
         let mut results = Vec::new();
@@ -1087,6 +1288,7 @@ impl Bus {
             error: None,
             actions: Some(results),
             skipped: Some(skipped),
+            ..Outcome::default()
         };
         if ok {
             Disposition::Done(v)
@@ -1147,6 +1349,7 @@ impl Bus {
                 idempotency_key: format!("bus:{}:{j}", m.msg_id),
             })
             .unwrap_or_default(),
+            receive: None,
         };
         let t = Instant::now();
         let n = d.next_conn.fetch_add(1, Ordering::SeqCst);

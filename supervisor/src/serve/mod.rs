@@ -11,8 +11,11 @@
 pub mod bus;
 pub mod checkpoints;
 pub mod client;
+pub mod config;
+pub mod eventbus;
 pub mod health;
 pub mod metrics;
+pub mod router;
 pub mod wire;
 pub mod worker;
 
@@ -52,6 +55,8 @@ pub struct ServeOptions {
     pub pool_idle: Duration,
     /// Signed checkpoints of the sessions served (issue 30).
     pub checkpoints: Option<checkpoints::Policy>,
+    /// `--daemon-config`: subscriptions, approvers, the bus's role.
+    pub config: config::DaemonConfig,
 }
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -72,6 +77,8 @@ extern "C" fn on_stop(signal: nix::libc::c_int) {
 #[derive(Debug)]
 pub struct Daemon {
     pub state_dir: PathBuf,
+    /// Routes receives' envelopes to subscribed packages (issue 28).
+    pub(crate) router: Option<Arc<router::Router>>,
     pub socket: Option<PathBuf>,
     pub started: Instant,
     /// Worker pids of the turns in flight, by connection number.
@@ -402,8 +409,12 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     let bus = o
         .bus
         .as_deref()
-        .map(|b| bus::Bus::open(b, o.dry_run))
+        .map(|b| bus::Bus::open(b, o.dry_run).map(|b| b.with_policy(&o.config)))
         .transpose()?;
+    if let Some(b) = &bus {
+        // Said at start: what the bus enforces.
+        tracing::info!(policy = %b.policy_statement(), "bus policy");
+    }
     // Every session is recovered before the first turn (what a stopped
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
     let cgroup_root = crate::sandbox::cgroup::root();
@@ -424,6 +435,8 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     })
     .unwrap_or_default();
     tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
+    // Subscriptions' sessions exist before anything is routed.
+    let router = router::Router::open(&state_dir, &o.config)?.map(Arc::new);
     let metrics = Arc::new(metrics::Metrics::new());
     let metrics_addr = match o.metrics {
         Some(addr) => Some(
@@ -452,6 +465,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         })
         .map_err(state_io("spawn the worker spawner thread", &state_dir))?;
     let daemon = Arc::new(Daemon {
+        router: router.clone(),
         idle: Mutex::new(HashMap::new()),
         reapers: Mutex::new(Vec::new()),
         pool_size: o.pool_size,
@@ -483,6 +497,18 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
                     .name("bus".into())
                     .spawn(move || b.run(&d))
                     .map_err(state_io("spawn bus thread", &state_dir))?,
+            )
+        }
+        None => None,
+    };
+    let router_thread = match router {
+        Some(r) => {
+            let d = Arc::clone(&daemon);
+            Some(
+                std::thread::Builder::new()
+                    .name("router".into())
+                    .spawn(move || r.run(&d))
+                    .map_err(state_io("spawn router thread", &state_dir))?,
             )
         }
         None => None,
@@ -537,7 +563,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         std::thread::sleep(Duration::from_millis(20));
     }
     daemon.signal_all(Signal::SIGKILL);
-    for t in threads.into_iter().chain(bus_thread) {
+    for t in threads.into_iter().chain(bus_thread).chain(router_thread) {
         let _ = t.join();
     }
     // Waiting workers discard their warm sandboxes and exit.
@@ -744,10 +770,18 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                 send_reply(d, &conn, &error_reply(&e, json_mode));
                 return;
             }
-            let reply = match run_request(d, n, &conn, *r, fds, &rest) {
+            let receive_hop = r.receive.as_ref().map(|w| w.hop);
+            let mut reply = match run_request(d, n, &conn, *r, fds, &rest) {
                 Ok(reply) => reply,
                 Err(e) => error_reply(&e, json_mode),
             };
+            // A receive's envelopes are on the event bus (durable) before
+            // its client hears of them.
+            if let (Some(hop), Some(router)) = (receive_hop, &d.router) {
+                if let Err(e) = router.publish_reply(&reply.value, hop) {
+                    reply = error_reply(&e, json_mode);
+                }
+            }
             send_reply(d, &conn, &reply);
             d.metrics.events_emitted.inc();
             d.metrics.turn_finished(

@@ -66,6 +66,23 @@ pub struct RunRequest {
     pub deterministic: Option<DeterministicWire>,
     /// The TurnRequest document (DESIGN "Formats"), as `--request FILE`.
     pub request: Value,
+    /// An ARA `receive` (issue 28): the input envelope; the daemon takes
+    /// the command from the package's `entry.receive`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive: Option<ReceiveWire>,
+}
+
+/// A receive's input on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveWire {
+    pub envelope: Value,
+    #[serde(default)]
+    pub hop: u32,
+    /// The router's retry of a delivery whose earlier turns were cut by a
+    /// crash (see `turn::receive::request`).
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

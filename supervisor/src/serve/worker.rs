@@ -129,6 +129,11 @@ fn turn(
         Ok((mut opts, events)) => {
             opts.pool = pool.cloned();
             let r = crate::turn::outcome::run_turn_outcome(&opts, events.as_deref());
+            let r = if opts.receive.is_some() {
+                crate::turn::receive::render(opts.json, r.0, r.1)
+            } else {
+                r
+            };
             trust_level = turnstile_policy::PackageId::parse(&opts.package)
                 .ok()
                 .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
@@ -158,9 +163,31 @@ fn turn(
 /// `supervise run`'s options for a daemon request (the state directory is
 /// the daemon's; the daemon checked that the client named the same).
 pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathBuf>)> {
-    let request = turnstile_policy::request::TurnRequest::from_json(
+    let mut request = turnstile_policy::request::TurnRequest::from_json(
         &serde_json::to_vec(&r.request).unwrap_or_default(),
     )?;
+    // A receive's command is the package's entry point, whatever was sent.
+    let receive = match &r.receive {
+        None => None,
+        Some(w) => {
+            let envelope = turnstile_policy::envelope::EventEnvelope::from_json(
+                &serde_json::to_vec(&w.envelope).unwrap_or_default(),
+            )?;
+            request = crate::turn::receive::request(
+                &r.root,
+                &r.package,
+                &envelope,
+                w.attempt,
+                request.declared_inputs.clone(),
+                Some(request.declared_outputs.clone()),
+                request.timeout_seconds,
+            )?;
+            Some(crate::turn::receive::ReceiveInput {
+                envelope,
+                hop: w.hop,
+            })
+        }
+    };
     let deterministic = match &r.deterministic {
         None => None,
         Some(d) => {
@@ -210,6 +237,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
                 .unwrap_or_else(|| crate::backend::select::DEFAULT_CONFIG.into()),
             deterministic,
             rootfs: r.rootfs.clone(),
+            receive,
         },
         r.events.clone(),
     ))

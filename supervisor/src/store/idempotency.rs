@@ -230,6 +230,7 @@ fn from_ledger(session: &Session, turn: u64) -> Result<(u8, Value, String)> {
         durations: None,
         replayed: false,
         idempotency_key: None,
+        receive: entry.receive,
     };
     Ok((
         status.exit_status(None),

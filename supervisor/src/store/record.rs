@@ -494,6 +494,9 @@ pub struct EvidenceEntry {
     /// `supervise suspend` / `resume` of the running turn, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suspensions: Vec<SuspensionFact>,
+    /// An ARA `receive` turn: its input envelope and what it emitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receive: Option<ReceiveRecord>,
 }
 
 /// One `turn.suspended`, `turn.resumed` or `turn.resume_failed` fact: the
@@ -586,6 +589,25 @@ pub struct TurnReport {
     /// The key it was returned for (with `replayed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// An ARA `receive` turn: its input envelope and what it emitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive: Option<ReceiveRecord>,
+}
+
+/// An ARA `receive` turn (issue 28): the envelope it was given, the
+/// envelopes its agent returned — validated, canonical, in order; empty
+/// unless the turn committed — and, when the agent's output was refused,
+/// why (a TS109x code).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReceiveRecord {
+    pub input: turnstile_policy::envelope::EventEnvelope,
+    pub emitted: Vec<turnstile_policy::envelope::EventEnvelope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<ErrorRecord>,
+    /// How many routed hops separate the input from the chain's first
+    /// envelope (0: given by a client; see `serve` subscriptions).
+    #[serde(default)]
+    pub hop: u32,
 }
 
 impl TurnReport {

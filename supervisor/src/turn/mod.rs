@@ -24,6 +24,7 @@ pub mod denials;
 pub mod interrupt;
 pub mod outcome;
 pub mod realfs;
+pub mod receive;
 pub mod replay;
 pub mod revert;
 
@@ -75,6 +76,9 @@ pub struct RunOptions {
     /// `--rootfs`: an image rootfs as the turn's system view instead of the
     /// host's (see `Plan::system_root`).
     pub rootfs: Option<PathBuf>,
+    /// An ARA `receive` turn (issue 28): the envelope on the agent's stdin,
+    /// its stdout read as envelopes.
+    pub receive: Option<receive::ReceiveInput>,
 }
 
 pub use crate::store::status::TurnResult;
@@ -124,6 +128,18 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         .collect();
     crate::backend::check_network(backend.as_ref(), &admission.manifest)?;
     crate::backend::check_enforceable(backend.as_ref(), &allowed_degraded)?;
+    if opts.receive.is_some() {
+        // The input reaches the agent through the native sandbox's init;
+        // another backend cannot deliver it: refused, nothing exists yet.
+        if backend.name() != "native" {
+            return Err(SupervisorError::ReceiveBackend {
+                backend: backend.name().to_owned(),
+            });
+        }
+        // Pure by construction: no network whatever the manifest says.
+        admission.manifest.network = turnstile_policy::manifest::Network::Isolated;
+        admission.manifest.egress.clear();
+    }
     if let Some(t) = &opts.tenant {
         let ok = !t.is_empty()
             && t.len() <= 253
@@ -237,6 +253,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 durations: None,
                 replayed: false,
                 idempotency_key: None,
+                receive: None,
             })
             .unwrap_or_default();
             let result = TurnResult {
@@ -444,7 +461,15 @@ impl Turn<'_> {
         };
         let plan = {
             let _phase = tracing::info_span!("phase", phase = "plan").entered();
-            plan::compile(&ctx, self.manifest, self.request, allowed, view)
+            plan::compile(&ctx, self.manifest, self.request, allowed, view).map(|mut p| {
+                if let Some(r) = &self.opts.receive {
+                    // Its stdout is held in memory: bounded whatever the
+                    // manifest's budget.
+                    p.stdin = Some(r.stdin_text());
+                    p.limits.output_bytes = p.limits.output_bytes.min(receive::MAX_OUTPUT_BYTES);
+                }
+                p
+            })
         };
         let plan_us = lap(&mut clock);
         // The plan's hash does not depend on where the workspace is: its
@@ -579,6 +604,7 @@ impl Turn<'_> {
         phases.push("capture", lap(clock));
         stage.enter("verify_commit");
         let mut outcome = judge(&plan, &execution, writes, verdict);
+        self.judge_receive(&plan, &execution, &mut outcome);
         self.commit(&plan, &scopes, &mut outcome);
         phases.push("commit", lap(clock));
         // The workspace is as the next turn will find it: a serve worker
@@ -718,6 +744,36 @@ impl Turn<'_> {
             },
         );
         Ok((scopes, writes, verdict))
+    }
+
+    /// A receive turn's envelopes, read from its stdout: a turn whose agent
+    /// printed something refused is not committed (it emits nothing).
+    fn judge_receive(
+        &self,
+        plan: &Plan,
+        execution: &crate::sandbox::Execution,
+        outcome: &mut Outcome,
+    ) {
+        let Some(r) = &self.opts.receive else {
+            return;
+        };
+        if outcome.status != TurnStatus::Committed {
+            return;
+        }
+        match receive::parse_output(
+            &r.envelope,
+            self.manifest.package_id.as_str(),
+            execution.stdout.captured.as_deref().unwrap_or_default(),
+            execution.output_truncated,
+            plan.limits.output_bytes,
+        ) {
+            Ok(emitted) => outcome.emitted = emitted,
+            Err(refused) => {
+                outcome.status = TurnStatus::CommandFailed;
+                outcome.message = format!("[{}] {}", refused.code, refused.message);
+                outcome.refused = Some(refused);
+            }
+        }
     }
 
     /// Commits a turn judged `committed` (unless an interrupt came after
@@ -863,6 +919,8 @@ fn judge(
         phases: Phases::new(),
         cleanup: None,
         suspensions: Vec::new(),
+        emitted: Vec::new(),
+        refused: None,
     }
 }
 

@@ -19,9 +19,9 @@ use crate::store::evidence::RejectedTurn;
 use crate::store::ledger::LedgerKind;
 use crate::store::record::{
     BackendMinimum, DeclaredWrite, Durations, Enforcement, EnforcementRecord, ErrorRecord, Event,
-    EvidenceEntry, ExecEntry, Layer, LedgerPaths, OutputRecord, Phases, Resources, SCHEMA_VERSION,
-    SeccompFacts, StreamOut, Termination, Timings, TurnReport, ViolatedCapability, Violation,
-    WriteRecord, to_object,
+    EvidenceEntry, ExecEntry, Layer, LedgerPaths, OutputRecord, Phases, ReceiveRecord, Resources,
+    SCHEMA_VERSION, SeccompFacts, StreamOut, Termination, Timings, TurnReport, ViolatedCapability,
+    Violation, WriteRecord, to_object,
 };
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::TurnStatus;
@@ -82,6 +82,10 @@ pub(super) struct Outcome {
     /// `supervise suspend`/`resume` facts, read from the turn directory
     /// before it goes.
     pub(super) suspensions: Vec<crate::store::record::SuspensionFact>,
+    /// A receive turn's envelopes (kept only if it commits).
+    pub(super) emitted: Vec<turnstile_policy::envelope::EventEnvelope>,
+    /// Why a receive turn's output was refused.
+    pub(super) refused: Option<ErrorRecord>,
 }
 
 /// The facts of one finished turn, typed: both ledger entries and the
@@ -341,7 +345,23 @@ impl Turn<'_> {
             idempotency_key: r.idempotency_key.clone(),
             reverts_turn: None,
             suspensions,
+            receive: self.receive_record(o),
         }
+    }
+
+    /// A receive turn's record: what it was given and, if it committed,
+    /// what it emitted.
+    fn receive_record(&self, o: &Outcome) -> Option<ReceiveRecord> {
+        self.opts.receive.as_ref().map(|r| ReceiveRecord {
+            input: r.envelope.clone(),
+            emitted: if o.status == TurnStatus::Committed {
+                o.emitted.clone()
+            } else {
+                Vec::new()
+            },
+            refused: o.refused.clone(),
+            hop: r.hop,
+        })
     }
 
     /// The `--json` report, from the same facts as the entries.
@@ -378,6 +398,7 @@ impl Turn<'_> {
             }),
             replayed: false,
             idempotency_key: None,
+            receive: self.receive_record(o),
         }
     }
 
@@ -535,6 +556,8 @@ impl Outcome {
             phases: Phases::new(),
             cleanup: None,
             suspensions: Vec::new(),
+            emitted: Vec::new(),
+            refused: None,
         }
     }
 

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use turnstile_policy::SessionId;
 use turnstile_policy::request::TurnRequest;
 use turnstile_policy::session::SessionIdGenerator;
@@ -38,14 +38,79 @@ pub struct ReplayReport {
     pub turns: usize,
     /// The first difference, or `None` when the replay is identical.
     pub difference: Option<String>,
+    /// sha256 of the committed output tree (`output/<session_id>/`:
+    /// paths, kinds, modes, content hashes), original and replay.
+    pub tree_sha256: (String, String),
+    /// Every envelope the session's receive turns emitted, canonical, in
+    /// order: original and replay.
+    pub emitted: (Vec<String>, Vec<String>),
+}
+
+/// Original and replay, side by side.
+#[derive(Debug, serde::Serialize)]
+struct Pair<T> {
+    original: T,
+    replay: T,
+}
+
+/// `replay --json`, one session.
+#[derive(Debug, serde::Serialize)]
+struct ReportJson<'a> {
+    session_id: &'a str,
+    replayed_session_id: &'a str,
+    root: &'a Path,
+    turns: usize,
+    identical: bool,
+    first_difference: &'a Option<String>,
+    tree_sha256: Pair<&'a str>,
+    emitted: Pair<usize>,
+}
+
+/// `replay --json` with several sessions.
+#[derive(Debug, serde::Serialize)]
+pub struct ManyJson {
+    pub identical: bool,
+    pub first_difference: Option<String>,
+    pub sessions: Vec<Value>,
 }
 
 impl ReplayReport {
     pub fn to_value(&self) -> Value {
-        json!({"session_id": self.original, "replayed_session_id": self.replayed,
-            "root": self.root, "turns": self.turns, "identical": self.difference.is_none(),
-            "first_difference": self.difference})
+        serde_json::to_value(ReportJson {
+            session_id: &self.original,
+            replayed_session_id: &self.replayed,
+            root: &self.root,
+            turns: self.turns,
+            identical: self.difference.is_none(),
+            first_difference: &self.difference,
+            tree_sha256: Pair {
+                original: &self.tree_sha256.0,
+                replay: &self.tree_sha256.1,
+            },
+            emitted: Pair {
+                original: self.emitted.0.len(),
+                replay: self.emitted.1.len(),
+            },
+        })
+        .unwrap_or_default()
     }
+}
+
+/// sha256 of a tree listing (see [`tree`]).
+fn tree_hash(dir: &Path) -> String {
+    use sha2::Digest;
+    let listing = serde_json::to_vec(&tree(dir)).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(&listing))
+}
+
+/// The canonical envelopes a session's receive turns emitted, in order.
+fn emitted(turns: &[&EvidenceEntry]) -> Vec<String> {
+    turns
+        .iter()
+        .filter_map(|e| e.receive.as_ref())
+        .flat_map(|r| r.emitted.iter())
+        .map(|e| String::from_utf8_lossy(&e.to_canonical().unwrap_or_default()).into_owned())
+        .collect()
 }
 
 const SESSION_DIRS: [&str; 3] = ["planes", "tmp", "output"];
@@ -213,21 +278,42 @@ pub fn replay(
     into: &Path,
     cgroup_root: &Path,
 ) -> Result<ReplayReport> {
+    let mut all = replay_all(
+        root,
+        state_dir,
+        std::slice::from_ref(session),
+        into,
+        cgroup_root,
+    )?;
+    Ok(all.remove(0))
+}
+
+/// Replays several sessions of `root` — the sessions of a chain of agents,
+/// say, each fed its recorded input envelopes — into one fresh workspace
+/// `into`, in the order given; one report per session.
+pub fn replay_all(
+    root: &Path,
+    state_dir: &Path,
+    sessions: &[SessionId],
+    into: &Path,
+    cgroup_root: &Path,
+) -> Result<Vec<ReplayReport>> {
     let ws = Workspace::open(root)?;
     let state = StateDir::open(state_dir, &ws, false)?;
-    let original = Session::open(&ws, &state, session, None)?;
-    let (evidence, typed) = evidence_of(&original)?;
-    let exec = original.ledger(LedgerKind::Exec).verified_entries()?;
-    let turns = finished(&typed);
-    if let Some(e) = turns.iter().find(|e| e.command.is_none()) {
-        return Err(SupervisorError::invalid(
-            "--session",
-            format!(
-                "turn {} was closed by recovery ({}); its request is not recorded, so the session cannot be replayed",
-                e.turn_number,
-                e.status.map_or("unknown", TurnStatus::as_str)
-            ),
-        ));
+    // Every session is readable and replayable before anything is made.
+    for session in sessions {
+        let original = Session::open(&ws, &state, session, None)?;
+        let (_, typed) = evidence_of(&original)?;
+        if let Some(e) = finished(&typed).iter().find(|e| e.command.is_none()) {
+            return Err(SupervisorError::invalid(
+                "--session",
+                format!(
+                    "turn {} of {session} was closed by recovery ({}); its request is not recorded, so the session cannot be replayed",
+                    e.turn_number,
+                    e.status.map_or("unknown", TurnStatus::as_str)
+                ),
+            ));
+        }
     }
     if into.symlink_metadata().is_ok() {
         return Err(SupervisorError::invalid(
@@ -256,22 +342,52 @@ pub fn replay(
     copy_tree(root, &new_root, true).map_err(io("copy workspace", &new_root))?;
     let new_ws = Workspace::open(&new_root)?;
     let new_st = StateDir::open(&new_state, &new_ws, true)?;
+    sessions
+        .iter()
+        .map(|s| {
+            replay_session(
+                (&ws, &state, s),
+                (&new_ws, &new_st, &new_root, &new_state),
+                cgroup_root,
+            )
+        })
+        .collect()
+}
+
+/// One session replayed into the prepared workspace.
+fn replay_session(
+    (ws, state, session): (&Workspace, &StateDir, &SessionId),
+    (new_ws, new_st, new_root, new_state): (&Workspace, &StateDir, &Path, &Path),
+    cgroup_root: &Path,
+) -> Result<ReplayReport> {
+    let original = Session::open(ws, state, session, None)?;
+    let (evidence, typed) = evidence_of(&original)?;
+    let exec = original.ledger(LedgerKind::Exec).verified_entries()?;
+    let turns = finished(&typed);
     let src = original
         .deterministic
         .as_ref()
         .map_or_else(Sources::system, |d| d.sources(0));
     let replayed = Session::create(
-        &new_ws,
-        &new_st,
+        new_ws,
+        new_st,
         TURN_TIER,
         &SessionIdGenerator::new(src.clone(), src),
         original.deterministic.clone(),
     )?;
     let (osid, rsid) = (session.as_str(), replayed.id.as_str().to_owned());
     for e in &turns {
+        // A receive turn gets its recorded input envelope again.
+        let receive = e
+            .receive
+            .as_ref()
+            .map(|r| crate::turn::receive::ReceiveInput {
+                envelope: r.input.clone(),
+                hop: r.hop,
+            });
         let opts = crate::turn::RunOptions {
-            root: new_root.clone(),
-            state_dir: new_state.clone(),
+            root: new_root.to_path_buf(),
+            state_dir: new_state.to_path_buf(),
             package: e.package_id.clone().unwrap_or_default(),
             session: Some(rsid.clone()),
             request: request_of(e, osid)?,
@@ -282,12 +398,15 @@ pub fn replay(
             // level's table (entries from before backends were recorded ran
             // natively).
             backend: match (
+                receive.as_ref(),
                 e.ran().and_then(|x| x.backend_chosen_by.as_deref()),
                 e.ran().map(|x| x.backend.as_str()),
             ) {
-                (Some("--backend"), Some(b)) => Some(b.to_owned()),
-                (Some(_), _) => None,
-                (None, b) => Some(b.unwrap_or("native").to_owned()),
+                // Receive turns run natively.
+                (Some(_), _, _) => Some("native".to_owned()),
+                (None, Some("--backend"), Some(b)) => Some(b.to_owned()),
+                (None, Some(_), _) => None,
+                (None, None, b) => Some(b.unwrap_or("native").to_owned()),
             },
             tenant: None,
             pool: None,
@@ -295,14 +414,25 @@ pub fn replay(
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
             rootfs: None,
+            receive,
         };
         crate::turn::run_turn(&opts)?;
     }
-    let again = Session::open(&new_ws, &new_st, &replayed.id, None)?;
+    let again = Session::open(new_ws, new_st, &replayed.id, None)?;
     let (r_evidence, r_typed) = evidence_of(&again)?;
     let r_exec = again.ledger(LedgerKind::Exec).verified_entries()?;
     let mut difference = None;
-    if original.deterministic.is_some() {
+    // Every emitted envelope, byte for byte, first: the most specific.
+    let (em_a, em_b) = (emitted(&turns), emitted(&finished(&r_typed)));
+    if let Some(i) = (0..em_a.len().max(em_b.len())).find(|&i| em_a.get(i) != em_b.get(i)) {
+        difference = Some(format!(
+            "emitted envelope {} differs: original {} / replay {}",
+            i + 1,
+            em_a.get(i).map_or("(none)", String::as_str),
+            em_b.get(i).map_or("(none)", String::as_str)
+        ));
+    }
+    if original.deterministic.is_some() && difference.is_none() {
         for (kind, a, b) in [
             ("exec", &exec, &r_exec),
             ("evidence", &evidence, &r_evidence),
@@ -366,11 +496,23 @@ pub fn replay(
             }
         }
     }
+    let tree_sha256 = (
+        tree_hash(&ws.output_dir(session)),
+        tree_hash(&new_ws.output_dir(&replayed.id)),
+    );
+    if difference.is_none() && tree_sha256.0 != tree_sha256.1 {
+        difference = Some(format!(
+            "output tree sha256: original {} / replay {}",
+            tree_sha256.0, tree_sha256.1
+        ));
+    }
     Ok(ReplayReport {
         original: osid.to_owned(),
         replayed: rsid,
-        root: new_root,
+        root: new_root.to_path_buf(),
         turns: turns.len(),
         difference,
+        tree_sha256,
+        emitted: (em_a, em_b),
     })
 }

@@ -1,0 +1,1068 @@
+//! The runtime core (issue 28, seed 001): ARA `receive` as a turn, the
+//! event bus routing one agent's envelopes to the next, replay across
+//! agents, and the strict file bus. Agents are python3 scripts the tests
+//! write into their packages.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use turnstile_tests::{Fixture, Run, read_entries, require_root};
+
+/// A package `pkg` whose `entry.receive` is `installed/<pkg>/agent.py`.
+fn agent(fx: &Fixture, pkg: &str, script: &str, extra: &str) {
+    fx.install(
+        pkg,
+        &format!(
+            r#"{{"capabilities":{{"read":["installed/{pkg}/**"],
+                "write":["output/<session_id>/**"],
+                "execute":["/usr/bin/python3 installed/{pkg}/agent.py"]}},
+              "entry":{{"receive":["/usr/bin/python3","installed/{pkg}/agent.py"]}}{extra}}}"#
+        ),
+    );
+    fx.write(&format!("installed/{pkg}/agent.py"), script.as_bytes());
+}
+
+fn envelope_doc(key: &str, kind: &str, payload: Value) -> Value {
+    json!({
+        "id": format!("EVT-{key}"),
+        "ts": "2026-01-01T00:00:00Z",
+        "type": kind,
+        "schema_version": "1",
+        "idempotency_key": key,
+        "source": {"agent": "client", "adapter": "cli"},
+        "payload": payload,
+    })
+}
+
+/// Writes an input envelope and returns its path.
+fn envelope(fx: &Fixture, key: &str, kind: &str, payload: Value) -> PathBuf {
+    let p = fx.state.parent().unwrap().join(format!("in-{key}.json"));
+    std::fs::write(&p, envelope_doc(key, kind, payload).to_string()).unwrap();
+    p
+}
+
+fn receive(fx: &Fixture, pkg: &str, sid: &str, env: &std::path::Path, extra: &[&str]) -> Run {
+    let env = env.display().to_string();
+    let mut args = vec!["--package", pkg, "--session", sid, "--envelope", &env];
+    args.extend_from_slice(extra);
+    fx.supervise(&["receive"], &args)
+}
+
+fn last_evidence(fx: &Fixture, sid: &str) -> Value {
+    read_entries(&fx.ledger(sid, "evidence"))
+        .into_iter()
+        .rev()
+        .find(|e| e["event"] == "turn.finished")
+        .expect("a finish entry")
+}
+
+fn turns_started(fx: &Fixture, sid: &str) -> usize {
+    read_entries(&fx.ledger(sid, "exec"))
+        .iter()
+        .filter(|e| e["event"] == "turn.started")
+        .count()
+}
+
+/// Echoes `n + 1`, and reports whether it could reach the network and
+/// write outside its declared outputs (it must not).
+const COUNTER: &str = r#"
+import json, socket, sys
+e = json.loads(sys.stdin.read())
+port = int(e["payload"].get("port", 9))
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    net = "reached"
+except OSError as x:
+    net = "refused"
+try:
+    open("installed/escape.txt", "w").write("x")
+    wrote = "wrote"
+except OSError:
+    wrote = "refused"
+print(json.dumps({"type": "count.next", "payload": {"n": e["payload"]["n"] + 1, "net": net, "write": wrote}}))
+print(json.dumps({"type": "count.seen", "idempotency_key": "own-key"}))
+"#;
+
+#[test]
+fn issue_28_receive_happy_path_pure_turn_emits_canonical_envelopes_in_order() {
+    if !require_root("issue_28_receive_happy_path_pure_turn_emits_canonical_envelopes_in_order") {
+        return;
+    }
+    let fx = Fixture::new();
+    // The manifest asks for egress; a receive turn is isolated regardless.
+    agent(
+        &fx,
+        "a",
+        COUNTER,
+        r#","network":"restricted","egress":["127.0.0.1:1-65535"]"#,
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sid = fx.new_session();
+    let env = envelope(&fx, "IDEM-1", "count.start", json!({"n": 1, "port": port}));
+    let r = receive(&fx, "a", &sid, &env, &[]);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    let first: Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(first["type"], "count.next");
+    assert_eq!(first["payload"]["n"], 2);
+    assert_eq!(
+        first["payload"]["net"], "refused",
+        "network must be isolated"
+    );
+    assert_eq!(first["payload"]["write"], "refused");
+    assert_eq!(first["source"]["agent"], "a");
+    assert_eq!(first["schema_version"], "1");
+    // Derived from the input key and the index; the agent's own kept.
+    assert_eq!(first["idempotency_key"], "IDEM-1:0");
+    let second: Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(second["idempotency_key"], "own-key");
+    // Printed canonical: keys sorted, no whitespace.
+    assert!(lines[0].starts_with("{\"id\":"), "{}", lines[0]);
+    assert!(!lines[0].contains(": "), "{}", lines[0]);
+    assert_eq!(serde_json::to_string(&first).unwrap().len(), lines[0].len());
+    // The hop is in the ledgers: input and emitted, network isolated.
+    let e = last_evidence(&fx, &sid);
+    assert_eq!(e["status"], "committed");
+    assert_eq!(e["receive"]["input"]["idempotency_key"], "IDEM-1");
+    assert_eq!(e["receive"]["emitted"][0]["type"], "count.next");
+    assert_eq!(e["enforcement"]["network"], "isolated");
+    assert!(!fx.root.join("installed/escape.txt").exists());
+    fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn issue_28_invalid_envelope_from_agent_fails_the_turn_and_emits_nothing() {
+    if !require_root("issue_28_invalid_envelope_from_agent_fails_the_turn_and_emits_nothing") {
+        return;
+    }
+    let fx = Fixture::new();
+    // A good line, then one claiming to be another agent.
+    agent(
+        &fx,
+        "a",
+        r#"
+import json, sys
+sys.stdin.read()
+print(json.dumps({"type": "ok.fine"}))
+print(json.dumps({"type": "ok.forged", "source": {"agent": "b", "adapter": "x"}}))
+"#,
+        "",
+    );
+    let sid = fx.new_session();
+    let env = envelope(&fx, "K1", "x.y", json!({}));
+    let r = receive(&fx, "a", &sid, &env, &[]);
+    assert_eq!(r.status, 10, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.stdout, "", "nothing emitted");
+    assert!(r.stderr.contains("TS1091"), "{}", r.stderr);
+    assert!(r.stderr.contains("line 2"), "{}", r.stderr);
+    let j = receive(&fx, "a", &sid, &env, &["--json"]).json();
+    assert_eq!(j["error"]["code"], "TS1091");
+    assert_eq!(j["emitted"], json!([]));
+    let e = last_evidence(&fx, &sid);
+    assert_eq!(e["receive"]["emitted"], json!([]));
+    assert_eq!(e["receive"]["refused"]["code"], "TS1091");
+    // A runtime type is refused the same way.
+    agent(
+        &fx,
+        "c",
+        "import sys\nsys.stdin.read()\nprint('{\"type\":\"turn.finished\"}')\n",
+        "",
+    );
+    let r = receive(&fx, "c", &sid, &envelope(&fx, "K2", "x.y", json!({})), &[]);
+    assert_eq!(r.status, 10);
+    assert!(r.stderr.contains("TS1091") && r.stderr.contains("runtime"));
+    // A malformed input envelope is bad input: exit 2 naming the field,
+    // nothing run.
+    let bad = fx.state.parent().unwrap().join("bad.json");
+    let mut doc = envelope_doc("K3", "x.y", json!({}));
+    doc["type"] = json!("nodots");
+    std::fs::write(&bad, doc.to_string()).unwrap();
+    let before = turns_started(&fx, &sid);
+    let r = receive(&fx, "a", &sid, &bad, &[]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("envelope.type"), "{}", r.stderr);
+    assert_eq!(turns_started(&fx, &sid), before);
+    fx.assert_ledgers_intact(&sid);
+}
+
+#[test]
+fn issue_28_agent_printing_100_mb_is_cut_with_a_clear_error() {
+    if !require_root("issue_28_agent_printing_100_mb_is_cut_with_a_clear_error") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(
+        &fx,
+        "a",
+        r#"
+import sys
+sys.stdin.read()
+chunk = b"x" * (1 << 20)
+for _ in range(100):
+    sys.stdout.buffer.write(chunk)
+"#,
+        "",
+    );
+    let sid = fx.new_session();
+    let t = Instant::now();
+    let r = receive(&fx, "a", &sid, &envelope(&fx, "BIG", "x.y", json!({})), &[]);
+    assert_eq!(r.status, 10, "{}", r.stderr);
+    assert_eq!(r.stdout, "");
+    assert!(r.stderr.contains("TS1092"), "{}", r.stderr);
+    assert!(r.stderr.contains("output budget"), "{}", r.stderr);
+    assert!(t.elapsed() < Duration::from_secs(120));
+    let e = last_evidence(&fx, &sid);
+    assert_eq!(e["receive"]["refused"]["code"], "TS1092");
+    // Read and counted, never held: only the budget was kept.
+    assert_eq!(e["output"]["stdout"]["bytes"], 100 << 20);
+    assert!(e["output"]["stdout"]["forwarded"].as_u64().unwrap() <= 1 << 20);
+}
+
+#[test]
+fn issue_28_agent_that_never_answers_hits_the_timeout() {
+    if !require_root("issue_28_agent_that_never_answers_hits_the_timeout") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(
+        &fx,
+        "a",
+        "import time\nwhile True:\n    time.sleep(60)\n",
+        "",
+    );
+    let sid = fx.new_session();
+    let t = Instant::now();
+    let r = receive(
+        &fx,
+        "a",
+        &sid,
+        &envelope(&fx, "SLOW", "x.y", json!({})),
+        &["--timeout", "2"],
+    );
+    assert_eq!(r.status, 14, "{}", r.stderr);
+    assert_eq!(r.stdout, "");
+    assert!(t.elapsed() < Duration::from_secs(30));
+    let e = last_evidence(&fx, &sid);
+    assert_eq!(e["status"], "timeout");
+    assert_eq!(e["receive"]["emitted"], json!([]));
+}
+
+#[test]
+fn issue_28_seed_001_idempotency_check_same_key_invokes_the_agent_once() {
+    if !require_root("issue_28_seed_001_idempotency_check_same_key_invokes_the_agent_once") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", COUNTER, "");
+    let sid = fx.new_session();
+    let env = envelope(&fx, "IDEM-123", "count.start", json!({"n": 41}));
+    let first = receive(&fx, "a", &sid, &env, &[]);
+    assert_eq!(first.status, 0, "{}", first.stderr);
+    let again = receive(&fx, "a", &sid, &env, &[]);
+    assert_eq!(again.status, 0, "{}", again.stderr);
+    // The recorded envelopes, byte for byte; the agent ran once.
+    assert_eq!(first.stdout, again.stdout);
+    assert!(again.stderr.contains("replayed"), "{}", again.stderr);
+    assert_eq!(turns_started(&fx, &sid), 1);
+    let j = receive(&fx, "a", &sid, &env, &["--json"]).json();
+    assert_eq!(j["replayed"], true);
+    assert_eq!(j["emitted"][0]["payload"]["n"], 42);
+    assert_eq!(turns_started(&fx, &sid), 1);
+}
+
+#[test]
+fn issue_28_receive_entry_is_validated_at_load_and_required() {
+    if !require_root("issue_28_receive_entry_is_validated_at_load_and_required") {
+        return;
+    }
+    let fx = Fixture::new();
+    let sid = fx.new_session();
+    let env = envelope(&fx, "K", "x.y", json!({}));
+    // An entry no execute entry admits grants nothing: exit 2, named.
+    fx.install(
+        "bad",
+        r#"{"capabilities":{"execute":["/usr/bin/python3 installed/bad/other.py"]},
+            "entry":{"receive":["/usr/bin/python3","installed/bad/agent.py"]}}"#,
+    );
+    let r = receive(&fx, "bad", &sid, &env, &[]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("entry.receive"), "{}", r.stderr);
+    fx.install(
+        "empty",
+        r#"{"capabilities":{"execute":["/bin/true"]},"entry":{}}"#,
+    );
+    let r = receive(&fx, "empty", &sid, &env, &[]);
+    assert_eq!(r.status, 2);
+    assert!(r.stderr.contains("`entry`"), "{}", r.stderr);
+    // No entry at all: TS1090.
+    fx.install("none", r#"{"capabilities":{"execute":["/bin/true"]}}"#);
+    let r = receive(&fx, "none", &sid, &env, &[]);
+    assert_eq!(r.status, 2);
+    assert!(r.stderr.contains("TS1090"), "{}", r.stderr);
+    assert_eq!(turns_started(&fx, &sid), 0);
+}
+
+// ---- the daemon ------------------------------------------------------------
+
+/// A running `supervise serve`; SIGTERM'd (then SIGKILL'd) when dropped.
+struct Daemon {
+    child: Option<std::process::Child>,
+    socket: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(fx: &Fixture, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new().prefix("ts-rc-").tempdir().unwrap();
+        Self::start_in(fx, dir, extra)
+    }
+
+    fn start_in(fx: &Fixture, dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        let socket = dir.path().join("serve.sock");
+        let n = std::fs::read_dir(dir.path()).unwrap().count();
+        let log = dir.path().join(format!("daemon-{n}.log"));
+        let child = std::process::Command::new(turnstile_tests::supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn supervise serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self {
+            child: Some(child),
+            socket,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, no goodbye.
+    fn kill9(mut self) -> tempfile::TempDir {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let dir = tempfile::Builder::new().prefix("ts-rc-").tempdir().unwrap();
+        std::mem::replace(&mut self._dir, dir)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---- the strict file bus (item 6) ------------------------------------------
+
+const ECHO_MANIFEST: &str = r#"{
+  "capabilities": {"write": ["output/<session_id>/**"], "execute": ["/usr/bin/echo"]},
+  "limits": {"memory": "128Mi", "pids": 32, "timeout_seconds": 30}
+}"#;
+
+fn bus_dir(fx: &Fixture, name: &str, approval: &str) -> PathBuf {
+    let bus = fx.state.parent().unwrap().join(name);
+    for sub in ["input", "approvals"] {
+        std::fs::create_dir_all(bus.join(sub)).unwrap();
+    }
+    std::fs::write(
+        bus.join("rules.v0.1.yaml"),
+        format!(
+            r#"rules:
+  - id: live-echo
+    trigger: {{command_type: exec, source: "*"}}
+    guards: {{approval: {approval}}}
+    actions:
+      - run: "echo hello {{{{msg_id}}}}"
+        allowlist: ["echo"]
+        workspace: {}
+        package: e
+        mode: live
+"#,
+            fx.root.display()
+        ),
+    )
+    .unwrap();
+    bus
+}
+
+fn bus_message(id: &str) -> String {
+    json!({
+        "msg_id": id, "category": "A", "msg_type": "COMMAND", "command_type": "exec",
+        "title": format!("title-{id}"), "run": ["x"],
+        "context": {"phase": 1, "requested_by": "agent-7"},
+        "timestamp": "2026-11-23T10:00:00Z",
+    })
+    .to_string()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+fn drop_message(bus: &std::path::Path, id: &str) -> String {
+    let msg = bus_message(id);
+    let tmp = bus.join(format!("input/.{id}.tmp"));
+    std::fs::write(&tmp, &msg).unwrap();
+    std::fs::rename(&tmp, bus.join("input").join(format!("{id}.json"))).unwrap();
+    msg
+}
+
+/// The evidence of `id`, once written: (output|error, the evidence).
+fn bus_evidence(bus: &std::path::Path, id: &str) -> Option<(String, Value)> {
+    for sub in ["output", "error"] {
+        let p = bus.join(sub).join(format!("{id}.json"));
+        if let Ok(b) = std::fs::read(&p) {
+            return Some((sub.to_owned(), serde_json::from_slice(&b).unwrap()));
+        }
+    }
+    None
+}
+
+fn daemon_config(fx: &Fixture, name: &str, v: Value) -> String {
+    let p = fx.state.parent().unwrap().join(name);
+    std::fs::write(&p, v.to_string()).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn issue_28_bus_dry_run_wins_over_a_rules_mode_live() {
+    if !require_root("issue_28_bus_dry_run_wins_over_a_rules_mode_live") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", ECHO_MANIFEST);
+    let bus = bus_dir(&fx, "bus", "none");
+    let b = bus.display().to_string();
+    let daemon = Daemon::start(&fx, &["--bus", &b, "--dry-run"]);
+    drop_message(&bus, "m1");
+    wait_for("evidence", 60, || bus_evidence(&bus, "m1").is_some());
+    let (sub, v) = bus_evidence(&bus, "m1").unwrap();
+    assert_eq!(sub, "output", "{v}");
+    let a = &v["actions"][0];
+    assert_eq!(a["mode"], "dry-run", "{v}");
+    assert_eq!(a["would_execute"][0], "/usr/bin/echo");
+    assert!(a.get("session_id").is_none(), "a dry run ran a turn: {v}");
+    assert!(
+        !fx.state.join("bus-sessions").exists(),
+        "no session was made"
+    );
+    assert!(daemon.log().contains("mode dry-run"), "{}", daemon.log());
+}
+
+#[test]
+fn issue_28_bus_forged_approval_is_ignored_and_recorded() {
+    if !require_root("issue_28_bus_forged_approval_is_ignored_and_recorded") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", ECHO_MANIFEST);
+    let bus = bus_dir(&fx, "bus", "required");
+    let b = bus.display().to_string();
+    let cfg = daemon_config(&fx, "daemon.json", json!({"approvers": ["alice"]}));
+    let daemon = Daemon::start(&fx, &["--bus", &b, "--daemon-config", &cfg]);
+    let msg = drop_message(&bus, "m1");
+    let sha = sha256_hex(msg.as_bytes());
+    let approvals = bus.join("approvals");
+    let held = || bus.join("processing/m1.json").exists() && bus_evidence(&bus, "m1").is_none();
+    wait_for("the message held", 60, held);
+    // Forgeries: a bare file, another content's hash, a stranger.
+    std::fs::write(approvals.join("m1"), "ok").unwrap();
+    wait_for("the bare file ignored", 30, || {
+        daemon.log().contains("\"file\":\"m1\"")
+    });
+    std::fs::write(
+        approvals.join("m1.json"),
+        json!({"sha256": sha256_hex(b"other"), "approver": "alice"}).to_string(),
+    )
+    .unwrap();
+    wait_for("the wrong hash ignored", 30, || {
+        daemon.log().contains("other content")
+    });
+    std::fs::write(
+        approvals.join("m1.json"),
+        json!({"sha256": sha, "approver": "mallory"}).to_string(),
+    )
+    .unwrap();
+    wait_for("the stranger ignored", 30, || {
+        daemon.log().contains("mallory")
+    });
+    assert!(held(), "a forged approval released the message");
+    let h = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["health", "--json", "--server"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let h: Value = serde_json::from_slice(&h.stdout).unwrap();
+    let ignored = &h["daemon"]["bus"]["held"][0]["approvals_ignored"];
+    assert_eq!(ignored.as_array().map(Vec::len), Some(3), "{h}");
+    assert_eq!(ignored[0]["code"], "TS1095");
+    // The real approval: runs, and the evidence records the forgeries.
+    std::fs::remove_file(approvals.join("m1")).unwrap();
+    std::fs::write(
+        approvals.join("m1.json"),
+        json!({"sha256": sha, "approver": "alice"}).to_string(),
+    )
+    .unwrap();
+    wait_for("the approved message", 60, || {
+        bus_evidence(&bus, "m1").is_some()
+    });
+    let (sub, v) = bus_evidence(&bus, "m1").unwrap();
+    assert_eq!(sub, "output", "{v}");
+    assert_eq!(v["actions"][0]["status"], "committed", "{v}");
+    let rec = v["approvals_ignored"].as_array().unwrap();
+    assert_eq!(rec.len(), 3, "{v}");
+    assert!(rec.iter().all(|r| r["code"] == "TS1095"));
+}
+
+#[test]
+fn issue_28_bus_production_requires_the_sandbox_bus_first() {
+    if !require_root("issue_28_bus_production_requires_the_sandbox_bus_first") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", ECHO_MANIFEST);
+    let sandbox = bus_dir(&fx, "sandbox-bus", "none");
+    let prod = bus_dir(&fx, "prod-bus", "none");
+    // m2 goes through the sandbox bus in dry-run first.
+    {
+        let sb = sandbox.display().to_string();
+        let _d = Daemon::start(&fx, &["--bus", &sb, "--dry-run"]);
+        drop_message(&sandbox, "m2");
+        wait_for("sandbox evidence", 60, || {
+            bus_evidence(&sandbox, "m2").is_some()
+        });
+    }
+    let cfg = daemon_config(
+        &fx,
+        "prod.json",
+        json!({"bus": {"role": "production", "sandbox_bus": sandbox}}),
+    );
+    let p = prod.display().to_string();
+    let mut daemon = Daemon::start(&fx, &["--bus", &p, "--daemon-config", &cfg]);
+    drop_message(&prod, "m1");
+    drop_message(&prod, "m2");
+    wait_for("production evidence", 60, || {
+        bus_evidence(&prod, "m1").is_some() && bus_evidence(&prod, "m2").is_some()
+    });
+    let (sub, v) = bus_evidence(&prod, "m1").unwrap();
+    assert_eq!(sub, "error", "{v}");
+    assert_eq!(v["error"]["code"], "TS1096", "{v}");
+    assert!(v.get("actions").is_none(), "nothing ran: {v}");
+    let (sub, v) = bus_evidence(&prod, "m2").unwrap();
+    assert_eq!(sub, "output", "{v}");
+    assert_eq!(v["actions"][0]["mode"], "live");
+    assert_eq!(v["actions"][0]["status"], "committed", "{v}");
+    // Said at start.
+    let log = daemon.log();
+    assert!(log.contains("role production"), "{log}");
+    assert!(
+        log.contains("only after it was processed in dry-run on the sandbox bus"),
+        "{log}"
+    );
+    assert_eq!(daemon.stop(), Some(0));
+    // Unless the config says otherwise — and then it says so.
+    let off = daemon_config(
+        &fx,
+        "off.json",
+        json!({"bus": {"role": "production", "require_sandbox_first": false}}),
+    );
+    let daemon = Daemon::start(&fx, &["--bus", &p, "--daemon-config", &off]);
+    drop_message(&prod, "m3");
+    wait_for("m3 evidence", 60, || bus_evidence(&prod, "m3").is_some());
+    assert_eq!(bus_evidence(&prod, "m3").unwrap().0, "output");
+    assert!(
+        daemon.log().contains("sandbox-first is NOT enforced"),
+        "{}",
+        daemon.log()
+    );
+    // A production role without a sandbox bus refuses to start.
+    let bad = daemon_config(&fx, "bad.json", json!({"bus": {"role": "production"}}));
+    let state = fx.state.display().to_string();
+    let r = Fixture::raw(&[
+        "serve",
+        "--state-dir",
+        &state,
+        "--bus",
+        &p,
+        "--daemon-config",
+        &bad,
+    ]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("bus.sandbox_bus"), "{}", r.stderr);
+}
+
+// ---- serve subscriptions: chains (item 2) ---------------------------------
+
+/// An agent that emits `next` (if any) with its input's payload and its
+/// own name appended to `path`; sleeps `sleep` seconds first.
+fn relay(next: Option<&str>, sleep: u32) -> String {
+    let emit = match next {
+        Some(t) => format!(
+            "print(json.dumps({{\"type\": \"{t}\", \"payload\": {{\"path\": e[\"payload\"].get(\"path\", []) + [me]}}}}))"
+        ),
+        None => String::new(),
+    };
+    // With `probe` in the input: whether each path (the daemon's socket,
+    // its event bus) can be reached from the turn.
+    let probe = r#"
+import socket
+res = []
+for p in e["payload"].get("probe", []):
+    try:
+        if p.endswith(".sock"):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(p)
+            s.close()
+        else:
+            os.listdir(p)
+        res.append("reached")
+    except OSError:
+        res.append("unreachable")
+"#;
+    let emit = emit.replace("[me]}", "[me], \"probe\": res}");
+    format!(
+        "import json, os, sys, time\ne = json.loads(sys.stdin.read())\nme = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0])))\n{probe}\ntime.sleep({sleep})\n{emit}\n"
+    )
+}
+
+/// Every committed receive of `pkg`, from every session's evidence.
+fn receives_of(fx: &Fixture, pkg: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(fx.root.join("planes/ho1/sessions")) else {
+        return out;
+    };
+    for s in rd.flatten() {
+        let ledger = s.path().join("ledger/evidence.jsonl");
+        if !ledger.exists() {
+            continue;
+        }
+        for e in read_entries(&ledger) {
+            if e["event"] == "turn.finished"
+                && e["package_id"] == pkg
+                && e["status"] == "committed"
+                && e.get("receive").is_some()
+            {
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
+fn chain_config(fx: &Fixture, subs: &[(&str, &str)], max_hops: u32) -> String {
+    let subs: Vec<Value> = subs
+        .iter()
+        .map(|(t, p)| json!({"type": t, "root": fx.root, "package": p}))
+        .collect();
+    daemon_config(
+        fx,
+        "chain.json",
+        json!({"subscriptions": subs, "max_hops": max_hops}),
+    )
+}
+
+fn receive_via(fx: &Fixture, daemon: &Daemon, pkg: &str, env: &std::path::Path) -> Run {
+    let sock = daemon.socket.display().to_string();
+    let env = env.display().to_string();
+    let root = fx.root.display().to_string();
+    Fixture::raw(&[
+        "receive",
+        "--root",
+        &root,
+        "--package",
+        pkg,
+        "--envelope",
+        &env,
+        "--server",
+        &sock,
+    ])
+}
+
+#[test]
+fn issue_28_chain_a_b_c_through_serve_every_hop_in_the_ledgers() {
+    if !require_root("issue_28_chain_a_b_c_through_serve_every_hop_in_the_ledgers") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("order.checked"), 0), "");
+    agent(&fx, "b", &relay(Some("order.billed"), 0), "");
+    agent(&fx, "c", &relay(Some("order.done"), 0), "");
+    let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    // The bus is out of the agent's reach: the daemon's socket and its
+    // event bus directory.
+    let probe = json!([daemon.socket, fx.state.join("eventbus/pending")]);
+    let env = envelope(&fx, "ORDER-1", "order.placed", json!({"probe": probe}));
+    let r = receive_via(&fx, &daemon, "a", &env);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let a_out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(a_out["type"], "order.checked");
+    assert_eq!(
+        a_out["payload"]["probe"],
+        json!(["unreachable", "unreachable"]),
+        "{a_out}"
+    );
+    wait_for("C's receive", 60, || receives_of(&fx, "c").len() == 1);
+    let (a, b, c) = (
+        receives_of(&fx, "a"),
+        receives_of(&fx, "b"),
+        receives_of(&fx, "c"),
+    );
+    assert_eq!((a.len(), b.len(), c.len()), (1, 1, 1));
+    // Each hop's input is the previous hop's output, byte for byte.
+    assert_eq!(a[0]["receive"]["hop"], 0);
+    assert_eq!(b[0]["receive"]["hop"], 1);
+    assert_eq!(c[0]["receive"]["hop"], 2);
+    assert_eq!(b[0]["receive"]["input"], a[0]["receive"]["emitted"][0]);
+    assert_eq!(c[0]["receive"]["input"], b[0]["receive"]["emitted"][0]);
+    assert_eq!(a[0]["receive"]["emitted"][0], a_out);
+    assert_eq!(
+        c[0]["receive"]["emitted"][0]["payload"]["path"],
+        json!(["a", "b", "c"])
+    );
+    assert_eq!(
+        c[0]["receive"]["emitted"][0]["idempotency_key"],
+        "ORDER-1:0:0:0"
+    );
+    // A subscribed package without an entry point refuses the start.
+    fx.install("noentry", ECHO_MANIFEST);
+    let bad = chain_config(&fx, &[("order.checked", "noentry")], 8);
+    let state = fx.state.display().to_string();
+    let r = Fixture::raw(&[
+        "serve",
+        "--state-dir",
+        &state,
+        "--socket",
+        "/nonexistent-dir/x.sock",
+        "--daemon-config",
+        &bad,
+    ]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("subscriptions[0].package") && r.stderr.contains("entry.receive"),
+        "{}",
+        r.stderr
+    );
+    // order.done has no subscriber: nothing else runs, nothing is dead.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(receives_of(&fx, "c").len(), 1);
+    assert!(
+        std::fs::read_dir(fx.state.join("eventbus/dead"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
+}
+
+#[test]
+fn issue_28_subscription_loop_a_b_a_is_cut_at_the_hop_limit() {
+    if !require_root("issue_28_subscription_loop_a_b_a_is_cut_at_the_hop_limit") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("ping.a"), 0), "");
+    agent(&fx, "b", &relay(Some("ping.b"), 0), "");
+    let cfg = chain_config(&fx, &[("ping.a", "b"), ("ping.b", "a")], 3);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let r = receive_via(
+        &fx,
+        &daemon,
+        "a",
+        &envelope(&fx, "P", "ping.start", json!({})),
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let dead = fx.state.join("eventbus/dead");
+    wait_for("the dead letter", 60, || {
+        std::fs::read_dir(&dead).map(|d| d.count()).unwrap_or(0) == 1
+    });
+    let letter: Value = serde_json::from_slice(
+        &std::fs::read(
+            std::fs::read_dir(&dead)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(letter["error"]["code"], "TS1094", "{letter}");
+    assert!(
+        letter["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_hops 3")
+    );
+    assert_eq!(letter["package"], "a");
+    // a (hop 0), b (1), a (2), b (3); the next hop is cut.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(receives_of(&fx, "a").len(), 2);
+    assert_eq!(receives_of(&fx, "b").len(), 2);
+    assert!(daemon.log().contains("TS1094"), "{}", daemon.log());
+}
+
+#[test]
+fn issue_28_sigkill_of_the_daemon_mid_chain_then_restart_effects_exactly_once() {
+    if !require_root("issue_28_sigkill_of_the_daemon_mid_chain_then_restart_effects_exactly_once") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("order.checked"), 0), "");
+    // B is slow: the daemon dies while B's turn runs.
+    agent(&fx, "b", &relay(Some("order.billed"), 3), "");
+    agent(&fx, "c", &relay(None, 0), "");
+    let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let r = receive_via(
+        &fx,
+        &daemon,
+        "a",
+        &envelope(&fx, "ORDER-9", "order.placed", json!({})),
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    // B's turn has begun (its intent entry is in a ledger).
+    wait_for("B's turn to start", 60, || {
+        std::fs::read_dir(fx.root.join("planes/ho1/sessions"))
+            .unwrap()
+            .flatten()
+            .any(|s| {
+                let l = s.path().join("ledger/exec.jsonl");
+                l.exists()
+                    && read_entries(&l)
+                        .iter()
+                        .any(|e| e["event"] == "turn.started")
+                    && read_entries(&s.path().join("ledger/evidence.jsonl"))
+                        .iter()
+                        .all(|e| e["event"] != "turn.finished")
+            })
+    });
+    let dir = daemon.kill9();
+    let daemon = Daemon::start_in(&fx, dir, &["--daemon-config", &cfg]);
+    wait_for("C's receive after the restart", 90, || {
+        receives_of(&fx, "c").len() == 1
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    // Exactly once in effect: one committed receive per hop.
+    assert_eq!(receives_of(&fx, "a").len(), 1);
+    assert_eq!(receives_of(&fx, "b").len(), 1);
+    assert_eq!(receives_of(&fx, "c").len(), 1);
+    // B's cut turn is recorded `aborted`, then its second attempt.
+    let b = &receives_of(&fx, "b")[0];
+    assert_eq!(b["idempotency_key"], "ORDER-9:0:attempt1", "{b}");
+    assert_eq!(
+        receives_of(&fx, "c")[0]["receive"]["input"]["idempotency_key"],
+        "ORDER-9:0:0"
+    );
+    // A third start finds nothing to do.
+    let dir = daemon.kill9();
+    let daemon = Daemon::start_in(&fx, dir, &["--daemon-config", &cfg]);
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(receives_of(&fx, "b").len(), 1);
+    assert_eq!(receives_of(&fx, "c").len(), 1);
+    drop(daemon);
+}
+
+// ---- replay determinism (item 3) --------------------------------------------
+
+/// Keeps a running sum in `output/<session_id>/state.json` and emits it.
+const SUMMER: &str = r#"
+import json, os, sys
+e = json.loads(sys.stdin.read())
+p = "output/%s/state.json" % os.environ["TURNSTILE_SESSION_ID"]
+n = json.load(open(p))["n"] if os.path.exists(p) else 0
+n += e["payload"]["add"] * FACTOR
+json.dump({"n": n}, open(p, "w"))
+print(json.dumps({"type": "sum.updated", "payload": {"n": n}}))
+"#;
+
+fn summer(fx: &Fixture, factor: u32) {
+    fx.install(
+        "s",
+        r#"{"capabilities":{"read":["installed/s/**","output/<session_id>/**"],
+            "write":["output/<session_id>/**"],
+            "execute":["/usr/bin/python3 installed/s/agent.py"]},
+          "entry":{"receive":["/usr/bin/python3","installed/s/agent.py"]}}"#,
+    );
+    fx.write(
+        "installed/s/agent.py",
+        SUMMER.replace("FACTOR", &factor.to_string()).as_bytes(),
+    );
+}
+
+fn replay_json(fx: &Fixture, sessions: &[&str], into: &std::path::Path) -> (i32, Value) {
+    let into = into.display().to_string();
+    let mut args = vec!["--into", &into, "--json"];
+    for s in sessions {
+        args.extend_from_slice(&["--session", s]);
+    }
+    let r = fx.supervise(&["replay"], &args);
+    (r.status, r.json())
+}
+
+#[test]
+fn issue_28_seed_001_replay_determinism_receive_stream_byte_identical_and_first_difference() {
+    if !require_root(
+        "issue_28_seed_001_replay_determinism_receive_stream_byte_identical_and_first_difference",
+    ) {
+        return;
+    }
+    let fx = Fixture::new();
+    summer(&fx, 1);
+    let r = fx.supervise(
+        &["session", "new"],
+        &[
+            "--deterministic",
+            "--seed",
+            "7",
+            "--clock",
+            "2026-01-01T00:00:00Z",
+        ],
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let sid = r.stdout.trim().to_owned();
+    let mut printed = String::new();
+    for (i, add) in [3, 4, 5].iter().enumerate() {
+        let env = envelope(&fx, &format!("S{i}"), "sum.add", json!({"add": add}));
+        let r = receive(
+            &fx,
+            "s",
+            &sid,
+            &env,
+            &["--output", "output/<session_id>/state.json:state"],
+        );
+        assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+        printed += &r.stdout;
+    }
+    assert!(printed.contains("{\"n\":12}"), "{printed}");
+    let base = fx.state.parent().unwrap();
+    let (status, v) = replay_json(&fx, &[&sid], &base.join("same"));
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["identical"], true, "{v}");
+    assert_eq!(v["emitted"]["original"], 3);
+    assert_eq!(v["emitted"]["replay"], 3);
+    assert_eq!(v["tree_sha256"]["original"], v["tree_sha256"]["replay"]);
+    // Deterministic: the replayed ledgers are the original's, byte for byte.
+    let rsid = v["replayed_session_id"].as_str().unwrap();
+    let replayed = base
+        .join("same/root/planes/ho1/sessions")
+        .join(rsid)
+        .join("ledger/evidence.jsonl");
+    assert_eq!(
+        std::fs::read(fx.ledger(&sid, "evidence")).unwrap(),
+        std::fs::read(replayed).unwrap()
+    );
+    // The agent changed since: the first emitted envelope that differs is
+    // named, exit 3.
+    summer(&fx, 2);
+    let (status, v) = replay_json(&fx, &[&sid], &base.join("other"));
+    assert_eq!(status, 3, "{v}");
+    let d = v["first_difference"].as_str().unwrap();
+    assert!(d.starts_with("emitted envelope 1 differs"), "{d}");
+    assert!(d.contains("{\"n\":3}") && d.contains("{\"n\":6}"), "{d}");
+    assert_ne!(v["tree_sha256"]["original"], v["tree_sha256"]["replay"]);
+}
+
+#[test]
+fn issue_28_replay_across_agents_of_a_chain_reproduces_every_envelope() {
+    if !require_root("issue_28_replay_across_agents_of_a_chain_reproduces_every_envelope") {
+        return;
+    }
+    let fx = Fixture::new();
+    agent(&fx, "a", &relay(Some("order.checked"), 0), "");
+    agent(&fx, "b", &relay(Some("order.billed"), 0), "");
+    agent(&fx, "c", &relay(Some("order.done"), 0), "");
+    let cfg = chain_config(&fx, &[("order.checked", "b"), ("order.billed", "c")], 8);
+    let mut daemon = Daemon::start(&fx, &["--daemon-config", &cfg]);
+    let r = receive_via(
+        &fx,
+        &daemon,
+        "a",
+        &envelope(&fx, "R-1", "order.placed", json!({})),
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    wait_for("C's receive", 60, || receives_of(&fx, "c").len() == 1);
+    assert_eq!(daemon.stop(), Some(0));
+    let sid = |p: &str| {
+        receives_of(&fx, p)[0]["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (a, b, c) = (sid("a"), sid("b"), sid("c"));
+    let base = fx.state.parent().unwrap();
+    let (status, v) = replay_json(&fx, &[&a, &b, &c], &base.join("chain"));
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["identical"], true, "{v}");
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 3);
+    for s in v["sessions"].as_array().unwrap() {
+        assert_eq!(s["emitted"]["original"], 1, "{s}");
+        assert_eq!(s["emitted"]["replay"], 1, "{s}");
+    }
+    // B changed: the report names B's session and its envelope.
+    fx.write(
+        "installed/b/agent.py",
+        relay(Some("order.rebilled"), 0).as_bytes(),
+    );
+    let (status, v) = replay_json(&fx, &[&a, &b, &c], &base.join("chain2"));
+    assert_eq!(status, 3, "{v}");
+    let d = v["first_difference"].as_str().unwrap();
+    assert!(
+        d.starts_with(&format!("session {b}: emitted envelope 1")),
+        "{d}"
+    );
+    assert!(d.contains("order.rebilled"), "{d}");
+}
