@@ -64,7 +64,11 @@ struct Pending {
 impl Checkpointer {
     /// Loads the key (a bad one refuses the daemon's start) and starts the
     /// thread.
-    pub fn start(policy: Policy, state_dir: PathBuf) -> Result<Self> {
+    pub fn start(
+        policy: Policy,
+        state_dir: PathBuf,
+        metrics: Arc<super::metrics::Metrics>,
+    ) -> Result<Self> {
         if policy.every_turns == Some(0) {
             return Err(SupervisorError::invalid(
                 "--checkpoint-every-turns",
@@ -83,7 +87,7 @@ impl Checkpointer {
         let st = Arc::clone(&status);
         let thread = std::thread::Builder::new()
             .name("checkpoints".into())
-            .spawn(move || run(&rx, &policy, &key, &state_dir, &st))
+            .spawn(move || run(&rx, &policy, &key, &state_dir, &st, &metrics))
             .map_err(|source| SupervisorError::StateIo {
                 op: "spawn the checkpoint thread",
                 path: PathBuf::from("/proc/self"),
@@ -121,6 +125,7 @@ fn run(
     key: &tp::SigningKeyFile,
     state_dir: &Path,
     status: &Mutex<Status>,
+    metrics: &super::metrics::Metrics,
 ) {
     let mut pending: HashMap<String, Pending> = HashMap::new();
     let tick = policy
@@ -155,7 +160,9 @@ fn run(
             let Some(p) = pending.get_mut(&sid) else {
                 continue;
             };
+            let t0 = Instant::now();
             let result = take(&p.root, state_dir, &sid, key, &policy.witnesses);
+            metrics.record_checkpoint(result.is_ok(), t0.elapsed().as_secs_f64());
             let mut st = status.lock().unwrap_or_else(|e| e.into_inner());
             match result {
                 Ok(taken) => {

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub events_received: Counter,
     pub events_emitted: Counter,
     event_duration: Histogram,
+    checkpoints: Family<Labels, Counter>,
+    checkpoint_duration: Histogram,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -70,6 +72,18 @@ impl Metrics {
         let events_emitted = Counter::default();
         // 0.5 ms … ~16 s
         let event_duration = Histogram::new(exponential_buckets(0.5, 2.0, 16));
+        let checkpoints = Family::<Labels, Counter>::default();
+        let checkpoint_duration = seconds_histogram();
+        registry.register(
+            "agent_runtime_checkpoints",
+            "Signed ledger checkpoints the daemon took (type auto), by status",
+            checkpoints.clone(),
+        );
+        registry.register(
+            "agent_runtime_checkpoint_duration_seconds",
+            "Time to verify the ledgers and sign a checkpoint",
+            checkpoint_duration.clone(),
+        );
         // Counters get their `_total` suffix from the encoder.
         registry.register(
             "turns",
@@ -133,7 +147,20 @@ impl Metrics {
             events_received,
             events_emitted,
             event_duration,
+            checkpoints,
+            checkpoint_duration,
         }
+    }
+
+    /// Records one checkpoint the daemon took (seed 002 §9.1.1).
+    pub fn record_checkpoint(&self, ok: bool, seconds: f64) {
+        self.checkpoints
+            .get_or_create(&labels(&[
+                ("type", "auto"),
+                ("status", if ok { "success" } else { "failure" }),
+            ]))
+            .inc();
+        self.checkpoint_duration.observe(seconds);
     }
 
     /// Records one finished request: its turn value (or error object), the

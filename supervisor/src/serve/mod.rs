@@ -450,7 +450,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     let checkpointer = o
         .checkpoints
         .clone()
-        .map(|p| checkpoints::Checkpointer::start(p, state_dir.clone()))
+        .map(|p| checkpoints::Checkpointer::start(p, state_dir.clone(), Arc::clone(&metrics)))
         .transpose()?;
     // The socket last: nothing below can fail once it exists.
     let listener = o.socket.as_deref().map(bind).transpose()?;

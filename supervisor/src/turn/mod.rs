@@ -423,12 +423,20 @@ impl Stage {
 impl Turn<'_> {
     fn run(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
         // One span per turn (OpenTelemetry-style names), a child per phase.
+        // The attributes seed 002 §9.3 names on `agent.execute` (OTel
+        // style: `agent.id`, `agent.trust_level`, `agent.runtime_class`,
+        // `session.id`), beside turnstile's own.
         let span = tracing::info_span!(
             "turn",
             turn_id = %crate::ids::TurnId::new(self.session.id.as_str(), self.turn_number),
             backend = self.backend.name(),
             status = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
+            "otel.name" = "agent.execute",
+            "agent.id" = self.manifest.package_id.as_str(),
+            "agent.trust_level" = self.manifest.trust_level.as_str(),
+            "agent.runtime_class" = self.backend.name(),
+            "session.id" = self.session.id.as_str(),
         );
         let _in_turn = span.enter();
         let started = self.started;
