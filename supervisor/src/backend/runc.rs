@@ -401,6 +401,10 @@ impl Sandbox for RuncSandbox {
                 "{}: seccomp refusals are plain errnos (no listener), so they are not observed",
                 self.backend.runtime
             )),
+            observed: Err(format!(
+                "{}: the denial observer follows native turns only; this runtime's Landlock and mount refusals are not recorded",
+                self.backend.runtime
+            )),
             degraded: vec![
                 format!(
                     "{}: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded",

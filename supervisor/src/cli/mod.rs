@@ -23,7 +23,7 @@ use crate::ids::{OsRandom, SystemClock};
 use crate::sandbox::cgroup::root as cgroup_root;
 use crate::store::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::{LedgerKind, VerifyReport};
-use crate::store::record::{Event, EvidenceEntry, Observed, Violation, read_all};
+use crate::store::record::{Event, EvidenceEntry, Layer, Observed, Violation, read_all};
 use crate::store::session::Session;
 use crate::store::status::TurnStatus;
 pub use crate::turn::outcome::{Outcome, error_outcome, error_value, run_turn_outcome};
@@ -993,17 +993,42 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
     if entry.violations.is_empty() {
         text += "no refusal was recorded\n";
     }
-    for v in &entry.violations {
+    // Grouped by layer, in the order the layers act.
+    for layer in [
+        Layer::PreExecution,
+        Layer::Seccomp,
+        Layer::Landlock,
+        Layer::Mount,
+        Layer::Network,
+        Layer::Verify,
+    ] {
+        let of: Vec<&Violation> = entry
+            .violations
+            .iter()
+            .filter(|v| v.layer == layer)
+            .collect();
+        if of.is_empty() {
+            continue;
+        }
+        let total: u64 = of.iter().map(|v| v.count).sum();
         text += &format!(
-            "- [{}] {} {} (x{})\n    {}\n",
-            v.layer.as_str(),
-            v.attempted_operation,
-            v.target,
-            v.count,
-            v.details
+            "{}: {} refusal(s) of {} kind(s)\n",
+            layer.as_str(),
+            total,
+            of.len()
         );
-        if let Some(h) = &v.hint {
-            text += &format!("    hint: {h}\n");
+        for v in of {
+            text += &format!(
+                "- [{}] {} {} (x{})\n    {}\n",
+                v.layer.as_str(),
+                v.attempted_operation,
+                v.target,
+                v.count,
+                v.details
+            );
+            if let Some(h) = &v.hint {
+                text += &format!("    hint: {h}\n");
+            }
         }
     }
     for (layer, o) in observed.iter().flatten() {

@@ -141,6 +141,12 @@ impl TurnCgroup {
                 };
                 let memory = dir_for("memory")?;
                 let pids = dir_for("pids")?;
+                // The hybrid layout's unified hierarchy: joined too, only so
+                // the turn has a cgroup v2 id (the denial observer
+                // attributes by it); no controller is used there.
+                if root.join("unified/cgroup.procs").exists() {
+                    dir_for("unified")?;
+                }
                 let cpu = dir_for("cpu")?;
                 let cpuacct = if root.join("cpuacct").is_dir()
                     && !root.join("cpuacct").join("cpu.cfs_quota_us").exists()
@@ -293,7 +299,7 @@ impl TurnCgroup {
         };
         let bases: Vec<PathBuf> = match version {
             Version::V2 => vec![root.join("turnstile")],
-            Version::V1 => ["memory", "pids", "cpu", "cpuacct"]
+            Version::V1 => ["memory", "pids", "cpu", "cpuacct", "unified"]
                 .iter()
                 .map(|c| root.join(c).join("turnstile"))
                 .collect(),
@@ -331,6 +337,21 @@ impl TurnCgroup {
                 }
             })
             .collect()
+    }
+
+    /// The turn's cgroup v2 id (the inode of its v2 directory: the
+    /// unified one, or its own in a hybrid layout), which BPF's
+    /// `bpf_get_current_cgroup_id` reports for its processes.
+    pub fn v2_id(&self) -> Option<u64> {
+        let dir = match self.version {
+            Version::V2 => self.dirs.first()?,
+            Version::V1 => self.dirs.iter().find(|d| {
+                d.parent()
+                    .and_then(Path::parent)
+                    .is_some_and(|p| p.ends_with("unified"))
+            })?,
+        };
+        super::observe::cgroup_id(dir)
     }
 
     /// The cgroup's directories.

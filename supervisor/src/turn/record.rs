@@ -274,6 +274,25 @@ impl Turn<'_> {
                 },
             ));
         }
+        if let (Some(Ok(d)), Some(plan)) = (x.map(|x| &x.observed), o.plan.as_ref()) {
+            let forbidden = turnstile_policy::pattern::PatternSet::compile(
+                &self.manifest.capabilities.forbidden,
+                &self.session.id,
+            )
+            .ok();
+            violations.extend(crate::turn::denials::path_violations(
+                d,
+                plan,
+                forbidden.as_ref(),
+                sid,
+                self.turn_number,
+                crate::turn::denials::TurnClock {
+                    at: self.started_at,
+                    instant: self.started,
+                    deterministic: self.session.deterministic.is_some(),
+                },
+            ));
+        }
         violations
     }
 
@@ -406,7 +425,7 @@ impl Turn<'_> {
             denials_observed: o
                 .execution
                 .as_ref()
-                .map(|x| crate::turn::denials::observability(&x.denials)),
+                .map(|x| crate::turn::denials::observability(&x.denials, &x.observed)),
             degraded,
             // Only for a turn whose sandbox ran: nothing was applied
             // otherwise.
