@@ -1344,6 +1344,9 @@ fn health_server(a: &HealthArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
+    // The denial observer loads (verifier, attach) while the turn is
+    // admitted and planned.
+    crate::sandbox::observe::preload();
     let request = request_from_args(&a.request)?;
     let deterministic = a.deterministic.parse()?;
     if deterministic.is_some() && a.session.is_some() {

@@ -569,6 +569,10 @@ impl Created {
         let (stdout, stderr) = self.watch.streams();
         status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
         self.lap("command_and_exit");
+        // Every process of the turn is gone: nothing more can be refused.
+        let observed = std::mem::replace(&mut self.observation, Err(String::new()))
+            .map(observe::Registration::finish);
+        self.lap("observe_collect");
 
         let report =
             protocol::parse(&std::fs::read_to_string(&self.report_path).unwrap_or_default());
@@ -605,9 +609,6 @@ impl Created {
         }
         // Whatever happened: nothing of the turn keeps running.
         let empty = self.cg.kill_all();
-        let observed = std::mem::replace(&mut self.observation, Err(String::new()))
-            .map(observe::Registration::finish);
-        self.lap("observe_collect");
         let usage = self.cg.usage();
         self.cg.remove();
         self.lap("cgroup_teardown");

@@ -13,9 +13,7 @@
 //! without it and say so in their evidence.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
@@ -73,9 +71,9 @@ pub struct Observer {
     seen: MapHandle,
     bss: MapHandle,
     tables: Arc<Mutex<HashMap<u64, Table>>>,
-    wake: OwnedFd,
-    requested: AtomicU64,
-    flushed: Arc<(Mutex<u64>, Condvar)>,
+    /// Drained by the observer's thread as events arrive, and by a
+    /// finishing turn (which then sees everything sent before it).
+    ring: Arc<Mutex<libbpf_rs::RingBuffer<'static>>>,
     learners: Mutex<u32>,
     /// How long loading and attaching took.
     pub load_time: Duration,
@@ -124,18 +122,16 @@ pub fn preload() {
 
 fn load() -> Result<Observer, String> {
     let started = Instant::now();
-    let (tx, rx) =
-        std::sync::mpsc::channel::<Result<(MapHandle, MapHandle, MapHandle, OwnedFd), String>>();
+    let (tx, rx) = std::sync::mpsc::channel::<Ready>();
     let tables: Arc<Mutex<HashMap<u64, Table>>> = Arc::default();
-    let flushed: Arc<(Mutex<u64>, Condvar)> = Arc::default();
-    let (t2, f2) = (Arc::clone(&tables), Arc::clone(&flushed));
+    let t2 = Arc::clone(&tables);
     // The object, its link and the ring buffer live in the consumer thread
     // for the rest of the process.
     std::thread::Builder::new()
         .name("denials".into())
-        .spawn(move || consumer(tx, t2, f2))
+        .spawn(move || consumer(tx, t2))
         .map_err(|e| e.to_string())?;
-    let (turns, seen, bss, wake) = rx
+    let (turns, seen, bss, ring) = rx
         .recv()
         .map_err(|_| "the observer's thread ended".to_owned())??;
     Ok(Observer {
@@ -143,21 +139,16 @@ fn load() -> Result<Observer, String> {
         seen,
         bss,
         tables,
-        wake,
-        requested: AtomicU64::new(0),
-        flushed,
+        ring,
         learners: Mutex::new(0),
         load_time: started.elapsed(),
     })
 }
 
-type Ready = Result<(MapHandle, MapHandle, MapHandle, OwnedFd), String>;
+type Ring = Arc<Mutex<libbpf_rs::RingBuffer<'static>>>;
+type Ready = Result<(MapHandle, MapHandle, MapHandle, Ring), String>;
 
-fn consumer(
-    tx: std::sync::mpsc::Sender<Ready>,
-    tables: Arc<Mutex<HashMap<u64, Table>>>,
-    flushed: Arc<(Mutex<u64>, Condvar)>,
-) {
+fn consumer(tx: std::sync::mpsc::Sender<Ready>, tables: Arc<Mutex<HashMap<u64, Table>>>) {
     let setup = || -> Result<_, String> {
         let e = |what: &str| {
             let what = what.to_owned();
@@ -183,12 +174,9 @@ fn consumer(
         };
         let (turns, seen, bss, events) =
             (map("turns")?, map("seen")?, map(".bss")?, map("events")?);
-        let (r, w) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-                .map_err(|e| e.to_string())?;
-        Ok((obj, links, turns, seen, bss, events, r, w))
+        Ok((obj, links, turns, seen, bss, events))
     };
-    let (obj, links, turns, seen, bss, events, r, w) = match setup() {
+    let (obj, links, turns, seen, bss, events) = match setup() {
         Ok(x) => x,
         Err(why) => {
             let _ = tx.send(Err(why));
@@ -211,37 +199,19 @@ fn consumer(
             return;
         }
     };
-    if tx.send(Ok((turns, seen, bss, w))).is_err() {
+    // SAFETY: the epoll fd is owned by `rb`, which this thread keeps (in
+    // `ring`) for the rest of the process.
+    let epfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(rb.epoll_fd()) };
+    let ring: Ring = Arc::new(Mutex::new(rb));
+    if tx.send(Ok((turns, seen, bss, Arc::clone(&ring)))).is_err() {
         return;
     }
-    let _keep = (obj, links);
-    // SAFETY: the epoll fd is owned by `rb`, which outlives this borrow.
-    let epfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(rb.epoll_fd()) };
+    let _keep = (obj, links, events);
     loop {
-        let mut fds = [
-            nix::poll::PollFd::new(epfd, nix::poll::PollFlags::POLLIN),
-            nix::poll::PollFd::new(r.as_fd(), nix::poll::PollFlags::POLLIN),
-        ];
+        let mut fds = [nix::poll::PollFd::new(epfd, nix::poll::PollFlags::POLLIN)];
         let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(1000u16));
-        let woken = fds[1]
-            .revents()
-            .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLIN));
-        // Read the requested generation before consuming: everything in
-        // the buffer now is then delivered before it is acknowledged.
-        let mut word = [0u8; 8];
-        let mut latest = None;
-        if woken {
-            while let Ok(8) = nix::unistd::read(&r, &mut word) {
-                latest = Some(u64::from_ne_bytes(word));
-            }
-        }
-        let _ = rb.consume();
-        if let Some(g) = latest {
-            let (m, c) = &*flushed;
-            if let Ok(mut f) = m.lock() {
-                *f = (*f).max(g);
-                c.notify_all();
-            }
+        if let Ok(rb) = ring.lock() {
+            let _ = rb.consume();
         }
     }
 }
@@ -386,20 +356,8 @@ impl Observer {
 
     /// Delivers everything the kernel has sent so far.
     fn flush(&self) {
-        let g = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
-        let _ = nix::unistd::write(&self.wake, &g.to_ne_bytes());
-        let (m, c) = &*self.flushed;
-        let Ok(mut f) = m.lock() else { return };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while *f < g {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            match c.wait_timeout(f, left) {
-                Ok((next, _)) => f = next,
-                Err(_) => return,
-            }
+        if let Ok(rb) = self.ring.lock() {
+            let _ = rb.consume();
         }
     }
 }
