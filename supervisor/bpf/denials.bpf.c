@@ -421,3 +421,65 @@ int observe_exit(struct bpf_raw_tracepoint_args *ctx)
 		__sync_fetch_and_add(&t->dropped, 1);
 	return 0;
 }
+
+struct linux_binprm {
+	const char *filename;
+	const char *interp;
+} __attribute__((preserve_access_index));
+
+/* Learn mode: every program a learning turn executes (a successful execve
+ * leaves no path to read at its syscall's exit). `nr` is -1. */
+SEC("raw_tp/sched_process_exec")
+int observe_exec(struct bpf_raw_tracepoint_args *ctx)
+{
+	if (!learners)
+		return 0;
+	__u64 cg = bpf_get_current_cgroup_id();
+	struct turn *t = bpf_map_lookup_elem(&turns, &cg);
+	if (!t || !t->learn)
+		return 0;
+	__u32 zero = 0;
+	struct event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
+		return 0;
+	struct linux_binprm *bprm = (struct linux_binprm *)ctx->args[2];
+	e->cgid = cg;
+	e->nr = -1;
+	e->err = 0;
+	e->lsm = 0;
+	e->ncomp = 0;
+	e->flags = 0;
+	e->dirfd = AT_FDCWD;
+	bpf_probe_read_kernel_str(e->path, PATH_MAX_B, BPF_CORE_READ(bprm, filename));
+	/* A script's interpreter (the same as filename for a binary). */
+	bpf_probe_read_kernel_str(e->path2, PATH_MAX_B, BPF_CORE_READ(bprm, interp));
+	struct hash_ctx hc = {.s = e->path, .h = 0x84222325cbf29ce4ULL};
+	bpf_loop(PATH_MAX_B, hash_step, &hc, 0);
+	e->hash = hc.h;
+	struct key k = {.cgid = cg, .hash = hc.h, .nr = -1, .err = 0};
+	__u64 *count = bpf_map_lookup_elem(&seen, &k);
+	if (count) {
+		__sync_fetch_and_add(count, 1);
+		return 0;
+	}
+	__u64 one = 1;
+	bpf_map_update_elem(&seen, &k, &one, BPF_NOEXIST);
+	if (e->path[0] != '/') {
+		struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+		struct fs_struct *fs = BPF_CORE_READ(task, fs);
+		struct walk_ctx w = {.e = e,
+				     .d = BPF_CORE_READ(fs, pwd.dentry),
+				     .m = BPF_CORE_READ(fs, pwd.mnt),
+				     .root_d = BPF_CORE_READ(fs, root.dentry),
+				     .root_m = BPF_CORE_READ(fs, root.mnt)};
+		bpf_loop(COMP_MAX + 16, walk_step, &w, 0);
+		e->ncomp = w.n;
+	}
+	__u64 pt = bpf_get_current_pid_tgid();
+	e->pid = pt >> 32;
+	e->tid = (__u32)pt;
+	e->ts = bpf_ktime_get_ns();
+	if (bpf_ringbuf_output(&events, e, sizeof(*e), 0))
+		__sync_fetch_and_add(&t->dropped, 1);
+	return 0;
+}

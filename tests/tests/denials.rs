@@ -457,3 +457,176 @@ fn fr_rt_011_explain_prints_the_denials_of_a_turn() {
     assert_eq!(missing.status, 2, "{}", missing.stderr);
     assert!(missing.stderr.contains("TS1006"), "{}", missing.stderr);
 }
+
+/// `supervise learn` then `supervise run` under the learned manifest:
+/// the command succeeds with zero violations (issue 27).
+fn learn_round_trip(fx: &Fixture, pkg: &str, outputs: &[&str], command: &[&str]) -> Value {
+    let mut args = vec!["--package", pkg, "--json", "--"];
+    args.extend_from_slice(command);
+    let l = fx.supervise(&["learn"], &args);
+    assert_eq!(l.status, 0, "{}\n{}", l.stdout, l.stderr);
+    let learned = l.json();
+    // Nothing of the learning turn was committed.
+    assert_ne!(learned["status"], "violation", "{learned}");
+    let manifest = serde_json::json!({
+        "package_id": pkg,
+        "capabilities": learned["capabilities"],
+        "limits": {"timeout_seconds": 600},
+        "network": "isolated",
+    });
+    fx.install(pkg, &manifest.to_string());
+    let mut run: Vec<&str> = vec!["--json"];
+    let outs: Vec<String> = outputs.iter().map(|o| format!("{o}:artifact")).collect();
+    for o in &outs {
+        run.push("--output");
+        run.push(o);
+    }
+    if outputs.is_empty() {
+        run.push("--no-outputs");
+    }
+    run.push("--");
+    run.extend_from_slice(command);
+    let r = fx.run(pkg, &run);
+    assert_eq!(r.status, 0, "{manifest}\n{}\n{}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["status"], "committed", "{v}");
+    assert_eq!(v["violations"], serde_json::json!([]), "{manifest}");
+    learned
+}
+
+fn learner(test: &str) -> Option<Fixture> {
+    if !require_root(test) {
+        return None;
+    }
+    let fx = Fixture::new();
+    // The observer must be here (learn refuses without it).
+    let probe = fx.supervise(&["doctor"], &["--json"]);
+    if !probe.stdout.contains("BPF on raw_syscalls") {
+        if std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1") {
+            panic!(
+                "{test}: the denial observer is unavailable: {}",
+                probe.stdout
+            );
+        }
+        eprintln!("turnstile-test: SKIPPED {test}: no denial observer");
+        return None;
+    }
+    Some(fx)
+}
+
+#[test]
+fn issue_27_learn_round_trips_git() {
+    let Some(fx) = learner("issue_27_learn_round_trips_git") else {
+        return;
+    };
+    let repo = fx.root.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    fx.write("repo/file", b"hi\n");
+    let git = |args: &[&str]| {
+        let s = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["-c", "user.email=t@t", "-c", "user.name=t"])
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(s.success());
+    };
+    git(&["init", "-q"]);
+    git(&["add", "file"]);
+    git(&["commit", "-qm", "one"]);
+    let l = learn_round_trip(
+        &fx,
+        "g",
+        &[],
+        &["/usr/bin/git", "-C", "repo", "log", "--oneline"],
+    );
+    let read = l["capabilities"]["read"].to_string();
+    assert!(read.contains("repo/.git/**"), "{read}");
+    assert_eq!(
+        l["capabilities"]["execute"],
+        serde_json::json!(["/usr/bin/git"])
+    );
+}
+
+#[test]
+fn issue_27_learn_round_trips_gcc_and_make() {
+    let Some(fx) = learner("issue_27_learn_round_trips_gcc_and_make") else {
+        return;
+    };
+    fx.write(
+        "proj/hello.c",
+        b"#include <stdio.h>\nint main(void){puts(\"hi\");return 0;}\n",
+    );
+    fx.write(
+        "proj/Makefile",
+        b"hello: hello.o\n\tcc -o hello hello.o\nhello.o: hello.c\n\tcc -c hello.c\n",
+    );
+    let l = learn_round_trip(
+        &fx,
+        "mk",
+        &["proj/hello.o", "proj/hello"],
+        &["/usr/bin/make", "-C", "proj"],
+    );
+    // The learning turn committed nothing; the second one built it.
+    assert_eq!(l["status"], "blocked", "{l}");
+    assert!(fx.root.join("proj/hello").is_file());
+    let exec = l["capabilities"]["execute"].to_string();
+    assert!(exec.contains("cc1"), "{exec}");
+    assert_eq!(l["capabilities"]["write"], serde_json::json!(["proj/**"]));
+}
+
+#[test]
+fn issue_27_learn_round_trips_a_python_script_and_flags_secrets() {
+    let Some(fx) = learner("issue_27_learn_round_trips_a_python_script_and_flags_secrets") else {
+        return;
+    };
+    std::fs::create_dir_all(fx.root.join("out")).unwrap();
+    fx.write(
+        "app/main.py",
+        b"import json\nd = json.load(open('data/in.json'))\nopen('out/result.txt', 'w').write(str(sum(d)))\n",
+    );
+    fx.write("data/in.json", b"[1, 2, 3]");
+    learn_round_trip(
+        &fx,
+        "py",
+        &["out/result.txt"],
+        &["/usr/bin/python3", "app/main.py"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(fx.root.join("out/result.txt")).unwrap(),
+        "6"
+    );
+    // A secret the command reads is flagged for `forbidden`, never granted;
+    // --merge prints the diff against the installed manifest.
+    fx.write("app/.env", b"TOKEN=x");
+    fx.write("app/peek.py", b"print(open('app/.env').read())\n");
+    let l = fx.supervise(
+        &["learn"],
+        &[
+            "--package",
+            "py",
+            "--merge",
+            "--json",
+            "--",
+            "/usr/bin/python3",
+            "app/peek.py",
+        ],
+    );
+    assert_eq!(l.status, 0, "{}", l.stderr);
+    let v = l.json();
+    assert_eq!(v["flagged_secrets"], serde_json::json!(["app/.env"]));
+    assert!(
+        !v["capabilities"]["read"].to_string().contains(".env"),
+        "{v}"
+    );
+    let diff: Vec<&str> = v["diff"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(diff.contains(&"+ read: app/peek.py"), "{diff:?}");
+    assert!(diff.contains(&"+ forbidden: app/.env"), "{diff:?}");
+    assert!(diff.contains(&"- write: out/result.txt"), "{diff:?}");
+}

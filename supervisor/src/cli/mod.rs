@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod doctor;
 pub mod init;
+pub mod learn;
 
 use std::path::PathBuf;
 
@@ -126,6 +127,15 @@ pub enum Command {
     ///
     /// Example: supervise explain --root /ws --session SES-... --turn 3
     Explain(ExplainArgs),
+    /// Learn a package's capabilities: run the command in a turn with a
+    /// wide read and execute view (still isolated: no network, writes
+    /// captured, nothing committed), observe what it reads, executes and
+    /// writes, and print the smallest manifest `capabilities` that lets it
+    /// run; secret-looking paths are flagged for `forbidden`. `--merge`
+    /// prints the diff against the installed manifest.
+    ///
+    /// Example: supervise learn --root /ws --package build -- /usr/bin/make -C src
+    Learn(learn::LearnArgs),
     /// Settle what stopped supervisors left behind, for every session of the
     /// state directory (of --root only, when given): kill and remove dead
     /// turns' cgroups, unmount and remove their turn directories, settle
@@ -675,6 +685,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Recover(a) => a.json,
         Command::Serve(_) => false,
         Command::Explain(a) => a.common.json,
+        Command::Learn(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
         Command::Replay(a) => a.common.json,
         Command::Context(a) => a.common.json,
@@ -724,6 +735,7 @@ pub fn run(cli: Cli) -> Outcome {
             pool_idle: std::time::Duration::from_secs(a.pool_idle_seconds),
         }),
         Command::Explain(a) => explain(&a),
+        Command::Learn(a) => learn::learn(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Replay(a) => replay_cmd(&a),
         Command::Context(a) => context_cmd(&a),
@@ -1229,6 +1241,7 @@ fn check(a: &CheckArgs) -> Result<Outcome> {
             package: &a.package,
             request: &request,
             system_root: rootfs(a.rootfs.as_deref(), &a.common.root)?.as_deref(),
+            manifest: None,
         },
         session,
     )?;
@@ -1398,6 +1411,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         config: a.config.clone(),
         deterministic,
         rootfs: a.rootfs.clone(),
+        manifest: None,
     };
     Ok(run_turn_outcome(&opts, a.events.as_deref()).0)
 }
@@ -1453,6 +1467,7 @@ fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
             package: &a.package,
             request: &request,
             system_root: rootfs(a.rootfs.as_deref(), &a.common.root)?.as_deref(),
+            manifest: None,
         },
         a.session.as_deref(),
     )?;
@@ -1493,6 +1508,7 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
             package: &a.plan.package,
             request: &request,
             system_root: rootfs(a.plan.rootfs.as_deref(), &a.plan.common.root)?.as_deref(),
+            manifest: None,
         },
         a.plan.session.as_deref(),
     )?;

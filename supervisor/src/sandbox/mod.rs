@@ -970,7 +970,7 @@ impl Parked {
                 let id = self.cg.v2_id().ok_or_else(|| {
                     "the turn has no cgroup v2 directory to attribute its denials by".to_owned()
                 })?;
-                o.register(id, false)
+                o.register(id, observe::learning())
             });
             created.lap("observe_register");
         }

@@ -62,6 +62,7 @@ pub struct Observed {
 struct Table {
     events: Vec<(u64, RawDenial)>,
     overflow: u64,
+    learn: bool,
 }
 
 /// The loaded observer (see the module docs).
@@ -80,6 +81,33 @@ pub struct Observer {
 }
 
 static OBSERVER: OnceLock<Result<Observer, String>> = OnceLock::new();
+
+/// This process learns (`supervise learn`): its turns also report what
+/// succeeded, and [`take_learned`] returns it.
+static LEARNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static LEARNED: Mutex<Vec<RawDenial>> = Mutex::new(Vec::new());
+
+/// Puts this process in learn mode (see [`LEARNING`]).
+pub fn set_learning() {
+    LEARNING.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether this process learns.
+pub fn learning() -> bool {
+    LEARNING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Every operation the learning turns of this process made (successful
+/// ones with errno 0; execs with `nr` -1), taken.
+pub fn take_learned() -> Vec<RawDenial> {
+    LEARNED
+        .lock()
+        .map(|mut v| std::mem::take(&mut *v))
+        .unwrap_or_default()
+}
+
+/// Distinct operations kept for a learning turn.
+pub const MAX_LEARNED: usize = 65_536;
 
 /// Why the observer cannot run here, before trying to load it.
 pub fn unavailable() -> Option<String> {
@@ -290,7 +318,12 @@ fn on_event(tables: &Mutex<HashMap<u64, Table>>, d: &[u8]) {
     let Some(table) = t.get_mut(&cgid) else {
         return;
     };
-    if table.events.len() >= MAX_DISTINCT {
+    let cap = if table.learn {
+        MAX_LEARNED
+    } else {
+        MAX_DISTINCT
+    };
+    if table.events.len() >= cap {
         table.overflow += 1;
     } else {
         table.events.push((hash, denial));
@@ -320,7 +353,13 @@ impl Observer {
     /// `learn` also reports the operations that succeeded.
     pub fn register(&'static self, cgid: u64, learn: bool) -> Result<Registration, String> {
         if let Ok(mut t) = self.tables.lock() {
-            t.insert(cgid, Table::default());
+            t.insert(
+                cgid,
+                Table {
+                    learn,
+                    ..Table::default()
+                },
+            );
         }
         let v = TurnValue {
             learn: learn.into(),
@@ -402,6 +441,12 @@ impl Registration {
             }
             let _ = o.seen.delete(&k);
             denials.push(d);
+        }
+        if self.learn {
+            if let Ok(mut l) = LEARNED.lock() {
+                l.extend(denials.iter().cloned());
+            }
+            denials.retain(|d| d.errno != 0);
         }
         Observed {
             denials,

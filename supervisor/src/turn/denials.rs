@@ -160,6 +160,17 @@ pub fn syscall_violations(
 /// record (the evidence stays bounded).
 pub const MAX_RECORDED: usize = 256;
 
+/// The name of syscall `nr` of the native architecture (`exec` for the
+/// observer's -1: a program that started).
+pub fn syscall_of(nr: i32, native: libseccomp::ScmpArch) -> String {
+    if nr == -1 {
+        return "exec".into();
+    }
+    libseccomp::ScmpSyscall::from(nr)
+        .get_name_by_arch(native)
+        .unwrap_or_else(|_| format!("syscall {nr}"))
+}
+
 /// What a path syscall attempted: `read`, `write`, `create`, `remove`,
 /// `rename`, `link`, `execute`, `stat` or `chmod`/`chown`.
 pub fn operation(name: &str, flags: u32) -> &'static str {
@@ -175,7 +186,7 @@ pub fn operation(name: &str, flags: u32) -> &'static str {
         "unlink" | "unlinkat" | "rmdir" => "remove",
         "rename" | "renameat" | "renameat2" => "rename",
         "truncate" => "write",
-        "execve" | "execveat" => "execute",
+        "execve" | "execveat" | "exec" => "execute",
         "chmod" | "fchmodat" | "fchmodat2" => "chmod",
         "chown" | "lchown" | "fchownat" => "chown",
         _ => "stat",
@@ -239,9 +250,7 @@ pub fn path_violations(
         BTreeMap::new();
     let mut skipped_distinct = 0u64;
     for d in &o.denials {
-        let name = libseccomp::ScmpSyscall::from(d.nr)
-            .get_name_by_arch(native)
-            .unwrap_or_else(|_| format!("syscall {}", d.nr));
+        let name = syscall_of(d.nr, native);
         let op = operation(&name, d.flags);
         let need = needs(op);
         let inside = d.path == root || d.path.starts_with(&format!("{root}/"));

@@ -74,6 +74,9 @@ pub struct RunOptions {
     /// `--rootfs`: an image rootfs as the turn's system view instead of the
     /// host's (see `Plan::system_root`).
     pub rootfs: Option<PathBuf>,
+    /// A manifest given in place of the package's installed one
+    /// (`supervise learn`'s wide one; never written to the workspace).
+    pub manifest: Option<turnstile_policy::Manifest>,
 }
 
 pub use crate::store::status::TurnResult;
@@ -91,6 +94,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         package: &opts.package,
         request: &opts.request,
         system_root: system_root.as_deref(),
+        manifest: opts.manifest.as_ref(),
     };
     let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
     // An unknown backend is refused before anything exists (exit 2).

@@ -270,6 +270,7 @@ pub fn replay(
     let (osid, rsid) = (session.as_str(), replayed.id.as_str().to_owned());
     for e in &turns {
         let opts = crate::turn::RunOptions {
+            manifest: None,
             root: new_root.clone(),
             state_dir: new_state.clone(),
             package: e.package_id.clone().unwrap_or_default(),
