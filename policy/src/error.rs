@@ -66,6 +66,7 @@ codes! {
     CHECKPOINT_MALFORMED = "TS1062", "CHECKPOINT_MALFORMED";
     KEY_INVALID = "TS1063", "KEY_INVALID";
     PROTOCOL_MISMATCH = "TS1050", "PROTOCOL_MISMATCH";
+    DENIAL_OBSERVER_UNAVAILABLE = "TS1080", "DENIAL_OBSERVER_UNAVAILABLE";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or

@@ -630,3 +630,84 @@ fn issue_27_learn_round_trips_a_python_script_and_flags_secrets() {
     assert!(diff.contains(&"+ forbidden: app/.env"), "{diff:?}");
     assert!(diff.contains(&"- write: out/result.txt"), "{diff:?}");
 }
+
+#[test]
+fn issue_27_fr_rt_011_runc_and_crun_turns_are_observed_too() {
+    let test = "issue_27_fr_rt_011_runc_and_crun_turns_are_observed_too";
+    if !require_root(test) {
+        return;
+    }
+    for runtime in ["runc", "crun"] {
+        if !std::path::Path::new(&format!("/usr/bin/{runtime}")).exists()
+            && !std::path::Path::new(&format!("/usr/sbin/{runtime}")).exists()
+        {
+            if std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1") {
+                panic!("{test}: {runtime} is not installed");
+            }
+            eprintln!("turnstile-test: SKIPPED {test} for {runtime}: not installed");
+            continue;
+        }
+        let fx = fixture();
+        let r = fx.run(
+            "d",
+            &[
+                "--backend",
+                runtime,
+                "--json",
+                "--no-outputs",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "import os\ntry: open('hidden.txt')\nexcept OSError: pass\ntry: os.execv('data/run.sh', ['x'])\nexcept OSError: pass",
+            ],
+        );
+        assert_eq!(r.status, 0, "{runtime}: {}\n{}", r.stdout, r.stderr);
+        let e = r.json();
+        if !observer_here(&e, test) {
+            return;
+        }
+        let got: Vec<(String, String)> = e["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v["layer"].as_str().unwrap().to_owned(),
+                    v["target"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("mount".to_owned(), "hidden.txt".to_owned()),
+                ("landlock".to_owned(), "data/run.sh".to_owned())
+            ],
+            "{runtime}: {}",
+            e["violations"]
+        );
+    }
+}
+
+#[test]
+fn issue_27_learn_without_the_observer_is_ts1080_and_runs_nothing() {
+    if !require_root("issue_27_learn_without_the_observer_is_ts1080_and_runs_nothing") {
+        return;
+    }
+    let fx = fixture();
+    let before = fx.snapshot();
+    let out = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["learn", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(["--package", "d", "--", "/usr/bin/touch", "data/x"])
+        .env("TURNSTILE_DENIAL_OBSERVER", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(20), "{stderr}");
+    assert!(stderr.contains("TS1080"), "{stderr}");
+    assert!(stderr.contains("TURNSTILE_DENIAL_OBSERVER=off"), "{stderr}");
+    assert_eq!(fx.snapshot(), before, "learn changed the workspace");
+}

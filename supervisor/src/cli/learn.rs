@@ -216,10 +216,7 @@ pub fn learn(a: &LearnArgs) -> Result<Outcome> {
                 )
             })?
     };
-    if let Some(why) = observe::unavailable() {
-        return Err(SupervisorError::invalid("learn", why));
-    }
-    observe::get().map_err(|why| SupervisorError::invalid("learn", why))?;
+    observe::get().map_err(|why| SupervisorError::ObserverUnavailable { why })?;
     observe::set_learning();
     let manifest = wide_manifest(&root, &package, &argv0, existing.as_ref(), a.timeout)?;
     let mut command = a.command.clone();

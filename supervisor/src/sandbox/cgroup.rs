@@ -343,15 +343,23 @@ impl TurnCgroup {
     /// unified one, or its own in a hybrid layout), which BPF's
     /// `bpf_get_current_cgroup_id` reports for its processes.
     pub fn v2_id(&self) -> Option<u64> {
-        let dir = match self.version {
-            Version::V2 => self.dirs.first()?,
-            Version::V1 => self.dirs.iter().find(|d| {
-                d.parent()
-                    .and_then(Path::parent)
-                    .is_some_and(|p| p.ends_with("unified"))
-            })?,
-        };
-        super::observe::cgroup_id(dir)
+        super::observe::cgroup_id(self.v2_dir()?)
+    }
+
+    /// The turn's cgroup v2 directory (see [`TurnCgroup::v2_id`]).
+    pub fn v2_dir(&self) -> Option<&Path> {
+        match self.version {
+            Version::V2 => self.dirs.first().map(PathBuf::as_path),
+            Version::V1 => self
+                .dirs
+                .iter()
+                .find(|d| {
+                    d.parent()
+                        .and_then(Path::parent)
+                        .is_some_and(|p| p.ends_with("unified"))
+                })
+                .map(PathBuf::as_path),
+        }
     }
 
     /// The cgroup's directories.
