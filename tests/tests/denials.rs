@@ -139,7 +139,11 @@ fn issue_27_fr_rt_011_a_clean_turn_records_none_and_every_layer_is_observed() {
     // Probing for what exists nowhere is no violation.
     let (_, e) = turn(
         &fx,
-        "import os\nos.path.exists('/nonexistent/x')\ntry:\n    open('/nonexistent/y')\nexcept OSError:\n    pass\nprint(open('data/a.txt').read())",
+        "import os\nos.path.exists('/nonexistent/x')\ntry:\n    open('/nonexistent/y')\nexcept OSError:\n    pass\nprint(open('data/a.txt').read())\n\
+# Its own file, made unreadable by its own chmod (what test_os does): the\n\
+# mode bits refuse it, not a layer.\n\
+t = os.path.join(os.environ['TMPDIR'], 'd')\nos.mkdir(t)\nopen(t + '/f', 'w').close()\nos.chmod(t + '/f', 0)\nos.chmod(t, 0)\n\
+try:\n    open(t + '/f')\nexcept OSError:\n    pass\nos.path.exists(t + '/f')\nos.chmod(t, 0o700)\n",
     );
     assert_eq!(e["violations"], serde_json::json!([]));
     let o = &e["enforcement"]["denials_observed"];

@@ -255,9 +255,28 @@ pub fn path_violations(
         let need = needs(op);
         let inside = d.path == root || d.path.starts_with(&format!("{root}/"));
         let meta = std::fs::metadata(host(&d.path));
+        // What the turn may write: its writable scopes, its session tmp
+        // dir (HOME, TMPDIR) and its own ephemeral dirs.
+        let in_scope = (inside
+            && plan.writable_scopes.iter().any(|s| {
+                let s = format!("{root}/{}", s.trim_matches('/'));
+                s == root || d.path == s || d.path.starts_with(&format!("{s}/"))
+            }))
+            || d.path.starts_with(&format!("{root}/tmp/"))
+            || (!inside
+                && OWN_DIRS
+                    .iter()
+                    .any(|o| d.path == *o || d.path.starts_with(&format!("{o}/"))));
         let layer = match d.errno {
             nix::libc::EROFS => Layer::Mount,
             nix::libc::EACCES => {
+                // Landlock never refuses a stat or access probe, and what
+                // the turn can write (its scopes, its tmp) it can also
+                // chmod: an EACCES there is the file's own mode (the host's
+                // copy, if any, says nothing about the turn's).
+                if op == "stat" || in_scope {
+                    continue;
+                }
                 if let Ok(m) = &meta {
                     if need != "write" && dac_refuses(m, need, inside) {
                         continue;
@@ -285,11 +304,6 @@ pub fn path_violations(
                         std::fs::symlink_metadata(host(&p.to_string_lossy())).is_ok()
                     }) && std::fs::symlink_metadata(host(&d.path)).is_err()
                 };
-                let in_scope = inside
-                    && plan.writable_scopes.iter().any(|s| {
-                        let s = format!("{root}/{}", s.trim_matches('/'));
-                        s == root || d.path == s || d.path.starts_with(&format!("{s}/"))
-                    });
                 if !exists || in_scope {
                     continue;
                 }
