@@ -199,6 +199,8 @@ pub const READ_BASELINE: &[&str] = &[
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
     "/etc/localtime",
+    // glibc reads it at every setlocale (Debian links /usr/share/locale/locale.alias here).
+    "/etc/locale.alias",
     "/etc/timezone",
     "/etc/passwd",
     "/etc/group",

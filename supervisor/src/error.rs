@@ -83,6 +83,9 @@ pub enum SupervisorError {
     #[error("runtime `{runtime}` is unavailable: {reason}")]
     RuntimeUnavailable { runtime: String, reason: String },
 
+    #[error("`supervise learn` needs the denial observer, which is unavailable here: {why}")]
+    ObserverUnavailable { why: String },
+
     #[error(
         "backend `{backend}` cannot enforce {}: {why}; the manifest's `allow_degraded` does not list {}, so nothing was run",
         missing.join(", "), if missing.len() == 1 { "it" } else { "them" }
@@ -242,6 +245,7 @@ impl SupervisorError {
             Self::SessionStart(_) => codes::SESSION_START_FAILED,
             Self::Sandbox { .. } => codes::SANDBOX_CREATION_FAILED,
             Self::RuntimeUnavailable { .. } => codes::RUNTIME_UNAVAILABLE,
+            Self::ObserverUnavailable { .. } => codes::DENIAL_OBSERVER_UNAVAILABLE,
             Self::Unenforceable { .. } => codes::LAYER_UNENFORCEABLE,
             Self::NetworkUnenforceable { .. } => codes::NETWORK_UNENFORCEABLE,
             Self::BelowTrustMinimum { .. } => codes::BACKEND_BELOW_TRUST_MINIMUM,
@@ -294,6 +298,7 @@ impl SupervisorError {
             Self::SessionStart(inner) => inner.exit_status(),
             Self::Sandbox { .. }
             | Self::RuntimeUnavailable { .. }
+            | Self::ObserverUnavailable { .. }
             | Self::Unenforceable { .. }
             | Self::NetworkUnenforceable { .. }
             | Self::BelowTrustMinimum { .. }

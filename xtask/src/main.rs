@@ -37,6 +37,12 @@ mod vm;
 const APT_PACKAGES: &[&str] = &[
     "libseccomp-dev",
     "pkg-config",
+    // The BPF denial observer: clang compiles it, libbpf-rs builds libbpf
+    // (headers, libelf, zlib).
+    "clang",
+    "libbpf-dev",
+    "libelf-dev",
+    "zlib1g-dev",
     "python3",
     "python3-jsonschema",
     "libpython3.11-testsuite",

@@ -91,6 +91,10 @@ fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
 
 /// A runc container parked before the command (see the module doc).
 struct RuncSandbox {
+    /// The turn's registration with the denial observer (the container's
+    /// processes are in the turn's cgroup: runc joins it in every
+    /// hierarchy, the hybrid layout's unified one too).
+    observation: std::result::Result<crate::sandbox::observe::Registration, String>,
     backend: RuncBackend,
     id: String,
     pid: i32,
@@ -179,7 +183,9 @@ impl Backend for RuncBackend {
             &plan.limits,
         )?);
         let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
+        crate::sandbox::observe::preload();
         let mut sb = RuncSandbox {
+            observation: Err("the container never started".into()),
             backend: self.clone(),
             id: id.clone(),
             pid: 0,
@@ -361,6 +367,38 @@ impl Drop for RuncSandbox {
     }
 }
 
+/// The cgroup v2 id of the container's process `pid`, read from where it
+/// actually is (`/proc/PID/cgroup`): a runtime that left it outside a
+/// cgroup of the turn's own (crun on the hybrid layout stays in the
+/// unified root) is refused, never attributed by a shared cgroup.
+fn container_cgroup_id(
+    cgroup_root: &Path,
+    pid: i32,
+    name: &str,
+) -> std::result::Result<u64, String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("reading the container's cgroup: {e}"))?;
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("the container's process is in no cgroup v2")?;
+    if !path.ends_with(&format!("/{name}")) {
+        return Err(format!(
+            "the container's process is in cgroup v2 `{path}`, not one of the turn's own, so its denials cannot be attributed"
+        ));
+    }
+    let base = match cgroup::detect(cgroup_root) {
+        Some(cgroup::Version::V2) => cgroup_root.to_path_buf(),
+        _ => cgroup_root.join("unified"),
+    };
+    crate::sandbox::observe::cgroup_id(&base.join(path.trim_start_matches('/'))).ok_or_else(|| {
+        format!(
+            "the container's cgroup `{path}` is not under {}",
+            base.display()
+        )
+    })
+}
+
 impl Sandbox for RuncSandbox {
     fn posture(&self) -> Option<&Posture> {
         self.posture.as_ref()
@@ -369,6 +407,20 @@ impl Sandbox for RuncSandbox {
     fn start(&mut self) {
         match (&self.posture, self.go.take()) {
             (Some(p), Some(go)) if p.ok() => {
+                self.observation = crate::sandbox::observe::get().and_then(|o| {
+                    let mut id = container_cgroup_id(&self.backend.cgroup_root, self.pid, &self.id);
+                    if id.is_err() {
+                        // crun on the hybrid layout leaves the unified
+                        // hierarchy alone: the container's parked process
+                        // joins the turn's v2 directory (its children follow).
+                        if let Some(dir) = self.cg.v2_dir() {
+                            let _ = std::fs::write(dir.join("cgroup.procs"), self.pid.to_string());
+                            id = container_cgroup_id(&self.backend.cgroup_root, self.pid, &self.id);
+                        }
+                    }
+                    let id = id?;
+                    o.register(id, crate::sandbox::observe::learning())
+                });
                 let _ = nix::unistd::write(&go, b"G");
             }
             _ => {
@@ -390,6 +442,9 @@ impl Sandbox for RuncSandbox {
             .egress
             .take()
             .map(crate::sandbox::egress::Running::finish);
+        let observed = std::mem::replace(&mut self.observation, Err(String::new()))
+            .map(crate::sandbox::observe::Registration::finish)
+            .map_err(|why| format!("{}: {why}", self.backend.runtime));
         let usage = self.cg.usage();
         let version = self.cg.version;
         self.teardown();
@@ -434,6 +489,7 @@ impl Sandbox for RuncSandbox {
                 "{}: seccomp refusals are plain errnos (no listener), so they are not observed",
                 self.backend.runtime
             )),
+            observed,
             degraded: vec![
                 format!(
                     "{}: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded",

@@ -565,6 +565,10 @@ impl Sandbox for RunscSandbox {
                 "runsc: seccomp refusals are plain errnos inside gVisor, so they are not observed"
                     .into(),
             ),
+            observed: Err(
+                "runsc: file operations are served by gVisor's sentry and gofer, not by the host kernel's Landlock or view, so the BPF observer has nothing to attribute"
+                    .into(),
+            ),
             degraded: vec![
                 "runsc: the posture was checked by turnstile's init inside gVisor (no_new_privs, seccomp mode, capabilities, ids as gVisor's kernel reports them); the host sees only the sentry".into(),
                 "runsc: the workspace's read-only directories are bind mounts, not overlays (gVisor's gofer refuses host unix sockets instead)".into(),

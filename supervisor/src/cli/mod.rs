@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod doctor;
 pub mod init;
+pub mod learn;
 pub mod receive;
 pub mod report;
 pub mod revert;
@@ -26,7 +27,7 @@ use crate::ids::{OsRandom, SystemClock};
 use crate::sandbox::cgroup::root as cgroup_root;
 use crate::store::layout::{DEFAULT_STATE_DIR, StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::{LedgerKind, VerifyReport};
-use crate::store::record::{Event, EvidenceEntry, Observed, Violation, read_all};
+use crate::store::record::{Event, EvidenceEntry, Layer, Observed, Violation, read_all};
 use crate::store::session::Session;
 use crate::store::status::TurnStatus;
 pub use crate::turn::outcome::{Outcome, error_outcome, error_value, run_turn_outcome};
@@ -157,6 +158,15 @@ pub enum Command {
     ///
     /// Example: supervise revert --root /ws --session SES-... --turn 3
     Revert(revert::RevertArgs),
+    /// Learn a package's capabilities: run the command in a turn with a
+    /// wide read and execute view (still isolated: no network, writes
+    /// captured, nothing committed), observe what it reads, executes and
+    /// writes, and print the smallest manifest `capabilities` that lets it
+    /// run; secret-looking paths are flagged for `forbidden`. `--merge`
+    /// prints the diff against the installed manifest.
+    ///
+    /// Example: supervise learn --root /ws --package build -- /usr/bin/make -C src
+    Learn(learn::LearnArgs),
     /// Settle what stopped supervisors left behind, for every session of the
     /// state directory (of --root only, when given): kill and remove dead
     /// turns' cgroups, unmount and remove their turn directories, settle
@@ -754,6 +764,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Explain(a) => a.common.json,
         Command::Report(a) => a.sel.common.json,
         Command::Revert(a) => a.common.json,
+        Command::Learn(a) => a.common.json,
         Command::Checkpoint(a) => a.common.json,
         Command::Suspend(a) | Command::Resume(a) => a.common.json,
         Command::Replay(a) => a.common.json,
@@ -825,6 +836,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Explain(a) => explain(&a),
         Command::Report(a) => report::report_cmd(&a),
         Command::Revert(a) => revert::revert_cmd(&a),
+        Command::Learn(a) => learn::learn(&a),
         Command::Checkpoint(a) => checkpoint_cmd(&a),
         Command::Suspend(a) => suspend_cmd(&a, true),
         Command::Resume(a) => suspend_cmd(&a, false),
@@ -1260,17 +1272,42 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
     if entry.violations.is_empty() {
         text += "no refusal was recorded\n";
     }
-    for v in &entry.violations {
+    // Grouped by layer, in the order the layers act.
+    for layer in [
+        Layer::PreExecution,
+        Layer::Seccomp,
+        Layer::Landlock,
+        Layer::Mount,
+        Layer::Network,
+        Layer::Verify,
+    ] {
+        let of: Vec<&Violation> = entry
+            .violations
+            .iter()
+            .filter(|v| v.layer == layer)
+            .collect();
+        if of.is_empty() {
+            continue;
+        }
+        let total: u64 = of.iter().map(|v| v.count).sum();
         text += &format!(
-            "- [{}] {} {} (x{})\n    {}\n",
-            v.layer.as_str(),
-            v.attempted_operation,
-            v.target,
-            v.count,
-            v.details
+            "{}: {} refusal(s) of {} kind(s)\n",
+            layer.as_str(),
+            total,
+            of.len()
         );
-        if let Some(h) = &v.hint {
-            text += &format!("    hint: {h}\n");
+        for v in of {
+            text += &format!(
+                "- [{}] {} {} (x{})\n    {}\n",
+                v.layer.as_str(),
+                v.attempted_operation,
+                v.target,
+                v.count,
+                v.details
+            );
+            if let Some(h) = &v.hint {
+                text += &format!("    hint: {h}\n");
+            }
         }
     }
     for (layer, o) in observed.iter().flatten() {
@@ -1471,6 +1508,7 @@ fn check(a: &CheckArgs) -> Result<Outcome> {
             package: &a.package,
             request: &request,
             system_root: rootfs(a.rootfs.as_deref(), &a.common.root)?.as_deref(),
+            manifest: None,
         },
         session,
     )?;
@@ -1586,6 +1624,9 @@ fn health_server(a: &HealthArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
+    // The denial observer loads (verifier, attach) while the turn is
+    // admitted and planned.
+    crate::sandbox::observe::preload();
     let request = request_from_args(&a.request)?;
     let deterministic = a.deterministic.parse()?;
     if deterministic.is_some() && a.session.is_some() {
@@ -1663,6 +1704,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         deterministic,
         rootfs: a.rootfs.clone(),
         receive: None,
+        manifest: None,
     };
     Ok(run_turn_outcome(&opts, a.events.as_deref()).0)
 }
@@ -1718,6 +1760,7 @@ fn plan_cmd(a: &PlanArgs) -> Result<Outcome> {
             package: &a.package,
             request: &request,
             system_root: rootfs(a.rootfs.as_deref(), &a.common.root)?.as_deref(),
+            manifest: None,
         },
         a.session.as_deref(),
     )?;
@@ -1758,6 +1801,7 @@ fn bundle_cmd(a: &BundleArgs) -> Result<Outcome> {
             package: &a.plan.package,
             request: &request,
             system_root: rootfs(a.plan.rootfs.as_deref(), &a.plan.common.root)?.as_deref(),
+            manifest: None,
         },
         a.plan.session.as_deref(),
     )?;

@@ -124,6 +124,7 @@ pub fn receive(a: &ReceiveArgs) -> Result<Outcome> {
         deterministic,
         rootfs: None,
         receive: Some(ReceiveInput { envelope, hop: 0 }),
+        manifest: None,
     };
     let (outcome, value) = crate::turn::outcome::run_turn_outcome(&opts, None);
     Ok(crate::turn::receive::render(a.common.json, outcome, value).0)

@@ -275,6 +275,12 @@ impl TurnCgroup {
                 };
                 let memory = dir_for("memory")?;
                 let pids = dir_for("pids")?;
+                // The hybrid layout's unified hierarchy: joined too, only so
+                // the turn has a cgroup v2 id (the denial observer
+                // attributes by it); no controller is used there.
+                if root.join("unified/cgroup.procs").exists() {
+                    dir_for("unified")?;
+                }
                 let cpu = dir_for("cpu")?;
                 let cpuacct = if root.join("cpuacct").is_dir()
                     && !root.join("cpuacct").join("cpu.cfs_quota_us").exists()
@@ -439,7 +445,7 @@ impl TurnCgroup {
         };
         let bases: Vec<PathBuf> = match version {
             Version::V2 => vec![root.join(base())],
-            Version::V1 => ["memory", "pids", "cpu", "cpuacct", "freezer"]
+            Version::V1 => ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"]
                 .iter()
                 .map(|c| root.join(c).join(base()))
                 .collect(),
@@ -599,6 +605,29 @@ impl TurnCgroup {
             freezer,
             dirs,
         })
+    }
+
+    /// The turn's cgroup v2 id (the inode of its v2 directory: the
+    /// unified one, or its own in a hybrid layout), which BPF's
+    /// `bpf_get_current_cgroup_id` reports for its processes.
+    pub fn v2_id(&self) -> Option<u64> {
+        super::observe::cgroup_id(self.v2_dir()?)
+    }
+
+    /// The turn's cgroup v2 directory (see [`TurnCgroup::v2_id`]).
+    pub fn v2_dir(&self) -> Option<&Path> {
+        match self.version {
+            Version::V2 => self.dirs.first().map(PathBuf::as_path),
+            Version::V1 => self
+                .dirs
+                .iter()
+                .find(|d| {
+                    d.parent()
+                        .and_then(Path::parent)
+                        .is_some_and(|p| p.ends_with("unified"))
+                })
+                .map(PathBuf::as_path),
+        }
     }
 
     /// The cgroup's directories.

@@ -10,6 +10,7 @@ pub mod landlock;
 pub mod landlock_exec;
 pub mod mountplan;
 pub mod notify;
+pub mod observe;
 pub mod pool;
 pub mod posture;
 pub mod protocol;
@@ -135,6 +136,9 @@ pub struct Execution {
     pub ephemeral: serde_json::Map<String, Value>,
     /// The syscalls seccomp denied, or why they could not be observed.
     pub denials: std::result::Result<notify::Denials, String>,
+    /// The path operations the kernel refused (Landlock, the view), from
+    /// the BPF observer, or why they could not be observed.
+    pub observed: std::result::Result<observe::Observed, String>,
     /// What this backend could not do as the native one does (recorded in
     /// the evidence's `enforcement.degraded`).
     pub degraded: Vec<String>,
@@ -569,6 +573,8 @@ pub struct Created {
     report_path: PathBuf,
     scratch: PathBuf,
     listener: std::result::Result<notify::Listener, String>,
+    /// The turn's registration with the denial observer.
+    observation: std::result::Result<observe::Registration, String>,
     warm: bool,
     egress: Option<egress::Running>,
 }
@@ -622,6 +628,10 @@ impl Created {
         let (stdout, stderr) = self.watch.streams();
         status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
         self.lap("command_and_exit");
+        // Every process of the turn is gone: nothing more can be refused.
+        let observed = std::mem::replace(&mut self.observation, Err(String::new()))
+            .map(observe::Registration::finish);
+        self.lap("observe_collect");
 
         let report =
             protocol::parse(&std::fs::read_to_string(&self.report_path).unwrap_or_default());
@@ -691,6 +701,7 @@ impl Created {
             ephemeral,
             denials: std::mem::replace(&mut self.listener, Err(String::new()))
                 .map(notify::Listener::finish),
+            observed,
             degraded: Vec::new(),
             warm: self.warm,
             egress,
@@ -799,6 +810,8 @@ fn mount_sources(plan: &Plan) -> Vec<(PathBuf, Option<(u64, u64)>)> {
 /// Builds a sandbox from `plan`'s shape in `turn`, in a new cgroup named
 /// `cg_name`, up to the point where it waits for its turn.
 pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> Result<Parked> {
+    // Loaded while the sandbox is built (the verifier takes milliseconds).
+    observe::preload();
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut last = Instant::now();
@@ -992,6 +1005,7 @@ impl Parked {
             report_path: std::mem::take(&mut self.report_path),
             scratch: std::mem::take(&mut self.scratch),
             listener: Err("the sandbox never became ready".into()),
+            observation: Err("the sandbox never became ready".into()),
             warm,
             egress: None,
         };
@@ -1052,6 +1066,17 @@ impl Parked {
             created.posture = Some(p);
         }
         created.lap("posture");
+        if created.posture.is_some() {
+            // Observed from here on: the command's execve is the first
+            // operation that can be refused.
+            created.observation = observe::get().and_then(|o| {
+                let id = self.cg.v2_id().ok_or_else(|| {
+                    "the turn has no cgroup v2 directory to attribute its denials by".to_owned()
+                })?;
+                o.register(id, observe::learning())
+            });
+            created.lap("observe_register");
+        }
         Ok(created)
     }
 }

@@ -224,6 +224,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             package: r.package.clone(),
             session: r.session.clone(),
             request,
+            manifest: None,
             json: r.json,
             cgroup_root: crate::sandbox::cgroup::root(),
             sources: crate::ids::Sources::system(),

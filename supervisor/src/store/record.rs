@@ -621,11 +621,21 @@ impl TurnReport {
         if let Some(code) = self.status.code() {
             s += &format!(" [{}] {message}", code.code);
         }
-        for v in &self.violations {
+        // The first few; `supervise explain` has them all.
+        const FIRST: usize = 5;
+        for v in self.violations.iter().take(FIRST) {
             s += &format!("\n  - [{}] {}", v.layer.as_str(), v.details);
             if let Some(h) = &v.hint {
                 s += &format!("\n    hint: {h}");
             }
+        }
+        if self.violations.len() > FIRST {
+            s += &format!(
+                "\n  … and {} more: supervise explain --session {} --turn {}",
+                self.violations.len() - FIRST,
+                self.session_id,
+                self.turn_number
+            );
         }
         s
     }

@@ -35,6 +35,8 @@ pub struct Input<'a> {
     /// An image rootfs as the turn's system view (`--rootfs`): absolute
     /// manifest entries are checked against it instead of the host.
     pub system_root: Option<&'a Path>,
+    /// Used instead of the installed manifest (`supervise learn`).
+    pub manifest: Option<&'a Manifest>,
 }
 
 /// Parses and binds everything; compiles the capabilities. `session` is
@@ -44,7 +46,10 @@ pub fn admit(input: Input<'_>, session: SessionId) -> Result<Admission> {
     let package = PackageId::parse(input.package)?;
     let workspace = Workspace::open(input.root)?;
     let state = StateDir::open(input.state_dir, &workspace, false)?;
-    let manifest = Manifest::load(workspace.root(), &package)?;
+    let manifest = match input.manifest {
+        Some(m) => m.clone(),
+        None => Manifest::load(workspace.root(), &package)?,
+    };
     // Entries that can grant nothing on this host (a missing absolute
     // executable, a read of a path that does not exist) are refused here.
     let rooted = input

@@ -3,26 +3,29 @@
 //! layer, a count and a hint — and, where a layer's refusals cannot be
 //! observed, a statement saying so instead of an empty list.
 //!
-//! Observed today: seccomp's deny list, exactly, through the filter's user
-//! notification ([`crate::sandbox::notify`]). Not observable: Landlock
-//! (its denials go only to the kernel's audit subsystem, whose
-//! configuration turnstile must not change, and which it does not read) and
-//! the mount layer (EROFS on the read-only view, ENOENT for what is not in
-//! it: no kernel record exists).
+//! Observed: seccomp's deny list, exactly, through the filter's user
+//! notification ([`crate::sandbox::notify`]); Landlock's and the view's
+//! refusals (issue 27) through the BPF observer ([`crate::sandbox::observe`]):
+//! each path syscall of the turn that failed with EACCES (Landlock, once
+//! the file's mode bits are seen to allow it), EROFS (the read-only view)
+//! or ENOENT for a path that exists on the host but not in the view (a
+//! hidden read). A path that exists nowhere is no violation; neither is an
+//! EACCES the file's own permissions explain.
 
 use std::collections::BTreeMap;
 
 use turnstile_policy::seccomp::SeccompProfile;
 use turnstile_policy::timefmt::rfc3339_micros;
 
+use turnstile_policy::pattern::{PatternSet, Target};
+use turnstile_policy::plan::Plan;
+
 use crate::sandbox::notify::Denials;
+use crate::sandbox::observe;
 use crate::store::record::{Layer, Observed, ViolatedCapability, Violation};
 
-/// Why Landlock's refusals are not in the evidence.
-pub const LANDLOCK_UNOBSERVED: &str = "Landlock reports denials only to the kernel audit subsystem; turnstile never changes the host's audit configuration and does not read audit records, so a Landlock EACCES is not recorded";
-/// Why the mount layer's refusals are not in the evidence.
-pub const MOUNT_UNOBSERVED: &str =
-    "the read-only view (EROFS) and what is not in it (ENOENT) leave no kernel record";
+/// How Landlock's and the view's refusals are observed.
+pub const BPF_VIA: &str = "BPF on raw_syscalls:sys_exit, by the turn's cgroup (path syscalls that failed; counted in the kernel)";
 
 /// The name of syscall `nr` of audit architecture `arch`.
 fn syscall_name(arch: u32, nr: i32) -> String {
@@ -153,8 +156,297 @@ pub fn syscall_violations(
     out
 }
 
+/// Distinct path refusals itemized per turn; the rest are one counted
+/// record (the evidence stays bounded).
+pub const MAX_RECORDED: usize = 256;
+
+/// The name of syscall `nr` of the native architecture (`exec` for the
+/// observer's -1: a program that started).
+pub fn syscall_of(nr: i32, native: libseccomp::ScmpArch) -> String {
+    if nr == -1 {
+        return "exec".into();
+    }
+    libseccomp::ScmpSyscall::from(nr)
+        .get_name_by_arch(native)
+        .unwrap_or_else(|_| format!("syscall {nr}"))
+}
+
+/// What a path syscall attempted: `read`, `write`, `create`, `remove`,
+/// `rename`, `link`, `execute`, `stat` or `chmod`/`chown`.
+pub fn operation(name: &str, flags: u32) -> &'static str {
+    let acc = flags & (nix::libc::O_ACCMODE as u32);
+    let writes = acc != nix::libc::O_RDONLY as u32
+        || flags & (nix::libc::O_CREAT | nix::libc::O_TRUNC) as u32 != 0;
+    match name {
+        "open" | "openat" | "openat2" if flags & nix::libc::O_CREAT as u32 != 0 => "create",
+        "open" | "openat" | "openat2" if writes => "write",
+        "open" | "openat" | "openat2" => "read",
+        "creat" | "mkdir" | "mkdirat" | "mknod" | "mknodat" | "symlink" | "symlinkat" => "create",
+        "link" | "linkat" => "link",
+        "unlink" | "unlinkat" | "rmdir" => "remove",
+        "rename" | "renameat" | "renameat2" => "rename",
+        "truncate" => "write",
+        "execve" | "execveat" | "exec" => "execute",
+        "chmod" | "fchmodat" | "fchmodat2" => "chmod",
+        "chown" | "lchown" | "fchownat" => "chown",
+        _ => "stat",
+    }
+}
+
+/// What the turn needed to see or change for one refused operation.
+fn needs(op: &str) -> &'static str {
+    match op {
+        "read" | "stat" => "read",
+        "execute" => "execute",
+        _ => "write",
+    }
+}
+
+/// Directories whose host content the view never shows (the turn gets its
+/// own): an ENOENT there says nothing about the grants.
+const OWN_DIRS: [&str; 7] = [
+    "/tmp", "/var/tmp", "/dev", "/proc", "/sys", "/run", "/dev/shm",
+];
+
+/// Whether the file's mode bits alone refuse `need` to the turn's user (the
+/// workspace is seen through an idmapped mount as its owner's).
+fn dac_refuses(meta: &std::fs::Metadata, need: &str, as_owner: bool) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = meta.permissions().mode();
+    let bits = if as_owner { (mode >> 6) & 7 } else { mode & 7 };
+    let want = match need {
+        "read" => 4,
+        "execute" => 1,
+        _ => 2,
+    };
+    bits & want == 0
+}
+
+/// The evidence violations for the path operations the kernel refused
+/// (Landlock and the view), explained from the plan and the manifest's
+/// forbidden patterns.
+#[allow(clippy::too_many_arguments)]
+pub fn path_violations(
+    o: &observe::Observed,
+    plan: &Plan,
+    forbidden: Option<&PatternSet>,
+    session: &str,
+    turn: u64,
+    clock: TurnClock,
+) -> Vec<Violation> {
+    let root = plan.root.trim_end_matches('/');
+    let host = |p: &str| -> std::path::PathBuf {
+        match (
+            &plan.system_root,
+            p.starts_with(&format!("{root}/")) || p == root,
+        ) {
+            (Some(sys), false) => std::path::Path::new(sys).join(p.trim_start_matches('/')),
+            _ => std::path::PathBuf::from(p),
+        }
+    };
+    let native = libseccomp::ScmpArch::native();
+    // (operation, target, layer) -> violation being built.
+    let mut merged: BTreeMap<(String, String, &'static str), (Violation, std::time::Instant)> =
+        BTreeMap::new();
+    let mut skipped_distinct = 0u64;
+    for d in &o.denials {
+        let name = syscall_of(d.nr, native);
+        let op = operation(&name, d.flags);
+        let need = needs(op);
+        let inside = d.path == root || d.path.starts_with(&format!("{root}/"));
+        let meta = std::fs::metadata(host(&d.path));
+        // What the turn may write: its writable scopes, its session tmp
+        // dir (HOME, TMPDIR) and its own ephemeral dirs.
+        let in_scope = (inside
+            && plan.writable_scopes.iter().any(|s| {
+                let s = format!("{root}/{}", s.trim_matches('/'));
+                s == root || d.path == s || d.path.starts_with(&format!("{s}/"))
+            }))
+            || d.path.starts_with(&format!("{root}/tmp/"))
+            || (!inside
+                && OWN_DIRS
+                    .iter()
+                    .any(|o| d.path == *o || d.path.starts_with(&format!("{o}/"))));
+        let layer = match d.errno {
+            nix::libc::EROFS => Layer::Mount,
+            nix::libc::EACCES => {
+                // Landlock never refuses a stat or access probe, and what
+                // the turn can write (its scopes, its tmp) it can also
+                // chmod: an EACCES there is the file's own mode (the host's
+                // copy, if any, says nothing about the turn's).
+                if op == "stat" || in_scope {
+                    continue;
+                }
+                if let Ok(m) = &meta {
+                    if need != "write" && dac_refuses(m, need, inside) {
+                        continue;
+                    }
+                }
+                Layer::Landlock
+            }
+            nix::libc::ENOENT => {
+                // A stat or access probe is not an attempt: programs probe
+                // many paths (PATH searches, optional config files), and
+                // the view answers a hidden path as a missing one.
+                if op == "stat"
+                    || (!inside
+                        && OWN_DIRS
+                            .iter()
+                            .any(|o| d.path == *o || d.path.starts_with(&format!("{o}/"))))
+                {
+                    continue;
+                }
+                let exists = if need == "read" || need == "execute" {
+                    std::fs::symlink_metadata(host(&d.path)).is_ok()
+                } else {
+                    // A create in a directory the view hides.
+                    std::path::Path::new(&d.path).parent().is_some_and(|p| {
+                        std::fs::symlink_metadata(host(&p.to_string_lossy())).is_ok()
+                    }) && std::fs::symlink_metadata(host(&d.path)).is_err()
+                };
+                if !exists || in_scope {
+                    continue;
+                }
+                Layer::Mount
+            }
+            _ => continue,
+        };
+        // What a hidden symlink leads to is what the grant must name.
+        let path = if d.errno == nix::libc::ENOENT {
+            std::fs::canonicalize(host(&d.path))
+                .ok()
+                .filter(|_| plan.system_root.is_none())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|| d.path.clone())
+        } else {
+            d.path.clone()
+        };
+        let inside = path == root || path.starts_with(&format!("{root}/"));
+        let target = if inside {
+            path.strip_prefix(&format!("{root}/"))
+                .unwrap_or(".")
+                .to_owned()
+        } else {
+            path.clone()
+        };
+        let pattern =
+            forbidden.and_then(|f| f.matching(&Target::new(root, &path)).map(|p| p.to_string()));
+        let (violated, hint) = match pattern {
+            Some(p) => (
+                ViolatedCapability::Forbidden { pattern: p.clone() },
+                format!("forbidden beats every grant (`{p}`); no entry can allow it"),
+            ),
+            None => {
+                let hint = match (need, inside) {
+                    ("write", false) => "writes outside the workspace are never granted: the system view is read-only".to_owned(),
+                    ("write", true) if d.errno == nix::libc::EROFS => format!("add `{target}` (or a pattern covering it) to `capabilities.write`: that part of the workspace is read-only in the view"),
+                    ("execute", _) => format!("add `{target}` to `capabilities.execute` (and to `read`)"),
+                    (cap, _) => format!("add `{target}` (or a pattern covering it) to `capabilities.{cap}`"),
+                };
+                (
+                    ViolatedCapability::NotGranted {
+                        capability: need.to_owned(),
+                    },
+                    hint,
+                )
+            }
+        };
+        let why = match layer {
+            Layer::Mount if d.errno == nix::libc::ENOENT => {
+                "it exists on the host but the turn's view does not show it"
+            }
+            Layer::Mount => "the view is read-only there",
+            _ => "Landlock refused it",
+        };
+        let key = (op.to_owned(), target.clone(), layer.as_str());
+        if let Some((v, first)) = merged.get_mut(&key) {
+            v.count += d.count;
+            if d.first_at < *first {
+                *first = d.first_at;
+            }
+            continue;
+        }
+        if merged.len() >= MAX_RECORDED {
+            skipped_distinct += d.count;
+            continue;
+        }
+        let first = if clock.deterministic {
+            String::new()
+        } else {
+            format!("; first by pid {}", d.pid)
+        };
+        let errno = nix::errno::Errno::from_raw(d.errno);
+        let v = Violation {
+            attempted_operation: op.to_owned(),
+            target: target.clone(),
+            violated_capability: violated,
+            details: format!(
+                "`{name}` ({op}) of `{}` was refused with {errno}: {why}{first}",
+                d.path
+            ),
+            layer,
+            hint: Some(hint),
+            count: d.count,
+            session_id: session.to_owned(),
+            turn_number: turn,
+            timestamp: None,
+        };
+        merged.insert(key, (v, d.first_at));
+    }
+    let mut out: Vec<(Violation, std::time::Instant)> = merged.into_values().collect();
+    out.sort_by_key(|(_, at)| *at);
+    let mut out: Vec<Violation> = out
+        .into_iter()
+        .map(|(mut v, at)| {
+            let at = if clock.deterministic {
+                clock.at
+            } else {
+                clock.at + at.saturating_duration_since(clock.instant)
+            };
+            v.details = format!("{} ({} time(s))", v.details, v.count);
+            v.timestamp = Some(rfc3339_micros(at));
+            v
+        })
+        .collect();
+    let more = o.overflow + skipped_distinct;
+    if more > 0 {
+        out.push(Violation {
+            attempted_operation: "file".into(),
+            target: "(other paths)".into(),
+            violated_capability: ViolatedCapability::NotGranted {
+                capability: "file access".into(),
+            },
+            details: format!(
+                "{more} more refused path operations beyond the first {MAX_RECORDED} distinct ones (counted, not itemized)"
+            ),
+            layer: Layer::Landlock,
+            hint: None,
+            count: more,
+            session_id: session.to_owned(),
+            turn_number: turn,
+            timestamp: None,
+        });
+    }
+    out
+}
+
 /// Which layers' denials this turn's evidence can show.
-pub fn observability(denials: &Result<Denials, String>) -> BTreeMap<String, Observed> {
+pub fn observability(
+    denials: &Result<Denials, String>,
+    paths: &Result<observe::Observed, String>,
+) -> BTreeMap<String, Observed> {
+    let bpf = || match paths {
+        Ok(_) => Observed {
+            observed: true,
+            via: Some(BPF_VIA.into()),
+            why: None,
+        },
+        Err(why) => Observed {
+            observed: false,
+            via: None,
+            why: Some(why.clone()),
+        },
+    };
     let not = |why: &str| Observed {
         observed: false,
         via: None,
@@ -172,8 +464,8 @@ pub fn observability(denials: &Result<Denials, String>) -> BTreeMap<String, Obse
                 Err(why) => not(why),
             },
         ),
-        ("landlock".to_owned(), not(LANDLOCK_UNOBSERVED)),
-        ("mount".to_owned(), not(MOUNT_UNOBSERVED)),
+        ("landlock".to_owned(), bpf()),
+        ("mount".to_owned(), bpf()),
     ])
 }
 

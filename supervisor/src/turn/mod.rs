@@ -79,6 +79,9 @@ pub struct RunOptions {
     /// An ARA `receive` turn (issue 28): the envelope on the agent's stdin,
     /// its stdout read as envelopes.
     pub receive: Option<receive::ReceiveInput>,
+    /// A manifest given in place of the package's installed one
+    /// (`supervise learn`'s wide one; never written to the workspace).
+    pub manifest: Option<turnstile_policy::Manifest>,
 }
 
 pub use crate::store::status::TurnResult;
@@ -96,6 +99,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         package: &opts.package,
         request: &opts.request,
         system_root: system_root.as_deref(),
+        manifest: opts.manifest.as_ref(),
     };
     let given = opts.session.as_deref().map(SessionId::parse).transpose()?;
     // An unknown backend is refused before anything exists (exit 2).

@@ -288,6 +288,25 @@ impl Turn<'_> {
             ));
         }
         violations.extend(self.network(o).1);
+        if let (Some(Ok(d)), Some(plan)) = (x.map(|x| &x.observed), o.plan.as_ref()) {
+            let forbidden = turnstile_policy::pattern::PatternSet::compile(
+                &self.manifest.capabilities.forbidden,
+                &self.session.id,
+            )
+            .ok();
+            violations.extend(crate::turn::denials::path_violations(
+                d,
+                plan,
+                forbidden.as_ref(),
+                sid,
+                self.turn_number,
+                crate::turn::denials::TurnClock {
+                    at: self.started_at,
+                    instant: self.started,
+                    deterministic: self.session.deterministic.is_some(),
+                },
+            ));
+        }
         violations
     }
 
@@ -463,7 +482,7 @@ impl Turn<'_> {
                 .execution
                 .as_ref()
                 .map(|x| {
-                    let mut m = crate::turn::denials::observability(&x.denials);
+                    let mut m = crate::turn::denials::observability(&x.denials, &x.observed);
                     if x.egress.is_some() {
                         m.insert(
                             "network".to_owned(),

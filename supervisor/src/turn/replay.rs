@@ -386,6 +386,7 @@ fn replay_session(
                 hop: r.hop,
             });
         let opts = crate::turn::RunOptions {
+            manifest: None,
             root: new_root.to_path_buf(),
             state_dir: new_state.to_path_buf(),
             package: e.package_id.clone().unwrap_or_default(),
