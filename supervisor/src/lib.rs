@@ -9,6 +9,7 @@ pub mod cli;
 pub mod error;
 pub mod fsx;
 pub mod ids;
+pub mod progress;
 pub mod recover;
 pub mod sandbox;
 pub mod serve;

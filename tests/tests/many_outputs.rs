@@ -138,3 +138,82 @@ fn issue_29_a_declared_tree_commits_what_is_under_it_and_nothing_else() {
         assert!(left.is_empty(), "{what}: committed {left:?}");
     }
 }
+
+/// Issue 31: a commit of many outputs draws a progress bar on a terminal's
+/// stderr, and nothing under `--json` or when stderr is not a terminal.
+#[test]
+fn issue_31_a_long_commit_shows_progress_on_a_terminal_only() {
+    if !require_root("issue_31_a_long_commit_shows_progress_on_a_terminal_only") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "many",
+        r#"{"capabilities": {"write": ["output/<session_id>/**"], "execute": ["/usr/bin/python3"]},
+            "limits": {"files": 20000, "disk": "256Mi", "timeout_seconds": 120}}"#,
+    );
+    let script = "import os\nsid = os.environ['TURNSTILE_SESSION_ID']\nos.makedirs(f'output/{sid}/t', exist_ok=True)\nfor i in range(2000):\n    open(f'output/{sid}/t/f{i}.txt', 'w').write(str(i))\n";
+    let run = |json: bool, tty: bool| -> (i32, String) {
+        let mut words: Vec<String> = vec![
+            supervise_bin().display().to_string(),
+            "run".into(),
+            "--root".into(),
+            fx.root.display().to_string(),
+            "--state-dir".into(),
+            fx.state.display().to_string(),
+            "--package".into(),
+            "many".into(),
+            "--output".into(),
+            "output/<session_id>/t/**:data".into(),
+        ];
+        if json {
+            words.push("--json".into());
+        }
+        words.extend([
+            "--".into(),
+            "/usr/bin/python3".into(),
+            "-c".into(),
+            script.into(),
+        ]);
+        let quoted: Vec<String> = words
+            .iter()
+            .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
+            .collect();
+        let out = if tty {
+            // util-linux `script`: the command's stdio is a pty; its
+            // transcript (stdout and stderr as the terminal saw them) is
+            // what `script` prints.
+            std::process::Command::new("script")
+                .args(["-qfec", &quoted.join(" "), "/dev/null"])
+                .output()
+                .unwrap()
+        } else {
+            std::process::Command::new("sh")
+                .args(["-c", &format!("{} 2>&1", quoted.join(" "))])
+                .output()
+                .unwrap()
+        };
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (status, seen) = run(false, true);
+    assert_eq!(status, 0, "{seen}");
+    assert!(
+        seen.contains("committing outputs"),
+        "a terminal shows the commit's progress: {seen}"
+    );
+    let (status, seen) = run(true, true);
+    assert_eq!(status, 0, "{seen}");
+    assert!(
+        !seen.contains("committing outputs"),
+        "--json is quiet: {seen}"
+    );
+    let (status, seen) = run(false, false);
+    assert_eq!(status, 0, "{seen}");
+    assert!(
+        !seen.contains("committing outputs"),
+        "a pipe is quiet: {seen}"
+    );
+}

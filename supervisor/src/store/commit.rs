@@ -228,6 +228,9 @@ pub struct CommitRequest<'a> {
     /// Workspace-relative directory where what an output replaces is kept
     /// ([`crate::store::layout::Workspace::preimages_rel`]); `None` keeps nothing.
     pub preimages: Option<String>,
+    /// Draw a progress bar on a terminal's stderr for many outputs (not
+    /// under `--json`).
+    pub progress: bool,
 }
 
 fn scope_of<'a>(scopes: &'a [Scope], w: &RealizedWrite) -> Result<(&'a Scope, String)> {
@@ -772,7 +775,14 @@ fn stage_all(req: &CommitRequest<'_>, journal: &mut Journal) -> Result<()> {
     let mut durable = Durability::new(staged);
     make_created_dirs(req.root, journal, &mut durable)?;
     let turn = journal.turn_number;
+    let bar = crate::progress::Progress::new(
+        "committing outputs",
+        journal.outputs.len() as u64,
+        256,
+        req.progress,
+    );
     for (i, (op, w)) in journal.outputs.iter_mut().zip(req.matched).enumerate() {
+        bar.inc();
         if let Some(store) = &req.preimages {
             op.previous = keep_preimage(
                 req.root,

@@ -828,6 +828,7 @@ impl Turn<'_> {
                 &self.session.tier,
                 &self.session.id,
             )),
+            progress: !self.opts.json,
         };
         match commit::commit(&request) {
             Ok(c) => {
