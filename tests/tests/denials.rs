@@ -504,7 +504,7 @@ fn learner(test: &str) -> Option<Fixture> {
     }
     let fx = Fixture::new();
     // The observer must be here (learn refuses without it).
-    let probe = fx.supervise(&["doctor"], &["--json"]);
+    let probe = Fixture::raw(&["doctor", "--json"]);
     if !probe.stdout.contains("BPF on raw_syscalls") {
         if std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1") {
             panic!(

@@ -288,7 +288,7 @@ mod tests {
         for (doc, field) in [
             (r#"{"backends":{"standard":"docker"}}"#, "backends.standard"),
             (r#"{"backends":{"admin":"native"}}"#, "backends.admin"),
-            (r#"{"backend":{}}"#, "(document)"),
+            (r#"{"backend":{}}"#, "backend"),
             (r#"{"backends":{"untrusted":"runc"}}"#, "backends.untrusted"),
             (
                 r#"{"minimum_backends":{"untrusted":"vm"}}"#,
@@ -298,7 +298,11 @@ mod tests {
                 r#"{"minimum_backends":{"root":"kata"}}"#,
                 "minimum_backends.root",
             ),
-            (r#"{"minimum_backends":[]}"#, "(document)"),
+            (r#"{"minimum_backends":[]}"#, "minimum_backends"),
+            (
+                r#"{"preimage_retention_bytes":"lots"}"#,
+                "preimage_retention_bytes",
+            ),
             ("not json", "(document)"),
         ] {
             std::fs::write(&file, doc).unwrap();
