@@ -3,6 +3,7 @@
 //! file so a test can prove a command changed nothing on disk.
 
 pub mod containerd;
+pub mod cri;
 pub mod realsw;
 pub mod redteam;
 

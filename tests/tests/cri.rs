@@ -15,20 +15,19 @@
 //! the right bytes, both ledgers verify, and nothing is left behind.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest, ImageSpec,
     LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
-    VersionRequest,
 };
-use tonic::transport::Channel;
 use turnstile_tests::containerd::{Containerd, Leftovers};
-use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, busybox_rootfs, require_root, supervise_bin};
+use turnstile_tests::cri::{
+    HostCleanup, client, import, sessions_in, tool_missing, wait_for_cri, write_cni_conflist,
+};
+use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, require_root, supervise_bin};
 
 const IMAGE: &str = "docker.io/turnstile/busybox:cri-test";
 const PAUSE: &str = "docker.io/turnstile/pause:cri-test";
@@ -36,139 +35,6 @@ const PAUSE: &str = "docker.io/turnstile/pause:cri-test";
 const EXITED: i32 = 2;
 /// The test pod's Kubernetes namespace (the shim maps workspace `ws` to it).
 const POD_NAMESPACE: &str = "agents";
-
-/// What the CRI path creates outside containerd's directory, removed on
-/// drop even when the test fails: the CNI bridge, the pod cgroup parent,
-/// netns mounts under /run/netns, a sandbox runc left.
-struct HostCleanup {
-    bridge: String,
-    cgroup_parent: String,
-    netns_before: Vec<PathBuf>,
-    runc_root: PathBuf,
-}
-
-impl HostCleanup {
-    fn netns() -> Vec<PathBuf> {
-        std::fs::read_dir("/run/netns")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect()
-    }
-
-    /// Cleans, returning what there was to clean.
-    fn sweep(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        let listed = Command::new("runc")
-            .arg("--root")
-            .arg(&self.runc_root)
-            .args(["list", "-q"])
-            .output();
-        if let Ok(o) = listed {
-            for id in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                left.push(format!("runc container {id}"));
-                let _ = Command::new("runc")
-                    .arg("--root")
-                    .arg(&self.runc_root)
-                    .args(["delete", "--force", id])
-                    .status();
-            }
-        }
-        for ns in Self::netns() {
-            if !self.netns_before.contains(&ns) {
-                left.push(format!("netns {}", ns.display()));
-                let _ = nix::mount::umount2(&ns, nix::mount::MntFlags::MNT_DETACH);
-                let _ = std::fs::remove_file(&ns);
-            }
-        }
-        if Path::new("/sys/class/net").join(&self.bridge).exists() {
-            // The bridge plugin never deletes the bridge it made: ours to
-            // remove, not a leak of the shim's.
-            let _ = Command::new("ip")
-                .args(["link", "del", &self.bridge])
-                .status();
-        }
-        for h in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten() {
-            let Ok(h) = h else { continue };
-            let dir = h.path().join(self.cgroup_parent.trim_start_matches('/'));
-            if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
-                left.push(format!("cgroup {}", dir.display()));
-            }
-        }
-        left
-    }
-}
-
-impl Drop for HostCleanup {
-    fn drop(&mut self) {
-        let _ = self.sweep();
-    }
-}
-
-fn tool_missing(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-}
-
-fn client(rt: &tokio::runtime::Runtime, socket: PathBuf) -> RuntimeServiceClient<Channel> {
-    rt.block_on(async move {
-        // The URI is required by tonic and ignored: the connector dials the
-        // unix socket.
-        let channel = tonic::transport::Endpoint::try_from("http://[::1]:1")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let socket = socket.clone();
-                async move {
-                    let s = tokio::net::UnixStream::connect(socket).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                }
-            }))
-            .await
-            .expect("connect to containerd's CRI socket");
-        RuntimeServiceClient::new(channel)
-    })
-}
-
-/// Imports an image built offline from busybox-static into `k8s.io`.
-fn import(c: &Containerd, dir: &Path, name: &str, reference: &str, cmd: &[&str]) {
-    let rootfs = dir.join(format!("{name}-rootfs"));
-    assert!(busybox_rootfs(&rootfs));
-    let archive = dir.join(format!("{name}.tar"));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/oci_archive.py");
-    let st = Command::new("python3")
-        .arg(&script)
-        .arg(&rootfs)
-        .arg(&archive)
-        .arg(reference)
-        .args(cmd)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let out = c.ctr(&[
-        "-n",
-        "k8s.io",
-        "images",
-        "import",
-        archive.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn sessions_in(t: &str) -> Vec<String> {
-    t.split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '-'))
-        .filter(|w| w.starts_with("SES-"))
-        .map(str::to_owned)
-        .collect()
-}
 
 #[test]
 fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
@@ -247,27 +113,13 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
     // ours and the config names that.
     let conf = tempfile::tempdir().unwrap();
     let cri = cri.replace("{d}", &conf.path().display().to_string());
-    std::fs::create_dir_all(conf.path().join("cni")).unwrap();
-    std::fs::write(
-        conf.path().join("cni/10-turnstile-test.conflist"),
-        serde_json::json!({
-            "cniVersion": "0.4.0",
-            "name": format!("turnstile-cri-test-{tag}"),
-            "plugins": [{
-                "type": "bridge",
-                "bridge": host.bridge,
-                "isGateway": false,
-                "ipMasq": false,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": format!("10.250.{}.0/24", tag % 250)}]],
-                    "dataDir": conf.path().join("ipam"),
-                }
-            }]
-        })
-        .to_string(),
-    )
-    .unwrap();
+    write_cni_conflist(
+        &conf.path().join("cni"),
+        &format!("turnstile-cri-test-{tag}"),
+        &host.bridge,
+        &format!("10.250.{}.0/24", tag % 250),
+        &conf.path().join("ipam"),
+    );
     // Workspace names (issue 25): `ws` for the pod's Kubernetes namespace
     // `agents` — not containerd's (`k8s.io` for every pod) — and another
     // tenant's `other`, for `tenant-a` only. runc named, as before issue
@@ -305,20 +157,7 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
         .build()
         .unwrap();
     let mut cri = client(&rt, c.socket());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match rt.block_on(cri.version(VersionRequest::default())) {
-            Ok(v) => {
-                eprintln!("CRI: {:?}", v.into_inner());
-                break;
-            }
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("CRI did not answer: {e}\n{}", c.log()),
-        }
-    }
+    wait_for_cri(&rt, &mut cri, &c);
 
     let logs = conf.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
