@@ -266,3 +266,15 @@ pub fn check_enforceable(backend: &dyn Backend, allowed: &[String]) -> Result<()
             .join("; "),
     })
 }
+
+/// `enforces_network` of a backend whose turn has its own network
+/// namespace the supervisor can enter (native, runc, crun): egress by name
+/// where the host has what it takes.
+pub(crate) fn egress_in_own_netns(
+    network: turnstile_policy::manifest::Network,
+) -> std::result::Result<(), String> {
+    match network {
+        turnstile_policy::manifest::Network::Isolated => Ok(()),
+        _ => crate::sandbox::egress::host_support(),
+    }
+}

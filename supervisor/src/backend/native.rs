@@ -49,10 +49,7 @@ impl Backend for NativeBackend {
         &self,
         network: turnstile_policy::manifest::Network,
     ) -> std::result::Result<(), String> {
-        match network {
-            turnstile_policy::manifest::Network::Isolated => Ok(()),
-            _ => crate::sandbox::egress::host_support(),
-        }
+        super::egress_in_own_netns(network)
     }
 
     fn applied_by(&self) -> Vec<(&'static str, &'static str)> {

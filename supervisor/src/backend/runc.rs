@@ -162,10 +162,7 @@ impl Backend for RuncBackend {
         &self,
         network: turnstile_policy::manifest::Network,
     ) -> std::result::Result<(), String> {
-        match network {
-            turnstile_policy::manifest::Network::Isolated => Ok(()),
-            _ => crate::sandbox::egress::host_support(),
-        }
+        super::egress_in_own_netns(network)
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {

@@ -1390,16 +1390,7 @@ impl Bus {
         }
         let ws = crate::store::layout::Workspace::open(&a.workspace)?;
         let state = crate::store::layout::StateDir::open(&d.state_dir, &ws, true)?;
-        let session = crate::store::session::Session::create(
-            &ws,
-            &state,
-            crate::store::layout::TURN_TIER,
-            &turnstile_policy::session::SessionIdGenerator::new(
-                crate::ids::SystemClock,
-                crate::ids::OsRandom,
-            ),
-            None,
-        )?;
+        let session = crate::store::session::Session::create_default(&ws, &state)?;
         std::fs::create_dir_all(&dir).map_err(io_err("create bus session dir", &dir))?;
         let tmp = dir.join(format!(".{}.tmp", &key[..32]));
         std::fs::write(&tmp, format!("{}\n", session.id.as_str()))

@@ -434,16 +434,7 @@ fn session_for(state_dir: &Path, sub: &Subscription) -> Result<String> {
         }
     }
     let state = crate::store::layout::StateDir::open(state_dir, &ws, true)?;
-    let session = crate::store::session::Session::create(
-        &ws,
-        &state,
-        crate::store::layout::TURN_TIER,
-        &turnstile_policy::session::SessionIdGenerator::new(
-            crate::ids::SystemClock,
-            crate::ids::OsRandom,
-        ),
-        None,
-    )?;
+    let session = crate::store::session::Session::create_default(&ws, &state)?;
     crate::fsx::create_private_dir_all(&dir)?;
     crate::fsx::write_atomic(&file, format!("{}\n", session.id.as_str()).as_bytes())?;
     Ok(session.id.as_str().to_owned())

@@ -131,6 +131,19 @@ impl Session {
         Self::create_owned(workspace, state, tier, ids, deterministic, Owner::caller())
     }
 
+    /// A new session of the turn tier with the system's clock and
+    /// randomness, owned by the caller (what the daemon's router and bus
+    /// start for the sessions they keep).
+    pub fn create_default(workspace: &Workspace, state: &StateDir) -> Result<Self> {
+        Self::create(
+            workspace,
+            state,
+            crate::store::layout::TURN_TIER,
+            &SessionIdGenerator::new(crate::ids::SystemClock, crate::ids::OsRandom),
+            None,
+        )
+    }
+
     /// [`Session::create`] for `owner`.
     pub fn create_owned<C: Clock, R: RandomSource>(
         workspace: &Workspace,
