@@ -178,6 +178,12 @@ fn wide_manifest(
         "capabilities": {"read": read, "write": write, "execute": execute},
         "limits": {"timeout_seconds": timeout},
         "network": "isolated",
+        // A kernel whose Landlock lacks rights (6.1: ABI 2) may still be
+        // learnt on: the wide view already grants the reads Landlock would
+        // narrow, the network is isolated and nothing is committed. The
+        // turn's evidence records the degradation; the learned manifest
+        // carries none (the package's own choice).
+        "allow_degraded": ["landlock"],
     });
     let bytes = serde_json::to_vec(&doc)
         .map_err(|e| SupervisorError::invalid("--package", e.to_string()))?;
