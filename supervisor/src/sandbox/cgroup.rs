@@ -388,7 +388,27 @@ impl TurnCgroup {
         if self.version == Version::V2 {
             let _ = std::fs::write(self.pids.join("cgroup.kill"), "1");
         }
-        for _ in 0..2000 {
+        // v1 has no cgroup.kill: a fork bomb forks between our reads of
+        // cgroup.procs and our signals. Freeze it first (as runc does),
+        // signal every task, then thaw: the frozen tasks cannot fork, and a
+        // thawed task dies of its pending SIGKILL.
+        if let (Version::V1, Some(f)) = (&self.version, &self.freezer) {
+            let state = f.join("freezer.state");
+            if std::fs::write(&state, "FROZEN").is_ok() {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FREEZING")
+                    && std::time::Instant::now() < until
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                self.signal_all(nix::sys::signal::Signal::SIGKILL);
+                let _ = std::fs::write(&state, "THAWED");
+            }
+        }
+        // Bounded by time, not by rounds: a loaded host (a VM beside the
+        // tests) can take seconds to reap thousands of tasks.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < until {
             if self.pids().is_empty() {
                 return true;
             }
