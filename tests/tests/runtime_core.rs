@@ -518,24 +518,31 @@ fn issue_28_bus_forged_approval_is_ignored_and_recorded() {
     let approvals = bus.join("approvals");
     let held = || bus.join("processing/m1.json").exists() && bus_evidence(&bus, "m1").is_none();
     wait_for("the message held", 60, held);
+    // An approver writes its file whole (temp file, rename): the daemon
+    // must never see half of one.
+    let staging = bus.parent().unwrap().join("approval-staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let put = |path: &std::path::Path, text: String| {
+        let tmp = staging.join(path.file_name().unwrap());
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    };
     // Forgeries: a bare file, another content's hash, a stranger.
-    std::fs::write(approvals.join("m1"), "ok").unwrap();
+    put(&approvals.join("m1"), "ok".to_owned());
     wait_for("the bare file ignored", 30, || {
         daemon.log().contains("\"file\":\"m1\"")
     });
-    std::fs::write(
-        approvals.join("m1.json"),
+    put(
+        &approvals.join("m1.json"),
         json!({"sha256": sha256_hex(b"other"), "approver": "alice"}).to_string(),
-    )
-    .unwrap();
+    );
     wait_for("the wrong hash ignored", 30, || {
         daemon.log().contains("other content")
     });
-    std::fs::write(
-        approvals.join("m1.json"),
+    put(
+        &approvals.join("m1.json"),
         json!({"sha256": sha, "approver": "mallory"}).to_string(),
-    )
-    .unwrap();
+    );
     wait_for("the stranger ignored", 30, || {
         daemon.log().contains("mallory")
     });
@@ -551,11 +558,10 @@ fn issue_28_bus_forged_approval_is_ignored_and_recorded() {
     assert_eq!(ignored[0]["code"], "TS1095");
     // The real approval: runs, and the evidence records the forgeries.
     std::fs::remove_file(approvals.join("m1")).unwrap();
-    std::fs::write(
-        approvals.join("m1.json"),
+    put(
+        &approvals.join("m1.json"),
         json!({"sha256": sha, "approver": "alice"}).to_string(),
-    )
-    .unwrap();
+    );
     wait_for("the approved message", 60, || {
         bus_evidence(&bus, "m1").is_some()
     });
