@@ -207,3 +207,40 @@ pub fn wait_for_cri(
         }
     }
 }
+
+/// What a CRI test needs on the host: containerd, ctr, runc, python3, ip,
+/// the CNI plugins, busybox-static and the built shim. Returns the shim's
+/// path; `None` (skipped) when something is missing — a failure instead
+/// under `TURNSTILE_REQUIRE_KERNEL=1`, so CI never hides a missing tool.
+pub fn prerequisites() -> Option<PathBuf> {
+    let strict = std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1");
+    for tool in [
+        "containerd",
+        "ctr",
+        "runc",
+        "python3",
+        "ip",
+        "/usr/lib/cni/loopback",
+        "/usr/lib/cni/bridge",
+        "/usr/lib/cni/host-local",
+    ] {
+        if tool_missing(tool) {
+            assert!(
+                !strict,
+                "{tool} is required (apt-get install containerd runc containernetworking-plugins iproute2)"
+            );
+            eprintln!("turnstile-test: SKIPPED: {tool} missing");
+            return None;
+        }
+    }
+    let shim = crate::supervise_bin().with_file_name("containerd-shim-turnstile-v2");
+    assert!(
+        shim.is_file(),
+        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
+    );
+    if !Path::new("/bin/busybox").is_file() {
+        assert!(!strict, "busybox-static is required");
+        return None;
+    }
+    Some(shim)
+}

@@ -15,7 +15,6 @@
 //! the right bytes, both ledgers verify, and nothing is left behind.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{
@@ -25,7 +24,7 @@ use k8s_cri::v1::{
 };
 use turnstile_tests::containerd::{Containerd, Leftovers};
 use turnstile_tests::cri::{
-    HostCleanup, client, import, sessions_in, tool_missing, wait_for_cri, write_cni_conflist,
+    HostCleanup, client, import, sessions_in, wait_for_cri, write_cni_conflist,
 };
 use turnstile_tests::{BUSYBOX_MANIFEST, Fixture, require_root, supervise_bin};
 
@@ -41,35 +40,9 @@ fn issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns() {
     if !require_root("issue_12_cri_pod_with_runtime_handler_turnstile_runs_turns") {
         return;
     }
-    let strict = std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1");
-    for tool in [
-        "containerd",
-        "ctr",
-        "runc",
-        "python3",
-        "ip",
-        "/usr/lib/cni/loopback",
-        "/usr/lib/cni/bridge",
-        "/usr/lib/cni/host-local",
-    ] {
-        if tool_missing(tool) {
-            assert!(
-                !strict,
-                "{tool} is required (apt-get install containerd runc containernetworking-plugins iproute2)"
-            );
-            eprintln!("turnstile-test: SKIPPED: {tool} missing");
-            return;
-        }
-    }
-    let shim = supervise_bin().with_file_name("containerd-shim-turnstile-v2");
-    assert!(
-        shim.is_file(),
-        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
-    );
-    if !Path::new("/bin/busybox").is_file() {
-        assert!(!strict, "busybox-static is required");
+    let Some(shim) = turnstile_tests::cri::prerequisites() else {
         return;
-    }
+    };
 
     let tag = std::process::id();
     let before = Leftovers::before();

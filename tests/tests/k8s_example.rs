@@ -32,8 +32,7 @@ use k8s_cri::v1::{
 use serde::Deserialize;
 use turnstile_tests::containerd::{Containerd, Leftovers};
 use turnstile_tests::cri::{
-    HostCleanup, client, import, import_rootfs, sessions_in, tool_missing, wait_for_cri,
-    write_cni_conflist,
+    HostCleanup, client, import, import_rootfs, sessions_in, wait_for_cri, write_cni_conflist,
 };
 use turnstile_tests::{Fixture, busybox_rootfs, read_entries, require_root, supervise_bin};
 
@@ -192,35 +191,9 @@ fn issue_31_kubernetes_example_runs_through_cri_as_written() {
     if !require_root("issue_31_kubernetes_example_runs_through_cri_as_written") {
         return;
     }
-    let strict = std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() == Ok("1");
-    for tool in [
-        "containerd",
-        "ctr",
-        "runc",
-        "python3",
-        "ip",
-        "/usr/lib/cni/loopback",
-        "/usr/lib/cni/bridge",
-        "/usr/lib/cni/host-local",
-    ] {
-        if tool_missing(tool) {
-            assert!(
-                !strict,
-                "{tool} is required (apt-get install containerd runc containernetworking-plugins iproute2)"
-            );
-            eprintln!("turnstile-test: SKIPPED: {tool} missing");
-            return;
-        }
-    }
-    let shim = supervise_bin().with_file_name("containerd-shim-turnstile-v2");
-    assert!(
-        shim.is_file(),
-        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
-    );
-    if !Path::new("/bin/busybox").is_file() {
-        assert!(!strict, "busybox-static is required");
+    let Some(shim) = turnstile_tests::cri::prerequisites() else {
         return;
-    }
+    };
 
     // The example's three files, parsed.
     let yaml = std::fs::read_to_string(example("kubernetes/runtimeclass.yaml")).unwrap();
