@@ -90,13 +90,9 @@ pub fn preimage_retention(config: &Path) -> Result<u64> {
 /// Checks a config document as `run` would (both tables, the retention):
 /// `Err` names the field. For the fuzzer and `doctor`.
 pub fn check_config_bytes(bytes: &[u8]) -> std::result::Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("turnstile-config-check-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join("config.json");
-    std::fs::write(&path, bytes).map_err(|e| e.to_string())?;
-    let r = load(&path).map(|_| ()).map_err(|e| e.to_string());
-    let _ = std::fs::remove_file(&path);
-    r
+    tables(bytes, Path::new("(config)"))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// The config document, or the field that is wrong and why.
@@ -143,19 +139,26 @@ struct Tables {
 }
 
 fn load(config: &Path) -> Result<Tables> {
+    match std::fs::read(config) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Tables {
+            backends: BTreeMap::new(),
+            minimums: BTreeMap::new(),
+        }),
+        Err(e) => Err(SupervisorError::invalid(
+            &format!("{}: (file)", config.display()),
+            format!("unreadable: {e}"),
+        )),
+        Ok(bytes) => tables(&bytes, config),
+    }
+}
+
+/// The two tables of the config document `bytes` (read from `config`,
+/// which errors name), checked.
+fn tables(bytes: &[u8], config: &Path) -> Result<Tables> {
     let invalid = |field: &str, reason: String| {
         SupervisorError::invalid(&format!("{}: {field}", config.display()), reason)
     };
-    let doc = match std::fs::read(config) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(Tables {
-                backends: BTreeMap::new(),
-                minimums: BTreeMap::new(),
-            });
-        }
-        Err(e) => return Err(invalid("(file)", format!("unreadable: {e}"))),
-        Ok(bytes) => parse_doc(&bytes).map_err(|(field, e)| invalid(&field, e))?,
-    };
+    let doc = parse_doc(bytes).map_err(|(field, e)| invalid(&field, e))?;
     let table =
         |name: &str, t: BTreeMap<String, String>| -> Result<BTreeMap<String, BackendKind>> {
             t.into_iter()
