@@ -27,20 +27,10 @@ impl Progress {
         Self(Some(bar))
     }
 
-    /// Nothing shown.
-    pub fn hidden() -> Self {
-        Self(None)
-    }
-
     pub fn inc(&self) {
         if let Some(b) = &self.0 {
             b.inc(1);
         }
-    }
-
-    /// Whether a bar is drawn.
-    pub fn shown(&self) -> bool {
-        self.0.is_some()
     }
 }
 
