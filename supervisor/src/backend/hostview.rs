@@ -154,6 +154,13 @@ impl Laps {
         self.last = now;
     }
 
+    /// Moves the lap mark to now without recording a phase: the time since
+    /// the last lap was spent at the intent-entry gate, which the turn counts
+    /// as its own `intent_entry` phase (phases stay disjoint).
+    pub fn skip(&mut self) {
+        self.last = Instant::now();
+    }
+
     /// The phases so far (taken), and the wall time since `new`.
     pub fn take(&mut self) -> (Vec<(&'static str, u64)>, std::time::Duration) {
         (std::mem::take(&mut self.phases), self.started.elapsed())

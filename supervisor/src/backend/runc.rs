@@ -402,6 +402,7 @@ impl Sandbox for RuncSandbox {
     }
 
     fn start(&mut self) {
+        self.laps.skip();
         match (&self.posture, self.go.take()) {
             (Some(p), Some(go)) if p.ok() => {
                 self.observation = crate::sandbox::observe::get().and_then(|o| {

@@ -460,6 +460,7 @@ impl Sandbox for RunscSandbox {
     }
 
     fn start(&mut self) {
+        self.laps.skip();
         if let Err(e) = self
             .backend
             .output(&RuntimeCmd::Start { id: &self.id }, &self.log)

@@ -595,6 +595,9 @@ impl Created {
     /// Lets the command run: the parked process execs it. A sandbox whose
     /// posture check failed (or never happened) is killed instead.
     pub fn start(&mut self) {
+        // The time since the last lap was spent at the intent-entry gate,
+        // counted by the turn as `intent_entry`: not part of any phase here.
+        self.last = Instant::now();
         match (&self.posture, self.go.take()) {
             (Some(p), Some(go)) if p.ok() => {
                 let _ = nix::unistd::write(&go, b"G");
