@@ -5,14 +5,7 @@
 //! through, `contract` for the annotations and `workspaces` for which host
 //! directories a container may use.
 
-mod contract;
-mod error;
-mod exit;
-mod podcgroup;
-mod runner;
-mod sandbox;
-mod service;
-mod workspaces;
+use containerd_shim_turnstile_v2::service;
 
 use std::os::fd::IntoRawFd;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! `fuzz` binary (tests/src/bin/fuzz.rs) for one second per target, with a
 //! fixed seed, from the checked-in corpus in tests/fuzz-corpus/: no panic,
 //! no input slower than 250 ms, no allocation past the address-space cap.
-//! `cargo xtask fuzz --seconds N` runs it longer.
+//! `cargo xtask fuzz --minutes M` runs it longer.
 
 #[test]
 fn issue_31_every_parser_survives_a_second_of_mutated_input() {
@@ -24,6 +24,10 @@ fn issue_31_every_parser_survives_a_second_of_mutated_input() {
         "bus_message",
         "bus_rules",
         "ledger",
+        "config",
+        "checkpoint",
+        "annotations",
+        "shim_options",
     ] {
         let row = table
             .lines()

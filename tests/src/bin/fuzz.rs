@@ -1,5 +1,6 @@
-//! `fuzz [--seconds N] [--seed S] [TARGET…]`: feeds mutated inputs to the
-//! parsers hostile input reaches, each for N seconds (default 10), and
+//! `fuzz [--minutes M | --seconds N] [--seed S] [TARGET…]`: feeds mutated
+//! inputs to the parsers hostile input reaches, each for M minutes or N
+//! seconds (default 10 seconds), and
 //! fails on a panic, a hang or an unbounded allocation.
 //!
 //! Mutation-based (stable Rust, no instrumentation, so not
@@ -45,6 +46,8 @@ const TARGETS: &[&str] = &[
     "ledger",
     "config",
     "checkpoint",
+    "annotations",
+    "shim_options",
 ];
 
 /// Tokens that parsers of JSON and YAML treat specially.
@@ -216,6 +219,28 @@ fn target(name: &str, scratch: &Path) -> (Parse, Vec<Vec<u8>>) {
             )
             .is_ok()
         }),
+        // What a pod author chooses: the container's OCI spec (its
+        // annotations, process, mounts) as the shim reads it at Create —
+        // the CRI sandbox check, the unknown-key refusal, the namespace the
+        // workspace is checked against, then the request it makes.
+        "annotations" => Box::new(|b| {
+            use containerd_shim_turnstile_v2::{contract, sandbox, workspaces};
+            let Ok(spec) = serde_json::from_slice::<contract::Spec>(b) else {
+                return false;
+            };
+            sandbox::is_cri_sandbox(&spec.annotations, "fuzz").is_ok()
+                & workspaces::namespace_of("k8s.io", &spec.annotations).is_ok()
+                & contract::request_from_spec(&spec).is_ok()
+        }),
+        // The shim's options: the JSON document (workspaces and all) and
+        // containerd's protobuf runtime options that name it.
+        "shim_options" => Box::new(|b| {
+            use containerd_shim_turnstile_v2::contract;
+            let named = contract::config_path_from_options(b).is_some();
+            let parsed = std::str::from_utf8(b)
+                .is_ok_and(|t| contract::Options::parse(t, Path::new("fuzz/shim.json")).is_ok());
+            named | parsed
+        }),
         other => panic!("unknown target {other}; targets: {}", TARGETS.join(" ")),
     };
     assert!(!corpus.is_empty(), "no seed corpus for {name}");
@@ -311,11 +336,27 @@ fn main() {
     let mut seed = 0x5eed_u64;
     let mut names = Vec::new();
     let mut args = std::env::args().skip(1);
+    let usage = |why: String| -> ! {
+        eprintln!("fuzz: {why}\nusage: fuzz [--minutes M | --seconds N] [--seed S] [TARGET…]");
+        std::process::exit(2);
+    };
+    let number = |flag: &str, args: &mut dyn Iterator<Item = String>| -> f64 {
+        match args.next().map(|v| (v.parse::<f64>(), v)) {
+            Some((Ok(n), _)) if n.is_finite() && n > 0.0 => n,
+            Some((_, v)) => usage(format!("{flag}: `{v}` is not a positive number")),
+            None => usage(format!("{flag} needs a value")),
+        }
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--seconds" => seconds = args.next().and_then(|s| s.parse().ok()).unwrap_or(10.0),
-            "--seed" => seed = args.next().and_then(|s| s.parse().ok()).unwrap_or(seed),
-            _ => names.push(a),
+            "--seconds" => seconds = number("--seconds", &mut args),
+            "--minutes" => seconds = number("--minutes", &mut args) * 60.0,
+            "--seed" => seed = number("--seed", &mut args) as u64,
+            t if TARGETS.contains(&t) => names.push(a),
+            other => usage(format!(
+                "unknown argument or target `{other}` (targets: {})",
+                TARGETS.join(", ")
+            )),
         }
     }
     if names.is_empty() {

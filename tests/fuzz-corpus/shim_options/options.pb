@@ -1,0 +1,2 @@
+
+runtimeoptions.v1.Options/etc/turnstile/shim.json
