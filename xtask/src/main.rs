@@ -95,7 +95,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--seconds N] [TARGET…]>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
@@ -107,7 +107,7 @@ fn main() -> Result<()> {
                  \n  package      build target/debian/turnstile_<version>_<arch>.deb (alias: deb): supervise, the containerd shim, the systemd unit, the default config, man page, completion (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\
-                 \n  fuzz         mutated inputs to the manifest, request, envelope, socket, bus and ledger parsers, N seconds each (default 60); non-zero on a panic, hang or unbounded allocation\
+                 \n  fuzz         mutated inputs to the manifest, request, envelope, socket, bus and ledger parsers, M minutes or N seconds each (default 60 s); non-zero on a panic, hang or unbounded allocation\
                  \n  readme-check fail when figures the README states (probes, test binaries, commands, Rust version, links) drift from the repository",
                 APT_PACKAGES.join(", ")
             );
@@ -224,6 +224,16 @@ fn test() -> Result<()> {
     // CPU), its output in a log printed when it ends.
     let vm = VmStage::start()?;
     let host = host_stages();
+    // Which of the two stages is the critical path, for the next trim.
+    eprintln!(
+        "xtask: host stages {} at {} s (the VM stage started at {} s)",
+        if host.is_ok() { "passed" } else { "failed" },
+        started.elapsed().as_secs(),
+        started
+            .elapsed()
+            .saturating_sub(vm.started.elapsed())
+            .as_secs()
+    );
     let vm = vm.finish(host.is_err());
     host?;
     vm?;
@@ -327,12 +337,12 @@ fn build_bins(release: bool) -> Result<()> {
     run(&mut c)
 }
 
-/// `fuzz [--seconds N] [TARGET…]`: the parsers' mutation fuzzer
-/// (tests/src/bin/fuzz.rs), 60 seconds per target unless told.
+/// `fuzz [--minutes M | --seconds N] [TARGET…]`: the parsers' mutation
+/// fuzzer (tests/src/bin/fuzz.rs), 60 seconds per target unless told.
 fn fuzz(args: &[String]) -> Result<()> {
     build_bins(false)?;
     let mut cmd = Command::new(workspace_root().join("target/debug/fuzz"));
-    if !args.iter().any(|a| a == "--seconds") {
+    if !args.iter().any(|a| a == "--seconds" || a == "--minutes") {
         cmd.args(["--seconds", "60"]);
     }
     run(cmd.args(args))

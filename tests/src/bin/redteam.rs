@@ -1,6 +1,13 @@
 //! `cargo xtask redteam`: runs every red-team probe through the real
 //! `supervise run`, prints the table, exits non-zero on any escape or
 //! unexpected outcome. Needs root.
+//!
+//! Two variables narrow a run (the VM stage of `cargo xtask test` uses
+//! both): `TURNSTILE_REDTEAM_SHARD=K/N` runs every N-th probe from the K-th
+//! (1-based), so N processes share the suite; `TURNSTILE_REDTEAM_SKIP_FAMILIES`
+//! (comma-separated) leaves out families that test the supervisor's own
+//! logic, not the kernel. Both are printed with the table, so a narrowed run
+//! never reads as the whole suite.
 
 use turnstile_tests::redteam::{Suite, Verdict, probes, table};
 
@@ -9,6 +16,27 @@ fn main() {
         std::process::exit(2);
     }
     let filter = std::env::args().nth(1);
+    let (shard, shards) = match shard() {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("redteam: TURNSTILE_REDTEAM_SHARD: {why}");
+            std::process::exit(2);
+        }
+    };
+    let skipped: Vec<String> = std::env::var("TURNSTILE_REDTEAM_SKIP_FAMILIES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let families: std::collections::BTreeSet<&str> = probes().iter().map(|p| p.family).collect();
+    if let Some(f) = skipped.iter().find(|f| !families.contains(f.as_str())) {
+        eprintln!(
+            "redteam: TURNSTILE_REDTEAM_SKIP_FAMILIES: no probe family `{f}` (families: {families:?})"
+        );
+        std::process::exit(2);
+    }
     let suite = Suite::new();
     let outcomes: Vec<_> = probes()
         .iter()
@@ -17,9 +45,18 @@ fn main() {
                 .as_deref()
                 .is_none_or(|f| p.name.contains(f) || p.family == f)
         })
-        .map(|p| suite.run(p))
+        .filter(|p| !skipped.iter().any(|f| f == p.family))
+        .enumerate()
+        .filter(|(i, _)| i % shards == shard)
+        .map(|(_, p)| suite.run(p))
         .collect();
     println!("backend: {}", turnstile_tests::redteam::backend());
+    if shards > 1 {
+        println!("shard: {}/{shards} (every {shards}th probe)", shard + 1);
+    }
+    if !skipped.is_empty() {
+        println!("families left out: {}", skipped.join(", "));
+    }
     print!("{}", table(&outcomes));
     let backend = turnstile_tests::redteam::backend();
     for (b, probe, _, why) in turnstile_tests::redteam::DIFFERENCES {
@@ -32,4 +69,22 @@ fn main() {
     }
     let failed = outcomes.iter().any(|o| o.verdict != Verdict::Held);
     std::process::exit(if failed { 1 } else { 0 });
+}
+
+/// `TURNSTILE_REDTEAM_SHARD=K/N` as (K-1, N); (0, 1) when unset.
+fn shard() -> Result<(usize, usize), String> {
+    let Ok(v) = std::env::var("TURNSTILE_REDTEAM_SHARD") else {
+        return Ok((0, 1));
+    };
+    let (k, n) = v
+        .split_once('/')
+        .ok_or_else(|| format!("`{v}` is not K/N"))?;
+    let (k, n): (usize, usize) = (
+        k.parse().map_err(|_| format!("`{k}` is not a number"))?,
+        n.parse().map_err(|_| format!("`{n}` is not a number"))?,
+    );
+    if n == 0 || k == 0 || k > n {
+        return Err(format!("`{v}`: need 1 <= K <= N"));
+    }
+    Ok((k - 1, n))
 }
