@@ -52,7 +52,11 @@ fn main() {
         .collect();
     println!("backend: {}", turnstile_tests::redteam::backend());
     if shards > 1 {
-        println!("shard: {}/{shards} (every {shards}th probe)", shard + 1);
+        println!(
+            "shard {} of {shards}: every {shards}-th probe from probe {}",
+            shard + 1,
+            shard + 1
+        );
     }
     if !skipped.is_empty() {
         println!("families left out: {}", skipped.join(", "));
