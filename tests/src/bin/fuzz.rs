@@ -12,7 +12,9 @@
 //!
 //! Checks: a panic is caught, its input written to
 //! `target/fuzz/crashes/<target>-<n>` and counted; an input that takes more
-//! than `SLOW` is counted as slow; one that takes more than `HANG` aborts
+//! than `SLOW` of the thread's CPU time is counted as slow (written to
+//! `target/fuzz/slow-<target>-<n>`; `fuzz --replay TARGET FILE…` re-times
+//! kept inputs); one that takes more than `HANG` aborts
 //! the process after writing it to `target/fuzz/hang-<target>`; the address
 //! space is capped (RLIMIT_AS, `MEMORY_CAP`), so an unbounded allocation
 //! aborts the run instead of passing. Prints, per target, executions, how
@@ -28,6 +30,8 @@ use turnstile_policy::request::TurnRequest;
 use turnstile_policy::{Manifest, PackageId, SessionId};
 use turnstile_supervisor::store::ledger::{LedgerFiles, LedgerKind};
 
+/// CPU time (the fuzzing thread's own, so a loaded host or `nice` does
+/// not make an input "slow") past which an input is a finding.
 const SLOW: Duration = Duration::from_millis(250);
 const HANG: Duration = Duration::from_secs(10);
 /// Address-space cap for the whole process: generous for a parser fed at
@@ -307,6 +311,52 @@ fn ledger_session(scratch: &Path) -> (LedgerFiles, Vec<u8>) {
     (files, seed)
 }
 
+/// `--replay TARGET FILE…`: each kept input through the target three
+/// times; prints the CPU time of each run. Exit 1 when an input is slow on
+/// every run (a real finding, not a scheduling delay), 2 when unreadable.
+fn replay(name: &str, files: &[String]) -> i32 {
+    let scratch = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (mut parse, _) = target(name, scratch.path());
+    let mut rc = 0;
+    for f in files {
+        let input = match std::fs::read(f) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("fuzz: {f}: {e}");
+                return 2;
+            }
+        };
+        let runs: Vec<Duration> = (0..3)
+            .map(|_| {
+                let t = thread_cpu();
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(&input)));
+                thread_cpu().saturating_sub(t)
+            })
+            .collect();
+        let slow = runs.iter().all(|d| *d > SLOW);
+        println!(
+            "{f}: {} bytes, CPU ms {:?}{}",
+            input.len(),
+            runs.iter()
+                .map(|d| d.as_secs_f64() * 1000.0)
+                .collect::<Vec<_>>(),
+            if slow { "  SLOW" } else { "" }
+        );
+        if slow {
+            rc = 1;
+        }
+    }
+    rc
+}
+
+/// The CPU time this thread has used, to the nanosecond
+/// (`CLOCK_THREAD_CPUTIME_ID`: the scheduler's runtime, brought up to date).
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
 fn find(dir: &Path, name: &str) -> Option<PathBuf> {
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let p = e.path();
@@ -337,7 +387,9 @@ fn main() {
     let mut names = Vec::new();
     let mut args = std::env::args().skip(1);
     let usage = |why: String| -> ! {
-        eprintln!("fuzz: {why}\nusage: fuzz [--minutes M | --seconds N] [--seed S] [TARGET…]");
+        eprintln!(
+            "fuzz: {why}\nusage: fuzz [--minutes M | --seconds N] [--seed S] [TARGET…] | fuzz --replay TARGET FILE…"
+        );
         std::process::exit(2);
     };
     let number = |flag: &str, args: &mut dyn Iterator<Item = String>| -> f64 {
@@ -349,6 +401,16 @@ fn main() {
     };
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--replay" => {
+                let rest: Vec<String> = args.collect();
+                let Some((name, files)) = rest.split_first() else {
+                    usage("--replay needs a target and input files".into());
+                };
+                if !TARGETS.contains(&name.as_str()) {
+                    usage(format!("unknown target `{name}`"));
+                }
+                std::process::exit(replay(name, files));
+            }
             "--seconds" => seconds = number("--seconds", &mut args),
             "--minutes" => seconds = number("--minutes", &mut args) * 60.0,
             "--seed" => seed = number("--seed", &mut args) as u64,
@@ -422,9 +484,9 @@ fn main() {
             if let Ok(mut c) = current.lock() {
                 *c = (name.clone(), input.clone(), Some(Instant::now()));
             }
-            let t = Instant::now();
+            let t = thread_cpu();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(&input)));
-            let took = t.elapsed();
+            let took = thread_cpu().saturating_sub(t);
             execs += 1;
             slowest = slowest.max(took);
             if took > SLOW {
