@@ -1072,3 +1072,323 @@ fn issue_28_replay_across_agents_of_a_chain_reproduces_every_envelope() {
     );
     assert!(d.contains("order.rebilled"), "{d}");
 }
+
+// ---- suspend / resume through the daemon (item 4) ---------------------------
+
+const TICKER: &str = r#"{
+  "capabilities": {"read": [], "write": [], "execute": ["/bin/sh", "/bin/sleep"]},
+  "limits": {"timeout_seconds": 3}
+}"#;
+
+/// The lifecycle envelopes the daemon kept for `sid`: (type, reason).
+fn lifecycle(fx: &Fixture, sid: &str) -> Vec<(String, String, Value)> {
+    std::fs::read_to_string(fx.state.join("sessions").join(sid).join("lifecycle.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["type"].as_str().unwrap().to_owned(),
+                v["payload"]["reason"].as_str().unwrap_or("").to_owned(),
+                v,
+            )
+        })
+        .collect()
+}
+
+/// The daemon's metrics text.
+fn daemon_metrics(fx: &Fixture, daemon: &Daemon) -> String {
+    let sock = daemon.socket.display().to_string();
+    let state = fx.state.display().to_string();
+    let h = Fixture::raw(&["health", "--json", "--server", &sock, "--state-dir", &state]);
+    let v: Value = serde_json::from_str(h.stdout.trim()).expect("health --json");
+    let addr = v["daemon"]["metrics"].as_str().expect("metrics address");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+    out
+}
+
+/// The value of `series` (exact label text) in the metrics.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn active(state: &str) -> String {
+    format!("agent_runtime_active_agents{{trust_level=\"standard\",state=\"{state}\"}}")
+}
+
+fn lifecycle_cmd(fx: &Fixture, daemon: &Daemon, op: &str, sid: &str) -> Run {
+    let sock = daemon.socket.display().to_string();
+    fx.supervise(&[op], &["--session", sid, "--server", &sock, "--json"])
+}
+
+#[test]
+fn issue_28_suspend_resume_over_the_socket_timeout_waits_and_agent_events_reach_subscribers() {
+    if !require_root(
+        "issue_28_suspend_resume_over_the_socket_timeout_waits_and_agent_events_reach_subscribers",
+    ) {
+        return;
+    }
+    use std::io::BufRead;
+    let fx = Fixture::new();
+    fx.install("p", TICKER);
+    // A subscriber to the runtime's lifecycle events.
+    agent(&fx, "watch", &relay(None, 0), "");
+    let cfg = chain_config(&fx, &[("agent.*", "watch")], 8);
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg, "--metrics", "127.0.0.1:0"]);
+    let sid = fx.new_session();
+    // Nothing runs in the session: refused, TS1052, over the socket too.
+    let r = lifecycle_cmd(&fx, &daemon, "suspend", &sid);
+    assert_eq!(r.status, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("TS1052"), "{}", r.stderr);
+    // A bad request names the field.
+    let r = fx.supervise(
+        &["suspend"],
+        &[
+            "--session",
+            "not-a-session",
+            "--server",
+            &daemon.socket.display().to_string(),
+        ],
+    );
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("session"), "{}", r.stderr);
+
+    // 20 ticks of 0.1 s: ~2 s of a 3 s timeout, through the daemon.
+    let mut child = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["run", "--server"])
+        .arg(&daemon.socket)
+        .arg("--root")
+        .arg(&fx.root)
+        .args([
+            "--package",
+            "p",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            "i=0; while [ $i -lt 20 ]; do i=$((i+1)); echo $i; sleep 0.1; done",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = std::sync::Arc::clone(&lines);
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    wait_for("the first ticks", 20, || lines.lock().unwrap().len() >= 3);
+    let r = lifecycle_cmd(&fx, &daemon, "suspend", &sid);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let rep: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(rep["frozen"], true, "{rep}");
+    assert_eq!(rep["session_id"], sid.as_str());
+    std::thread::sleep(Duration::from_millis(300));
+    let frozen_at = lines.lock().unwrap().len();
+    let m = daemon_metrics(&fx, &daemon);
+    assert_eq!(series(&m, &active("suspended")), Some(1.0), "{m}");
+    assert_eq!(series(&m, &active("running")), Some(0.0), "{m}");
+    // Frozen for 3.5 s, longer than the whole timeout.
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(
+        lines.lock().unwrap().len(),
+        frozen_at,
+        "the counter advanced while suspended"
+    );
+    let r = lifecycle_cmd(&fx, &daemon, "resume", &sid);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    // Not timed out although it ran longer than its timeout.
+    assert!(started.elapsed() > Duration::from_secs(4));
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(lines.lock().unwrap().len(), 20);
+    let last = last_evidence(&fx, &sid);
+    assert_eq!(last["status"], "committed", "{last}");
+    let facts: Vec<(&str, &str)> = last["suspensions"]
+        .as_array()
+        .expect("suspensions")
+        .iter()
+        .map(|f| (f["event"].as_str().unwrap(), f["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        facts,
+        [("turn.suspended", "request"), ("turn.resumed", "request")],
+        "{last}"
+    );
+    // The transitions as the runtime's envelopes: kept, and delivered to
+    // the subscriber of `agent.*`.
+    let kinds: Vec<(String, String)> = lifecycle(&fx, &sid)
+        .into_iter()
+        .map(|(k, r, _)| (k, r))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("agent.suspended".to_owned(), "request".to_owned()),
+            ("agent.resumed".to_owned(), "request".to_owned())
+        ]
+    );
+    wait_for("the subscriber's receives", 60, || {
+        receives_of(&fx, "watch").len() == 2
+    });
+    let mut seen: Vec<String> = receives_of(&fx, "watch")
+        .iter()
+        .map(|e| {
+            assert_eq!(e["receive"]["input"]["payload"]["session_id"], sid.as_str());
+            e["receive"]["input"]["type"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["agent.resumed", "agent.suspended"]);
+    let m = daemon_metrics(&fx, &daemon);
+    assert_eq!(series(&m, &active("suspended")), Some(0.0), "{m}");
+    fx.assert_ledgers_intact(&sid);
+}
+
+/// The warm sandbox of `sid` that the daemon keeps: its directory and the
+/// published cgroup file's lines.
+fn warm_sandbox(fx: &Fixture, sid: &str) -> Option<(PathBuf, Vec<String>)> {
+    std::fs::read_dir(fx.state.join("sessions").join(sid))
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("warm-") && e.path().is_dir())
+        .find_map(|e| {
+            let text = std::fs::read_to_string(e.path().join("cgroup.where")).ok()?;
+            Some((e.path(), text.lines().map(str::to_owned).collect()))
+        })
+}
+
+fn freezer_state(cg: &[String]) -> String {
+    let f = cg.get(5).cloned().unwrap_or_default();
+    std::fs::read_to_string(std::path::Path::new(&f).join("freezer.state"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+fn served(fx: &Fixture, daemon: &Daemon, sid: &str, cmd: &[&str]) -> Run {
+    let sock = daemon.socket.display().to_string();
+    let mut args = vec![
+        "--package",
+        "p",
+        "--session",
+        sid,
+        "--no-outputs",
+        "--json",
+        "--server",
+        &sock,
+        "--",
+    ];
+    args.extend_from_slice(cmd);
+    fx.supervise(&["run"], &args)
+}
+
+#[test]
+fn issue_28_suspend_idle_after_seconds_freezes_the_warm_sandbox_a_turn_resumes_it_or_fails_e2024() {
+    if !require_root(
+        "issue_28_suspend_idle_after_seconds_freezes_the_warm_sandbox_a_turn_resumes_it_or_fails_e2024",
+    ) {
+        return;
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        assert!(
+            std::env::var_os("TURNSTILE_REQUIRE_KERNEL").is_none(),
+            "no v1 freezer hierarchy: this test breaks a warm sandbox's freezer"
+        );
+        eprintln!("skipped: no v1 freezer hierarchy here");
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("p", TICKER);
+    let cfg = daemon_config(&fx, "idle.json", json!({"suspend_idle_after_seconds": 1}));
+    let daemon = Daemon::start(&fx, &["--daemon-config", &cfg, "--metrics", "127.0.0.1:0"]);
+    let sid = fx.new_session();
+    let r = served(&fx, &daemon, &sid, &["/bin/sh", "-c", "echo one"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    // Idle for a second: the warm sandbox is frozen, and says so.
+    wait_for("the idle suspension", 30, || {
+        lifecycle(&fx, &sid)
+            .iter()
+            .any(|(k, r, _)| k == "agent.suspended" && r == "idle")
+    });
+    let (_, cg) = warm_sandbox(&fx, &sid).expect("a warm sandbox");
+    assert_eq!(freezer_state(&cg), "FROZEN");
+    let m = daemon_metrics(&fx, &daemon);
+    assert_eq!(series(&m, &active("suspended")), Some(1.0), "{m}");
+    // The next turn resumes it transparently and runs in it.
+    let r = served(&fx, &daemon, &sid, &["/bin/sh", "-c", "echo two"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let v: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["durations"]["sandbox"], "warm", "{v}");
+    let last = last_evidence(&fx, &sid);
+    let facts: Vec<(&str, &str)> = last["suspensions"]
+        .as_array()
+        .expect("suspensions")
+        .iter()
+        .map(|f| (f["event"].as_str().unwrap(), f["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        facts,
+        [("turn.suspended", "idle"), ("turn.resumed", "turn")],
+        "{last}"
+    );
+    assert!(
+        lifecycle(&fx, &sid)
+            .iter()
+            .any(|(k, r, _)| k == "agent.resumed" && r == "turn")
+    );
+
+    // Idle again, frozen again; then its freezer is broken for real: the
+    // sandbox's processes are moved out and its freezer cgroup removed, so
+    // the thaw cannot be done.
+    wait_for("the second idle suspension", 30, || {
+        lifecycle(&fx, &sid)
+            .iter()
+            .filter(|(k, r, _)| k == "agent.suspended" && r == "idle")
+            .count()
+            == 2
+    });
+    let (warm_dir, cg) = warm_sandbox(&fx, &sid).expect("a warm sandbox");
+    let freezer = PathBuf::from(&cg[5]);
+    for pid in std::fs::read_to_string(freezer.join("cgroup.procs"))
+        .unwrap()
+        .lines()
+    {
+        std::fs::write("/sys/fs/cgroup/freezer/cgroup.procs", pid).unwrap();
+    }
+    std::fs::remove_dir(&freezer).unwrap();
+    let before = turns_started(&fx, &sid);
+    let r = served(&fx, &daemon, &sid, &["/bin/sh", "-c", "echo three"]);
+    assert_eq!(r.status, 20, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("E2024"), "{}{}", r.stdout, r.stderr);
+    assert_eq!(turns_started(&fx, &sid), before, "a turn ran");
+    let (k, reason, ended) = lifecycle(&fx, &sid).pop().unwrap();
+    assert_eq!((k.as_str(), reason.as_str()), ("agent.terminated", "error"));
+    assert_eq!(ended["payload"]["error"]["code"], "E2024", "{ended}");
+    // The sandbox is gone: processes, cgroups, directory.
+    let memory = PathBuf::from(&cg[1]);
+    wait_for("the broken sandbox to go", 30, || {
+        !memory.exists() && !warm_dir.exists()
+    });
+    // The session still serves: the next turn builds its own sandbox.
+    let r = served(&fx, &daemon, &sid, &["/bin/sh", "-c", "echo four"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    assert_eq!(last_evidence(&fx, &sid)["status"], "committed");
+    fx.assert_ledgers_intact(&sid);
+}
