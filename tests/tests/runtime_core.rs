@@ -322,10 +322,20 @@ impl Daemon {
     }
 
     fn start_in(fx: &Fixture, dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        Self::start_env(fx, dir, extra, &[])
+    }
+
+    fn start_env(
+        fx: &Fixture,
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let socket = dir.path().join("serve.sock");
         let n = std::fs::read_dir(dir.path()).unwrap().count();
         let log = dir.path().join(format!("daemon-{n}.log"));
         let child = std::process::Command::new(turnstile_tests::supervise_bin())
+            .envs(env.iter().copied())
             .arg("serve")
             .arg("--state-dir")
             .arg(&fx.state)
@@ -1391,4 +1401,119 @@ fn issue_28_suspend_idle_after_seconds_freezes_the_warm_sandbox_a_turn_resumes_i
     assert_eq!(r.status, 0, "{}", r.stderr);
     assert_eq!(last_evidence(&fx, &sid)["status"], "committed");
     fx.assert_ledgers_intact(&sid);
+}
+
+// ---- health that looks (item 5) --------------------------------------------
+
+fn daemon_health(daemon: &Daemon) -> (i32, Value) {
+    let sock = daemon.socket.display().to_string();
+    let r = Fixture::raw(&["health", "--json", "--server", &sock]);
+    (
+        r.status,
+        serde_json::from_str(r.stdout.trim()).unwrap_or(Value::Null),
+    )
+}
+
+fn check<'a>(h: &'a Value, name: &str) -> &'a Value {
+    h["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name}: {h}"))
+}
+
+/// Issue 28 item 5, each dependency broken for real: a pool worker
+/// killed (DEGRADED, named), a served session's ledger edited (FAILED,
+/// named), the denial observer switched off (DEGRADED); the network
+/// policy's pieces are looked at. Seed 001 "Health Check": READY,
+/// DEGRADED or FAILED, with the reasons when not READY.
+#[test]
+fn issue_28_seed_001_health_check_daemon_pool_ledgers_observer_network() {
+    if !require_root("issue_28_seed_001_health_check_daemon_pool_ledgers_observer_network") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("p", TICKER);
+    let daemon = Daemon::start(&fx, &[]);
+    let sid = fx.new_session();
+    let r = served(&fx, &daemon, &sid, &["/bin/sh", "-c", "echo one"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    wait_for("the warm sandbox", 30, || warm_sandbox(&fx, &sid).is_some());
+    let (code, h) = daemon_health(&daemon);
+    for name in ["pool", "ledgers", "network", "denial_observer"] {
+        let level = check(&h, name)["level"].as_str().unwrap();
+        // The observer and nftables are the host's: ok here, degraded
+        // where the host lacks them — never missing from the report.
+        assert!(
+            level == "ok" || (matches!(name, "network" | "denial_observer") && level == "degraded"),
+            "{name}: {h}"
+        );
+    }
+    let observer_here = check(&h, "denial_observer")["level"] == "ok";
+    if h["status"] == "READY" {
+        assert_eq!(code, 0);
+        assert!(h["reasons"].as_array().unwrap().is_empty(), "{h}");
+    }
+    // The session's waiting worker, killed.
+    let (warm, _) = warm_sandbox(&fx, &sid).unwrap();
+    let pid: i32 = warm
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .trim_start_matches("warm-")
+        .split('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("the pool check to see it", 10, || {
+        check(&daemon_health(&daemon).1, "pool")["level"] == "degraded"
+    });
+    let (code, h) = daemon_health(&daemon);
+    assert_eq!((code, h["status"].as_str()), (0, Some("DEGRADED")), "{h}");
+    let reasons = h["reasons"].to_string();
+    assert!(
+        reasons.contains(&format!("pid {pid}")) && reasons.contains(&sid),
+        "{h}"
+    );
+    // The session still serves (a new worker); the pool is whole again.
+    let r = served(&fx, &daemon, &sid, &["/bin/sh", "-c", "echo two"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    assert_eq!(check(&daemon_health(&daemon).1, "pool")["level"], "ok");
+    // An acknowledged ledger entry of a served session, edited.
+    let evidence = fx.ledger(&sid, "evidence");
+    let text = std::fs::read_to_string(&evidence).unwrap();
+    std::fs::write(&evidence, text.replacen("echo one", "echo 0ne", 1)).unwrap();
+    let (code, h) = daemon_health(&daemon);
+    assert_eq!((code, h["status"].as_str()), (1, Some("FAILED")), "{h}");
+    assert_eq!(check(&h, "ledgers")["level"], "failed", "{h}");
+    assert!(
+        check(&h, "ledgers")["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&sid)
+    );
+    std::fs::write(&evidence, text).unwrap();
+    assert_eq!(check(&daemon_health(&daemon).1, "ledgers")["level"], "ok");
+    drop(daemon);
+    // The denial observer switched off: DEGRADED, saying so.
+    if observer_here {
+        let dir = tempfile::Builder::new().prefix("ts-rc-").tempdir().unwrap();
+        let off = Daemon::start_env(&fx, dir, &[], &[("TURNSTILE_DENIAL_OBSERVER", "off")]);
+        let (code, h) = daemon_health(&off);
+        assert_eq!((code, h["status"].as_str()), (0, Some("DEGRADED")), "{h}");
+        assert_eq!(check(&h, "denial_observer")["level"], "degraded");
+        assert!(
+            h["reasons"]
+                .to_string()
+                .contains("TURNSTILE_DENIAL_OBSERVER=off"),
+            "{h}"
+        );
+    }
 }

@@ -122,6 +122,8 @@ pub struct Daemon {
     hops: Mutex<HashMap<String, u32>>,
     /// Numbers the lifecycle envelopes.
     lifecycle_seq: AtomicU64,
+    /// The sessions served, newest first (health verifies their ledgers).
+    served: Mutex<Vec<(String, PathBuf)>>,
 }
 
 /// A turn worker: its process and the daemon's end of its control socket.
@@ -313,6 +315,22 @@ impl Daemon {
             cgroup_root: &cgroup_root,
         });
         let mut checks = checks;
+        let (dead, waiting) = self.idle.lock().map_or((Vec::new(), 0), |mut idle| {
+            let n = idle.len();
+            let dead = idle
+                .iter_mut()
+                .filter_map(|(s, w)| {
+                    (!matches!(w.child.try_wait(), Ok(None)))
+                        .then(|| (s.clone(), w.pid.as_raw() as u32))
+                })
+                .collect();
+            (dead, n)
+        });
+        checks.push(health::pool(&dead, waiting));
+        let served = self.served.lock().map(|s| s.clone()).unwrap_or_default();
+        checks.push(health::ledgers(&self.state_dir, &served));
+        checks.push(health::observer());
+        checks.push(health::network());
         if let Some(c) = &self.checkpoints {
             let st = c.status.lock().map(|s| s.clone()).unwrap_or_default();
             checks.push(match st.last_error {
@@ -520,6 +538,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         suspended: Mutex::new(std::collections::HashSet::new()),
         hops: Mutex::new(HashMap::new()),
         lifecycle_seq: AtomicU64::new(0),
+        served: Mutex::new(Vec::new()),
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
@@ -1002,6 +1021,11 @@ pub(crate) fn run_worker(
         serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
     if let (Some(c), Some(t)) = (&d.checkpoints, &report) {
         c.turn_done(&r.root, &t.session_id);
+    }
+    if let (Some(t), Ok(mut served)) = (&report, d.served.lock()) {
+        served.retain(|(s, _)| s != &t.session_id);
+        served.insert(0, (t.session_id.clone(), r.root.clone()));
+        served.truncate(health::MAX_LEDGER_SESSIONS);
     }
     if let (Some(rw), Some(t)) = (&r.receive, &report) {
         if let Ok(mut hops) = d.hops.lock() {
