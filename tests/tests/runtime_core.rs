@@ -85,8 +85,8 @@ print(json.dumps({"type": "count.seen", "idempotency_key": "own-key"}))
 "#;
 
 #[test]
-fn issue_28_receive_happy_path_pure_turn_emits_canonical_envelopes_in_order() {
-    if !require_root("issue_28_receive_happy_path_pure_turn_emits_canonical_envelopes_in_order") {
+fn issue_28_seed_001_pure_receive_function_emits_canonical_envelopes_in_order() {
+    if !require_root("issue_28_seed_001_pure_receive_function_emits_canonical_envelopes_in_order") {
         return;
     }
     let fx = Fixture::new();
@@ -1516,4 +1516,61 @@ fn issue_28_seed_001_health_check_daemon_pool_ledgers_observer_network() {
             "{h}"
         );
     }
+}
+
+/// Seed 001 "No Framework Dependencies": nothing in the workspace's
+/// dependency graph (Cargo.lock) or its sources names an agent framework;
+/// the runtime is std, well-kept crates and its own code.
+#[test]
+fn issue_28_seed_001_no_framework_dependencies() {
+    const FRAMEWORKS: [&str; 4] = ["langchain", "autogen", "crewai", "maf"];
+    let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let lock = std::fs::read_to_string(ws.join("Cargo.lock")).unwrap();
+    let names: Vec<&str> = lock
+        .lines()
+        .filter_map(|l| l.strip_prefix("name = \""))
+        .map(|l| l.trim_end_matches('"'))
+        .collect();
+    assert!(names.len() > 50, "{} packages", names.len());
+    for n in &names {
+        let words: Vec<String> = n.split(['-', '_']).map(str::to_lowercase).collect();
+        for f in FRAMEWORKS {
+            assert!(
+                !words
+                    .iter()
+                    .any(|w| w == f || (f != "maf" && w.contains(f))),
+                "Cargo.lock depends on `{n}` (an agent framework)"
+            );
+        }
+    }
+    let mut stack = vec![
+        ws.join("policy/src"),
+        ws.join("supervisor/src"),
+        ws.join("oci/src"),
+        ws.join("shim/src"),
+    ];
+    let mut files = 0;
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files += 1;
+                let text = std::fs::read_to_string(&p).unwrap();
+                for f in FRAMEWORKS {
+                    for imp in [
+                        format!("use {f}"),
+                        format!("extern crate {f}"),
+                        format!("{f}::"),
+                    ] {
+                        assert!(!text.contains(&imp), "{} imports {f}", p.display());
+                    }
+                }
+            }
+        }
+    }
+    assert!(files > 50, "{files} source files");
 }
