@@ -182,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn canonical_bytes_sort_keys_and_are_stable() {
+    fn seed_001_stable_serialization_canonical_bytes_sort_keys() {
         let e = sample();
         let bytes = e.to_canonical().unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -202,7 +202,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_envelopes_name_the_field() {
+    fn seed_001_mandatory_fields_bad_envelopes_name_the_field() {
         let cases = [
             (r#"{"id":"x"}"#, "envelope.(document)"),
             (

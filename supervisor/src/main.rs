@@ -41,18 +41,33 @@ fn main() -> ExitCode {
     let json = format == cli::LogFormat::Json;
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if json { "info" } else { "warn" }));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // With the `otlp` feature and an OTEL_EXPORTER_OTLP_* endpoint, the
+    // spans are exported too (flushed when `_otlp` drops, at exit).
+    #[cfg(feature = "otlp")]
+    let (otlp, _otlp) = {
+        let p = turnstile_supervisor::otlp::from_env();
+        let layer = p.as_ref().map(turnstile_supervisor::otlp::layer);
+        (layer, p.map(turnstile_supervisor::otlp::guard))
+    };
+    #[cfg(not(feature = "otlp"))]
+    let otlp: Option<tracing_subscriber::layer::Identity> = None;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let registry = tracing_subscriber::registry().with(filter).with(otlp);
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false);
     if json {
-        fmt.json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        registry
+            .with(
+                fmt.json()
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE),
+            )
             .init();
     } else {
-        fmt.init();
+        registry.with(fmt).init();
     }
     if args.len() == 2 && args[1] == turnstile_supervisor::serve::worker::SERVE_WORKER {
         return ExitCode::from(turnstile_supervisor::serve::worker::main());

@@ -100,8 +100,8 @@ fn session(seed: &str) -> (String, Vec<u8>, Vec<u8>) {
 }
 
 #[test]
-fn issue_13_deterministic_sessions_give_byte_identical_ledgers() {
-    if !require_root("issue_13_deterministic_sessions_give_byte_identical_ledgers") {
+fn issue_13_seed_001_deterministic_execution_byte_identical_ledgers() {
+    if !require_root("issue_13_seed_001_deterministic_execution_byte_identical_ledgers") {
         return;
     }
     let (sid1, exec1, ev1) = session("7");

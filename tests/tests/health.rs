@@ -108,3 +108,38 @@ fn issue_13_health_reports_ready_degraded_and_failed_state() {
     assert_eq!((s, v["status"].as_str()), (1, Some("FAILED")), "{v}");
     assert!(v["reasons"].to_string().contains(&sid), "{v}");
 }
+
+/// Issue 28 item 5: a state directory that cannot take writes (a
+/// read-only mount over it, for real) is FAILED, naming it; health itself
+/// writes nothing.
+#[test]
+fn issue_28_health_fails_on_a_read_only_state_dir() {
+    if !require_root("issue_28_health_fails_on_a_read_only_state_dir") {
+        return;
+    }
+    let fx = Fixture::new();
+    let _sid = fx.new_session();
+    let (s, v) = health(&fx);
+    assert_clean(s, &v);
+    let target = fx.state.to_str().unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["--bind", target, target])
+        .status()
+        .unwrap()
+        .success()
+        && std::process::Command::new("mount")
+            .args(["-o", "remount,bind,ro", target])
+            .status()
+            .unwrap()
+            .success();
+    let (s, v) = health(&fx);
+    let _ = std::process::Command::new("umount").arg(target).status();
+    assert!(ok, "could not mount the state dir read-only");
+    assert_eq!((s, v["status"].as_str()), (1, Some("FAILED")), "{v}");
+    assert!(
+        v["reasons"].to_string().contains("does not take writes"),
+        "{v}"
+    );
+    let (s, v) = health(&fx);
+    assert_clean(s, &v);
+}

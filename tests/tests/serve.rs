@@ -717,8 +717,8 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 }
 
 #[test]
-fn serve_metrics_health_and_json_logs_after_turns() {
-    if !require_root("serve_metrics_health_and_json_logs_after_turns") {
+fn serve_seed_001_metrics_emission_health_and_json_logs_after_turns() {
+    if !require_root("serve_seed_001_metrics_emission_health_and_json_logs_after_turns") {
         return;
     }
     let fx = fixture();

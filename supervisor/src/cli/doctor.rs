@@ -354,7 +354,7 @@ fn status_of(failed: &[String], degraded: &[String]) -> &'static str {
 const STATE_MIN_FREE_BYTES: u64 = 256 << 20;
 
 /// `supervise health`: the host ([`report`]) plus the state directory —
-/// free space, sessions whose ledgers do not verify (FAILED), and what a
+/// writable (FAILED when not), free space, sessions whose ledgers do not verify (FAILED), and what a
 /// stopped supervisor left unrecovered (DEGRADED: run `supervise recover`).
 /// Read-only: nothing is recovered or changed.
 pub fn health(state_dir: &Path) -> (String, HealthReport) {
@@ -383,6 +383,24 @@ pub fn health(state_dir: &Path) -> (String, HealthReport) {
             f >> 20
         )),
         Some(_) => {}
+    }
+    // Writable, looked at without writing (health changes nothing): a
+    // read-only mount or a denied write means no turn can record.
+    if free.is_some() {
+        let ro = nix::sys::statvfs::statvfs(state_dir)
+            .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+        let denied = nix::unistd::access(state_dir, nix::unistd::AccessFlags::W_OK).err();
+        if ro || denied.is_some() {
+            failed.push(format!(
+                "state dir {} does not take writes ({}): no turn can record",
+                state_dir.display(),
+                if ro {
+                    "read-only file system".to_owned()
+                } else {
+                    denied.map(|e| e.to_string()).unwrap_or_default()
+                }
+            ));
+        }
     }
     let state = crate::store::layout::StateDir::at(state_dir);
     for (id, ws) in crate::recover::known_sessions(&state, None) {

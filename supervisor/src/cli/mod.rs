@@ -123,13 +123,17 @@ pub enum Command {
     /// Recorded as `turn.suspended` in the turn's evidence. What the
     /// containerd shim's Pause calls. Exit 2 TS1052 when no turn runs.
     ///
+    /// With --server, the daemon does it: the session's running turn and
+    /// its warm sandbox are frozen, and `agent.suspended` is emitted on
+    /// its event bus.
+    ///
     /// Example: supervise suspend --root /ws --session SES-...
-    Suspend(SessionArgs),
+    Suspend(SuspendArgs),
     /// Thaw a suspended turn (`turn.resumed`). A turn that cannot be
     /// thawed is ended and fails with E2024 RESUME_FAILED (recorded).
     ///
     /// Example: supervise resume --root /ws --session SES-...
-    Resume(SessionArgs),
+    Resume(SuspendArgs),
     /// Print a session's context as of a time (FR-RT-009): the latest
     /// checkpoint not after it plus the evidence entries since, merged.
     ///
@@ -367,6 +371,21 @@ pub struct SessionArgs {
     pub common: Common,
     #[arg(long, value_name = "SID")]
     pub session: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SuspendArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_name = "SID")]
+    pub session: String,
+    /// Ask a running `supervise serve` daemon on this socket (its state
+    /// directory is its own; --state-dir, when given, must name it).
+    #[arg(long, value_name = "SOCKET")]
+    pub server: Option<PathBuf>,
+    /// Whether --state-dir was on the command line (see [`parse`]).
+    #[arg(skip)]
+    pub state_dir_named: bool,
 }
 
 #[derive(Debug, Args)]
@@ -712,6 +731,8 @@ pub fn parse() -> Cli {
     match &mut cli.command {
         Command::Run(a) => a.state_dir_named = named("run"),
         Command::Health(a) => a.state_dir_named = named("health"),
+        Command::Suspend(a) => a.state_dir_named = named("suspend"),
+        Command::Resume(a) => a.state_dir_named = named("resume"),
         _ => {}
     }
     cli
@@ -1033,119 +1054,31 @@ struct CheckpointWritten<'a> {
     checkpoint: &'a Value,
 }
 
-/// What `suspend`/`resume --json` print.
-#[derive(serde::Serialize)]
-struct SuspendReport {
-    session_id: String,
-    turn_number: u64,
-    frozen: bool,
-}
-
-/// `supervise suspend` (`freeze`) and `resume`: the running turn of the
-/// session, found by the cgroup file its supervisor published
-/// (`turn-N.cgroup` in the session's state directory), frozen or thawed;
-/// the fact is appended for the turn's evidence.
-fn suspend_cmd(a: &SessionArgs, freeze: bool) -> Result<Outcome> {
-    use crate::sandbox::cgroup::TurnCgroup;
-    use crate::store::record::{
-        ErrorRecord, SuspensionFact, running_cgroup_file, suspensions_file,
-    };
-    use turnstile_policy::session::Clock as _;
-    let action = if freeze { "suspend" } else { "resume" };
+/// `supervise suspend` (`freeze`) and `resume`: the session's running
+/// turn (and a warm sandbox a daemon keeps for it), found by the cgroup
+/// file each published in its directory, frozen or thawed; the fact is
+/// appended for the turn's evidence (`serve::lifecycle`). With --server,
+/// the daemon does it.
+fn suspend_cmd(a: &SuspendArgs, freeze: bool) -> Result<Outcome> {
     let id = SessionId::parse(&a.session)?;
+    if let Some(socket) = &a.server {
+        let request = crate::serve::wire::LifecycleRequest {
+            root: crate::serve::client::absolute(&a.common.root)?,
+            session: id.to_string(),
+            json: a.common.json,
+            state_dir: if a.state_dir_named {
+                Some(crate::serve::client::absolute(&a.common.state_dir)?)
+            } else {
+                None
+            },
+        };
+        return crate::serve::client::lifecycle(socket, &request, freeze);
+    }
     let (ws, state) = open_workspace(&a.common)?;
     let _session = Session::open(&ws, &state, &id, None)?;
-    let dir = state.session_dir(&id);
-    let running = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let n: u64 = name.strip_prefix("turn-")?.parse().ok()?;
-            running_cgroup_file(&e.path())
-                .is_file()
-                .then_some((n, e.path()))
-        })
-        .max_by_key(|(n, _)| *n);
-    let none = || SupervisorError::NoRunningTurn {
-        session: id.to_string(),
-        action,
-    };
-    let (turn, turn_dir) = running.ok_or_else(none)?;
-    let cg = TurnCgroup::from_file(&running_cgroup_file(&turn_dir)).ok_or_else(none)?;
-    if cg.pids().is_empty() {
-        return Err(none());
-    }
-    let now = turnstile_policy::timefmt::rfc3339_micros(crate::ids::SystemClock.now());
-    let record = |fact: &SuspensionFact| {
-        use std::io::Write as _;
-        let line = format!("{}\n", to_json(fact));
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(suspensions_file(&turn_dir))
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-            .map_err(|source| SupervisorError::StateIo {
-                op: "append",
-                path: suspensions_file(&turn_dir),
-                source,
-            })
-    };
-    if freeze {
-        if let Err(e) = cg.set_frozen(true) {
-            let _ = cg.set_frozen(false);
-            return Err(SupervisorError::SuspendFailed {
-                session: id.to_string(),
-                detail: e.to_string(),
-            });
-        }
-        record(&SuspensionFact {
-            event: "turn.suspended".into(),
-            ts: now,
-            error: None,
-        })?;
-    } else if let Err(e) = cg.set_frozen(false) {
-        // Fail closed: a turn that cannot be thawed is ended, and says why.
-        let err = SupervisorError::ResumeFailed {
-            session: id.to_string(),
-            detail: e.to_string(),
-        };
-        let code = err.code();
-        record(&SuspensionFact {
-            event: "turn.resume_failed".into(),
-            ts: now,
-            error: Some(ErrorRecord {
-                code: code.code.to_owned(),
-                name: code.name.to_owned(),
-                message: err.to_string(),
-            }),
-        })?;
-        cg.kill_all();
-        return Err(err);
-    } else {
-        record(&SuspensionFact {
-            event: "turn.resumed".into(),
-            ts: now,
-            error: None,
-        })?;
-    }
-    let text = if a.common.json {
-        format!(
-            "{}\n",
-            to_json(&SuspendReport {
-                session_id: id.to_string(),
-                turn_number: turn,
-                frozen: freeze,
-            })
-        )
-    } else {
-        format!(
-            "turn {turn} of {id}: {}\n",
-            if freeze { "suspended" } else { "resumed" }
-        )
-    };
-    Ok(Outcome::ok(text))
+    let report =
+        crate::serve::lifecycle::apply(id.as_str(), &state.session_dir(&id), freeze, None, |_| {})?;
+    Ok(Outcome::ok(report.text(a.common.json)))
 }
 
 fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {

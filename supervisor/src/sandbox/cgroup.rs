@@ -530,6 +530,16 @@ impl TurnCgroup {
         }
     }
 
+    /// The file that freezes the cgroup (v2 `cgroup.freeze`, v1
+    /// `freezer.state`), when the host has one.
+    pub fn freezer_file(&self) -> Option<PathBuf> {
+        match (&self.version, &self.freezer) {
+            (Version::V2, _) => Some(self.memory.join("cgroup.freeze")),
+            (Version::V1, Some(f)) => Some(f.join("freezer.state")),
+            (Version::V1, None) => None,
+        }
+    }
+
     /// Freezes (`true`) or thaws every process of the turn and waits
     /// (bounded, 5 s) until the kernel says it is done.
     pub fn set_frozen(&self, freeze: bool) -> Result<()> {

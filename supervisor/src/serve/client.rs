@@ -13,7 +13,9 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use turnstile_policy::request::TurnRequest;
 
-use super::wire::{HealthRequest, PROTOCOL_VERSION, Reply, RunRequest, send_with_fds};
+use super::wire::{
+    HealthRequest, LifecycleRequest, PROTOCOL_VERSION, Reply, RunRequest, send_with_fds,
+};
 use crate::error::{Result, SupervisorError};
 use crate::turn::outcome::Outcome;
 
@@ -70,6 +72,8 @@ struct Line<'a> {
 enum Op<'a> {
     Run(&'a RunRequest),
     Health(&'a HealthRequest),
+    Suspend(&'a LifecycleRequest),
+    Resume(&'a LifecycleRequest),
 }
 
 impl<'a> Line<'a> {
@@ -98,6 +102,17 @@ pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
 /// `supervise health --server SOCKET`.
 pub fn health(socket: &Path, request: &HealthRequest) -> Result<Outcome> {
     let v = serde_json::to_value(Line::of(Op::Health(request))).unwrap_or_default();
+    exchange(socket, &v, false)
+}
+
+/// `supervise suspend|resume --server SOCKET` (`freeze`: suspend).
+pub fn lifecycle(socket: &Path, request: &LifecycleRequest, freeze: bool) -> Result<Outcome> {
+    let op = if freeze {
+        Op::Suspend(request)
+    } else {
+        Op::Resume(request)
+    };
+    let v = serde_json::to_value(Line::of(op)).unwrap_or_default();
     exchange(socket, &v, false)
 }
 

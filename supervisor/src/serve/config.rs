@@ -6,6 +6,7 @@
 //!   "subscriptions": [{"type": "invoice.*", "root": "/ws", "package": "b"}],
 //!   "max_hops": 8,
 //!   "approvers": ["alice"],
+//!   "suspend_idle_after_seconds": 300,
 //!   "bus": {"role": "production", "sandbox_bus": "/srv/bus-sandbox",
 //!           "require_sandbox_first": true}
 //! }
@@ -41,6 +42,11 @@ pub struct DaemonConfig {
     pub approvers: Vec<String>,
     #[serde(default)]
     pub bus: BusPolicy,
+    /// A session's warm sandbox, waiting this long for the session's next
+    /// turn, is frozen (suspended; `agent.suspended`); the next turn thaws
+    /// it (`agent.resumed`) or fails with E2024 when it cannot.
+    #[serde(default)]
+    pub suspend_idle_after_seconds: Option<u64>,
 }
 
 impl Default for DaemonConfig {
@@ -50,6 +56,7 @@ impl Default for DaemonConfig {
             max_hops: DEFAULT_MAX_HOPS,
             approvers: Vec::new(),
             bus: BusPolicy::default(),
+            suspend_idle_after_seconds: None,
         }
     }
 }
@@ -130,6 +137,14 @@ impl DaemonConfig {
                 format!("{} is not within 1..=64", self.max_hops),
             );
         }
+        if let Some(n) = self.suspend_idle_after_seconds {
+            if !(1..=86_400).contains(&n) {
+                return bad(
+                    "suspend_idle_after_seconds".into(),
+                    format!("{n} is not within 1..=86400"),
+                );
+            }
+        }
         for (i, s) in self.subscriptions.iter().enumerate() {
             if !s.root.is_absolute() {
                 return bad(
@@ -204,6 +219,10 @@ mod tests {
                 "daemon-config.subscriptions[0].root",
             ),
             (r#"{"approvers":["a b"]}"#, "daemon-config.approvers[0]"),
+            (
+                r#"{"suspend_idle_after_seconds":0}"#,
+                "daemon-config.suspend_idle_after_seconds",
+            ),
             (
                 r#"{"bus":{"role":"production"}}"#,
                 "daemon-config.bus.sandbox_bus",

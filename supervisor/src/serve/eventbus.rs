@@ -391,7 +391,7 @@ mod tests {
     /// invoked synchronously, in subscription order, before publish
     /// returns; others are not.
     #[test]
-    fn issue_28_in_memory_bus_invokes_matching_subscribers_synchronously_in_order() {
+    fn issue_28_seed_001_inmemorybus_operation_subscribers_invoked_synchronously_in_order() {
         let log = Arc::new(Mutex::new(Vec::<String>::new()));
         let mut bus = InMemoryBus::new();
         for (name, pat) in [

@@ -1,7 +1,9 @@
 //! What the daemon's health looks at (issue 28 item 5): not only whether it
 //! is stopping, but whether what it depends on still works — its state
 //! directory (writable, free space), the cgroup hierarchy turns are built
-//! in, its socket, the bus directories, the metrics listener. Each check
+//! in, its socket, the bus directories, the metrics listener, the pool's
+//! workers, the ledgers of the sessions it served, the denial observer
+//! and the network policy's kernel pieces. Each check
 //! ends `ok`, `degraded` or `failed` with why; the daemon is READY only
 //! when every check is ok, FAILED when one failed, DEGRADED otherwise.
 
@@ -203,6 +205,98 @@ fn metrics(addr: std::net::SocketAddr) -> Check {
             Level::Degraded,
             format!("the metrics listener at {addr} does not answer: {e}"),
         ),
+    }
+}
+
+/// The pool's waiting workers: each must still be alive (a dead one
+/// means its session's warm sandbox is gone with it).
+pub fn pool(dead: &[(String, u32)], waiting: usize) -> Check {
+    const NAME: &str = "pool";
+    if dead.is_empty() {
+        return Check::ok(NAME, format!("{waiting} worker(s) waiting, all alive"));
+    }
+    Check::degraded(
+        NAME,
+        format!(
+            "{} of {waiting} waiting worker(s) died: {} (their sessions' next turns build cold)",
+            dead.len(),
+            dead.iter()
+                .map(|(s, p)| format!("pid {p} of session {s}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
+/// The denial observer (issue 27): loaded, or why not (turns still run;
+/// their Landlock and view refusals go unexplained).
+pub fn observer() -> Check {
+    const NAME: &str = "denial_observer";
+    match crate::sandbox::observe::get() {
+        Ok(o) => Check::ok(
+            NAME,
+            format!("loaded and attached ({} µs)", o.load_time.as_micros()),
+        ),
+        Err(why) => Check::degraded(
+            NAME,
+            format!("{why}: turns run, their in-sandbox refusals are not attributed"),
+        ),
+    }
+}
+
+/// The network policy's kernel pieces: network namespaces (every turn's
+/// `isolated` network) and nftables (`restricted` / `allow_egress`).
+pub fn network() -> Check {
+    const NAME: &str = "network";
+    if !Path::new("/proc/self/ns/net").exists() {
+        return Check::new(
+            NAME,
+            Level::Failed,
+            "the kernel has no network namespaces: no turn's network can be isolated",
+        );
+    }
+    match crate::sandbox::egress::host_support() {
+        Ok(()) => Check::ok(NAME, "network namespaces; nftables for egress by name"),
+        Err(why) => Check::degraded(
+            NAME,
+            format!("{why}: `restricted` and `allow_egress` turns are refused (TS1070)"),
+        ),
+    }
+}
+
+/// Most sessions whose ledgers one health check verifies.
+pub const MAX_LEDGER_SESSIONS: usize = 64;
+
+/// The ledgers of the sessions the daemon served (the most recent
+/// [`MAX_LEDGER_SESSIONS`]): every hash and link up to the anchored head.
+pub fn ledgers(state_dir: &Path, sessions: &[(String, std::path::PathBuf)]) -> Check {
+    const NAME: &str = "ledgers";
+    let mut bad = Vec::new();
+    for (sid, root) in sessions.iter().take(MAX_LEDGER_SESSIONS) {
+        let verified = (|| -> crate::error::Result<()> {
+            let id = turnstile_policy::SessionId::parse(sid)?;
+            let ws = crate::store::layout::Workspace::open(root)?;
+            let state = crate::store::layout::StateDir::open(state_dir, &ws, false)?;
+            let session = crate::store::session::Session::open(&ws, &state, &id, None)?;
+            for kind in crate::store::ledger::LedgerKind::ALL {
+                session.ledger(kind).verify()?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = verified {
+            bad.push(format!("session {sid}: {e}"));
+        }
+    }
+    if bad.is_empty() {
+        Check::ok(
+            NAME,
+            format!(
+                "{} served session(s) verified",
+                sessions.len().min(MAX_LEDGER_SESSIONS)
+            ),
+        )
+    } else {
+        Check::new(NAME, Level::Failed, bad.join("; "))
     }
 }
 

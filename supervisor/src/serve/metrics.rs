@@ -43,6 +43,7 @@ pub struct Metrics {
     event_duration: Histogram,
     checkpoints: Family<Labels, Counter>,
     checkpoint_duration: Histogram,
+    active_agents: Family<Labels, Gauge>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -74,6 +75,12 @@ impl Metrics {
         let event_duration = Histogram::new(exponential_buckets(0.5, 2.0, 16));
         let checkpoints = Family::<Labels, Counter>::default();
         let checkpoint_duration = seconds_histogram();
+        let active_agents = Family::<Labels, Gauge>::default();
+        registry.register(
+            "agent_runtime_active_agents",
+            "Agents the daemon holds, by trust level and state: running (a turn in flight), suspended (frozen), idle (a warm sandbox waiting)",
+            active_agents.clone(),
+        );
         registry.register(
             "agent_runtime_checkpoints",
             "Signed ledger checkpoints the daemon took (type auto), by status",
@@ -149,6 +156,34 @@ impl Metrics {
             event_duration,
             checkpoints,
             checkpoint_duration,
+            active_agents,
+        }
+    }
+
+    /// Sets `agent_runtime_active_agents` from counts by (trust level,
+    /// state); every known trust level and state is exported, 0 when none.
+    pub fn set_active_agents(
+        &self,
+        counts: &std::collections::BTreeMap<(String, &'static str), i64>,
+    ) {
+        use turnstile_policy::manifest::TrustLevel;
+        let mut trust: std::collections::BTreeSet<String> = [
+            TrustLevel::Trusted,
+            TrustLevel::Standard,
+            TrustLevel::Untrusted,
+            TrustLevel::Confidential,
+        ]
+        .iter()
+        .map(|t| t.as_str().to_owned())
+        .collect();
+        trust.extend(counts.keys().map(|(t, _)| t.clone()));
+        for t in &trust {
+            for state in ["running", "suspended", "idle"] {
+                let n = counts.get(&(t.clone(), state)).copied().unwrap_or(0);
+                self.active_agents
+                    .get_or_create(&labels(&[("trust_level", t), ("state", state)]))
+                    .set(n);
+            }
         }
     }
 

@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod eventbus;
 pub mod health;
+pub mod lifecycle;
 pub mod metrics;
 pub mod router;
 pub mod wire;
@@ -108,6 +109,21 @@ pub struct Daemon {
     spawner: Mutex<std::sync::mpsc::Sender<std::sync::mpsc::SyncSender<std::io::Result<Worker>>>>,
     /// Signs checkpoints of the sessions served (`--checkpoint-key`).
     checkpoints: Option<checkpoints::Checkpointer>,
+    /// `suspend_idle_after_seconds` (issue 28): a waiting worker's warm
+    /// sandbox is frozen after this long.
+    suspend_idle: Option<Duration>,
+    /// The turns in flight, by connection number: their session and
+    /// trust level (`agent_runtime_active_agents`).
+    running: Mutex<HashMap<u64, lifecycle::Agent>>,
+    /// Sessions whose running turn a `suspend` froze.
+    suspended: Mutex<std::collections::HashSet<String>>,
+    /// The hop of each session's last receive: its lifecycle envelopes are
+    /// published at it, so a subscription to `agent.*` cannot loop forever.
+    hops: Mutex<HashMap<String, u32>>,
+    /// Numbers the lifecycle envelopes.
+    lifecycle_seq: AtomicU64,
+    /// The sessions served, newest first (health verifies their ledgers).
+    served: Mutex<Vec<(String, PathBuf)>>,
 }
 
 /// A turn worker: its process and the daemon's end of its control socket.
@@ -117,6 +133,11 @@ pub(crate) struct Worker {
     pid: Pid,
     ctl: UnixStream,
     since: Instant,
+    /// Its warm sandbox was frozen (`suspend`, or idle too long).
+    suspended: bool,
+    /// The package and trust level of its session's last turn.
+    package: Option<String>,
+    trust_level: Option<String>,
 }
 
 impl Worker {
@@ -148,6 +169,9 @@ impl Worker {
             child,
             ctl: ours,
             since: Instant::now(),
+            suspended: false,
+            package: None,
+            trust_level: None,
         })
     }
 
@@ -201,11 +225,14 @@ impl Daemon {
     /// A worker for a turn of `session`: the one waiting for it, or a new
     /// one (from the spawner thread).
     fn worker_for(&self, session: Option<&str>) -> Result<Worker> {
-        if let Some(w) = session.and_then(|s| self.idle.lock().ok()?.remove(s)) {
+        let waiting = session.and_then(|s| Some((s, self.idle.lock().ok()?.remove(s)?)));
+        if let Some((s, w)) = waiting {
             self.metrics
                 .warm_pool_size
                 .set(self.warm_pool_size() as i64);
-            return Ok(w);
+            // A suspended session resumes for its turn (or the turn fails,
+            // E2024).
+            return self.wake(s, w);
         }
         let io = |e: std::io::Error| state_io("spawn turn worker", Path::new("/proc/self/exe"))(e);
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -243,6 +270,8 @@ impl Daemon {
             }
         }
         self.metrics.warm_pool_size.set(idle.len() as i64);
+        drop(idle);
+        self.refresh_active();
     }
 
     /// Lets go of workers idle longer than --pool-idle-seconds (all of
@@ -262,6 +291,8 @@ impl Daemon {
             }
         }
         self.metrics.warm_pool_size.set(idle.len() as i64);
+        drop(idle);
+        self.refresh_active();
     }
 
     fn signal_all(&self, sig: Signal) {
@@ -284,6 +315,22 @@ impl Daemon {
             cgroup_root: &cgroup_root,
         });
         let mut checks = checks;
+        let (dead, waiting) = self.idle.lock().map_or((Vec::new(), 0), |mut idle| {
+            let n = idle.len();
+            let dead = idle
+                .iter_mut()
+                .filter_map(|(s, w)| {
+                    (!matches!(w.child.try_wait(), Ok(None)))
+                        .then(|| (s.clone(), w.pid.as_raw() as u32))
+                })
+                .collect();
+            (dead, n)
+        });
+        checks.push(health::pool(&dead, waiting));
+        let served = self.served.lock().map(|s| s.clone()).unwrap_or_default();
+        checks.push(health::ledgers(&self.state_dir, &served));
+        checks.push(health::observer());
+        checks.push(health::network());
         if let Some(c) = &self.checkpoints {
             let st = c.status.lock().map(|s| s.clone()).unwrap_or_default();
             checks.push(match st.last_error {
@@ -486,6 +533,12 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         uid: nix::unistd::geteuid().as_raw(),
         max_turns: o.max_turns.max(1),
         checkpoints: checkpointer,
+        suspend_idle: o.config.suspend_idle_after_seconds.map(Duration::from_secs),
+        running: Mutex::new(HashMap::new()),
+        suspended: Mutex::new(std::collections::HashSet::new()),
+        hops: Mutex::new(HashMap::new()),
+        lifecycle_seq: AtomicU64::new(0),
+        served: Mutex::new(Vec::new()),
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
@@ -527,6 +580,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         }
         threads.retain(|t| !t.is_finished());
         daemon.expire_idle(false);
+        daemon.suspend_idle();
         let Some(l) = &listener else { continue };
         loop {
             match l.accept() {
@@ -749,6 +803,14 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                 },
             );
         }
+        Request::Suspend(l) | Request::Resume(l) if d.stopping.load(Ordering::SeqCst) => {
+            let e = SupervisorError::WorkerFailed {
+                detail: "the daemon is stopping".into(),
+            };
+            send_reply(d, &conn, &error_reply(&e, l.json));
+        }
+        Request::Suspend(l) => send_reply(d, &conn, &d.lifecycle_reply(&l, true)),
+        Request::Resume(l) => send_reply(d, &conn, &d.lifecycle_reply(&l, false)),
         Request::Run(r) => {
             let json_mode = r.json;
             let t = Instant::now();
@@ -874,6 +936,7 @@ pub(crate) fn run_worker(
     drop((out, err));
     let pid = w.pid;
     d.track(n, Some(pid));
+    d.turn_began(n, session, &r.root, &r.package);
     let mut forwarded = false;
     let deliver = |bytes: &[u8], forwarded: &mut bool| {
         for b in bytes {
@@ -932,6 +995,7 @@ pub(crate) fn run_worker(
         }
     }
     d.track(n, None);
+    d.turn_ended(n, session);
     d.turns_served.fetch_add(1, Ordering::SeqCst);
     let end = reply_bytes.iter().position(|b| *b == b'\n');
     let parsed = end.and_then(|end| serde_json::from_slice::<Reply>(&reply_bytes[..end]).ok());
@@ -943,6 +1007,8 @@ pub(crate) fn run_worker(
             ),
         });
     };
+    w.package = Some(r.package.clone());
+    w.trust_level.clone_from(&reply.trust_level);
     // A worker a signal was forwarded to does not serve another turn.
     match session {
         Some(s) if reply.stays && !forwarded => d.keep(s, w),
@@ -955,6 +1021,16 @@ pub(crate) fn run_worker(
         serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
     if let (Some(c), Some(t)) = (&d.checkpoints, &report) {
         c.turn_done(&r.root, &t.session_id);
+    }
+    if let (Some(t), Ok(mut served)) = (&report, d.served.lock()) {
+        served.retain(|(s, _)| s != &t.session_id);
+        served.insert(0, (t.session_id.clone(), r.root.clone()));
+        served.truncate(health::MAX_LEDGER_SESSIONS);
+    }
+    if let (Some(rw), Some(t)) = (&r.receive, &report) {
+        if let Ok(mut hops) = d.hops.lock() {
+            hops.insert(t.session_id.clone(), rw.hop);
+        }
     }
     log_turn(&reply, report.as_ref(), started.elapsed());
     Ok(reply)

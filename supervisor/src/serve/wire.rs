@@ -97,6 +97,24 @@ pub struct DeterministicWire {
 pub enum Request {
     Run(Box<RunRequest>),
     Health(HealthRequest),
+    /// `suspend` / `resume` of a session (issue 28): freeze or thaw its
+    /// running turn and its warm sandbox.
+    Suspend(LifecycleRequest),
+    Resume(LifecycleRequest),
+}
+
+/// A `suspend` or `resume` request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleRequest {
+    /// The workspace root (absolute) the session belongs to.
+    pub root: PathBuf,
+    pub session: String,
+    #[serde(default)]
+    pub json: bool,
+    /// The client's `--state-dir` when it named one; must be the daemon's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// A `health` request.
@@ -118,9 +136,9 @@ impl Request {
         let Some(obj) = v.as_object_mut() else {
             return Err(SupervisorError::invalid("request", "must be a JSON object"));
         };
-        let op = obj
-            .remove("op")
-            .ok_or_else(|| SupervisorError::invalid("op", "missing (`run` or `health`)"))?;
+        let op = obj.remove("op").ok_or_else(|| {
+            SupervisorError::invalid("op", "missing (`run`, `health`, `suspend` or `resume`)")
+        })?;
         if let Some(p) = obj.remove("protocol") {
             let Some(client) = p.as_u64() else {
                 return Err(SupervisorError::invalid(
@@ -148,9 +166,18 @@ impl Request {
                     .map_err(|e| SupervisorError::invalid(&field_of(&e), e.inner().to_string()))?;
                 Ok(Self::Health(h))
             }
+            Some(op @ ("suspend" | "resume")) => {
+                let l: LifecycleRequest = serde_path_to_error::deserialize(rest)
+                    .map_err(|e| SupervisorError::invalid(&field_of(&e), e.inner().to_string()))?;
+                Ok(if op == "suspend" {
+                    Self::Suspend(l)
+                } else {
+                    Self::Resume(l)
+                })
+            }
             _ => Err(SupervisorError::invalid(
                 "op",
-                format!("{op}: expected `run` or `health`"),
+                format!("{op}: expected `run`, `health`, `suspend` or `resume`"),
             )),
         }
     }

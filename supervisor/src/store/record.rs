@@ -505,6 +505,10 @@ pub struct EvidenceEntry {
 pub struct SuspensionFact {
     pub event: String,
     pub ts: String,
+    /// Why it was suspended or resumed (`request`, `idle`, `turn`), when
+    /// the daemon did it (issue 28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Why a resume failed (with the code E2024).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorRecord>,

@@ -420,7 +420,22 @@ struct Stage(Option<tracing::span::EnteredSpan>);
 impl Stage {
     fn enter(&mut self, phase: &'static str) {
         self.0 = None;
-        self.0 = Some(tracing::info_span!("phase", phase).entered());
+        self.0 =
+            Some(tracing::info_span!("phase", phase, "otel.name" = otel_phase(phase)).entered());
+    }
+}
+
+/// A phase's span name for OpenTelemetry (seed 002 §9.3.3 style: the
+/// object, then the operation).
+fn otel_phase(phase: &str) -> &'static str {
+    match phase {
+        "plan" => "turn.plan",
+        "prepare" => "sandbox.create",
+        "sandbox" => "sandbox.run",
+        "capture" => "turn.capture",
+        "verify_commit" => "turn.commit",
+        "teardown" => "sandbox.delete",
+        _ => "turn.phase",
     }
 }
 
@@ -472,7 +487,9 @@ impl Turn<'_> {
             None => &HostFs,
         };
         let plan = {
-            let _phase = tracing::info_span!("phase", phase = "plan").entered();
+            let _phase =
+                tracing::info_span!("phase", phase = "plan", "otel.name" = otel_phase("plan"))
+                    .entered();
             plan::compile(&ctx, self.manifest, self.request, allowed, view).map(|mut p| {
                 if let Some(r) = &self.opts.receive {
                     // Its stdout is held in memory: bounded whatever the
