@@ -9,9 +9,6 @@ pub mod cli;
 pub mod error;
 pub mod fsx;
 pub mod ids;
-#[cfg(feature = "otlp")]
-pub mod otlp;
-pub mod progress;
 pub mod recover;
 pub mod sandbox;
 pub mod serve;

@@ -45,9 +45,9 @@ fn main() -> ExitCode {
     // spans are exported too (flushed when `_otlp` drops, at exit).
     #[cfg(feature = "otlp")]
     let (otlp, _otlp) = {
-        let p = turnstile_supervisor::otlp::from_env();
-        let layer = p.as_ref().map(turnstile_supervisor::otlp::layer);
-        (layer, p.map(turnstile_supervisor::otlp::guard))
+        let p = turnstile_supervisor::cli::otlp::from_env();
+        let layer = p.as_ref().map(turnstile_supervisor::cli::otlp::layer);
+        (layer, p.map(turnstile_supervisor::cli::otlp::guard))
     };
     #[cfg(not(feature = "otlp"))]
     let otlp: Option<tracing_subscriber::layer::Identity> = None;

@@ -8,6 +8,8 @@ pub mod audit;
 pub mod doctor;
 pub mod init;
 pub mod learn;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod receive;
 pub mod report;
 pub mod revert;

@@ -775,7 +775,7 @@ fn stage_all(req: &CommitRequest<'_>, journal: &mut Journal) -> Result<()> {
     let mut durable = Durability::new(staged);
     make_created_dirs(req.root, journal, &mut durable)?;
     let turn = journal.turn_number;
-    let bar = crate::progress::Progress::new(
+    let bar = crate::store::progress::Progress::new(
         "committing outputs",
         journal.outputs.len() as u64,
         256,

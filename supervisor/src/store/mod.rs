@@ -13,6 +13,7 @@ pub mod idempotency;
 pub mod layout;
 pub mod ledger;
 pub mod lock;
+pub mod progress;
 pub mod record;
 pub mod session;
 pub mod status;
