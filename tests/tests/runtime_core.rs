@@ -1391,6 +1391,16 @@ fn issue_28_suspend_idle_after_seconds_freezes_the_warm_sandbox_a_turn_resumes_i
     let (k, reason, ended) = lifecycle(&fx, &sid).pop().unwrap();
     assert_eq!((k.as_str(), reason.as_str()), ("agent.terminated", "error"));
     assert_eq!(ended["payload"]["error"]["code"], "E2024", "{ended}");
+    // The failure is in the hash chain too: the turn never started, so the
+    // evidence ledger's last entry is the failed resume.
+    let refused = read_entries(&fx.ledger(&sid, "evidence"))
+        .into_iter()
+        .last()
+        .unwrap();
+    assert_eq!(refused["event"], "session.resume_failed", "{refused}");
+    assert_eq!(refused["error"]["code"], "E2024", "{refused}");
+    assert_eq!(refused["package"], "p", "{refused}");
+    fx.assert_ledgers_intact(&sid);
     // The sandbox is gone: processes, cgroups, directory.
     let memory = PathBuf::from(&cg[1]);
     wait_for("the broken sandbox to go", 30, || {

@@ -600,6 +600,29 @@ impl super::Daemon {
         }
     }
 
+    /// A turn of `package` in session `session` under `root` could not
+    /// start because its warm sandbox did not thaw (`e`, E2024): recorded in
+    /// the session's evidence ledger (`session.resume_failed`), so the
+    /// failure is in the hash chain and not only in the lifecycle file.
+    pub(crate) fn record_resume_failed(
+        &self,
+        root: &Path,
+        session: &str,
+        package: &str,
+        e: &SupervisorError,
+    ) {
+        let recorded = (|| -> Result<()> {
+            let id = turnstile_policy::SessionId::parse(session)?;
+            let ws = crate::store::layout::Workspace::open(root)?;
+            let state = crate::store::layout::StateDir::open(&self.state_dir, &ws, false)?;
+            let s = crate::store::session::Session::open(&ws, &state, &id, None)?;
+            s.record_resume_failed(package, error_record(e), crate::ids::SystemClock.now())
+        })();
+        if let Err(err) = recorded {
+            tracing::error!(error = %err, session, "cannot record the failed resume in the evidence ledger");
+        }
+    }
+
     /// A turn began in a worker (connection `n`).
     pub(crate) fn turn_began(&self, n: u64, session: Option<&str>, root: &Path, package: &str) {
         let trust_level = turnstile_policy::PackageId::parse(package)

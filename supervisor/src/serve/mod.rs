@@ -924,7 +924,16 @@ pub(crate) fn run_worker(
     let mut line = serde_json::to_vec(&job).unwrap_or_default();
     line.push(b'\n');
     let started = Instant::now();
-    let mut w = d.worker_for(session)?;
+    let mut w = match d.worker_for(session) {
+        Ok(w) => w,
+        Err(e @ SupervisorError::ResumeFailed { .. }) => {
+            if let Some(s) = session {
+                d.record_resume_failed(&r.root, s, &r.package, &e);
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     if wire::send_with_fds(&w.ctl, &line, &[out.as_raw_fd(), err.as_raw_fd()]).is_err() {
         // A waiting worker that died meanwhile: a new one.
         w.dismiss(d);

@@ -27,6 +27,8 @@ pub enum Event {
     SessionStarted,
     #[serde(rename = "session.access_refused")]
     SessionAccessRefused,
+    #[serde(rename = "session.resume_failed")]
+    SessionResumeFailed,
     #[serde(rename = "turn.started")]
     TurnStarted,
     #[serde(rename = "turn.finished")]
@@ -432,6 +434,21 @@ pub struct AccessRefusedEntry<O> {
     pub session_id: String,
     pub owner: O,
     pub requester: O,
+    pub ts: String,
+}
+
+/// The evidence ledger's `session.resume_failed` entry: the session's
+/// suspended warm sandbox could not be thawed for its next turn (E2024); the
+/// sandbox was ended and the turn never started (so it has no turn entries).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct ResumeFailedEntry {
+    pub event: Event,
+    pub schema_version: u64,
+    pub ledger: String,
+    pub session_id: String,
+    pub package: String,
+    pub error: Option<ErrorRecord>,
     pub ts: String,
 }
 

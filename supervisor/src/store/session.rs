@@ -436,6 +436,30 @@ impl Session {
         })
     }
 
+    /// Records in the evidence ledger that the session's suspended warm
+    /// sandbox could not be thawed for a turn of `package` (E2024): the turn
+    /// never started, so this entry is its only trace in the ledgers.
+    pub fn record_resume_failed(
+        &self,
+        package: &str,
+        error: crate::store::record::ErrorRecord,
+        at: time::OffsetDateTime,
+    ) -> Result<()> {
+        let lock = self.lock()?;
+        let evidence = self.ledger(LedgerKind::Evidence);
+        let entry = crate::store::record::to_object(&crate::store::record::ResumeFailedEntry {
+            event: crate::store::record::Event::SessionResumeFailed,
+            schema_version: crate::store::record::SCHEMA_VERSION,
+            ledger: LedgerKind::Evidence.as_str().to_owned(),
+            session_id: self.id.to_string(),
+            package: package.to_owned(),
+            error: Some(error),
+            ts: rfc3339_micros(at),
+        });
+        crate::store::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
+        Ok(())
+    }
+
     pub fn workspace(&self) -> &Workspace {
         &self.workspace
     }
