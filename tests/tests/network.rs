@@ -1,6 +1,9 @@
-//! Network policy `restricted` and `allow_egress` on the native backend
-//! (issue 26): egress by name through the supervisor's resolver and proxy
-//! in the turn's own network namespace, every flow in the evidence.
+//! Network policy `restricted` and `allow_egress` (issue 26) on the
+//! native, runc and crun backends, through `supervise serve` (cold and
+//! warm sandboxes) and through the containerd shim: egress by name through
+//! the supervisor's resolver and proxy in the turn's own network
+//! namespace, every flow in the evidence; the namespace gone after the
+//! turn, after a SIGKILLed supervisor or daemon, and after recovery.
 //!
 //! The "internet" is the test's own: a network namespace behind a veth
 //! pair holding documentation addresses (203.0.113.0/24, 2001:db8::/32), a
@@ -65,6 +68,9 @@ while True:
     u.sendto(head + q[4:6] + struct.pack("!H", 1 if ans else 0) + b"\x00\x00\x00\x00" + q[12:i+5] + ans, src)
 "#;
 
+/// The test internet's resolver (the supervisor's upstream).
+const UPSTREAM: &str = "203.0.113.53:53";
+
 /// What the turn runs: each probe of argv[1] (JSON), results as JSON.
 const PROBES: &str = r#"
 import socket, json, sys, time, struct
@@ -99,6 +105,8 @@ for p in json.loads(sys.argv[1]):
             c = socket.create_connection(("127.0.0.53", 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
             resp = c.recv(4096)[2:]
             r = "rcode=%d answers=%d" % (resp[3] & 15, struct.unpack("!H", resp[6:8])[0])
+        elif k == "netns":
+            r = "ok:" + __import__("os").readlink("/proc/self/ns/net")
         elif k == "loopback":
             l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(1)
             c = socket.create_connection(l.getsockname(), timeout=2); a, _ = l.accept(); a.sendall(b"hi")
@@ -282,14 +290,30 @@ fn probe(fx: &Fixture, pkg: &str, probes: &Value) -> (Vec<Value>, Value) {
 
 /// [`probe`] on `backend`.
 fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Value>, Value) {
+    probe_with(fx, pkg, &["--backend", backend], probes)
+}
+
+/// [`probe`] with `extra` arguments to `supervise run` (a backend, a
+/// server, a session).
+fn probe_with(fx: &Fixture, pkg: &str, extra: &[&str], probes: &Value) -> (Vec<Value>, Value) {
+    let (r, ev, _) = probe_full(fx, pkg, extra, probes);
+    (r, ev)
+}
+
+/// [`probe_with`], also returning what `--json` printed.
+fn probe_full(
+    fx: &Fixture,
+    pkg: &str,
+    extra: &[&str],
+    probes: &Value,
+) -> (Vec<Value>, Value, Value) {
     let out = Command::new(supervise_bin())
         .args(["run", "--root"])
         .arg(&fx.root)
         .arg("--state-dir")
         .arg(&fx.state)
+        .args(extra)
         .args([
-            "--backend",
-            backend,
             "--package",
             pkg,
             "--json",
@@ -300,7 +324,7 @@ fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Valu
             PROBES,
         ])
         .arg(probes.to_string())
-        .env("TURNSTILE_DNS_UPSTREAM", "203.0.113.53:53")
+        .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
         .env_remove("TURNSTILE_LOG")
         .output()
         .unwrap();
@@ -321,7 +345,7 @@ fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Valu
         .rev()
         .find(|e| e["event"] == "turn.finished")
         .unwrap();
-    (results, evidence)
+    (results, evidence, v)
 }
 
 fn result(r: &[Value], i: usize) -> (&str, u64) {
@@ -758,4 +782,538 @@ fn issue_26_a_1_mib_get_through_the_proxy_costs_little() {
         i < o * 10.0 + 20.0,
         "through the proxy {i} ms vs outside {o} ms"
     );
+}
+
+/// What still holds the network namespace `ns` (`net:[inode]`): processes
+/// in it or with a descriptor of it, and nsfs mounts of it. Empty: the
+/// kernel has freed it, with its routes and nftables.
+fn ns_holders(ns: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let mut links = vec![e.path().join("ns/net")];
+        for f in std::fs::read_dir(e.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            links.push(f.path());
+        }
+        for l in links {
+            if std::fs::read_link(&l).is_ok_and(|t| t.as_os_str() == ns) {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                out.push(format!(
+                    "{}: {}",
+                    l.display(),
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                ));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    out.extend(mounts.lines().filter(|l| l.contains(ns)).map(str::to_owned));
+    out
+}
+
+/// Waits up to 10 s for `ns` to have no holder.
+fn assert_ns_gone(ns: &str, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = ns_holders(ns);
+        if held.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {after}, the turn's network namespace {ns} is still held: {held:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The network namespaces of the processes in the cgroups whose names
+/// start with `prefix` (a session's warm sandboxes: `SID-w`).
+fn cgroup_netns(prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for controller in ["pids", "memory", "unified", ""] {
+        let base = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("turnstile");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            if !e.file_name().to_string_lossy().starts_with(prefix) {
+                continue;
+            }
+            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines() {
+                if let Ok(t) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+                    out.push(t.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `supervise serve` for the network tests: the test internet's resolver
+/// upstream; SIGKILLed on drop.
+struct Served {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start(fx: &Fixture) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ts-serve-")
+            .tempdir()
+            .unwrap();
+        let socket = dir.path().join("serve.sock");
+        let child = Command::new(supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .arg("--socket")
+            .arg(&socket)
+            .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+            .env_remove("TURNSTILE_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "supervise serve did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serve (issue 26 item 4): each turn through the daemon, cold or in a
+/// warm sandbox, keeps its own manifest's network policy — allowed by
+/// name, a denied name and a denied address refused fast and recorded —
+/// an `isolated` package's turn through the same daemon has no egress;
+/// each turn's network namespace (with its nftables) is gone after the
+/// turn, and a warm sandbox's after the daemon is SIGKILLed.
+#[test]
+fn issue_26_serve_turns_keep_their_own_network_policy_cold_and_warm() {
+    if !root_and_tools("issue_26_serve_turns_keep_their_own_network_policy_cold_and_warm") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("r", &manifest("restricted", &["good.test:80"]));
+    fx.install("i", &manifest("isolated", &[]));
+    let daemon = Served::start(&fx);
+    let server = daemon.socket.to_str().unwrap().to_owned();
+    let sid = fx.new_session();
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 80},        // 0 allowed by name
+        {"kind": "resolve", "host": "secret.exfil.test"},        // 1 denied name
+        {"kind": "tcp", "host": "other.test", "port": 80},       // 2 same address, not listed
+        {"kind": "tcp", "host": "203.0.113.10", "port": 80},     // 3 literal
+        {"kind": "loopback"},                                    // 4
+        {"kind": "netns"},                                       // 5
+    ]);
+    for turn in 1..=3 {
+        let (r, ev, out) = probe_full(&fx, "r", &["--server", &server, "--session", &sid], &probes);
+        let sandbox = out["durations"]["sandbox"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
+        eprintln!("turn {turn} ({sandbox}): {r:#?}");
+        assert_eq!(
+            result(&r, 0).0,
+            "ok:OK 203.0.113.10 80 GET / HTTP/1.1",
+            "turn {turn}"
+        );
+        assert!(
+            result(&r, 1).0.starts_with("err:"),
+            "turn {turn}: {:?}",
+            r[1]
+        );
+        assert!(
+            result(&r, 2).0.starts_with("err:"),
+            "turn {turn}: {:?}",
+            r[2]
+        );
+        assert_eq!(result(&r, 3).0, "err:ECONNREFUSED", "turn {turn}");
+        for i in 1..=3 {
+            assert!(result(&r, i).1 < 500, "turn {turn}: {:?}", r[i]);
+        }
+        assert_eq!(result(&r, 4).0, "ok:hi");
+        let ns = result(&r, 5).0.trim_start_matches("ok:").to_owned();
+        assert!(ns.starts_with("net:["), "{ns}");
+        // The evidence is this turn's own.
+        let allowed = calls(&ev, |c| c["name"] == "good.test" && c["allowed"] == true);
+        assert_eq!(allowed.len(), 1, "turn {turn}: {}", ev["external_calls"]);
+        assert_eq!(allowed[0]["count"], 1, "turn {turn}");
+        assert!(
+            !calls(&ev, |c| c["name"] == "secret.exfil.test"
+                && c["allowed"] == false)
+            .is_empty(),
+            "turn {turn}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["address"] == "203.0.113.10"
+                && c["port"] == 80
+                && c["allowed"] == false)
+            .is_empty(),
+            "turn {turn}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            ev["violations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["layer"] == "network" && v["target"] == "203.0.113.10:80"),
+            "turn {turn}: {}",
+            ev["violations"]
+        );
+        assert_ns_gone(&ns, &format!("served turn {turn}"));
+        if turn == 1 {
+            // The next turn's sandbox is built after this one.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while cgroup_netns(&format!("{sid}-w")).is_empty() {
+                assert!(Instant::now() < deadline, "no warm sandbox was built");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        } else {
+            assert_eq!(sandbox, "warm", "turn {turn}");
+        }
+    }
+    assert!(!net.queries().iter().any(|q| q.contains("exfil")));
+    // Another package's turn through the same daemon: its own (isolated)
+    // policy, not the last one's.
+    let (r, ev) = probe_with(&fx, "i", &["--server", &server], &probes);
+    assert!(result(&r, 0).0.starts_with("err:"), "{r:#?}");
+    assert!(result(&r, 0).1 < 500, "{r:#?}");
+    assert_eq!(result(&r, 3).0, "err:ENETUNREACH");
+    assert_eq!(result(&r, 4).0, "ok:hi");
+    assert_eq!(ev["external_calls"], serde_json::json!([]));
+    // A warm sandbox with egress waits for the session's next turn; the
+    // daemon SIGKILLed, its namespace goes with it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let warm = loop {
+        let w = cgroup_netns(&format!("{sid}-w"));
+        if !w.is_empty() {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "no warm sandbox was built");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(daemon);
+    for ns in &warm {
+        assert_ns_gone(ns, "the daemon was SIGKILLed");
+    }
+    // The next start recovers the session; its next turn is served.
+    let again = Served::start(&fx);
+    let (r, _) = probe_with(
+        &fx,
+        "r",
+        &[
+            "--server",
+            again.socket.to_str().unwrap(),
+            "--session",
+            &sid,
+        ],
+        &probes,
+    );
+    assert_eq!(result(&r, 0).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
+    fx.assert_ledgers_intact(&sid);
+}
+
+/// A turn that prints its network namespace, connects to good.test:80
+/// once, then sleeps: `supervise run` on `backend`, its stdout piped.
+fn sleeping_turn(fx: &Fixture, sid: &str, backend: &str) -> (Child, String) {
+    let script = "import os, socket, time\n\
+                  print(os.readlink('/proc/self/ns/net'), flush=True)\n\
+                  c = socket.create_connection(('good.test', 80), timeout=5)\n\
+                  c.sendall(b'GET / HTTP/1.1\\r\\nHost: good.test\\r\\n\\r\\n'); print(c.recv(100).decode().strip(), flush=True)\n\
+                  time.sleep(60)\n";
+    let mut child = Command::new(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--backend",
+            backend,
+            "--session",
+            sid,
+            "--package",
+            "r",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            script,
+        ])
+        .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+        .env_remove("TURNSTILE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let ns = lines.next().and_then(Result::ok).unwrap_or_default();
+    let got = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(ns.starts_with("net:["), "{backend}: {ns:?}");
+    assert_eq!(got, "OK 203.0.113.10 80 GET / HTTP/1.1", "{backend}");
+    (child, ns)
+}
+
+/// A SIGKILLed supervisor (issue 26 item 4): the turn's network namespace
+/// — its routes, nftables, resolver and proxy sockets — is gone within
+/// seconds on native, runc and crun, before any later `supervise`; when
+/// an OCI turn's guard was killed too, the container keeps it until
+/// `supervise recover` removes the container, and then it is gone.
+#[test]
+fn issue_26_a_sigkilled_supervisor_leaves_no_network_namespace() {
+    if !root_and_tools("issue_26_a_sigkilled_supervisor_leaves_no_network_namespace") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("r", &manifest("restricted", &["good.test:80"]));
+    let sid = fx.new_session();
+    let kill = |pid: u32| {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    };
+    for backend in ["native", "runc", "crun"] {
+        if backend != "native" && !have(backend) {
+            continue;
+        }
+        let (mut child, ns) = sleeping_turn(&fx, &sid, backend);
+        eprintln!(
+            "{backend}: the turn's namespace {ns}: {:?}",
+            ns_holders(&ns)
+        );
+        assert!(!ns_holders(&ns).is_empty());
+        kill(child.id());
+        let _ = child.wait();
+        assert_ns_gone(&ns, &format!("{backend}: supervise was SIGKILLed"));
+    }
+    if !have("runc") {
+        return;
+    }
+    let (mut child, ns) = sleeping_turn(&fx, &sid, "runc");
+    let out = Command::new("pgrep")
+        .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+        .output()
+        .expect("pgrep (procps) is required");
+    let guards: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(guards.len(), 1, "the turn's guard: {guards:?}");
+    kill(guards[0]);
+    kill(child.id());
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !ns_holders(&ns).is_empty(),
+        "without its guard the container (and its namespace) should still be there"
+    );
+    let r = Command::new(supervise_bin())
+        .args(["recover", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_ns_gone(&ns, "supervise recover");
+    fx.assert_ledgers_intact(&sid);
+}
+
+/// Whether `tool` is installed (required under TURNSTILE_REQUIRE_KERNEL).
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+        "{tool} missing"
+    );
+    ok
+}
+
+/// The shim's image: busybox-static.
+const SHIM_IMAGE: &str = "docker.io/turnstile/busybox:net";
+
+/// The containerd shim (issue 26 item 4): `ctr run` through
+/// `containerd-shim-turnstile-v2` runs the container as a turn with its
+/// package's own network policy — allowed by name, a denied name and a
+/// denied address refused and recorded in `external_calls[]` — and not
+/// in the network namespace the container spec names (here the test
+/// internet's own, where every test address is local): the turn has its
+/// own. With the trust level choosing the backend, and with runc named.
+#[test]
+fn issue_26_shim_turns_keep_their_own_network_policy() {
+    use turnstile_tests::containerd::Containerd;
+    let test = "issue_26_shim_turns_keep_their_own_network_policy";
+    if !root_and_tools(test) || !have("containerd") || !have("ctr") {
+        return;
+    }
+    let shim = supervise_bin().with_file_name("containerd-shim-turnstile-v2");
+    assert!(
+        shim.is_file(),
+        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
+    );
+    let image_dir = tempfile::tempdir().unwrap();
+    let rootfs = image_dir.path().join("rootfs");
+    if !turnstile_tests::busybox_rootfs(&rootfs) {
+        assert!(
+            std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+            "busybox-static is required"
+        );
+        return;
+    }
+    let archive = image_dir.path().join("image.tar");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/oci_archive.py");
+    let st = Command::new("python3")
+        .arg(&script)
+        .arg(&rootfs)
+        .arg(&archive)
+        .arg(SHIM_IMAGE)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "bb",
+        r#"{"capabilities":{"execute":["/bin/sh","/bin/busybox"]},"limits":{"timeout_seconds":30},"network":"restricted","egress":["good.test:80"]}"#,
+    );
+    let c = Containerd::start_with_env(
+        shim.parent().unwrap(),
+        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable = true",
+        &[("TURNSTILE_DNS_UPSTREAM", UPSTREAM)],
+    );
+    let imported = c.ctr(&["images", "import", archive.to_str().unwrap()]);
+    assert!(imported.status.success(), "{imported:?}");
+    let pod_ns = format!("/run/netns/{}", net.ns);
+    let script = "echo GET / HTTP/1.1 | nc good.test 80; echo \"rc=$?\"; \
+                  nc secret.exfil.test 80 </dev/null; echo \"rc=$?\"; \
+                  nc 203.0.113.10 80 </dev/null; echo \"rc=$?\"";
+    for (i, backend) in [None, Some("runc")].into_iter().enumerate() {
+        if backend.is_some_and(|b| !have(b)) {
+            continue;
+        }
+        let mut options = serde_json::json!({
+            "state_dir": fx.state,
+            "supervise": supervise_bin(),
+            "workspaces": {"ws": {"root": fx.root, "namespaces": ["default"]}},
+        });
+        if let Some(b) = backend {
+            options["backend"] = b.into();
+        }
+        let config = c.dir.path().join("shim.json");
+        std::fs::write(&config, options.to_string()).unwrap();
+        let fifos = c.dir.path().join("fifo").display().to_string();
+        let id = format!("net{i}");
+        let with_ns = format!("network:{pod_ns}");
+        let started = Instant::now();
+        let out = c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            config.to_str().unwrap(),
+            "--fifo-dir",
+            &fifos,
+            "--with-ns",
+            &with_ns,
+            "--annotation",
+            "io.turnstile.workspace=ws",
+            "--annotation",
+            "io.turnstile.package=bb",
+            "--annotation",
+            "io.turnstile.outputs=[]",
+            SHIM_IMAGE,
+            &id,
+            "sh",
+            "-c",
+            script,
+        ]);
+        let took = started.elapsed();
+        let t = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{backend:?} ({took:?}): {t}");
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {t}\n{}", c.log());
+        let rcs: Vec<&str> = t.lines().filter(|l| l.starts_with("rc=")).collect();
+        assert_eq!(rcs, ["rc=0", "rc=1", "rc=1"], "{backend:?}: {t}");
+        assert!(t.contains("OK 203.0.113.10 80 GET / HTTP/1.1"), "{t}");
+        assert!(took < Duration::from_secs(20), "{backend:?}: {took:?}");
+        let sid = t
+            .split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '-'))
+            .find(|w| w.starts_with("SES-"))
+            .unwrap_or_else(|| panic!("no session in {t}"))
+            .to_owned();
+        let ev = read_entries(&fx.ledger(&sid, "evidence"))
+            .into_iter()
+            .rev()
+            .find(|e| e["event"] == "turn.finished")
+            .unwrap();
+        assert!(
+            !calls(&ev, |c| c["name"] == "good.test" && c["allowed"] == true).is_empty(),
+            "{backend:?}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["name"] == "secret.exfil.test"
+                && c["allowed"] == false)
+            .is_empty(),
+            "{backend:?}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["address"] == "203.0.113.10"
+                && c["allowed"] == false)
+            .is_empty(),
+            "{backend:?}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            ev["violations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["layer"] == "network" && v["target"] == "203.0.113.10:80"),
+            "{backend:?}: {}",
+            ev["violations"]
+        );
+    }
+    assert!(!net.queries().iter().any(|q| q.contains("exfil")));
+    drop(c);
 }
