@@ -39,6 +39,8 @@ def serve(l, addr, port):
                 line = first.split(b"\r\n")[0][:60].decode("latin1") if first and first[0] != 0x16 else ("tls" if first else "")
                 if port == 8080:
                     c.sendall(b"x" * (1 << 20))
+                elif b" /redirect " in first.split(b"\r\n")[0]:
+                    c.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://second.test/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 else:
                     c.sendall(f"OK {addr} {port} {line}\n".encode())
             finally:
@@ -85,6 +87,8 @@ for p in json.loads(sys.argv[1]):
             fam = socket.AF_INET6 if ":" in p["host"] else socket.AF_INET
             c = socket.socket(fam); c.settimeout(5); c.connect((p["host"], p["port"]))
             c.sendall(bytes.fromhex(p.get("send", "")) or b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % p["host"].encode())
+            if p.get("send2"):
+                time.sleep(0.1); c.sendall(bytes.fromhex(p["send2"]))
             data = b""
             while True:
                 d = c.recv(65536)
@@ -98,13 +102,16 @@ for p in json.loads(sys.argv[1]):
                 except OSError: n += 1
             r = "refused=%d" % n
         elif k == "udp":
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+            u = socket.socket(socket.AF_INET6 if ":" in p["host"] else socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
             u.connect((p["host"], p["port"])); u.send(b"x"); u.recv(10); r = "ok"
         elif k == "dnstcp":
             q = struct.pack("!HHHHHH", 7, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["host"].split(".")) + b"\0\0\1\0\1"
-            c = socket.create_connection(("127.0.0.53", 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
+            c = socket.create_connection((p.get("server", "127.0.0.53"), 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
             resp = c.recv(4096)[2:]
             r = "rcode=%d answers=%d" % (resp[3] & 15, struct.unpack("!H", resp[6:8])[0])
+        elif k == "urlopen":
+            import urllib.request
+            r = "ok:%d" % urllib.request.urlopen(p["url"], timeout=5).status
         elif k == "netns":
             r = "ok:" + __import__("os").readlink("/proc/self/ns/net")
         elif k == "loopback":
@@ -112,6 +119,7 @@ for p in json.loads(sys.argv[1]):
             c = socket.create_connection(l.getsockname(), timeout=2); a, _ = l.accept(); a.sendall(b"hi")
             r = "ok:" + c.recv(10).decode()
     except OSError as e:
+        e = getattr(e, "reason", e) if not e.errno and isinstance(getattr(e, "reason", None), OSError) else e
         r = "err:" + (__import__("errno").errorcode.get(e.errno, str(e)) if e.errno else type(e).__name__)
     out.append({"probe": p, "result": r, "ms": round((time.time() - t) * 1000)})
 print(json.dumps(out))
@@ -511,11 +519,7 @@ fn issue_26_sni_and_host_must_match_the_name() {
         &manifest("restricted", &["good.test:443", "good.test:80"]),
     );
     // A ClientHello naming evil.test, then an HTTP request with another Host.
-    let hello = "16030100400100003c0303".to_owned()
-        + &"00".repeat(32)
-        + "000002130101000012"
-        + "0000000e000c000009"
-        + &hex("evil.test");
+    let hello = client_hello("evil.test");
     let probes = serde_json::json!([
         {"kind": "tcp", "host": "good.test", "port": 443, "send": hello},
         {"kind": "tcp", "host": "good.test", "port": 80, "send": hex("GET / HTTP/1.1\r\nHost: second.test\r\n\r\n")},
@@ -1316,4 +1320,169 @@ fn issue_26_shim_turns_keep_their_own_network_policy() {
     }
     assert!(!net.queries().iter().any(|q| q.contains("exfil")));
     drop(c);
+}
+
+/// A TLS ClientHello naming `name`, offering ALPN `h2`, as hex.
+fn client_hello(name: &str) -> String {
+    let mut ext = Vec::new();
+    // server_name
+    let n = name.len() as u16;
+    ext.extend_from_slice(&[0, 0]);
+    ext.extend_from_slice(&(n + 5).to_be_bytes());
+    ext.extend_from_slice(&(n + 3).to_be_bytes());
+    ext.push(0);
+    ext.extend_from_slice(&n.to_be_bytes());
+    ext.extend_from_slice(name.as_bytes());
+    // application_layer_protocol_negotiation: h2
+    ext.extend_from_slice(&[0, 0x10, 0, 5, 0, 3, 2, b'h', b'2']);
+    let mut hello = vec![3, 3];
+    hello.extend_from_slice(&[0; 32]);
+    hello.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    hello.extend_from_slice(&ext);
+    let mut hs = vec![1, 0];
+    hs.extend_from_slice(&(hello.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&hello);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// HTTP/2 with prior knowledge (h2c): the preface, an empty SETTINGS and
+/// one HEADERS frame (GET http://`authority`/, HPACK without Huffman), as
+/// hex.
+fn h2c_request(authority: &str) -> String {
+    let mut block = vec![0x82, 0x86, 0x84, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    let mut m = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    m.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    m.extend_from_slice(&(block.len() as u32).to_be_bytes()[1..]);
+    m.extend_from_slice(&[1, 5, 0, 0, 0, 1]);
+    m.extend_from_slice(&block);
+    m.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The tricks of issue 26's list, each refused fast and recorded: a
+/// CONNECT tunnel and an absolute-form request through an allowed name's
+/// connection to another host, a Host header that arrives in a second
+/// segment, HTTP/2 with prior knowledge whose `:authority` is another
+/// name (and one that is the name: allowed), TLS with ALPN h2 whose server
+/// name is another, a redirect to a denied host, DNS over TCP to another
+/// resolver and over UDP to it, an IPv6 literal no entry covers (TCP and
+/// UDP), UDP to a denied port, QUIC (UDP/443) to an allowed name, and
+/// 1,000 allowed connections (one record with a count, no hang).
+#[test]
+fn issue_26_tunnels_h2_redirects_dns_ipv6_udp_quic_and_1000_connections() {
+    if !root_and_tools("issue_26_tunnels_h2_redirects_dns_ipv6_udp_quic_and_1000_connections") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "t",
+        &manifest(
+            "restricted",
+            &["good.test:80", "good.test:443", "good.test:9000"],
+        ),
+    );
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("CONNECT second.test:443 HTTP/1.1\r\nHost: second.test:443\r\n\r\n")},   // 0
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("CONNECT second.test:443 HTTP/1.1\r\nHost: good.test\r\n\r\n")},         // 1
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("GET http://second.test/ HTTP/1.1\r\nHost: good.test\r\n\r\n")},         // 2
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("GET / HTTP/1.1\r\n"), "send2": hex("Host: second.test\r\n\r\n")},      // 3
+        {"kind": "tcp", "host": "good.test", "port": 80, "send": h2c_request("second.test")}, // 4
+        {"kind": "tcp", "host": "good.test", "port": 80, "send": h2c_request("good.test")},   // 5
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello("second.test")}, // 6
+        {"kind": "urlopen", "url": "http://good.test/redirect"},                              // 7
+        {"kind": "dnstcp", "host": "good.test", "server": "203.0.113.53"},                     // 8
+        {"kind": "udp", "host": "203.0.113.53", "port": 53},                                   // 9
+        {"kind": "tcp", "host": "2001:db8:77::10", "port": 80},                                // 10
+        {"kind": "udp", "host": "2001:db8:77::10", "port": 53},                                // 11
+        {"kind": "udp", "host": "203.0.113.10", "port": 9000},                                 // 12
+        {"kind": "udp", "host": "good.test", "port": 443},                                     // 13 QUIC
+        {"kind": "many", "host": "good.test", "port": 9000, "n": 1000},                        // 14
+        {"kind": "tcp", "host": "good.test", "port": 80},                                      // 15 still fine
+    ]);
+    let started = Instant::now();
+    let (r, ev) = probe(&fx, "t", &probes);
+    eprintln!("turn took {:?}; {r:#?}", started.elapsed());
+    let refused = |i: usize| {
+        let (res, ms) = result(&r, i);
+        assert!(
+            res.starts_with("err:") || res == "ok:",
+            "probe {i} was not refused: {:?}",
+            r[i]
+        );
+        assert!(ms < 1000, "probe {i} took {ms} ms");
+    };
+    // Probe 3 waits for the rest of the request head (100 ms).
+    for i in [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13] {
+        refused(i);
+    }
+    assert_eq!(result(&r, 5).0, "ok:OK 203.0.113.10 80 PRI * HTTP/2.0");
+    assert_eq!(result(&r, 14).0, "refused=0");
+    assert!(result(&r, 14).1 < 30_000, "{:?}", r[14]);
+    assert_eq!(result(&r, 15).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
+    assert!(
+        !net.queries().iter().any(|q| q == "second.test"),
+        "a denied name reached the upstream resolver: {:?}",
+        net.queries()
+    );
+    let denied = |needle: &str| {
+        assert!(
+            calls(&ev, |c| c["allowed"] == false)
+                .iter()
+                .any(|c| c["decided_by"].as_str().unwrap_or("").contains(needle)),
+            "no denied flow decided by {needle:?}: {:#}",
+            ev["external_calls"]
+        );
+    };
+    denied("HTTP CONNECT target `second.test`");
+    denied("HTTP request target `second.test`");
+    denied("HTTP Host `second.test`");
+    denied("HTTP/2 :authority `second.test`");
+    denied("TLS server name `second.test`");
+    assert!(
+        !calls(&ev, |c| c["name"] == "second.test"
+            && c["protocol"] == "dns")
+        .is_empty(),
+        "the redirect's lookup: {}",
+        ev["external_calls"]
+    );
+    for (addr, port, proto) in [
+        ("203.0.113.53", 53, "tcp"),
+        ("203.0.113.53", 53, "udp"),
+        ("2001:db8:77::10", 80, "tcp"),
+        ("2001:db8:77::10", 53, "udp"),
+        ("203.0.113.10", 9000, "udp"),
+    ] {
+        assert!(
+            !calls(&ev, |c| c["address"] == addr
+                && c["port"] == port
+                && c["protocol"] == proto
+                && c["allowed"] == false)
+            .is_empty(),
+            "{addr}:{port}/{proto}: {}",
+            ev["external_calls"]
+        );
+    }
+    let quic = calls(&ev, |c| {
+        c["name"] == "good.test" && c["protocol"] == "udp" && c["port"] == 443
+    });
+    assert!(
+        quic.iter().any(|c| c["allowed"] == false),
+        "{}",
+        ev["external_calls"]
+    );
+    let many = calls(&ev, |c| {
+        c["name"] == "good.test" && c["port"] == 9000 && c["allowed"] == true
+    });
+    assert_eq!(many.len(), 1, "{}", ev["external_calls"]);
+    assert_eq!(many[0]["count"], 1000);
+    assert!(ev["external_calls"].as_array().unwrap().len() < 40);
 }

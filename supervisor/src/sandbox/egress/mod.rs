@@ -22,6 +22,7 @@
 //! Every flow, allowed or denied, becomes a [`Flow`] of the evidence.
 
 pub mod dns;
+pub mod inspect;
 mod rtnl;
 
 use std::collections::{BTreeMap, HashMap};
@@ -774,8 +775,15 @@ impl Running {
         while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let refused = nft(&self.ns, &["-j", "list", "table", "inet", NFT_TABLE], "")
-            .map(|s| kernel_refusals(&s, &self.shared.policy));
+        let refused = nft(&self.ns, &["-j", "list", "table", "inet", NFT_TABLE], "").map(|s| {
+            let names = self
+                .shared
+                .names
+                .lock()
+                .map(|n| n.by_addr.clone())
+                .unwrap_or_default();
+            kernel_refusals(&s, &self.shared.policy, &names)
+        });
         let mut flows = self
             .shared
             .flows
@@ -863,7 +871,11 @@ struct NftConcat {
 /// The connects and datagrams the namespace's nftables refused, from
 /// `nft -j list table`: one flow per destination with its count, and the
 /// count of those beyond the sets' size.
-fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
+fn kernel_refusals(
+    json: &str,
+    policy: &Policy,
+    names: &HashMap<Ipv4Addr, String>,
+) -> (Vec<Flow>, u64) {
     let Ok(doc) = serde_json::from_str::<NftDoc>(json) else {
         return (Vec::new(), 0);
     };
@@ -885,9 +897,13 @@ fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
             let Ok(ip) = addr.parse::<IpAddr>() else {
                 continue;
             };
+            let name = synthetic(ip).and_then(|s| names.get(&s).cloned());
             let (rule, hint) = if let Some(s) = synthetic(ip) {
                 (
-                    format!("no UDP egress: {s} port {port} is a name's address, for TCP only"),
+                    format!(
+                        "no UDP egress: {s} port {port} is the address of {}, for TCP only (QUIC and other UDP to a name are refused)",
+                        name.as_deref().unwrap_or("a name")
+                    ),
                     None,
                 )
             } else {
@@ -909,7 +925,7 @@ fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
                 }
             };
             flows.push(Flow {
-                name: None,
+                name,
                 address: ip.to_string(),
                 port,
                 protocol,
@@ -1123,66 +1139,49 @@ fn reset(s: TcpStream) {
 /// The server name a client's first bytes name: a TLS ClientHello's SNI,
 /// or an HTTP request's Host (without port). `None`: neither is there.
 pub fn named_host(b: &[u8]) -> Option<String> {
-    if b.first() == Some(&0x16) {
-        return sni(b);
+    match inspect::first_bytes(b) {
+        inspect::Seen::Names(n) => n.into_iter().map(|(_, h)| h).next_back(),
+        _ => None,
     }
-    let text = std::str::from_utf8(b.get(..b.len().min(8192))?).ok()?;
-    let head = text.split("\r\n\r\n").next()?;
-    head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case("host").then(|| {
-            let v = v.trim();
-            let host = if v.starts_with('[') {
-                v.split(']').next().unwrap_or(v).trim_start_matches('[')
-            } else {
-                v.split(':').next().unwrap_or(v)
-            };
-            host.trim_end_matches('.').to_ascii_lowercase()
-        })
-    })
 }
 
-/// A TLS ClientHello's server name.
-fn sni(b: &[u8]) -> Option<String> {
-    let u16_at = |i: usize| -> Option<usize> {
-        Some(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]) as usize)
-    };
-    // Record header (5), handshake type 1 (1), length (3), version (2),
-    // random (32).
-    if *b.get(5)? != 1 {
-        return None;
-    }
-    let mut i = 5 + 4 + 2 + 32;
-    i += 1 + *b.get(i)? as usize; // session id
-    i += 2 + u16_at(i)?; // cipher suites
-    i += 1 + *b.get(i)? as usize; // compression
-    let ext_end = (i + 2 + u16_at(i)?).min(b.len());
-    i += 2;
-    while i + 4 <= ext_end {
-        let (ty, len) = (u16_at(i)?, u16_at(i + 2)?);
-        if ty == 0 {
-            // server_name list: len (2), type (1), name len (2), name.
-            let n = u16_at(i + 7)?;
-            let name = b.get(i + 9..i + 9 + n)?;
-            return Some(
-                String::from_utf8_lossy(name)
-                    .trim_end_matches('.')
-                    .to_ascii_lowercase(),
-            );
+/// Waits up to [`PEEK_WAIT`] for the client's first bytes, until they are
+/// a complete message (see [`inspect`]); what they say. Nothing sent in
+/// that time (a protocol where the server speaks first): no names.
+fn inspect_first(s: &TcpStream) -> inspect::Seen {
+    let deadline = Instant::now() + PEEK_WAIT;
+    let mut buf = vec![0u8; inspect::MAX_INSPECT];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return inspect::Seen::Unreadable(format!(
+                "the client's first message was not complete within {} ms",
+                PEEK_WAIT.as_millis()
+            ));
         }
-        i += 4 + len;
+        let _ = s.set_read_timeout(Some(left));
+        let n = s.peek(&mut buf).unwrap_or_default();
+        if n == 0 {
+            let _ = s.set_read_timeout(None);
+            return inspect::Seen::Names(Vec::new());
+        }
+        match inspect::first_bytes(&buf[..n]) {
+            inspect::Seen::More if n < buf.len() => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            inspect::Seen::More => {
+                let _ = s.set_read_timeout(None);
+                return inspect::Seen::Unreadable(format!(
+                    "the client's first message is longer than {} bytes",
+                    buf.len()
+                ));
+            }
+            seen => {
+                let _ = s.set_read_timeout(None);
+                return seen;
+            }
+        }
     }
-    None
-}
-
-/// Waits up to [`PEEK_WAIT`] for the client's first bytes and peeks them.
-fn peek_first(s: &TcpStream) -> Vec<u8> {
-    let _ = s.set_read_timeout(Some(PEEK_WAIT));
-    let mut buf = vec![0u8; 4096];
-    let n = s.peek(&mut buf).unwrap_or(0);
-    buf.truncate(n);
-    let _ = s.set_read_timeout(None);
-    buf
 }
 
 /// One intercepted connection: decide, connect upstream, splice.
@@ -1224,22 +1223,25 @@ fn proxy(shared: &Shared, client: TcpStream) {
     let targets: Vec<SocketAddr> = match &name {
         Some(n) => {
             if port == 443 || port == 80 {
-                let first = peek_first(&client);
-                if let Some(h) = named_host(&first) {
-                    if &h != n {
-                        let what = if first.first() == Some(&0x16) {
-                            "TLS server name"
-                        } else {
-                            "HTTP Host"
-                        };
-                        let d = Decision::Denied {
+                let d = match inspect_first(&client) {
+                    inspect::Seen::Names(names) => names.into_iter().find(|(_, h)| h != n).map(
+                        |(what, h)| Decision::Denied {
                             rule: format!(
                                 "{what} `{h}` is not `{n}`, the name the connection was opened for"
                             ),
                             hint: Some(format!("{h}:{port}")),
-                        };
-                        return deny(&d, dst.ip().to_string(), client);
-                    }
+                        },
+                    ),
+                    inspect::Seen::Unreadable(why) => Some(Decision::Denied {
+                        rule: format!(
+                            "{why}: the server name it asks for cannot be checked against `{n}`"
+                        ),
+                        hint: None,
+                    }),
+                    inspect::Seen::More => None,
+                };
+                if let Some(d) = d {
+                    return deny(&d, dst.ip().to_string(), client);
                 }
             }
             let listed = shared.policy.name_entry(n, Some(port)).is_some();
@@ -1436,7 +1438,12 @@ mod tests {
         hello.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
         hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
         hello.extend_from_slice(&ext);
-        let mut msg = vec![0x16, 3, 1, 0, 0, 1, 0, 0, 0];
+        let hs_len = hello.len() as u16;
+        let rec_len = (hello.len() + 4) as u16;
+        let mut msg = vec![0x16, 3, 1];
+        msg.extend_from_slice(&rec_len.to_be_bytes());
+        msg.extend_from_slice(&[1, 0]);
+        msg.extend_from_slice(&hs_len.to_be_bytes());
         msg.extend_from_slice(&hello);
         assert_eq!(named_host(&msg).as_deref(), Some("a.example"));
         for n in 0..msg.len() {
