@@ -41,6 +41,9 @@ use turnstile_policy::manifest::{Egress, EgressHost, Network, Transport};
 const SYNTHETIC: (Ipv4Addr, u8) = (Ipv4Addr::new(127, 64, 0, 0), 10);
 /// Distinct flows kept per turn; more are counted in one record.
 pub const MAX_FLOWS: usize = 1024;
+/// The proxy's port on the turn's loopback (127.0.0.1 and ::1): below
+/// 1024, so the turn (no capabilities) could never have bound it.
+const PROXY_PORT: u16 = 1;
 /// Distinct names given an address per turn.
 const MAX_NAMES: u32 = 65_000;
 const NFT_TABLE: &str = "turnstile";
@@ -546,36 +549,32 @@ fn in_netns<T: Send + 'static>(
     .map_err(|_| std::io::Error::other("network namespace thread panicked"))?
 }
 
-/// Runs `nft` in the namespace `ns` with `args`, `input` on its stdin.
+/// Runs `nft` in the namespace `ns` with `args`, `input` on its stdin:
+/// spawned from a thread that entered `ns` (a child starts in its
+/// parent thread's network namespace), so no `pre_exec` forces a full
+/// fork of the supervisor.
 fn nft(ns: &OwnedFd, args: &[&str], input: &str) -> Result<String, String> {
-    use std::os::unix::process::CommandExt;
     let path = nft_path().ok_or("`nft` is not installed")?;
-    let raw = ns.as_raw_fd();
-    let mut cmd = std::process::Command::new(path);
-    cmd.args(args)
-        .env_clear()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    // SAFETY: setns(2) is async-signal-safe and `raw` stays open until
-    // the child has exec'd (spawn waits for that).
-    unsafe {
-        cmd.pre_exec(move || {
-            if nix::libc::setns(raw, nix::libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| format!("nft: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let input = input.to_owned();
+    let shown = args.join(" ");
+    let out = in_netns(ns, move || {
+        let mut child = std::process::Command::new(path)
+            .args(&args)
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes());
+        }
+        child.wait_with_output()
+    })
+    .map_err(|e| format!("nft: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "nft {}: {}",
-            args.join(" "),
+            "nft {shown}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
@@ -669,20 +668,32 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
     };
     let host = host_addresses();
     let policy = Policy::new(network, egress, host)?;
-    let (udp, tcp_dns, l4, l6) = in_netns(&ns, || {
+    // The ruleset is loaded while the sockets are made: the proxy's port
+    // is fixed (the namespace is new and empty).
+    let loading = {
+        let (ns, rules) = (
+            ns.try_clone()
+                .map_err(|e| format!("network namespace: {e}"))?,
+            ruleset(&policy, PROXY_PORT),
+        );
+        std::thread::spawn(move || nft(&ns, &["-f", "-"], &rules))
+    };
+    let sockets = in_netns(&ns, || {
         crate::sandbox::sys::loopback_up()?;
         rtnl::local_default_routes()?;
         let udp = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
         let tcp_dns = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
-        let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let port = l4.local_addr()?.port();
-        let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port))?;
+        let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))?;
+        let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, PROXY_PORT))?;
         Ok((udp, tcp_dns, l4, l6))
     })
-    .map_err(|e| format!("preparing the turn's network namespace: {e}"))?;
+    .map_err(|e| format!("preparing the turn's network namespace: {e}"));
     lap("egress_sockets", &mut phases);
-    let port = l4.local_addr().map_err(|e| e.to_string())?.port();
-    nft(&ns, &["-f", "-"], &ruleset(&policy, port))?;
+    let loaded = loading
+        .join()
+        .unwrap_or_else(|_| Err("nft: the loading thread panicked".into()));
+    let (udp, tcp_dns, l4, l6) = sockets?;
+    loaded?;
     lap("egress_nft", &mut phases);
     let shared = Arc::new(Shared {
         policy,
@@ -765,6 +776,11 @@ impl Running {
     /// returns every flow: the proxy's and resolver's, and the kernel's
     /// refusals counted in the namespace.
     pub fn finish(mut self) -> Report {
+        // The turn's processes are gone: the kernel's counts are final;
+        // read them while the threads stop.
+        let listing = self.ns.try_clone().map(|ns| {
+            std::thread::spawn(move || nft(&ns, &["-j", "list", "table", "inet", NFT_TABLE], ""))
+        });
         self.shared.stop();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -775,7 +791,13 @@ impl Running {
         while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let refused = nft(&self.ns, &["-j", "list", "table", "inet", NFT_TABLE], "").map(|s| {
+        let listed = match listing {
+            Ok(t) => t
+                .join()
+                .unwrap_or_else(|_| Err("nft: the listing thread panicked".into())),
+            Err(e) => Err(format!("network namespace: {e}")),
+        };
+        let refused = listed.map(|s| {
             let names = self
                 .shared
                 .names
