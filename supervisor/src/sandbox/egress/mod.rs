@@ -1348,65 +1348,7 @@ fn splice(client: TcpStream, up: TcpStream) -> (u64, u64) {
     (out, back.join().unwrap_or(0))
 }
 
-/// Moves bytes from `from` to `to` in the kernel (splice(2) through a
-/// pipe: no copy through the supervisor's memory) until `from` ends;
-/// falls back to [`copy_via_buffer`] where splice is refused before any
-/// byte moved. Returns the bytes moved.
-fn copy(from: TcpStream, to: TcpStream) -> u64 {
-    const CHUNK: usize = 256 * 1024;
-    let splice = |from: &dyn AsRawFd, to: &dyn AsRawFd, len: usize| {
-        // SAFETY: two open descriptors, no offsets (sockets and pipes).
-        let r = unsafe {
-            nix::libc::splice(
-                from.as_raw_fd(),
-                std::ptr::null_mut(),
-                to.as_raw_fd(),
-                std::ptr::null_mut(),
-                len,
-                nix::libc::SPLICE_F_MOVE,
-            )
-        };
-        usize::try_from(r).map_err(|_| nix::errno::Errno::last())
-    };
-    let Ok((pr, pw)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
-        return copy_via_buffer(from, to);
-    };
-    let mut n = 0u64;
-    loop {
-        let got = match splice(&from, &pw, CHUNK) {
-            Ok(0) => break,
-            Ok(k) => k,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(nix::errno::Errno::EINVAL) if n == 0 => {
-                drop((pr, pw));
-                return copy_via_buffer(from, to);
-            }
-            Err(_) => break,
-        };
-        let mut left = got;
-        while left > 0 {
-            match splice(&pr, &to, left) {
-                Ok(0) => {
-                    let _ = to.shutdown(Shutdown::Write);
-                    return n;
-                }
-                Ok(k) => {
-                    left -= k;
-                    n += k as u64;
-                }
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => {
-                    let _ = to.shutdown(Shutdown::Write);
-                    return n;
-                }
-            }
-        }
-    }
-    let _ = to.shutdown(Shutdown::Write);
-    n
-}
-
-fn copy_via_buffer(mut from: TcpStream, mut to: TcpStream) -> u64 {
+fn copy(mut from: TcpStream, mut to: TcpStream) -> u64 {
     let mut buf = vec![0u8; 64 * 1024];
     let mut n = 0u64;
     loop {
