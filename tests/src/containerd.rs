@@ -21,6 +21,12 @@ impl Containerd {
     /// sections), `shim_dir` first on its PATH. `{d}` in `extra` is the
     /// daemon's directory.
     pub fn start(shim_dir: &Path, extra: &str) -> Self {
+        Self::start_with_env(shim_dir, extra, &[])
+    }
+
+    /// [`start`](Self::start) with `env` set in the daemon's environment
+    /// (which its shims and their `supervise` inherit).
+    pub fn start_with_env(shim_dir: &Path, extra: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("ts-containerd-")
             .tempdir()
@@ -51,6 +57,7 @@ state = "{d}/state"
             .arg("--config")
             .arg(dir.path().join("config.toml"))
             .env("PATH", path)
+            .envs(env.iter().copied())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

@@ -1,6 +1,9 @@
-//! Network policy `restricted` and `allow_egress` on the native backend
-//! (issue 26): egress by name through the supervisor's resolver and proxy
-//! in the turn's own network namespace, every flow in the evidence.
+//! Network policy `restricted` and `allow_egress` (issue 26) on the
+//! native, runc and crun backends, through `supervise serve` (cold and
+//! warm sandboxes) and through the containerd shim: egress by name through
+//! the supervisor's resolver and proxy in the turn's own network
+//! namespace, every flow in the evidence; the namespace gone after the
+//! turn, after a SIGKILLed supervisor or daemon, and after recovery.
 //!
 //! The "internet" is the test's own: a network namespace behind a veth
 //! pair holding documentation addresses (203.0.113.0/24, 2001:db8::/32), a
@@ -36,6 +39,8 @@ def serve(l, addr, port):
                 line = first.split(b"\r\n")[0][:60].decode("latin1") if first and first[0] != 0x16 else ("tls" if first else "")
                 if port == 8080:
                     c.sendall(b"x" * (1 << 20))
+                elif b" /redirect " in first.split(b"\r\n")[0]:
+                    c.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://second.test/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 else:
                     c.sendall(f"OK {addr} {port} {line}\n".encode())
             finally:
@@ -65,6 +70,9 @@ while True:
     u.sendto(head + q[4:6] + struct.pack("!H", 1 if ans else 0) + b"\x00\x00\x00\x00" + q[12:i+5] + ans, src)
 "#;
 
+/// The test internet's resolver (the supervisor's upstream).
+const UPSTREAM: &str = "203.0.113.53:53";
+
 /// What the turn runs: each probe of argv[1] (JSON), results as JSON.
 const PROBES: &str = r#"
 import socket, json, sys, time, struct
@@ -79,6 +87,8 @@ for p in json.loads(sys.argv[1]):
             fam = socket.AF_INET6 if ":" in p["host"] else socket.AF_INET
             c = socket.socket(fam); c.settimeout(5); c.connect((p["host"], p["port"]))
             c.sendall(bytes.fromhex(p.get("send", "")) or b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % p["host"].encode())
+            if p.get("send2"):
+                time.sleep(0.1); c.sendall(bytes.fromhex(p["send2"]))
             data = b""
             while True:
                 d = c.recv(65536)
@@ -92,18 +102,24 @@ for p in json.loads(sys.argv[1]):
                 except OSError: n += 1
             r = "refused=%d" % n
         elif k == "udp":
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+            u = socket.socket(socket.AF_INET6 if ":" in p["host"] else socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
             u.connect((p["host"], p["port"])); u.send(b"x"); u.recv(10); r = "ok"
         elif k == "dnstcp":
             q = struct.pack("!HHHHHH", 7, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["host"].split(".")) + b"\0\0\1\0\1"
-            c = socket.create_connection(("127.0.0.53", 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
+            c = socket.create_connection((p.get("server", "127.0.0.53"), 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
             resp = c.recv(4096)[2:]
             r = "rcode=%d answers=%d" % (resp[3] & 15, struct.unpack("!H", resp[6:8])[0])
+        elif k == "urlopen":
+            import urllib.request
+            r = "ok:%d" % urllib.request.urlopen(p["url"], timeout=5).status
+        elif k == "netns":
+            r = "ok:" + __import__("os").readlink("/proc/self/ns/net")
         elif k == "loopback":
             l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(1)
             c = socket.create_connection(l.getsockname(), timeout=2); a, _ = l.accept(); a.sendall(b"hi")
             r = "ok:" + c.recv(10).decode()
     except OSError as e:
+        e = getattr(e, "reason", e) if not e.errno and isinstance(getattr(e, "reason", None), OSError) else e
         r = "err:" + (__import__("errno").errorcode.get(e.errno, str(e)) if e.errno else type(e).__name__)
     out.append({"probe": p, "result": r, "ms": round((time.time() - t) * 1000)})
 print(json.dumps(out))
@@ -282,14 +298,30 @@ fn probe(fx: &Fixture, pkg: &str, probes: &Value) -> (Vec<Value>, Value) {
 
 /// [`probe`] on `backend`.
 fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Value>, Value) {
+    probe_with(fx, pkg, &["--backend", backend], probes)
+}
+
+/// [`probe`] with `extra` arguments to `supervise run` (a backend, a
+/// server, a session).
+fn probe_with(fx: &Fixture, pkg: &str, extra: &[&str], probes: &Value) -> (Vec<Value>, Value) {
+    let (r, ev, _) = probe_full(fx, pkg, extra, probes);
+    (r, ev)
+}
+
+/// [`probe_with`], also returning what `--json` printed.
+fn probe_full(
+    fx: &Fixture,
+    pkg: &str,
+    extra: &[&str],
+    probes: &Value,
+) -> (Vec<Value>, Value, Value) {
     let out = Command::new(supervise_bin())
         .args(["run", "--root"])
         .arg(&fx.root)
         .arg("--state-dir")
         .arg(&fx.state)
+        .args(extra)
         .args([
-            "--backend",
-            backend,
             "--package",
             pkg,
             "--json",
@@ -300,7 +332,7 @@ fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Valu
             PROBES,
         ])
         .arg(probes.to_string())
-        .env("TURNSTILE_DNS_UPSTREAM", "203.0.113.53:53")
+        .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
         .env_remove("TURNSTILE_LOG")
         .output()
         .unwrap();
@@ -321,7 +353,7 @@ fn probe_on(fx: &Fixture, pkg: &str, backend: &str, probes: &Value) -> (Vec<Valu
         .rev()
         .find(|e| e["event"] == "turn.finished")
         .unwrap();
-    (results, evidence)
+    (results, evidence, v)
 }
 
 fn result(r: &[Value], i: usize) -> (&str, u64) {
@@ -487,11 +519,7 @@ fn issue_26_sni_and_host_must_match_the_name() {
         &manifest("restricted", &["good.test:443", "good.test:80"]),
     );
     // A ClientHello naming evil.test, then an HTTP request with another Host.
-    let hello = "16030100400100003c0303".to_owned()
-        + &"00".repeat(32)
-        + "000002130101000012"
-        + "0000000e000c000009"
-        + &hex("evil.test");
+    let hello = client_hello("evil.test");
     let probes = serde_json::json!([
         {"kind": "tcp", "host": "good.test", "port": 443, "send": hello},
         {"kind": "tcp", "host": "good.test", "port": 80, "send": hex("GET / HTTP/1.1\r\nHost: second.test\r\n\r\n")},
@@ -758,4 +786,709 @@ fn issue_26_a_1_mib_get_through_the_proxy_costs_little() {
         i < o * 10.0 + 20.0,
         "through the proxy {i} ms vs outside {o} ms"
     );
+}
+
+/// What still holds the network namespace `ns` (`net:[inode]`): processes
+/// in it or with a descriptor of it, and nsfs mounts of it. Empty: the
+/// kernel has freed it, with its routes and nftables.
+fn ns_holders(ns: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let mut links = vec![e.path().join("ns/net")];
+        for f in std::fs::read_dir(e.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            links.push(f.path());
+        }
+        for l in links {
+            if std::fs::read_link(&l).is_ok_and(|t| t.as_os_str() == ns) {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                out.push(format!(
+                    "{}: {}",
+                    l.display(),
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                ));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    out.extend(mounts.lines().filter(|l| l.contains(ns)).map(str::to_owned));
+    out
+}
+
+/// Waits up to 10 s for `ns` to have no holder.
+fn assert_ns_gone(ns: &str, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = ns_holders(ns);
+        if held.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {after}, the turn's network namespace {ns} is still held: {held:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The network namespaces of the processes in the cgroups whose names
+/// start with `prefix` (a session's warm sandboxes: `SID-w`).
+fn cgroup_netns(prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for controller in ["pids", "memory", "unified", ""] {
+        let base = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("turnstile");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            if !e.file_name().to_string_lossy().starts_with(prefix) {
+                continue;
+            }
+            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines() {
+                if let Ok(t) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+                    out.push(t.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `supervise serve` for the network tests: the test internet's resolver
+/// upstream; SIGKILLed on drop.
+struct Served {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start(fx: &Fixture) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ts-serve-")
+            .tempdir()
+            .unwrap();
+        let socket = dir.path().join("serve.sock");
+        let child = Command::new(supervise_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .arg("--socket")
+            .arg(&socket)
+            .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+            .env_remove("TURNSTILE_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "supervise serve did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serve (issue 26 item 4): each turn through the daemon, cold or in a
+/// warm sandbox, keeps its own manifest's network policy — allowed by
+/// name, a denied name and a denied address refused fast and recorded —
+/// an `isolated` package's turn through the same daemon has no egress;
+/// each turn's network namespace (with its nftables) is gone after the
+/// turn, and a warm sandbox's after the daemon is SIGKILLed.
+#[test]
+fn issue_26_serve_turns_keep_their_own_network_policy_cold_and_warm() {
+    if !root_and_tools("issue_26_serve_turns_keep_their_own_network_policy_cold_and_warm") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("r", &manifest("restricted", &["good.test:80"]));
+    fx.install("i", &manifest("isolated", &[]));
+    let daemon = Served::start(&fx);
+    let server = daemon.socket.to_str().unwrap().to_owned();
+    let sid = fx.new_session();
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 80},        // 0 allowed by name
+        {"kind": "resolve", "host": "secret.exfil.test"},        // 1 denied name
+        {"kind": "tcp", "host": "other.test", "port": 80},       // 2 same address, not listed
+        {"kind": "tcp", "host": "203.0.113.10", "port": 80},     // 3 literal
+        {"kind": "loopback"},                                    // 4
+        {"kind": "netns"},                                       // 5
+    ]);
+    for turn in 1..=3 {
+        let (r, ev, out) = probe_full(&fx, "r", &["--server", &server, "--session", &sid], &probes);
+        let sandbox = out["durations"]["sandbox"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
+        eprintln!("turn {turn} ({sandbox}): {r:#?}");
+        assert_eq!(
+            result(&r, 0).0,
+            "ok:OK 203.0.113.10 80 GET / HTTP/1.1",
+            "turn {turn}"
+        );
+        assert!(
+            result(&r, 1).0.starts_with("err:"),
+            "turn {turn}: {:?}",
+            r[1]
+        );
+        assert!(
+            result(&r, 2).0.starts_with("err:"),
+            "turn {turn}: {:?}",
+            r[2]
+        );
+        assert_eq!(result(&r, 3).0, "err:ECONNREFUSED", "turn {turn}");
+        for i in 1..=3 {
+            assert!(result(&r, i).1 < 1000, "turn {turn}: {:?}", r[i]);
+        }
+        assert_eq!(result(&r, 4).0, "ok:hi");
+        let ns = result(&r, 5).0.trim_start_matches("ok:").to_owned();
+        assert!(ns.starts_with("net:["), "{ns}");
+        // The evidence is this turn's own.
+        let allowed = calls(&ev, |c| c["name"] == "good.test" && c["allowed"] == true);
+        assert_eq!(allowed.len(), 1, "turn {turn}: {}", ev["external_calls"]);
+        assert_eq!(allowed[0]["count"], 1, "turn {turn}");
+        assert!(
+            !calls(&ev, |c| c["name"] == "secret.exfil.test"
+                && c["allowed"] == false)
+            .is_empty(),
+            "turn {turn}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["address"] == "203.0.113.10"
+                && c["port"] == 80
+                && c["allowed"] == false)
+            .is_empty(),
+            "turn {turn}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            ev["violations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["layer"] == "network" && v["target"] == "203.0.113.10:80"),
+            "turn {turn}: {}",
+            ev["violations"]
+        );
+        assert_ns_gone(&ns, &format!("served turn {turn}"));
+        if turn == 1 {
+            // The next turn's sandbox is built after this one.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while cgroup_netns(&format!("{sid}-w")).is_empty() {
+                assert!(Instant::now() < deadline, "no warm sandbox was built");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        } else {
+            assert_eq!(sandbox, "warm", "turn {turn}");
+        }
+    }
+    assert!(!net.queries().iter().any(|q| q.contains("exfil")));
+    // Another package's turn through the same daemon: its own (isolated)
+    // policy, not the last one's.
+    let (r, ev) = probe_with(&fx, "i", &["--server", &server], &probes);
+    assert!(result(&r, 0).0.starts_with("err:"), "{r:#?}");
+    assert!(result(&r, 0).1 < 500, "{r:#?}");
+    assert_eq!(result(&r, 3).0, "err:ENETUNREACH");
+    assert_eq!(result(&r, 4).0, "ok:hi");
+    assert_eq!(ev["external_calls"], serde_json::json!([]));
+    // A warm sandbox with egress waits for the session's next turn; the
+    // daemon SIGKILLed, its namespace goes with it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let warm = loop {
+        let w = cgroup_netns(&format!("{sid}-w"));
+        if !w.is_empty() {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "no warm sandbox was built");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(daemon);
+    for ns in &warm {
+        assert_ns_gone(ns, "the daemon was SIGKILLed");
+    }
+    // The next start recovers the session; its next turn is served.
+    let again = Served::start(&fx);
+    let (r, _) = probe_with(
+        &fx,
+        "r",
+        &[
+            "--server",
+            again.socket.to_str().unwrap(),
+            "--session",
+            &sid,
+        ],
+        &probes,
+    );
+    assert_eq!(result(&r, 0).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
+    fx.assert_ledgers_intact(&sid);
+}
+
+/// A turn that prints its network namespace, connects to good.test:80
+/// once, then sleeps: `supervise run` on `backend`, its stdout piped.
+fn sleeping_turn(fx: &Fixture, sid: &str, backend: &str) -> (Child, String) {
+    let script = "import os, socket, time\n\
+                  print(os.readlink('/proc/self/ns/net'), flush=True)\n\
+                  c = socket.create_connection(('good.test', 80), timeout=5)\n\
+                  c.sendall(b'GET / HTTP/1.1\\r\\nHost: good.test\\r\\n\\r\\n'); print(c.recv(100).decode().strip(), flush=True)\n\
+                  time.sleep(60)\n";
+    let mut child = Command::new(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--backend",
+            backend,
+            "--session",
+            sid,
+            "--package",
+            "r",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            script,
+        ])
+        .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+        .env_remove("TURNSTILE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let ns = lines.next().and_then(Result::ok).unwrap_or_default();
+    let got = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(ns.starts_with("net:["), "{backend}: {ns:?}");
+    assert_eq!(got, "OK 203.0.113.10 80 GET / HTTP/1.1", "{backend}");
+    (child, ns)
+}
+
+/// A SIGKILLed supervisor (issue 26 item 4): the turn's network namespace
+/// — its routes, nftables, resolver and proxy sockets — is gone within
+/// seconds on native, runc and crun, before any later `supervise`; when
+/// an OCI turn's guard was killed too, the container keeps it until
+/// `supervise recover` removes the container, and then it is gone.
+#[test]
+fn issue_26_a_sigkilled_supervisor_leaves_no_network_namespace() {
+    if !root_and_tools("issue_26_a_sigkilled_supervisor_leaves_no_network_namespace") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("r", &manifest("restricted", &["good.test:80"]));
+    let sid = fx.new_session();
+    let kill = |pid: u32| {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    };
+    for backend in ["native", "runc", "crun"] {
+        if backend != "native" && !have(backend) {
+            continue;
+        }
+        let (mut child, ns) = sleeping_turn(&fx, &sid, backend);
+        eprintln!(
+            "{backend}: the turn's namespace {ns}: {:?}",
+            ns_holders(&ns)
+        );
+        assert!(!ns_holders(&ns).is_empty());
+        kill(child.id());
+        let _ = child.wait();
+        assert_ns_gone(&ns, &format!("{backend}: supervise was SIGKILLed"));
+    }
+    if !have("runc") {
+        return;
+    }
+    let (mut child, ns) = sleeping_turn(&fx, &sid, "runc");
+    let out = Command::new("pgrep")
+        .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+        .output()
+        .expect("pgrep (procps) is required");
+    let guards: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(guards.len(), 1, "the turn's guard: {guards:?}");
+    kill(guards[0]);
+    kill(child.id());
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !ns_holders(&ns).is_empty(),
+        "without its guard the container (and its namespace) should still be there"
+    );
+    let r = Command::new(supervise_bin())
+        .args(["recover", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_ns_gone(&ns, "supervise recover");
+    fx.assert_ledgers_intact(&sid);
+}
+
+/// Whether `tool` is installed (required under TURNSTILE_REQUIRE_KERNEL).
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+        "{tool} missing"
+    );
+    ok
+}
+
+/// The shim's image: busybox-static.
+const SHIM_IMAGE: &str = "docker.io/turnstile/busybox:net";
+
+/// The containerd shim (issue 26 item 4): `ctr run` through
+/// `containerd-shim-turnstile-v2` runs the container as a turn with its
+/// package's own network policy — allowed by name, a denied name and a
+/// denied address refused and recorded in `external_calls[]` — and not
+/// in the network namespace the container spec names (here the test
+/// internet's own, where every test address is local): the turn has its
+/// own. With the trust level choosing the backend, and with runc named.
+#[test]
+fn issue_26_shim_turns_keep_their_own_network_policy() {
+    use turnstile_tests::containerd::Containerd;
+    let test = "issue_26_shim_turns_keep_their_own_network_policy";
+    if !root_and_tools(test) || !have("containerd") || !have("ctr") {
+        return;
+    }
+    let shim = supervise_bin().with_file_name("containerd-shim-turnstile-v2");
+    assert!(
+        shim.is_file(),
+        "build the shim first: cargo build -p containerd-shim-turnstile-v2"
+    );
+    let image_dir = tempfile::tempdir().unwrap();
+    let rootfs = image_dir.path().join("rootfs");
+    if !turnstile_tests::busybox_rootfs(&rootfs) {
+        assert!(
+            std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+            "busybox-static is required"
+        );
+        return;
+    }
+    let archive = image_dir.path().join("image.tar");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/oci_archive.py");
+    let st = Command::new("python3")
+        .arg(&script)
+        .arg(&rootfs)
+        .arg(&archive)
+        .arg(SHIM_IMAGE)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "bb",
+        r#"{"capabilities":{"execute":["/bin/sh","/bin/busybox"]},"limits":{"timeout_seconds":30},"network":"restricted","egress":["good.test:80"]}"#,
+    );
+    let c = Containerd::start_with_env(
+        shim.parent().unwrap(),
+        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable = true",
+        &[("TURNSTILE_DNS_UPSTREAM", UPSTREAM)],
+    );
+    let imported = c.ctr(&["images", "import", archive.to_str().unwrap()]);
+    assert!(imported.status.success(), "{imported:?}");
+    let pod_ns = format!("/run/netns/{}", net.ns);
+    let script = "echo GET / HTTP/1.1 | nc good.test 80; echo \"rc=$?\"; \
+                  nc secret.exfil.test 80 </dev/null; echo \"rc=$?\"; \
+                  nc 203.0.113.10 80 </dev/null; echo \"rc=$?\"";
+    for (i, backend) in [None, Some("runc")].into_iter().enumerate() {
+        if backend.is_some_and(|b| !have(b)) {
+            continue;
+        }
+        let mut options = serde_json::json!({
+            "state_dir": fx.state,
+            "supervise": supervise_bin(),
+            "workspaces": {"ws": {"root": fx.root, "namespaces": ["default"]}},
+        });
+        if let Some(b) = backend {
+            options["backend"] = b.into();
+        }
+        let config = c.dir.path().join("shim.json");
+        std::fs::write(&config, options.to_string()).unwrap();
+        let fifos = c.dir.path().join("fifo").display().to_string();
+        let id = format!("net{i}");
+        let with_ns = format!("network:{pod_ns}");
+        let started = Instant::now();
+        let out = c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            config.to_str().unwrap(),
+            "--fifo-dir",
+            &fifos,
+            "--with-ns",
+            &with_ns,
+            "--annotation",
+            "io.turnstile.workspace=ws",
+            "--annotation",
+            "io.turnstile.package=bb",
+            "--annotation",
+            "io.turnstile.outputs=[]",
+            SHIM_IMAGE,
+            &id,
+            "sh",
+            "-c",
+            script,
+        ]);
+        let took = started.elapsed();
+        let t = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{backend:?} ({took:?}): {t}");
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {t}\n{}", c.log());
+        let rcs: Vec<&str> = t.lines().filter(|l| l.starts_with("rc=")).collect();
+        assert_eq!(rcs, ["rc=0", "rc=1", "rc=1"], "{backend:?}: {t}");
+        assert!(t.contains("OK 203.0.113.10 80 GET / HTTP/1.1"), "{t}");
+        assert!(took < Duration::from_secs(20), "{backend:?}: {took:?}");
+        let sid = t
+            .split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '-'))
+            .find(|w| w.starts_with("SES-"))
+            .unwrap_or_else(|| panic!("no session in {t}"))
+            .to_owned();
+        let ev = read_entries(&fx.ledger(&sid, "evidence"))
+            .into_iter()
+            .rev()
+            .find(|e| e["event"] == "turn.finished")
+            .unwrap();
+        assert!(
+            !calls(&ev, |c| c["name"] == "good.test" && c["allowed"] == true).is_empty(),
+            "{backend:?}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["name"] == "secret.exfil.test"
+                && c["allowed"] == false)
+            .is_empty(),
+            "{backend:?}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            !calls(&ev, |c| c["address"] == "203.0.113.10"
+                && c["allowed"] == false)
+            .is_empty(),
+            "{backend:?}: {}",
+            ev["external_calls"]
+        );
+        assert!(
+            ev["violations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["layer"] == "network" && v["target"] == "203.0.113.10:80"),
+            "{backend:?}: {}",
+            ev["violations"]
+        );
+    }
+    assert!(!net.queries().iter().any(|q| q.contains("exfil")));
+    drop(c);
+}
+
+/// A TLS ClientHello naming `name`, offering ALPN `h2`, as hex.
+fn client_hello(name: &str) -> String {
+    let mut ext = Vec::new();
+    // server_name
+    let n = name.len() as u16;
+    ext.extend_from_slice(&[0, 0]);
+    ext.extend_from_slice(&(n + 5).to_be_bytes());
+    ext.extend_from_slice(&(n + 3).to_be_bytes());
+    ext.push(0);
+    ext.extend_from_slice(&n.to_be_bytes());
+    ext.extend_from_slice(name.as_bytes());
+    // application_layer_protocol_negotiation: h2
+    ext.extend_from_slice(&[0, 0x10, 0, 5, 0, 3, 2, b'h', b'2']);
+    let mut hello = vec![3, 3];
+    hello.extend_from_slice(&[0; 32]);
+    hello.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    hello.extend_from_slice(&ext);
+    let mut hs = vec![1, 0];
+    hs.extend_from_slice(&(hello.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&hello);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// HTTP/2 with prior knowledge (h2c): the preface, an empty SETTINGS and
+/// one HEADERS frame (GET http://`authority`/, HPACK without Huffman), as
+/// hex.
+fn h2c_request(authority: &str) -> String {
+    let mut block = vec![0x82, 0x86, 0x84, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    let mut m = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    m.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    m.extend_from_slice(&(block.len() as u32).to_be_bytes()[1..]);
+    m.extend_from_slice(&[1, 5, 0, 0, 0, 1]);
+    m.extend_from_slice(&block);
+    m.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The tricks of issue 26's list, each refused fast and recorded: a
+/// CONNECT tunnel and an absolute-form request through an allowed name's
+/// connection to another host, a Host header that arrives in a second
+/// segment, HTTP/2 with prior knowledge whose `:authority` is another
+/// name (and one that is the name: allowed), TLS with ALPN h2 whose server
+/// name is another, a redirect to a denied host, DNS over TCP to another
+/// resolver and over UDP to it, an IPv6 literal no entry covers (TCP and
+/// UDP), UDP to a denied port, QUIC (UDP/443) to an allowed name, and
+/// 1,000 allowed connections (one record with a count, no hang).
+#[test]
+fn issue_26_tunnels_h2_redirects_dns_ipv6_udp_quic_and_1000_connections() {
+    if !root_and_tools("issue_26_tunnels_h2_redirects_dns_ipv6_udp_quic_and_1000_connections") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "t",
+        &manifest(
+            "restricted",
+            &["good.test:80", "good.test:443", "good.test:9000"],
+        ),
+    );
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("CONNECT second.test:443 HTTP/1.1\r\nHost: second.test:443\r\n\r\n")},   // 0
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("CONNECT second.test:443 HTTP/1.1\r\nHost: good.test\r\n\r\n")},         // 1
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("GET http://second.test/ HTTP/1.1\r\nHost: good.test\r\n\r\n")},         // 2
+        {"kind": "tcp", "host": "good.test", "port": 80,
+         "send": hex("GET / HTTP/1.1\r\n"), "send2": hex("Host: second.test\r\n\r\n")},      // 3
+        {"kind": "tcp", "host": "good.test", "port": 80, "send": h2c_request("second.test")}, // 4
+        {"kind": "tcp", "host": "good.test", "port": 80, "send": h2c_request("good.test")},   // 5
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello("second.test")}, // 6
+        {"kind": "urlopen", "url": "http://good.test/redirect"},                              // 7
+        {"kind": "dnstcp", "host": "good.test", "server": "203.0.113.53"},                     // 8
+        {"kind": "udp", "host": "203.0.113.53", "port": 53},                                   // 9
+        {"kind": "tcp", "host": "2001:db8:77::10", "port": 80},                                // 10
+        {"kind": "udp", "host": "2001:db8:77::10", "port": 53},                                // 11
+        {"kind": "udp", "host": "203.0.113.10", "port": 9000},                                 // 12
+        {"kind": "udp", "host": "good.test", "port": 443},                                     // 13 QUIC
+        {"kind": "many", "host": "good.test", "port": 9000, "n": 1000},                        // 14
+        {"kind": "tcp", "host": "good.test", "port": 80},                                      // 15 still fine
+    ]);
+    let started = Instant::now();
+    let (r, ev) = probe(&fx, "t", &probes);
+    eprintln!("turn took {:?}; {r:#?}", started.elapsed());
+    let refused = |i: usize| {
+        let (res, ms) = result(&r, i);
+        assert!(
+            res.starts_with("err:") || res == "ok:",
+            "probe {i} was not refused: {:?}",
+            r[i]
+        );
+        assert!(ms < 1000, "probe {i} took {ms} ms");
+    };
+    // Probe 3 waits for the rest of the request head (100 ms).
+    for i in [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13] {
+        refused(i);
+    }
+    assert_eq!(result(&r, 5).0, "ok:OK 203.0.113.10 80 PRI * HTTP/2.0");
+    assert_eq!(result(&r, 14).0, "refused=0");
+    assert!(result(&r, 14).1 < 30_000, "{:?}", r[14]);
+    assert!(
+        !net.queries().iter().any(|q| q == "second.test"),
+        "a denied name reached the upstream resolver: {:?}",
+        net.queries()
+    );
+    let denied = |needle: &str| {
+        assert!(
+            calls(&ev, |c| c["allowed"] == false)
+                .iter()
+                .any(|c| c["decided_by"].as_str().unwrap_or("").contains(needle)),
+            "no denied flow decided by {needle:?}: {:#}",
+            ev["external_calls"]
+        );
+    };
+    denied("HTTP CONNECT target `second.test`");
+    denied("HTTP request target `second.test`");
+    denied("HTTP Host `second.test`");
+    denied("HTTP/2 :authority `second.test`");
+    denied("TLS server name `second.test`");
+    // Right after, the proxy may still hold its limit of connections
+    // (the test server is slow to accept): then this one is refused, and
+    // recorded as such — never left hanging.
+    if result(&r, 15).0 != "ok:OK 203.0.113.10 80 GET / HTTP/1.1" {
+        assert!(result(&r, 15).1 < 1000, "{:?}", r[15]);
+        denied("connections at once");
+    }
+    assert!(
+        !calls(&ev, |c| c["name"] == "second.test"
+            && c["protocol"] == "dns")
+        .is_empty(),
+        "the redirect's lookup: {}",
+        ev["external_calls"]
+    );
+    for (addr, port, proto) in [
+        ("203.0.113.53", 53, "tcp"),
+        ("203.0.113.53", 53, "udp"),
+        ("2001:db8:77::10", 80, "tcp"),
+        ("2001:db8:77::10", 53, "udp"),
+        ("203.0.113.10", 9000, "udp"),
+    ] {
+        assert!(
+            !calls(&ev, |c| c["address"] == addr
+                && c["port"] == port
+                && c["protocol"] == proto
+                && c["allowed"] == false)
+            .is_empty(),
+            "{addr}:{port}/{proto}: {}",
+            ev["external_calls"]
+        );
+    }
+    let quic = calls(&ev, |c| {
+        c["name"] == "good.test" && c["protocol"] == "udp" && c["port"] == 443
+    });
+    assert!(
+        quic.iter().any(|c| c["allowed"] == false),
+        "{}",
+        ev["external_calls"]
+    );
+    let many = calls(&ev, |c| {
+        c["name"] == "good.test" && c["port"] == 9000 && c["allowed"] == true
+    });
+    assert_eq!(many.len(), 1, "{}", ev["external_calls"]);
+    assert_eq!(many[0]["count"], 1000);
+    assert!(ev["external_calls"].as_array().unwrap().len() < 40);
 }

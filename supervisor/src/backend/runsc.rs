@@ -215,6 +215,25 @@ impl Backend for RunscBackend {
         )]
     }
 
+    /// `restricted` / `allow_egress` are refused (fail closed): the turn's
+    /// network is gVisor's own netstack (`--network=none` today), whose
+    /// loopback is its own — the supervisor's resolver at 127.0.0.53 and
+    /// proxy in the namespace are out of its reach — and whose packets,
+    /// with `--network=sandbox`, leave through the namespace's interface
+    /// as frames, past the namespace's own nftables output hooks. What
+    /// would work: a veth to a router namespace holding the resolver, the
+    /// DNAT to the proxy and non-loopback synthetic addresses (DESIGN,
+    /// "Network policy").
+    fn enforces_network(
+        &self,
+        network: turnstile_policy::manifest::Network,
+    ) -> std::result::Result<(), String> {
+        match network {
+            turnstile_policy::manifest::Network::Isolated => Ok(()),
+            _ => Err("gVisor's netstack has its own loopback and sends its packets past the network namespace's nftables, so the supervisor's resolver and proxy cannot be put in its path yet; use native, runc or crun for egress".into()),
+        }
+    }
+
     fn cannot_enforce(&self) -> Vec<(&'static str, String)> {
         vec![(
             "landlock",

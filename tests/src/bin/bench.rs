@@ -194,6 +194,26 @@ fn systems(env: &Env, sid: &str) -> Vec<System> {
         }),
         missing: None,
     });
+    // Issue 26: the same turn under `network: restricted` (its resolver,
+    // proxy and nftables set up and torn down; no traffic). Not piped:
+    // its phases stay out of the isolated turn's table.
+    let mut net_args = env.run_args(&env.new_session());
+    if let Some(p) = net_args.iter_mut().find(|a| *a == "bench") {
+        *p = "bench-net".into();
+    }
+    let sup = env.supervise.clone();
+    v.push(System {
+        name: "turnstile restricted",
+        make: Box::new(move |_| {
+            let mut c = quiet(Command::new(&sup));
+            c.args(&net_args)
+                .args(["--json", "--no-outputs", "--", "/bin/true"]);
+            c
+        }),
+        missing: which("nft")
+            .is_none()
+            .then(|| "nftables (`nft`) is not installed".into()),
+    });
     v
 }
 
@@ -231,6 +251,13 @@ fn main() {
         env.ws.join("installed/bench/manifest.json"),
         r#"{"capabilities":{"execute":["/bin/true","/usr/bin/python3"]},
             "limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#,
+    )
+    .unwrap();
+    std::fs::create_dir_all(env.ws.join("installed/bench-net")).unwrap();
+    std::fs::write(
+        env.ws.join("installed/bench-net/manifest.json"),
+        r#"{"capabilities":{"execute":["/bin/true"]},"network":"restricted",
+            "egress":["bench.test:443"],"limits":{"timeout_seconds":300}}"#,
     )
     .unwrap();
     let sid = env.new_session();

@@ -22,6 +22,7 @@
 //! Every flow, allowed or denied, becomes a [`Flow`] of the evidence.
 
 pub mod dns;
+pub mod inspect;
 mod rtnl;
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +41,9 @@ use turnstile_policy::manifest::{Egress, EgressHost, Network, Transport};
 const SYNTHETIC: (Ipv4Addr, u8) = (Ipv4Addr::new(127, 64, 0, 0), 10);
 /// Distinct flows kept per turn; more are counted in one record.
 pub const MAX_FLOWS: usize = 1024;
+/// The proxy's port on the turn's loopback (127.0.0.1 and ::1): below
+/// 1024, so the turn (no capabilities) could never have bound it.
+const PROXY_PORT: u16 = 1;
 /// Distinct names given an address per turn.
 const MAX_NAMES: u32 = 65_000;
 const NFT_TABLE: &str = "turnstile";
@@ -545,36 +549,32 @@ fn in_netns<T: Send + 'static>(
     .map_err(|_| std::io::Error::other("network namespace thread panicked"))?
 }
 
-/// Runs `nft` in the namespace `ns` with `args`, `input` on its stdin.
+/// Runs `nft` in the namespace `ns` with `args`, `input` on its stdin:
+/// spawned from a thread that entered `ns` (a child starts in its
+/// parent thread's network namespace), so no `pre_exec` forces a full
+/// fork of the supervisor.
 fn nft(ns: &OwnedFd, args: &[&str], input: &str) -> Result<String, String> {
-    use std::os::unix::process::CommandExt;
     let path = nft_path().ok_or("`nft` is not installed")?;
-    let raw = ns.as_raw_fd();
-    let mut cmd = std::process::Command::new(path);
-    cmd.args(args)
-        .env_clear()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    // SAFETY: setns(2) is async-signal-safe and `raw` stays open until
-    // the child has exec'd (spawn waits for that).
-    unsafe {
-        cmd.pre_exec(move || {
-            if nix::libc::setns(raw, nix::libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| format!("nft: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let input = input.to_owned();
+    let shown = args.join(" ");
+    let out = in_netns(ns, move || {
+        let mut child = std::process::Command::new(path)
+            .args(&args)
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes());
+        }
+        child.wait_with_output()
+    })
+    .map_err(|e| format!("nft: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "nft {}: {}",
-            args.join(" "),
+            "nft {shown}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
@@ -668,20 +668,32 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
     };
     let host = host_addresses();
     let policy = Policy::new(network, egress, host)?;
-    let (udp, tcp_dns, l4, l6) = in_netns(&ns, || {
+    // The ruleset is loaded while the sockets are made: the proxy's port
+    // is fixed (the namespace is new and empty).
+    let loading = {
+        let (ns, rules) = (
+            ns.try_clone()
+                .map_err(|e| format!("network namespace: {e}"))?,
+            ruleset(&policy, PROXY_PORT),
+        );
+        std::thread::spawn(move || nft(&ns, &["-f", "-"], &rules))
+    };
+    let sockets = in_netns(&ns, || {
         crate::sandbox::sys::loopback_up()?;
         rtnl::local_default_routes()?;
         let udp = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
         let tcp_dns = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
-        let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let port = l4.local_addr()?.port();
-        let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port))?;
+        let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))?;
+        let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, PROXY_PORT))?;
         Ok((udp, tcp_dns, l4, l6))
     })
-    .map_err(|e| format!("preparing the turn's network namespace: {e}"))?;
+    .map_err(|e| format!("preparing the turn's network namespace: {e}"));
     lap("egress_sockets", &mut phases);
-    let port = l4.local_addr().map_err(|e| e.to_string())?.port();
-    nft(&ns, &["-f", "-"], &ruleset(&policy, port))?;
+    let loaded = loading
+        .join()
+        .unwrap_or_else(|_| Err("nft: the loading thread panicked".into()));
+    let (udp, tcp_dns, l4, l6) = sockets?;
+    loaded?;
     lap("egress_nft", &mut phases);
     let shared = Arc::new(Shared {
         policy,
@@ -764,6 +776,11 @@ impl Running {
     /// returns every flow: the proxy's and resolver's, and the kernel's
     /// refusals counted in the namespace.
     pub fn finish(mut self) -> Report {
+        // The turn's processes are gone: the kernel's counts are final;
+        // read them while the threads stop.
+        let listing = self.ns.try_clone().map(|ns| {
+            std::thread::spawn(move || nft(&ns, &["-j", "list", "table", "inet", NFT_TABLE], ""))
+        });
         self.shared.stop();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -774,8 +791,21 @@ impl Running {
         while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let refused = nft(&self.ns, &["-j", "list", "table", "inet", NFT_TABLE], "")
-            .map(|s| kernel_refusals(&s, &self.shared.policy));
+        let listed = match listing {
+            Ok(t) => t
+                .join()
+                .unwrap_or_else(|_| Err("nft: the listing thread panicked".into())),
+            Err(e) => Err(format!("network namespace: {e}")),
+        };
+        let refused = listed.map(|s| {
+            let names = self
+                .shared
+                .names
+                .lock()
+                .map(|n| n.by_addr.clone())
+                .unwrap_or_default();
+            kernel_refusals(&s, &self.shared.policy, &names)
+        });
         let mut flows = self
             .shared
             .flows
@@ -863,7 +893,11 @@ struct NftConcat {
 /// The connects and datagrams the namespace's nftables refused, from
 /// `nft -j list table`: one flow per destination with its count, and the
 /// count of those beyond the sets' size.
-fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
+fn kernel_refusals(
+    json: &str,
+    policy: &Policy,
+    names: &HashMap<Ipv4Addr, String>,
+) -> (Vec<Flow>, u64) {
     let Ok(doc) = serde_json::from_str::<NftDoc>(json) else {
         return (Vec::new(), 0);
     };
@@ -885,9 +919,13 @@ fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
             let Ok(ip) = addr.parse::<IpAddr>() else {
                 continue;
             };
+            let name = synthetic(ip).and_then(|s| names.get(&s).cloned());
             let (rule, hint) = if let Some(s) = synthetic(ip) {
                 (
-                    format!("no UDP egress: {s} port {port} is a name's address, for TCP only"),
+                    format!(
+                        "no UDP egress: {s} port {port} is the address of {}, for TCP only (QUIC and other UDP to a name are refused)",
+                        name.as_deref().unwrap_or("a name")
+                    ),
                     None,
                 )
             } else {
@@ -909,7 +947,7 @@ fn kernel_refusals(json: &str, policy: &Policy) -> (Vec<Flow>, u64) {
                 }
             };
             flows.push(Flow {
-                name: None,
+                name,
                 address: ip.to_string(),
                 port,
                 protocol,
@@ -1123,66 +1161,49 @@ fn reset(s: TcpStream) {
 /// The server name a client's first bytes name: a TLS ClientHello's SNI,
 /// or an HTTP request's Host (without port). `None`: neither is there.
 pub fn named_host(b: &[u8]) -> Option<String> {
-    if b.first() == Some(&0x16) {
-        return sni(b);
+    match inspect::first_bytes(b) {
+        inspect::Seen::Names(n) => n.into_iter().map(|(_, h)| h).next_back(),
+        _ => None,
     }
-    let text = std::str::from_utf8(b.get(..b.len().min(8192))?).ok()?;
-    let head = text.split("\r\n\r\n").next()?;
-    head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case("host").then(|| {
-            let v = v.trim();
-            let host = if v.starts_with('[') {
-                v.split(']').next().unwrap_or(v).trim_start_matches('[')
-            } else {
-                v.split(':').next().unwrap_or(v)
-            };
-            host.trim_end_matches('.').to_ascii_lowercase()
-        })
-    })
 }
 
-/// A TLS ClientHello's server name.
-fn sni(b: &[u8]) -> Option<String> {
-    let u16_at = |i: usize| -> Option<usize> {
-        Some(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]) as usize)
-    };
-    // Record header (5), handshake type 1 (1), length (3), version (2),
-    // random (32).
-    if *b.get(5)? != 1 {
-        return None;
-    }
-    let mut i = 5 + 4 + 2 + 32;
-    i += 1 + *b.get(i)? as usize; // session id
-    i += 2 + u16_at(i)?; // cipher suites
-    i += 1 + *b.get(i)? as usize; // compression
-    let ext_end = (i + 2 + u16_at(i)?).min(b.len());
-    i += 2;
-    while i + 4 <= ext_end {
-        let (ty, len) = (u16_at(i)?, u16_at(i + 2)?);
-        if ty == 0 {
-            // server_name list: len (2), type (1), name len (2), name.
-            let n = u16_at(i + 7)?;
-            let name = b.get(i + 9..i + 9 + n)?;
-            return Some(
-                String::from_utf8_lossy(name)
-                    .trim_end_matches('.')
-                    .to_ascii_lowercase(),
-            );
+/// Waits up to [`PEEK_WAIT`] for the client's first bytes, until they are
+/// a complete message (see [`inspect`]); what they say. Nothing sent in
+/// that time (a protocol where the server speaks first): no names.
+fn inspect_first(s: &TcpStream) -> inspect::Seen {
+    let deadline = Instant::now() + PEEK_WAIT;
+    let mut buf = vec![0u8; inspect::MAX_INSPECT];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return inspect::Seen::Unreadable(format!(
+                "the client's first message was not complete within {} ms",
+                PEEK_WAIT.as_millis()
+            ));
         }
-        i += 4 + len;
+        let _ = s.set_read_timeout(Some(left));
+        let n = s.peek(&mut buf).unwrap_or_default();
+        if n == 0 {
+            let _ = s.set_read_timeout(None);
+            return inspect::Seen::Names(Vec::new());
+        }
+        match inspect::first_bytes(&buf[..n]) {
+            inspect::Seen::More if n < buf.len() => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            inspect::Seen::More => {
+                let _ = s.set_read_timeout(None);
+                return inspect::Seen::Unreadable(format!(
+                    "the client's first message is longer than {} bytes",
+                    buf.len()
+                ));
+            }
+            seen => {
+                let _ = s.set_read_timeout(None);
+                return seen;
+            }
+        }
     }
-    None
-}
-
-/// Waits up to [`PEEK_WAIT`] for the client's first bytes and peeks them.
-fn peek_first(s: &TcpStream) -> Vec<u8> {
-    let _ = s.set_read_timeout(Some(PEEK_WAIT));
-    let mut buf = vec![0u8; 4096];
-    let n = s.peek(&mut buf).unwrap_or(0);
-    buf.truncate(n);
-    let _ = s.set_read_timeout(None);
-    buf
 }
 
 /// One intercepted connection: decide, connect upstream, splice.
@@ -1224,22 +1245,25 @@ fn proxy(shared: &Shared, client: TcpStream) {
     let targets: Vec<SocketAddr> = match &name {
         Some(n) => {
             if port == 443 || port == 80 {
-                let first = peek_first(&client);
-                if let Some(h) = named_host(&first) {
-                    if &h != n {
-                        let what = if first.first() == Some(&0x16) {
-                            "TLS server name"
-                        } else {
-                            "HTTP Host"
-                        };
-                        let d = Decision::Denied {
+                let d = match inspect_first(&client) {
+                    inspect::Seen::Names(names) => names.into_iter().find(|(_, h)| h != n).map(
+                        |(what, h)| Decision::Denied {
                             rule: format!(
                                 "{what} `{h}` is not `{n}`, the name the connection was opened for"
                             ),
                             hint: Some(format!("{h}:{port}")),
-                        };
-                        return deny(&d, dst.ip().to_string(), client);
-                    }
+                        },
+                    ),
+                    inspect::Seen::Unreadable(why) => Some(Decision::Denied {
+                        rule: format!(
+                            "{why}: the server name it asks for cannot be checked against `{n}`"
+                        ),
+                        hint: None,
+                    }),
+                    inspect::Seen::More => None,
+                };
+                if let Some(d) = d {
+                    return deny(&d, dst.ip().to_string(), client);
                 }
             }
             let listed = shared.policy.name_entry(n, Some(port)).is_some();
@@ -1436,7 +1460,12 @@ mod tests {
         hello.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
         hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
         hello.extend_from_slice(&ext);
-        let mut msg = vec![0x16, 3, 1, 0, 0, 1, 0, 0, 0];
+        let hs_len = hello.len() as u16;
+        let rec_len = (hello.len() + 4) as u16;
+        let mut msg = vec![0x16, 3, 1];
+        msg.extend_from_slice(&rec_len.to_be_bytes());
+        msg.extend_from_slice(&[1, 0]);
+        msg.extend_from_slice(&hs_len.to_be_bytes());
         msg.extend_from_slice(&hello);
         assert_eq!(named_host(&msg).as_deref(), Some("a.example"));
         for n in 0..msg.len() {
