@@ -378,6 +378,11 @@ struct Shared {
     /// wakes every thread waiting in poll.
     wake: (OwnedFd, OwnedFd),
     active: AtomicUsize,
+    /// The sockets of every connection being spliced (client and upstream
+    /// clones), by connection number: [`Running::finish`] shuts them down,
+    /// so no connection outlives the turn and every flow is recorded.
+    open: Mutex<HashMap<u64, [TcpStream; 2]>>,
+    next_conn: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -704,6 +709,8 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         stop: AtomicBool::new(false),
         wake: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?,
         active: AtomicUsize::new(0),
+        open: Mutex::new(HashMap::new()),
+        next_conn: std::sync::atomic::AtomicU64::new(0),
     });
     let threads = vec![
         {
@@ -785,11 +792,32 @@ impl Running {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        // Connections still being spliced end with their peers (the turn's
-        // sockets are closed); wait a little for their byte counts.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
+        // Connections still being spliced usually end with their peers (the
+        // turn's sockets are closed): a short grace for their last bytes.
+        // Then whatever is still open is shut down (an upstream that keeps
+        // a connection idle would otherwise hold its thread past the turn),
+        // and the threads record their flows: a connect still in progress
+        // ends within CONNECT_TIMEOUT.
+        let wait_idle = |for_: Duration| {
+            let deadline = Instant::now() + for_;
+            while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        wait_idle(Duration::from_millis(500));
+        if let Ok(open) = self.shared.open.lock() {
+            for [c, u] in open.values() {
+                let _ = c.shutdown(Shutdown::Both);
+                let _ = u.shutdown(Shutdown::Both);
+            }
+        }
+        wait_idle(CONNECT_TIMEOUT + Duration::from_secs(1));
+        let in_flight = self.shared.active.load(Ordering::SeqCst);
+        if in_flight > 0 {
+            tracing::warn!(
+                in_flight,
+                "proxied connections still running after the turn; their flows are not in the evidence"
+            );
         }
         let listed = match listing {
             Ok(t) => t
@@ -1321,7 +1349,16 @@ fn proxy(shared: &Shared, client: TcpStream) {
         shared.record(f);
         return reset(client);
     };
+    // Registered while spliced, so the turn's end can close it.
+    let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
+    if let (Ok(c), Ok(u), Ok(mut open)) = (client.try_clone(), up.try_clone(), shared.open.lock())
+    {
+        open.insert(conn, [c, u]);
+    }
     let (out, inn) = splice(client, up);
+    if let Ok(mut open) = shared.open.lock() {
+        open.remove(&conn);
+    }
     let mut f = shared.flow(
         name.as_deref(),
         addr.ip().to_string(),
