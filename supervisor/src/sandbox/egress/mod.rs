@@ -1351,8 +1351,7 @@ fn proxy(shared: &Shared, client: TcpStream) {
     };
     // Registered while spliced, so the turn's end can close it.
     let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
-    if let (Ok(c), Ok(u), Ok(mut open)) = (client.try_clone(), up.try_clone(), shared.open.lock())
-    {
+    if let (Ok(c), Ok(u), Ok(mut open)) = (client.try_clone(), up.try_clone(), shared.open.lock()) {
         open.insert(conn, [c, u]);
     }
     let (out, inn) = splice(client, up);
