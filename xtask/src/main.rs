@@ -21,6 +21,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+mod bench_outputs;
 mod readme_check;
 mod vm;
 
@@ -89,13 +90,14 @@ fn main() -> Result<()> {
         Some("bench-shim") => bench_shim(&args[1..]),
         Some("package" | "deb") => package(&args[1..]),
         Some("bench-serve") => bench_serve(&args[1..]),
+        Some("bench-outputs") => bench_outputs::bench_outputs(&workspace_root(), &args[1..]),
         Some("vm-test") => {
             setup()?;
             vm::vm_test(&args[1..])
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|bench-outputs [N] [ROUNDS]|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
@@ -106,6 +108,7 @@ fn main() -> Result<()> {
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
                  \n  package      build target/debian/turnstile_<version>_<arch>.deb (alias: deb): supervise, the containerd shim, the systemd unit, the default config, man page, completion (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
+                 \n  bench-outputs [N] [ROUNDS]  a turn writing N declared outputs (default 100,000, one tree output) vs cp -a + sync; writes bench/OUTPUTS.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\
                  \n  fuzz         mutated inputs to the manifest, request, envelope, socket, bus and ledger parsers, M minutes or N seconds each (default 60 s); non-zero on a panic, hang or unbounded allocation\
                  \n  readme-check fail when figures the README states (probes, test binaries, commands, Rust version, links) drift from the repository",

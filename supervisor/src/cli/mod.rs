@@ -1559,9 +1559,6 @@ fn health_server(a: &HealthArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
-    // The denial observer loads (verifier, attach) while the turn is
-    // admitted and planned.
-    crate::sandbox::observe::preload();
     let request = request_from_args(&a.request)?;
     let deterministic = a.deterministic.parse()?;
     if deterministic.is_some() && a.session.is_some() {
@@ -1621,6 +1618,12 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             receive: None,
         };
         return crate::serve::client::run(socket, &wire);
+    }
+    // The denial observer loads (verifier, attach) while the turn is
+    // admitted and planned — in the process that runs the turn (not a
+    // `--server` client), and only where a turn can be attributed.
+    if crate::sandbox::cgroup::has_v2(&cgroup_root()) {
+        crate::sandbox::observe::preload();
     }
     let opts = crate::turn::RunOptions {
         root: a.common.root.clone(),

@@ -16,13 +16,13 @@ pub mod posture;
 pub mod protocol;
 pub mod restrict;
 pub mod seccomp;
+pub mod spawn;
 pub mod sys;
 pub mod turnpaths;
 
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -561,7 +561,7 @@ impl Watch {
 #[derive(Debug)]
 pub struct Created {
     cg: Arc<cgroup::TurnCgroup>,
-    child: Option<std::process::Child>,
+    child: Option<spawn::InitChild>,
     go: Option<std::os::fd::OwnedFd>,
     watch: Watch,
     posture: Option<posture::Posture>,
@@ -753,12 +753,12 @@ pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) 
 #[derive(Debug)]
 pub struct Parked {
     cg: Arc<cgroup::TurnCgroup>,
-    child: Option<std::process::Child>,
+    child: Option<spawn::InitChild>,
     ready: std::os::fd::OwnedFd,
     go: Option<std::os::fd::OwnedFd>,
     turn: Option<std::os::fd::OwnedFd>,
-    out: Option<std::process::ChildStdout>,
-    err: Option<std::process::ChildStderr>,
+    out: Option<std::fs::File>,
+    err: Option<std::fs::File>,
     shape: Plan,
     /// `Some(true)` once PID 1 said it is parked, `Some(false)` if it ended
     /// before that; `None` not asked yet.
@@ -813,8 +813,11 @@ fn mount_sources(plan: &Plan) -> Vec<(PathBuf, Option<(u64, u64)>)> {
 /// Builds a sandbox from `plan`'s shape in `turn`, in a new cgroup named
 /// `cg_name`, up to the point where it waits for its turn.
 pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> Result<Parked> {
-    // Loaded while the sandbox is built (the verifier takes milliseconds).
-    observe::preload();
+    // Loaded while the sandbox is built (the verifier takes milliseconds),
+    // where a turn has a cgroup v2 id to be observed by.
+    if cgroup::has_v2(cgroup_root) {
+        observe::preload();
+    }
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut last = Instant::now();
@@ -1072,12 +1075,17 @@ impl Parked {
         if created.posture.is_some() {
             // Observed from here on: the command's execve is the first
             // operation that can be refused.
-            created.observation = observe::get().and_then(|o| {
-                let id = self.cg.v2_id().ok_or_else(|| {
-                    "the turn has no cgroup v2 directory to attribute its denials by".to_owned()
-                })?;
-                o.register(id, observe::learning())
-            });
+            // Without a v2 id there is nothing to wait for the load for
+            // (why the observer cannot run at all is said first, as before).
+            created.observation = match (observe::unavailable(), self.cg.v2_id()) {
+                (Some(why), _) => Err(why),
+                (None, None) => {
+                    Err("the turn has no cgroup v2 directory to attribute its denials by".into())
+                }
+                (None, Some(id)) => {
+                    observe::get().and_then(|o| o.register(id, observe::learning()))
+                }
+            };
             created.lap("observe_register");
         }
         Ok(created)
@@ -1097,22 +1105,22 @@ impl Drop for Parked {
     }
 }
 
-/// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces,
-/// with the handshake pipes: (child, ready's read end, go's write end,
-/// the turn Plan's write end).
+/// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces
+/// (see [`spawn`]), with the handshake pipes: (child, ready's read end,
+/// go's write end, the turn Plan's write end).
 #[allow(clippy::type_complexity)]
 fn spawn_parked(
     turn: &TurnDir,
     cg: &Arc<cgroup::TurnCgroup>,
 ) -> Result<(
-    std::process::Child,
+    spawn::InitChild,
     std::os::fd::OwnedFd,
     std::os::fd::OwnedFd,
     std::os::fd::OwnedFd,
 )> {
     let exe =
         std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
-    let procs = cg.procs_files()?;
+    let joins = cg.joins()?;
     // The posture handshake pipes, numbered >= 10 so the dup2 onto 3 and 4
     // in the child can never clobber one another.
     let pipe = || -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
@@ -1129,68 +1137,27 @@ fn spawn_parked(
     let (ready_r, ready_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let (turn_r, turn_w) = pipe()?;
-    let (ready_child, go_child, turn_child) = (
-        std::os::fd::AsRawFd::as_raw_fd(&ready_w),
-        std::os::fd::AsRawFd::as_raw_fd(&go_r),
-        std::os::fd::AsRawFd::as_raw_fd(&turn_r),
-    );
     let flags = NAMESPACES
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
-    let mut cmd = Command::new(&exe);
     // No host path in the sandbox PID 1's command line (world-readable in
     // its /proc): the turn directory travels in the environment, which only
-    // root may read there.
-    cmd.arg0(init::INIT_NAME)
-        .arg(init::SANDBOX_INIT)
-        .env_clear()
-        .env(init::TURN_DIR_ENV, &turn.path)
-        .stdin(empty_stdin()?)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let supervisor_pid = nix::unistd::getpid();
-    // SAFETY: the hook runs after fork in the child, where only
-    // async-signal-safe work is allowed. It makes a few kinds of raw syscalls
-    // (prctl(2) and getppid(2); write(2) of a static buffer to descriptors
-    // opened before the fork, dup2(2) of descriptors opened before the fork,
-    // and unshare(2)),
-    // allocates nothing, and converts errors with io::Error::from(Errno) or
-    // last_os_error, which store the raw code without allocating.
-    unsafe {
-        cmd.pre_exec(move || {
-            // The init dies with this thread of supervise, however it dies
-            // (set before anything else; prctl and getppid are
-            // async-signal-safe). If supervise died before prctl took
-            // effect, give up now.
-            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if nix::unistd::getppid() != supervisor_pid {
-                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
-            }
-            // Join the turn's cgroup(s): "0" means the writing process.
-            for f in &procs {
-                nix::unistd::write(f, b"0").map_err(std::io::Error::from)?;
-            }
-            // The handshake ends at fixed numbers (dup2 clears
-            // close-on-exec; the init sets it again at once).
-            for (from, to) in [
-                (ready_child, init::READY_FD),
-                (go_child, init::GO_FD),
-                (turn_child, init::TURN_FD),
-            ] {
-                if nix::libc::dup2(from, to) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // Unshared after joining, so the cgroup namespace is rooted at
-            // the turn's cgroup.
-            nix::sched::unshare(flags).map_err(std::io::Error::from)?;
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
+    // root may read there. The handshake ends at fixed numbers (the init
+    // sets close-on-exec on them again at once).
+    let spec = spawn::Spec {
+        exe: &exe,
+        argv0: init::INIT_NAME,
+        arg: init::SANDBOX_INIT,
+        env: (init::TURN_DIR_ENV, &turn.path),
+        fds: [
+            (std::os::fd::AsRawFd::as_raw_fd(&ready_w), init::READY_FD),
+            (std::os::fd::AsRawFd::as_raw_fd(&go_r), init::GO_FD),
+            (std::os::fd::AsRawFd::as_raw_fd(&turn_r), init::TURN_FD),
+        ],
+        unshare: flags,
+        parent: nix::unistd::getpid(),
+    };
+    let (child, _into_cgroup) = spawn::spawn(&spec, &joins)
         .map_err(|e| sandbox_err("start sandbox init", format!("{}: {e}", exe.display())))?;
     // Only the sandbox holds the child ends now: EOF on `ready` means every
     // stage that could answer is gone.
