@@ -814,10 +814,25 @@ fn ns_holders(ns: &str) -> Vec<String> {
         for l in links {
             if std::fs::read_link(&l).is_ok_and(|t| t.as_os_str() == ns) {
                 let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                // Its parent and state: who should have taken it down.
+                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                let field = |k: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(k))
+                        .map_or(String::new(), |v| v.trim().to_owned())
+                };
                 out.push(format!(
-                    "{}: {}",
+                    "{}: {} (state {}, ppid {}, cgroup {})",
                     l.display(),
-                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                    String::from_utf8_lossy(&cmd).replace('\0', " "),
+                    field("State:"),
+                    field("PPid:"),
+                    std::fs::read_to_string(e.path().join("cgroup"))
+                        .unwrap_or_default()
+                        .lines()
+                        .find(|l| l.contains("freezer") || l.starts_with("0::"))
+                        .unwrap_or_default()
                 ));
             }
         }

@@ -404,21 +404,15 @@ impl TurnCgroup {
             let _ = std::fs::write(self.pids.join("cgroup.kill"), "1");
         }
         // v1 has no cgroup.kill: a fork bomb forks between our reads of
-        // cgroup.procs and our signals. Freeze it first (as runc does),
-        // signal every task, then thaw: the frozen tasks cannot fork, and a
-        // thawed task dies of its pending SIGKILL.
-        if let (Version::V1, Some(f)) = (&self.version, &self.freezer) {
-            let state = f.join("freezer.state");
-            if std::fs::write(&state, "FROZEN").is_ok() {
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-                while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FREEZING")
-                    && std::time::Instant::now() < until
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                self.signal_all(nix::sys::signal::Signal::SIGKILL);
-                let _ = std::fs::write(&state, "THAWED");
-            }
+        // cgroup.procs and our signals. No task of the cgroup can fork once
+        // its pids.max is 0 (the kernel refuses every fork above it), so the
+        // kill loop below converges. Freezing it first, as runc does, is not
+        // safe here: a killer that dies between freeze and thaw (a worker
+        // taken down by its daemon's SIGKILL while it cleaned up) leaves the
+        // cgroup frozen for good, its tasks in D state with SIGKILL pending,
+        // holding the turn's namespaces.
+        if self.version == Version::V1 {
+            let _ = std::fs::write(self.pids.join("pids.max"), "0");
         }
         // Bounded by time, not by rounds: a loaded host (a VM beside the
         // tests) can take seconds to reap thousands of tasks.
@@ -663,14 +657,14 @@ impl TurnCgroup {
     pub fn v2_dir(&self) -> Option<&Path> {
         match self.version {
             Version::V2 => self.dirs.first().map(PathBuf::as_path),
+            // The hybrid layout's unified hierarchy: the one directory with
+            // `cgroup.controllers` (a v2 file), wherever a cgroup parent
+            // (`--cgroup-parent`, a pod's cgroupsPath) put it — not only
+            // `unified/turnstile/<name>`.
             Version::V1 => self
                 .dirs
                 .iter()
-                .find(|d| {
-                    d.parent()
-                        .and_then(Path::parent)
-                        .is_some_and(|p| p.ends_with("unified"))
-                })
+                .find(|d| d.join("cgroup.controllers").exists())
                 .map(PathBuf::as_path),
         }
     }

@@ -49,10 +49,34 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// A peer's or a bare runtime's stdio: never the host's `/dev/null`. runsc
+/// and crun `fchown` their stdio to the container's user, so a bare `runsc
+/// run` with `Stdio::null()` gave the host's `/dev/null` to 65534 (issue
+/// 22's cause, here in the harness: it happened during a bench run). An
+/// empty regular file stands in for stdin and a scratch file takes the
+/// output, both the bench's own.
 fn quiet(mut c: Command) -> Command {
-    c.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let dir = std::env::temp_dir().join(format!("turnstile-bench-stdio-{}", std::process::id()));
+    let files = std::fs::create_dir_all(&dir).and_then(|()| {
+        let input = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(dir.join("empty"))?;
+        input.set_len(0)?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("output"))?;
+        Ok((input, out.try_clone()?, out))
+    });
+    match files {
+        Ok((input, out, err)) => {
+            c.stdin(input).stdout(out).stderr(err);
+        }
+        Err(e) => panic!("bench: stdio files under {}: {e}", dir.display()),
+    }
     c
 }
 
