@@ -433,9 +433,12 @@ fn kill_sweep_on(n: usize, points: usize, group: bool, nested: bool, backend: Op
                 if left.is_empty() {
                     break;
                 }
+                // Bounded, not timed: runsc's own cleanup (`runsc delete`,
+                // a Go binary killing the sentry and gofer) takes ~1.3 s on
+                // a quiet host and more than 5 s beside the CI's VM stage.
                 assert!(
-                    killed.elapsed() < Duration::from_secs(5),
-                    "{what}: 5 s after the kill, still left:\n{}",
+                    killed.elapsed() < Duration::from_secs(20),
+                    "{what}: 20 s after the kill, still left:\n{}",
                     left.join("\n")
                 );
                 std::thread::sleep(Duration::from_millis(10));
