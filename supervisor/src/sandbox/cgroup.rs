@@ -404,15 +404,29 @@ impl TurnCgroup {
             let _ = std::fs::write(self.pids.join("cgroup.kill"), "1");
         }
         // v1 has no cgroup.kill: a fork bomb forks between our reads of
-        // cgroup.procs and our signals. No task of the cgroup can fork once
-        // its pids.max is 0 (the kernel refuses every fork above it), so the
-        // kill loop below converges. Freezing it first, as runc does, is not
-        // safe here: a killer that dies between freeze and thaw (a worker
-        // taken down by its daemon's SIGKILL while it cleaned up) leaves the
-        // cgroup frozen for good, its tasks in D state with SIGKILL pending,
-        // holding the turn's namespaces.
+        // cgroup.procs and our signals. pids.max 0 refuses every fork from
+        // here on; then freeze (as runc does), signal every task, thaw: a
+        // thawed task dies of its pending SIGKILL. (pids.max alone was not
+        // enough under load: a fork bomb turn once ended exit 20.) A killer
+        // that dies between freeze and thaw leaves the cgroup frozen until
+        // recovery thaws it; the serve worker waits for its daemon's death
+        // signal before it cleans up (serve/worker.rs), which is where that
+        // happened.
         if self.version == Version::V1 {
             let _ = std::fs::write(self.pids.join("pids.max"), "0");
+        }
+        if let (Version::V1, Some(f)) = (&self.version, &self.freezer) {
+            let state = f.join("freezer.state");
+            if std::fs::write(&state, "FROZEN").is_ok() {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FREEZING")
+                    && std::time::Instant::now() < until
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                self.signal_all(nix::sys::signal::Signal::SIGKILL);
+                let _ = std::fs::write(&state, "THAWED");
+            }
         }
         // Bounded by time, not by rounds: a loaded host (a VM beside the
         // tests) can take seconds to reap thousands of tasks.

@@ -58,8 +58,16 @@ pub fn main() -> u8 {
     loop {
         let (line, _, fds) = match recv_line_with_fds(&sock) {
             Ok(x) if !x.0.is_empty() => x,
-            // EOF: the daemon let this worker go.
-            _ => break,
+            // EOF: the daemon let this worker go — or it died, and its
+            // sockets closed before its death signal (PDEATHSIG) reached
+            // us. Wait for that signal before cleaning up: killed in the
+            // middle of the warm sandbox's v1 kill (freeze, signal, thaw),
+            // this worker would leave it frozen, holding the turn's
+            // namespaces; killed before, the sandbox dies with it.
+            _ => {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                break;
+            }
         };
         let job: std::result::Result<Job, _> = serde_json::from_slice(&line);
         let mut keep = job.as_ref().is_ok_and(|j| j.keep_warm);
