@@ -437,6 +437,30 @@ fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::Fil
     }
 }
 
+/// Waits up to `limit` until no `runtime` process (its argv[0] ends with
+/// the runtime's name; the container's own processes, `runsc-sandbox` and
+/// the like, do not) names container `id` in its arguments.
+fn wait_runtime_gone(runtime: &str, id: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let running = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                    let mut args = c.split(|b| *b == 0);
+                    args.next()
+                        .is_some_and(|a0| a0.ends_with(runtime.as_bytes()))
+                        && args.any(|a| a == id.as_bytes())
+                })
+            })
+    };
+    while running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// What is left of OCI turn `id` whose supervisor is dead, removed:
 /// the runtime's record (`delete --force`, which also kills the
 /// container; runsc's needs its gofer alive, so it goes before the
@@ -445,7 +469,11 @@ fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::Fil
 /// directory. The caller holds the session lock. Idempotent.
 pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Path) {
     use crate::sandbox::cgroup::TurnCgroup;
-    let _ = runtime;
+    // A runtime still creating the container when its supervisor died
+    // (`crun run --detach`, `runsc create`: host processes, not in the
+    // turn's cgroup) writes its record after a delete that came first:
+    // wait for it (bounded), and delete again once the cgroup is empty.
+    wait_runtime_gone(runtime, id, Duration::from_secs(5));
     super::runtime::forget(id);
     for cg in TurnCgroup::leftovers(cgroup_root, id)
         .into_iter()
@@ -454,6 +482,7 @@ pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Pat
         cg.kill_all();
         cg.remove();
     }
+    super::runtime::forget(id);
     TurnCgroup::sweep_unmanaged(cgroup_root, id);
     let _ = crate::sandbox::remove_turn_dir(turn_dir);
 }
