@@ -1123,17 +1123,7 @@ fn spawn_parked(
     let joins = cg.joins()?;
     // The posture handshake pipes, numbered >= 10 so the dup2 onto 3 and 4
     // in the child can never clobber one another.
-    let pipe = || -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| sandbox_err("pipe", e.to_string()))?;
-        let high = |fd: std::os::fd::OwnedFd| -> Result<std::os::fd::OwnedFd> {
-            let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
-                .map_err(|e| sandbox_err("pipe", e.to_string()))?;
-            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
-            Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
-        };
-        Ok((high(r)?, high(w)?))
-    };
+    let pipe = || spawn::pipe().map_err(|e| sandbox_err("pipe", e.to_string()));
     let (ready_r, ready_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let (turn_r, turn_w) = pipe()?;

@@ -123,7 +123,9 @@ fn high(fd: OwnedFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+/// A close-on-exec pipe whose ends are numbered >= 10, so dup2 onto the
+/// low fixed numbers in the child never clobbers another source.
+pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     Ok((high(r)?, high(w)?))
 }
