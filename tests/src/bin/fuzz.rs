@@ -413,7 +413,12 @@ fn main() {
             }
             "--seconds" => seconds = number("--seconds", &mut args),
             "--minutes" => seconds = number("--minutes", &mut args) * 60.0,
-            "--seed" => seed = number("--seed", &mut args) as u64,
+            // A seed is a whole u64 (through f64 it would lose bits past 2^53).
+            "--seed" => match args.next().map(|v| (v.parse::<u64>(), v)) {
+                Some((Ok(n), _)) => seed = n,
+                Some((_, v)) => usage(format!("--seed: `{v}` is not a whole number")),
+                None => usage("--seed needs a value".into()),
+            },
             t if TARGETS.contains(&t) => names.push(a),
             other => usage(format!(
                 "unknown argument or target `{other}` (targets: {})",
