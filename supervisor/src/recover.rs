@@ -427,18 +427,108 @@ pub fn known_sessions(
     out
 }
 
+/// What [`recover_all`] did.
+#[derive(Debug, Default)]
+pub struct AllRecovery {
+    /// Unfinished session creations removed.
+    pub swept: Vec<String>,
+    /// One per session found.
+    pub sessions: Vec<SessionRecovery>,
+    /// Cgroups of warm sandboxes whose building process is dead, removed
+    /// host-wide (see [`sweep_dead_warm_cgroups`]).
+    pub dead_warm_cgroups: Vec<String>,
+}
+
 pub fn recover_all(
     state: &StateDir,
     workspace: Option<&Workspace>,
     cgroup_root: &Path,
     clock: &dyn Clock,
-) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
+) -> Result<AllRecovery> {
     let swept = crate::store::session::sweep_unfinished(state, workspace)?;
-    let mut out = Vec::new();
+    let mut sessions = Vec::new();
     for (id, ws) in known_sessions(state, workspace) {
         let session = Session::open(&ws, state, &id, None)?;
         let (_lock, r) = lock_for_write(&session, cgroup_root, clock)?;
-        out.push(r);
+        sessions.push(r);
     }
-    Ok((swept, out))
+    Ok(AllRecovery {
+        swept,
+        sessions,
+        dead_warm_cgroups: sweep_dead_warm_cgroups(cgroup_root),
+    })
+}
+
+/// The pid in a warm sandbox's cgroup name (`<sid>-w<pid>-<n>`, see
+/// `pool::cgroup_name`): the process that built it and owns it.
+fn warm_owner(name: &str) -> Option<u32> {
+    let (_, rest) = name.rsplit_once("-w")?;
+    let (pid, n) = rest.split_once('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(())?;
+    pid.parse().ok()
+}
+
+/// Whether `pid` is a live process (a zombie, not yet reaped, is dead).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) S …`: the state follows the last `)`.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    })
+}
+
+/// Removes, host-wide, the cgroups of warm sandboxes whose owner process is
+/// gone (a SIGKILLed daemon's worker): their processes died with it
+/// (PDEATHSIG) but the directories stay, and the session they belong to
+/// may live in a state directory nobody recovers again. Only a dead owner
+/// pid is acted on: a live one (or a reused pid) keeps its cgroup, and the
+/// session's own recovery handles it. Returns the names removed.
+pub fn sweep_dead_warm_cgroups(cgroup_root: &Path) -> Vec<String> {
+    let mut removed = Vec::new();
+    for cg in TurnCgroup::leftovers(cgroup_root, "SES-") {
+        let Some(name) = cg
+            .dirs()
+            .first()
+            .and_then(|d| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+        else {
+            continue;
+        };
+        let Some(pid) = warm_owner(&name) else {
+            continue;
+        };
+        if alive(pid) {
+            continue;
+        }
+        if cg.kill_all() {
+            cg.remove();
+            if cg.dirs().iter().all(|d| !d.exists()) {
+                removed.push(name);
+            }
+        } else {
+            tracing::warn!(cgroup = %name, "a dead owner's warm sandbox survived SIGKILL");
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warm_owner;
+
+    #[test]
+    fn a_warm_cgroup_name_gives_its_owner_pid() {
+        assert_eq!(
+            warm_owner("SES-20261126T121121071323Z-395e4794536f25bb-w1441-1"),
+            Some(1441)
+        );
+        assert_eq!(
+            warm_owner("SES-20261126T121314302602Z-914e5d140ea08c1e-t1"),
+            None
+        );
+        assert_eq!(warm_owner("SES-x-w12-"), None);
+        assert_eq!(warm_owner("SES-x-w12-3a"), None);
+        assert_eq!(warm_owner("SES-x-wab-3"), None);
+    }
 }

@@ -1796,6 +1796,7 @@ struct BundleWritten<'a> {
 struct Recovered {
     sessions_checked: usize,
     unfinished_creations_removed: Vec<String>,
+    dead_warm_cgroups_removed: Vec<String>,
     recovered: Vec<Value>,
 }
 
@@ -1829,8 +1830,11 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
         Some(ws) => StateDir::open(&a.state_dir, ws, false)?,
         None => StateDir::at(&a.state_dir),
     };
-    let (swept, sessions) =
-        crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root(), &SystemClock)?;
+    let crate::recover::AllRecovery {
+        swept,
+        sessions,
+        dead_warm_cgroups,
+    } = crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root(), &SystemClock)?;
     let acted: Vec<&crate::recover::SessionRecovery> =
         sessions.iter().filter(|r| !r.is_empty()).collect();
     let stdout = if a.json {
@@ -1839,6 +1843,7 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
             to_json(&Recovered {
                 sessions_checked: sessions.len(),
                 unfinished_creations_removed: swept.clone(),
+                dead_warm_cgroups_removed: dead_warm_cgroups.clone(),
                 recovered: acted.iter().map(|r| r.to_value()).collect(),
             })
         )
@@ -1858,6 +1863,12 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
                 r.tails.len(),
                 r.cgroups.len(),
                 r.turn_dirs.len()
+            );
+        }
+        if !dead_warm_cgroups.is_empty() {
+            t += &format!(
+                "{} cgroup(s) of warm sandboxes whose owner is dead removed\n",
+                dead_warm_cgroups.len()
             );
         }
         t
