@@ -29,6 +29,7 @@ use turnstile_policy::session::Clock;
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use crate::error::{Result, SupervisorError};
+use crate::sandbox::cgroup::Place;
 use crate::sandbox::cgroup::TurnCgroup;
 use crate::store::commit::{self, Settled};
 use crate::store::evidence::{SCHEMA_VERSION, object};
@@ -92,7 +93,7 @@ fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Sup
 /// Removes what a dead owner left of its warm sandboxes in `session_dir`
 /// (see [`crate::sandbox::pool`]): their cgroups (killing what runs in
 /// them), turn directories and lock files. Returns their ids.
-fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<String>> {
+fn sweep_warm(session_dir: &Path, sid: &str, cgroup_place: &Place) -> Result<Vec<String>> {
     use crate::sandbox::pool;
     let mut ids = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(session_dir)
@@ -112,7 +113,7 @@ fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<S
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let cgroups = TurnCgroup::leftovers(cgroup_root, &pool::cgroup_name(sid, ""));
+    let cgroups = TurnCgroup::leftovers(cgroup_place, &pool::cgroup_name(sid, ""));
     let mut removed = Vec::new();
     for id in ids {
         let (alive, _held) = pool::owner_alive(session_dir, &id);
@@ -174,11 +175,11 @@ fn leftovers(state_dir: &Path) -> (Vec<u64>, Vec<u64>) {
 /// (see the module docs): every writer of a session goes through here.
 pub fn lock_for_write(
     session: &Session,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<(SessionLock, SessionRecovery)> {
     let lock = session.lock()?;
-    let recovery = recover_session(session, &lock, cgroup_root, clock)?;
+    let recovery = recover_session(session, &lock, cgroup_place, clock)?;
     Ok((lock, recovery))
 }
 
@@ -186,7 +187,7 @@ pub fn lock_for_write(
 pub fn recover_session(
     session: &Session,
     lock: &SessionLock,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<SessionRecovery> {
     let sid = session.id.as_str().to_owned();
@@ -203,7 +204,7 @@ pub fn recover_session(
     for id in crate::backend::runtime::records(&prefix) {
         crate::backend::runtime::forget(&id);
     }
-    for cg in TurnCgroup::leftovers(cgroup_root, &prefix) {
+    for cg in TurnCgroup::leftovers(cgroup_place, &prefix) {
         r.processes_killed += cg.pids().len();
         if !cg.kill_all() {
             return Err(SupervisorError::Sandbox {
@@ -221,7 +222,7 @@ pub fn recover_session(
         cg.remove();
         if let Some(name) = cg.name() {
             // The directories an OCI runtime made in the other hierarchies.
-            TurnCgroup::sweep_unmanaged(cgroup_root, name);
+            TurnCgroup::sweep_unmanaged(cgroup_place, name);
             r.cgroups.push(name.to_owned());
         }
     }
@@ -232,13 +233,13 @@ pub fn recover_session(
         let dir = session.state().turn_dir(&session.id, n);
         // An OCI turn's cgroup directories in the hierarchies turnstile
         // does not manage, if its managed ones were already gone.
-        TurnCgroup::sweep_unmanaged(cgroup_root, &format!("{sid}-t{n}"));
+        TurnCgroup::sweep_unmanaged(cgroup_place, &format!("{sid}-t{n}"));
         crate::sandbox::remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }
     // ... and the warm sandboxes of a dead `serve` worker (a live one's
     // lock is held: it is not a leftover).
-    r.warm = sweep_warm(&state_dir, &sid, cgroup_root)?;
+    r.warm = sweep_warm(&state_dir, &sid, cgroup_place)?;
     // 3. Interrupted ledger appends.
     let now = rfc3339_micros(clock.now());
     let files: Vec<_> = LedgerKind::ALL.iter().map(|k| session.ledger(*k)).collect();
@@ -442,20 +443,20 @@ pub struct AllRecovery {
 pub fn recover_all(
     state: &StateDir,
     workspace: Option<&Workspace>,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<AllRecovery> {
     let swept = crate::store::session::sweep_unfinished(state, workspace)?;
     let mut sessions = Vec::new();
     for (id, ws) in known_sessions(state, workspace) {
         let session = Session::open(&ws, state, &id, None)?;
-        let (_lock, r) = lock_for_write(&session, cgroup_root, clock)?;
+        let (_lock, r) = lock_for_write(&session, cgroup_place, clock)?;
         sessions.push(r);
     }
     Ok(AllRecovery {
         swept,
         sessions,
-        dead_warm_cgroups: sweep_dead_warm_cgroups(cgroup_root),
+        dead_warm_cgroups: sweep_dead_warm_cgroups(cgroup_place),
     })
 }
 
@@ -484,9 +485,9 @@ fn alive(pid: u32) -> bool {
 /// may live in a state directory nobody recovers again. Only a dead owner
 /// pid is acted on: a live one (or a reused pid) keeps its cgroup, and the
 /// session's own recovery handles it. Returns the names removed.
-pub fn sweep_dead_warm_cgroups(cgroup_root: &Path) -> Vec<String> {
+pub fn sweep_dead_warm_cgroups(cgroup_place: &Place) -> Vec<String> {
     let mut removed = Vec::new();
-    for cg in TurnCgroup::leftovers(cgroup_root, "SES-") {
+    for cg in TurnCgroup::leftovers(cgroup_place, "SES-") {
         let Some(name) = cg
             .dirs()
             .first()

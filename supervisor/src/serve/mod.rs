@@ -464,11 +464,10 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     }
     // Every session is recovered before the first turn (what a stopped
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
-    let cgroup_root = crate::sandbox::cgroup::root();
     let all = crate::recover::recover_all(
         &crate::store::layout::StateDir::at(&state_dir),
         None,
-        &cgroup_root,
+        &crate::sandbox::cgroup::Place::host(),
         &crate::ids::SystemClock,
     )?;
     let recovered = serde_json::to_value(RecoveredAtStart {
