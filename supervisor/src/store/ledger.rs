@@ -1010,7 +1010,8 @@ fn prepare<'a>(
 /// starts, so a crash at any instant leaves each ledger either clean, or
 /// with an announced append that recovery completes (every byte of every
 /// member landed) or discards (anything less) — never half a group. Three
-/// `fdatasync`s per ledger, none of them a rename or directory sync.
+/// `fdatasync`s per ledger, none of them a rename or directory sync; the
+/// members' syncs of one step are issued together ([`all_at_once`]).
 pub fn append_group(
     lock: &SessionLock,
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
@@ -1059,23 +1060,25 @@ pub fn append_group_until(
     // (1) announce.
     for p in &mut prepared {
         p.anchor.generation += 1;
+    }
+    first_error(all_at_once(&mut prepared, |p| {
         let announced = Anchor {
             pending: Some(p.pending.clone()),
             ..p.anchor.clone()
         };
-        p.files.write_anchor(&announced)?;
-    }
+        p.files.write_anchor(&announced)
+    }))?;
     if until == AppendStep::Announced {
         return Ok(Vec::new());
     }
     // (2) write the bytes.
-    let mut failure = None;
-    for p in &mut prepared {
-        if let Err(e) = p.file.write_all(&p.bytes).and_then(|()| p.file.sync_data()) {
-            failure = Some(p.files.io("append")(e));
-            break;
-        }
-    }
+    let failure = first_error(all_at_once(&mut prepared, |p| {
+        p.file
+            .write_all(&p.bytes)
+            .and_then(|()| p.file.sync_data())
+            .map_err(p.files.io("append"))
+    }))
+    .err();
     if let Some(e) = failure {
         // Leave every ledger as acknowledged (best effort: if this fails
         // too, the next writer's recovery discards the tail).
@@ -1094,16 +1097,43 @@ pub fn append_group_until(
         return Ok(Vec::new());
     }
     // (3) acknowledge.
-    for p in &prepared {
+    first_error(all_at_once(&mut prepared, |p| {
         let mut head = Anchor {
             pending: Some(p.pending.clone()),
             ..p.anchor.clone()
         }
         .completed();
         head.generation = p.anchor.generation + 1;
-        p.files.write_anchor(&head)?;
-    }
+        p.files.write_anchor(&head)
+    }))?;
     Ok(prepared.into_iter().map(|p| p.appended).collect())
+}
+
+/// Runs one step of the protocol on every member of a group at once and
+/// waits for all of them (group commit): the members' `fdatasync`s go to
+/// the file system together and share its journal commits instead of
+/// queueing one behind the other. Each step stays a barrier: nothing of
+/// the next step starts before every member's step returned.
+fn all_at_once<T: Send, R: Send>(items: &mut [T], step: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
+    if items.len() < 2 {
+        return items.iter_mut().map(&step).collect();
+    }
+    let step = &step;
+    std::thread::scope(|s| {
+        let running: Vec<_> = items
+            .iter_mut()
+            .map(|item| s.spawn(move || step(item)))
+            .collect();
+        running
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    })
+}
+
+/// The first error of a step's results, in member order.
+fn first_error(results: Vec<Result<()>>) -> Result<()> {
+    results.into_iter().collect()
 }
 
 /// Settles the pending appends of a session's ledgers after a crash:
