@@ -1126,7 +1126,10 @@ fn all_at_once<T: Send, R: Send>(items: &mut [T], step: impl Fn(&mut T) -> R + S
             .collect();
         running
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
             .collect()
     })
 }
