@@ -129,10 +129,21 @@ pub fn not_public(ip: IpAddr) -> Option<&'static str> {
         ("fc00::", 7, "a unique local (ULA) address"),
         ("fe80::", 10, "a link-local address"),
         ("ff00::", 8, "a multicast address"),
+        ("100::", 64, "a discard-only address"),
+        ("2001::", 32, "a Teredo tunnelling address"),
+        ("2001:2::", 48, "a benchmarking address"),
+        ("2001:10::", 28, "an ORCHID address"),
     ];
     if let IpAddr::V6(a) = ip {
         if let Some(v4) = a.to_ipv4_mapped() {
             return not_public(IpAddr::V4(v4));
+        }
+        // An IPv4 address carried inside an IPv6 one reaches that IPv4
+        // host through a translator or tunnel (NAT64 64:ff9b::/96 and
+        // 64:ff9b:1::/48, SIIT ::ffff:0:0/96, IPv4-compatible ::/96, 6to4
+        // 2002::/16): it is as public as the address it carries.
+        if let Some(why) = embedded_v4(a).and_then(|v4| not_public(IpAddr::V4(v4))) {
+            return Some(why);
         }
     }
     let table = if ip.is_ipv4() { v4 } else { v6 };
@@ -140,6 +151,30 @@ pub fn not_public(ip: IpAddr) -> Option<&'static str> {
         .iter()
         .find(|(net, len, _)| cidr_contains(net.parse().unwrap_or(ip), *len, ip))
         .map(|(_, _, why)| *why)
+}
+
+/// The IPv4 address an IPv6 address of a translation or tunnelling
+/// prefix carries (IPv4-mapped addresses are handled by their caller).
+fn embedded_v4(a: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = a.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    match s {
+        // NAT64, well-known (RFC 6052) and local-use (RFC 8215) prefixes.
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(low),
+        [0x64, 0xff9b, 1, ..] => Some(low),
+        // SIIT IPv4-translated (RFC 2765).
+        [0, 0, 0, 0, 0xffff, 0, _, _] => Some(low),
+        // IPv4-compatible (deprecated), not `::` or `::1`.
+        [0, 0, 0, 0, 0, 0, hi, lo] if hi != 0 || lo > 1 => Some(low),
+        // 6to4 (RFC 3056): 2002:AABB:CCDD::/48.
+        [0x2002, hi, lo, ..] => Some(Ipv4Addr::new(
+            (hi >> 8) as u8,
+            hi as u8,
+            (lo >> 8) as u8,
+            lo as u8,
+        )),
+        _ => None,
+    }
 }
 
 /// A decision: the entry or rule that made it.
@@ -1448,6 +1483,16 @@ mod tests {
             "fe80::1",
             "::ffff:10.0.0.1",
             "192.0.2.77",
+            // The metadata address and private ones inside IPv6: NAT64,
+            // local-use NAT64, SIIT, IPv4-compatible, 6to4; Teredo.
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::10.0.0.1",
+            "::ffff:0:169.254.169.254",
+            "::169.254.169.254",
+            "2002:a9fe:a9fe::1",
+            "2002:0a00:0001::",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "100::1",
         ] {
             assert!(
                 matches!(
@@ -1461,10 +1506,18 @@ mod tests {
             e.decide_ip("10.1.2.3".parse().unwrap(), 80),
             Decision::Allowed(_)
         ));
-        assert!(matches!(
-            e.decide_ip("203.0.113.9".parse().unwrap(), 80),
-            Decision::Allowed(_)
-        ));
+        // Public ones stay reachable, in IPv6 and carried in it.
+        for ip in [
+            "203.0.113.9",
+            "2001:db8::9",
+            "64:ff9b::203.0.113.9",
+            "2002:cb00:7109::1",
+        ] {
+            assert!(
+                matches!(e.decide_ip(ip.parse().unwrap(), 80), Decision::Allowed(_)),
+                "{ip}"
+            );
+        }
         assert!(
             e.address_ok(false, "10.0.0.1".parse().unwrap(), 443)
                 .is_err()
