@@ -118,6 +118,7 @@ impl containerd_shim::Shim for Shim {
         }
         runner::unmount_rootfs(&bundle.join("rootfs"));
         podcgroup::remove_saved(&bundle);
+        remove_dead_socket(&bundle);
         let mut r = DeleteResponse::new();
         r.pid = u32::try_from(pid).unwrap_or_default();
         r.exit_status = 128 + libc::SIGKILL as u32;
@@ -136,6 +137,25 @@ impl containerd_shim::Shim for Shim {
             Arc::new(SuperviseRunner),
             Arc::new(publisher),
         )
+    }
+}
+
+/// Removes the socket a dead shim served on (the `address` file its start
+/// wrote in the bundle): a SIGKILLed shim cannot, and containerd leaves it
+/// to the shim's `delete` (as runc's v2 shim does). Only a socket is
+/// removed, and only at the address this bundle names.
+fn remove_dead_socket(bundle: &std::path::Path) {
+    let Ok(address) = std::fs::read_to_string(bundle.join("address")) else {
+        return;
+    };
+    let address = address.trim();
+    let path = std::path::Path::new(address.strip_prefix("unix://").unwrap_or(address));
+    let is_socket = std::fs::symlink_metadata(path)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+    if is_socket {
+        if let Err(e) = std::fs::remove_file(path) {
+            warn!("removing the dead shim's socket {}: {e}", path.display());
+        }
     }
 }
 

@@ -944,3 +944,145 @@ fn issue_25_pause_resume_stats_exec_and_whole_logs_through_ctr() {
         );
     }
 }
+
+/// `kill -9` of the shim mid-turn, under the trust level's backend and
+/// under runc: containerd runs the shim's `delete` for the dead shim,
+/// which ends the turn it left (SIGTERM: recorded `interrupted`). The
+/// turn's declared output, already written, is not committed; the
+/// ledgers verify; `ctr run` sees the task end; nothing is left (no
+/// supervise, no runtime record, no mount, no cgroup).
+#[test]
+fn issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) = setup("issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing")
+    else {
+        return;
+    };
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    let mut sessions = Vec::new();
+    {
+        let mut c = containerd(&setup);
+        fx.install("bb", BUSYBOX_MANIFEST);
+        for (i, backend) in [None, Some("runc")].into_iter().enumerate() {
+            let extra = match backend {
+                Some(b) => serde_json::json!({ "backend": b }),
+                None => serde_json::json!({}),
+            };
+            options_file(c.dir.path(), &fx.state, &fx.root, extra);
+            let config = c.dir.path().join("shim.json").display().to_string();
+            let fifos = c.dir.path().join("fifo").display().to_string();
+            let id = format!("shimkill{i}");
+            let known: std::collections::BTreeSet<String> =
+                std::fs::read_dir(fx.state.join("sessions"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+            let mut child = Command::new("ctr")
+                .arg("-a")
+                .arg(c.socket())
+                .args([
+                    "run",
+                    "--rm",
+                    "--runtime",
+                    "io.containerd.turnstile.v2",
+                    "--runtime-config-path",
+                    &config,
+                    "--fifo-dir",
+                    &fifos,
+                    "--annotation",
+                    "io.turnstile.workspace=ws",
+                    "--annotation",
+                    "io.turnstile.package=bb",
+                    "--annotation",
+                    r#"io.turnstile.outputs=[{"path":"output/<session_id>/r.txt","role":"result"}]"#,
+                    IMAGE,
+                    &id,
+                    "sh",
+                    "-c",
+                    r#"echo partial > "output/$TURNSTILE_SESSION_ID/r.txt"; echo READY; sleep 30"#,
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            assert_eq!(line.trim(), "READY", "{backend:?}: {line}\n{}", c.log());
+            let shims: Vec<(i32, String)> = c
+                .processes()
+                .into_iter()
+                .filter(|(_, cmd)| {
+                    cmd.contains("containerd-shim-turnstile-v2") && cmd.contains(&id)
+                })
+                .collect();
+            assert_eq!(shims.len(), 1, "{backend:?}: {shims:?}");
+            let sid = std::fs::read_dir(fx.state.join("sessions"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|s| !known.contains(s))
+                .expect("the turn's session");
+            sessions.push(sid.clone());
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(shims[0].0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            // ctr sees the task end (containerd ran the dead shim's delete).
+            let started = std::time::Instant::now();
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(30),
+                    "{backend:?}: ctr run still waits 30 s after the shim's SIGKILL\n{}",
+                    c.log()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            };
+            assert_ne!(status.code(), Some(0), "{backend:?}");
+            // The turn ended, recorded; nothing of it committed.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            let last = loop {
+                let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+                if let Some(last) = ev.last().filter(|e| e["turn_number"] == 1) {
+                    break last.clone();
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{backend:?}: no finish entry 20 s after the shim's SIGKILL\n{}",
+                    c.log()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            };
+            assert_eq!(last["status"], "interrupted", "{backend:?}: {last}");
+            assert!(
+                !fx.root.join(format!("output/{sid}/r.txt")).exists(),
+                "{backend:?}: the killed turn's output was committed"
+            );
+            let v = Command::new(supervise_bin())
+                .args(["ledger", "verify", "--root"])
+                .arg(&fx.root)
+                .arg("--state-dir")
+                .arg(&fx.state)
+                .args(["--session", &sid])
+                .output()
+                .unwrap();
+            assert!(v.status.success(), "{backend:?}: {}", text(&v));
+            let left: Vec<(i32, String)> = turnstile_tests::containerd::processes_naming(&sid);
+            assert!(left.is_empty(), "{backend:?}: left running: {left:?}");
+        }
+        let cgroups: Vec<String> = sessions.iter().map(|s| format!("turnstile/{s}")).collect();
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, setup.image_dir.path()],
+            &cgroups,
+        );
+    }
+}
