@@ -867,9 +867,16 @@ fn issue_26_restricted_and_allow_egress_on_runsc() {
         ev["external_calls"]
     );
 
-    // The turn's namespace: there while it runs, gone after it ends, and
-    // gone after its supervisor is SIGKILLed (the guard ends the sandbox).
-    for kill in [false, true] {
+    // The turn's namespace: there while it runs, gone after it ends, gone
+    // after its supervisor is SIGKILLed (the guard ends the sandbox), and
+    // — guard killed too — gone after `supervise recover`.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum End {
+        Turn,
+        Sigkill,
+        SigkillGuardToo,
+    }
+    for end in [End::Turn, End::Sigkill, End::SigkillGuardToo] {
         let sid = fx.new_session();
         let mut child = Command::new(supervise_bin())
             .args(["run", "--root"])
@@ -891,7 +898,7 @@ fn issue_26_restricted_and_allow_egress_on_runsc() {
                  c = socket.create_connection(('good.test', 80), timeout=5)\n\
                  c.sendall(b'GET / HTTP/1.1\\r\\n\\r\\n'); print(c.recv(100).decode().strip(), flush=True)\n\
                  time.sleep(float(__import__('sys').argv[1]))\n",
-                if kill { "60" } else { "1" },
+                if end == End::Turn { "1" } else { "60" },
             ])
             .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
             .env_remove("TURNSTILE_LOG")
@@ -903,26 +910,50 @@ fn issue_26_restricted_and_allow_egress_on_runsc() {
         let mut lines =
             std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
         let got = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert_eq!(got, "OK 203.0.113.10 80 GET / HTTP/1.1", "kill {kill}");
+        assert_eq!(got, "OK 203.0.113.10 80 GET / HTTP/1.1", "{end:?}");
         let held = turn_netns(&sid);
         assert!(!held.is_empty(), "the sandbox's network namespace");
-        if kill {
+        let kill = |pid: u32| {
             let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
                 nix::sys::signal::Signal::SIGKILL,
             );
+        };
+        if end == End::SigkillGuardToo {
+            let out = Command::new("pgrep")
+                .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+                .output()
+                .expect("pgrep (procps) is required");
+            let guards: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(|p| p.parse().unwrap())
+                .collect();
+            assert_eq!(guards.len(), 1, "the turn's guard: {guards:?}");
+            kill(guards[0]);
+        }
+        if end != End::Turn {
+            kill(child.id());
         }
         let _ = child.wait();
-        for ns in &held {
-            assert_ns_gone(
-                ns,
-                if kill {
-                    "runsc: supervise was SIGKILLed"
-                } else {
-                    "runsc: the turn"
-                },
+        if end == End::SigkillGuardToo {
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                held.iter().all(|ns| !ns_holders(ns).is_empty()),
+                "without its guard the sandbox (and its namespace) should still be there"
             );
+            let r = Command::new(supervise_bin())
+                .args(["recover", "--root"])
+                .arg(&fx.root)
+                .arg("--state-dir")
+                .arg(&fx.state)
+                .output()
+                .unwrap();
+            assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
         }
+        for ns in &held {
+            assert_ns_gone(ns, &format!("runsc: {end:?}"));
+        }
+        fx.assert_ledgers_intact(&sid);
     }
 }
 
