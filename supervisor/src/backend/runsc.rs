@@ -258,10 +258,6 @@ impl Backend for RunscBackend {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;
         let id = format!("{}-t{}", plan.session_id, plan.turn_number);
-        // First: from here a SIGKILLed supervisor's turn is ended by its
-        // guard (`runsc delete --force`, the cgroup, the mounts), not left
-        // to the next recovery.
-        let guard = super::hostview::Guard::spawn("runsc", &id, &turn.path, &self.cgroup_root)?;
         // A turn with egress runs on hostinet, in the spec's (new, empty)
         // network namespace, where the supervisor's egress is set up
         // below; `check_network` refused it unless the manifest accepts
@@ -285,6 +281,10 @@ impl Backend for RunscBackend {
         if hostinet {
             backend.driver = backend.driver.host_network();
         }
+        // First: from here a SIGKILLed supervisor's turn is ended by its
+        // guard (`runsc delete --force`, the cgroup, the mounts), not left
+        // to the next recovery.
+        let guard = super::hostview::Guard::spawn("runsc", &id, &turn.path, &self.cgroup_root)?;
         // The cgroup holds gVisor's own tasks too (PIDS_OVERHEAD).
         let mut limits = plan.limits.clone();
         limits.pids = limits.pids.saturating_add(PIDS_OVERHEAD);
