@@ -165,6 +165,11 @@ pub struct Plan {
     /// writes before the command starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// `run --forward-all-output` (a container's log, which the kubelet
+    /// keeps and rotates): the command's streams are forwarded whole, not
+    /// cut at `limits.output_bytes`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forward_all_output: bool,
 }
 
 /// Why a plan could not be compiled.
@@ -370,6 +375,7 @@ pub fn compile(
             .collect(),
         system_root: ctx.system_root.map(str::to_owned),
         stdin: None,
+        forward_all_output: false,
     })
 }
 
@@ -992,6 +998,16 @@ fn grant_excluding(
 }
 
 impl Plan {
+    /// The bytes of output forwarded before the streams are cut (see
+    /// [`Plan::forward_all_output`]).
+    pub fn output_budget(&self) -> u64 {
+        if self.forward_all_output {
+            u64::MAX
+        } else {
+            self.limits.output_bytes
+        }
+    }
+
     /// The part of the Plan a sandbox is built from before its turn is
     /// known (a warm sandbox's pool key): everything but the command and
     /// what follows from it alone — argv, the execute entry, cwd, the

@@ -29,6 +29,7 @@ use turnstile_policy::session::Clock;
 use turnstile_policy::timefmt::rfc3339_micros;
 
 use crate::error::{Result, SupervisorError};
+use crate::sandbox::cgroup::Place;
 use crate::sandbox::cgroup::TurnCgroup;
 use crate::store::commit::{self, Settled};
 use crate::store::evidence::{SCHEMA_VERSION, object};
@@ -92,7 +93,7 @@ fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Sup
 /// Removes what a dead owner left of its warm sandboxes in `session_dir`
 /// (see [`crate::sandbox::pool`]): their cgroups (killing what runs in
 /// them), turn directories and lock files. Returns their ids.
-fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<String>> {
+fn sweep_warm(session_dir: &Path, sid: &str, cgroup_place: &Place) -> Result<Vec<String>> {
     use crate::sandbox::pool;
     let mut ids = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(session_dir)
@@ -112,7 +113,7 @@ fn sweep_warm(session_dir: &Path, sid: &str, cgroup_root: &Path) -> Result<Vec<S
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let cgroups = TurnCgroup::leftovers(cgroup_root, &pool::cgroup_name(sid, ""));
+    let cgroups = TurnCgroup::leftovers(cgroup_place, &pool::cgroup_name(sid, ""));
     let mut removed = Vec::new();
     for id in ids {
         let (alive, _held) = pool::owner_alive(session_dir, &id);
@@ -174,11 +175,11 @@ fn leftovers(state_dir: &Path) -> (Vec<u64>, Vec<u64>) {
 /// (see the module docs): every writer of a session goes through here.
 pub fn lock_for_write(
     session: &Session,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<(SessionLock, SessionRecovery)> {
     let lock = session.lock()?;
-    let recovery = recover_session(session, &lock, cgroup_root, clock)?;
+    let recovery = recover_session(session, &lock, cgroup_place, clock)?;
     Ok((lock, recovery))
 }
 
@@ -186,7 +187,7 @@ pub fn lock_for_write(
 pub fn recover_session(
     session: &Session,
     lock: &SessionLock,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<SessionRecovery> {
     let sid = session.id.as_str().to_owned();
@@ -203,7 +204,7 @@ pub fn recover_session(
     for id in crate::backend::runtime::records(&prefix) {
         crate::backend::runtime::forget(&id);
     }
-    for cg in TurnCgroup::leftovers(cgroup_root, &prefix) {
+    for cg in TurnCgroup::leftovers(cgroup_place, &prefix) {
         r.processes_killed += cg.pids().len();
         if !cg.kill_all() {
             return Err(SupervisorError::Sandbox {
@@ -221,7 +222,7 @@ pub fn recover_session(
         cg.remove();
         if let Some(name) = cg.name() {
             // The directories an OCI runtime made in the other hierarchies.
-            TurnCgroup::sweep_unmanaged(cgroup_root, name);
+            TurnCgroup::sweep_unmanaged(cgroup_place, name);
             r.cgroups.push(name.to_owned());
         }
     }
@@ -232,13 +233,13 @@ pub fn recover_session(
         let dir = session.state().turn_dir(&session.id, n);
         // An OCI turn's cgroup directories in the hierarchies turnstile
         // does not manage, if its managed ones were already gone.
-        TurnCgroup::sweep_unmanaged(cgroup_root, &format!("{sid}-t{n}"));
+        TurnCgroup::sweep_unmanaged(cgroup_place, &format!("{sid}-t{n}"));
         crate::sandbox::remove_turn_dir(&dir)?;
         r.turn_dirs.push(dir);
     }
     // ... and the warm sandboxes of a dead `serve` worker (a live one's
     // lock is held: it is not a leftover).
-    r.warm = sweep_warm(&state_dir, &sid, cgroup_root)?;
+    r.warm = sweep_warm(&state_dir, &sid, cgroup_place)?;
     // 3. Interrupted ledger appends.
     let now = rfc3339_micros(clock.now());
     let files: Vec<_> = LedgerKind::ALL.iter().map(|k| session.ledger(*k)).collect();
@@ -427,18 +428,108 @@ pub fn known_sessions(
     out
 }
 
+/// What [`recover_all`] did.
+#[derive(Debug, Default)]
+pub struct AllRecovery {
+    /// Unfinished session creations removed.
+    pub swept: Vec<String>,
+    /// One per session found.
+    pub sessions: Vec<SessionRecovery>,
+    /// Cgroups of warm sandboxes whose building process is dead, removed
+    /// host-wide (see [`sweep_dead_warm_cgroups`]).
+    pub dead_warm_cgroups: Vec<String>,
+}
+
 pub fn recover_all(
     state: &StateDir,
     workspace: Option<&Workspace>,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     clock: &dyn Clock,
-) -> Result<(Vec<String>, Vec<SessionRecovery>)> {
+) -> Result<AllRecovery> {
     let swept = crate::store::session::sweep_unfinished(state, workspace)?;
-    let mut out = Vec::new();
+    let mut sessions = Vec::new();
     for (id, ws) in known_sessions(state, workspace) {
         let session = Session::open(&ws, state, &id, None)?;
-        let (_lock, r) = lock_for_write(&session, cgroup_root, clock)?;
-        out.push(r);
+        let (_lock, r) = lock_for_write(&session, cgroup_place, clock)?;
+        sessions.push(r);
     }
-    Ok((swept, out))
+    Ok(AllRecovery {
+        swept,
+        sessions,
+        dead_warm_cgroups: sweep_dead_warm_cgroups(cgroup_place),
+    })
+}
+
+/// The pid in a warm sandbox's cgroup name (`<sid>-w<pid>-<n>`, see
+/// `pool::cgroup_name`): the process that built it and owns it.
+fn warm_owner(name: &str) -> Option<u32> {
+    let (_, rest) = name.rsplit_once("-w")?;
+    let (pid, n) = rest.split_once('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(())?;
+    pid.parse().ok()
+}
+
+/// Whether `pid` is a live process (a zombie, not yet reaped, is dead).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) S …`: the state follows the last `)`.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    })
+}
+
+/// Removes, host-wide, the cgroups of warm sandboxes whose owner process is
+/// gone (a SIGKILLed daemon's worker): their processes died with it
+/// (PDEATHSIG) but the directories stay, and the session they belong to
+/// may live in a state directory nobody recovers again. Only a dead owner
+/// pid is acted on: a live one (or a reused pid) keeps its cgroup, and the
+/// session's own recovery handles it. Returns the names removed.
+pub fn sweep_dead_warm_cgroups(cgroup_place: &Place) -> Vec<String> {
+    let mut removed = Vec::new();
+    for cg in TurnCgroup::leftovers(cgroup_place, "SES-") {
+        let Some(name) = cg
+            .dirs()
+            .first()
+            .and_then(|d| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+        else {
+            continue;
+        };
+        let Some(pid) = warm_owner(&name) else {
+            continue;
+        };
+        if alive(pid) {
+            continue;
+        }
+        if cg.kill_all() {
+            cg.remove();
+            if cg.dirs().iter().all(|d| !d.exists()) {
+                removed.push(name);
+            }
+        } else {
+            tracing::warn!(cgroup = %name, "a dead owner's warm sandbox survived SIGKILL");
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warm_owner;
+
+    #[test]
+    fn a_warm_cgroup_name_gives_its_owner_pid() {
+        assert_eq!(
+            warm_owner("SES-20261126T121121071323Z-395e4794536f25bb-w1441-1"),
+            Some(1441)
+        );
+        assert_eq!(
+            warm_owner("SES-20261126T121314302602Z-914e5d140ea08c1e-t1"),
+            None
+        );
+        assert_eq!(warm_owner("SES-x-w12-"), None);
+        assert_eq!(warm_owner("SES-x-w12-3a"), None);
+        assert_eq!(warm_owner("SES-x-wab-3"), None);
+    }
 }

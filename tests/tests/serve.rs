@@ -1523,6 +1523,50 @@ fn serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14() {
     assert_nothing_left(&fx, &sid);
 }
 
+/// Issue 14, nothing left behind: a SIGKILLed daemon's warm sandbox dies
+/// with it, but its cgroup directories stay; the session may live in a
+/// state directory nobody serves again. Any daemon's start (here one on
+/// another state directory) removes the cgroups whose owner pid is dead.
+#[test]
+fn serve_start_removes_the_warm_cgroups_of_any_dead_daemon_issue_14() {
+    if !require_root("serve_start_removes_the_warm_cgroups_of_any_dead_daemon_issue_14") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let dir = daemon.socket.parent().unwrap().to_path_buf();
+    served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
+    wait_for("the warm sandbox", || warm_entries(&fx, &sid).len() == 2);
+    daemon.kill9();
+    wait_for("the worker to die with the daemon", || {
+        tagged(&dir).is_empty()
+    });
+    let cgroups = warm_cgroups(&sid);
+    assert!(!cgroups.is_empty(), "the warm sandbox had no cgroup");
+    wait_for("the parked sandbox to die", || {
+        cgroups.iter().all(|cg| {
+            std::fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        })
+    });
+    assert!(cgroups.iter().all(|cg| cg.is_dir()), "{cgroups:?}");
+    let other = fixture();
+    let mut again = Daemon::start(&other, &["--pool-size", "0"]);
+    let left: Vec<&PathBuf> = cgroups.iter().filter(|cg| cg.exists()).collect();
+    assert!(left.is_empty(), "left: {left:?}");
+    let log = std::fs::read_to_string(&again.log).unwrap();
+    let name = cgroups[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        log.contains("dead_warm_cgroups_removed") && log.contains(&name),
+        "{log}"
+    );
+    assert_eq!(again.stop(), Some(0));
+}
+
 /// Issue 28 item 5: the daemon's health looks at what it depends on — a
 /// bus directory removed makes it FAILED (exit 1, the reason named), the
 /// socket unlinked too; restored, READY again.

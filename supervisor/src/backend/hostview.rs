@@ -17,6 +17,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use turnstile_policy::plan::Plan;
 
 use crate::error::Result;
+use crate::sandbox::cgroup::Place;
 use crate::sandbox::sandbox_err as err;
 use crate::sandbox::{TurnDir, init};
 
@@ -87,6 +88,7 @@ impl HostView {
         turn: &TurnDir,
         runtime: &str,
         id: &str,
+        cgroups: &Place,
     ) -> Result<(PathBuf, turnstile_oci::Bundle)> {
         let bundle_dir = turn.path.join("bundle");
         let options = super::bundle::options(
@@ -103,10 +105,8 @@ impl HostView {
         )?;
         let mut bundle =
             turnstile_oci::build(plan, &options).map_err(|e| err("build bundle", e.to_string()))?;
-        bundle.config["linux"]["cgroupsPath"] = serde_json::Value::String(format!(
-            "/{}/{id}",
-            crate::sandbox::cgroup::base().display()
-        ));
+        bundle.config["linux"]["cgroupsPath"] =
+            serde_json::Value::String(format!("/{}/{id}", cgroups.base().display()));
         Ok((bundle_dir, bundle))
     }
 
@@ -244,8 +244,8 @@ pub struct Guard {
 
 impl Guard {
     /// Starts the guard of container `id` (`runtime`) whose turn directory
-    /// is `turn_dir` and cgroup `<cgroup_root>/…/turnstile/<id>`.
-    pub fn spawn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Path) -> Result<Self> {
+    /// is `turn_dir` and cgroup `<cgroup_place>/…/turnstile/<id>`.
+    pub fn spawn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Place) -> Result<Self> {
         use std::ffi::CString;
         use std::os::fd::AsRawFd;
         use std::os::unix::ffi::OsStrExt;
@@ -259,8 +259,8 @@ impl Guard {
             cstr(runtime.as_bytes())?,
             cstr(id.as_bytes())?,
             cstr(turn_dir.as_os_str().as_bytes())?,
-            cstr(cgroup_root.as_os_str().as_bytes())?,
-            cstr(crate::sandbox::cgroup::base().as_os_str().as_bytes())?,
+            cstr(cgroup_place.root.as_os_str().as_bytes())?,
+            cstr(cgroup_place.base().as_os_str().as_bytes())?,
         ];
         let mut argv_ptrs: Vec<*const nix::libc::c_char> =
             argv.iter().map(|a| a.as_ptr()).collect();
@@ -380,9 +380,10 @@ pub fn guard_main(args: &[OsString]) -> ! {
     let [runtime, id, turn_dir, cgroup_root, base] = args else {
         std::process::exit(2)
     };
-    // The turns' cgroup parent of the supervisor that started this guard.
+    // Where the supervisor that started this guard made its turns' cgroups.
+    let mut place = Place::new(PathBuf::from(cgroup_root));
     if base.as_os_str() != "turnstile" {
-        crate::sandbox::cgroup::set_parent(PathBuf::from(base));
+        place = place.under(PathBuf::from(base));
     }
     let (Some(runtime), Some(id)) = (runtime.to_str(), id.to_str()) else {
         std::process::exit(2)
@@ -402,7 +403,7 @@ pub fn guard_main(args: &[OsString]) -> ! {
     let Some(_lock) = session_lock(turn_dir) else {
         std::process::exit(0)
     };
-    end_dead_turn(runtime, id, turn_dir, Path::new(cgroup_root));
+    end_dead_turn(runtime, id, turn_dir, &place);
     std::process::exit(0)
 }
 
@@ -467,7 +468,7 @@ fn wait_runtime_gone(runtime: &str, id: &str, limit: Duration) {
 /// cgroup's kill), every process in the turn's cgroup, its directories
 /// in every hierarchy, and every mount at or under `turn_dir`, then the
 /// directory. The caller holds the session lock. Idempotent.
-pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Path) {
+pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Place) {
     use crate::sandbox::cgroup::TurnCgroup;
     // A runtime still creating the container when its supervisor died
     // (`crun run --detach`, `runsc create`: host processes, not in the
@@ -475,7 +476,7 @@ pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Pat
     // wait for it (bounded), and delete again once the cgroup is empty.
     wait_runtime_gone(runtime, id, Duration::from_secs(5));
     super::runtime::forget(id);
-    for cg in TurnCgroup::leftovers(cgroup_root, id)
+    for cg in TurnCgroup::leftovers(cgroup_place, id)
         .into_iter()
         .filter(|cg| cg.name() == Some(id))
     {
@@ -483,6 +484,6 @@ pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_root: &Pat
         cg.remove();
     }
     super::runtime::forget(id);
-    TurnCgroup::sweep_unmanaged(cgroup_root, id);
+    TurnCgroup::sweep_unmanaged(cgroup_place, id);
     let _ = crate::sandbox::remove_turn_dir(turn_dir);
 }

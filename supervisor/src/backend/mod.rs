@@ -218,21 +218,21 @@ impl std::str::FromStr for BackendKind {
 /// a silent fallback).
 pub fn by_name(
     kind: BackendKind,
-    cgroup_root: &std::path::Path,
+    cgroup_place: &crate::sandbox::cgroup::Place,
     json_mode: bool,
     pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>>,
 ) -> Result<Box<dyn Backend>> {
     match kind {
         BackendKind::Native => Ok(Box::new(
-            NativeBackend::new(cgroup_root, json_mode).pooled(pool),
+            NativeBackend::new(cgroup_place, json_mode).pooled(pool),
         )),
-        BackendKind::Runc => Ok(Box::new(runc::RuncBackend::new(cgroup_root, json_mode)?)),
+        BackendKind::Runc => Ok(Box::new(runc::RuncBackend::new(cgroup_place, json_mode)?)),
         BackendKind::Crun => Ok(Box::new(runc::RuncBackend::named(
             "crun",
-            cgroup_root,
+            cgroup_place,
             json_mode,
         )?)),
-        BackendKind::Runsc => Ok(Box::new(runsc::RunscBackend::new(cgroup_root, json_mode)?)),
+        BackendKind::Runsc => Ok(Box::new(runsc::RunscBackend::new(cgroup_place, json_mode)?)),
         BackendKind::Kata => Err(SupervisorError::RuntimeUnavailable {
             runtime: kind.as_str().to_owned(),
             reason: kata::unavailable(),

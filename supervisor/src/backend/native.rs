@@ -1,7 +1,6 @@
 //! The native backend: `supervise` builds the sandbox itself (see
 //! [`crate::sandbox`]).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::sys::signal::Signal;
@@ -9,13 +8,14 @@ use turnstile_policy::plan::Plan;
 
 use super::{Backend, Sandbox, Warm};
 use crate::error::Result;
+use crate::sandbox::cgroup::Place;
 use crate::sandbox::pool::WarmPool;
 use crate::sandbox::{self, Created, Execution, TurnDir, posture::Posture};
 
 /// Namespaces, mounts, cgroup, Landlock, seccomp — from the supervisor.
 #[derive(Debug, Clone)]
 pub struct NativeBackend {
-    cgroup_root: PathBuf,
+    cgroup_place: Place,
     json_mode: bool,
     /// A serve worker's warm pool (`None`: every turn builds its own).
     pool: Option<Arc<WarmPool>>,
@@ -24,9 +24,9 @@ pub struct NativeBackend {
 impl NativeBackend {
     /// `json_mode`: the command's stdout goes to our stderr (stdout carries
     /// the one JSON object).
-    pub fn new(cgroup_root: &Path, json_mode: bool) -> Self {
+    pub fn new(cgroup_place: &Place, json_mode: bool) -> Self {
         Self {
-            cgroup_root: cgroup_root.to_path_buf(),
+            cgroup_place: cgroup_place.clone(),
             json_mode,
             pool: None,
         }
@@ -91,12 +91,12 @@ impl Backend for NativeBackend {
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         if let Some(pool) = &self.pool {
-            pool.remember(plan, &turn.path, &self.cgroup_root);
+            pool.remember(plan, &turn.path, &self.cgroup_place);
         }
         Ok(Box::new(sandbox::create(
             plan,
             turn,
-            &self.cgroup_root,
+            &self.cgroup_place,
             self.json_mode,
         )?))
     }
@@ -104,7 +104,7 @@ impl Backend for NativeBackend {
     fn take_warm(&self, plan: &Plan) -> Option<Warm> {
         let pool = self.pool.as_ref()?;
         let (dir, parked, cgroup) = pool.take(plan)?.into_parts();
-        pool.remember(plan, &dir.path, &self.cgroup_root);
+        pool.remember(plan, &dir.path, &self.cgroup_place);
         let json_mode = self.json_mode;
         Some(Warm {
             dir,

@@ -41,6 +41,7 @@ use turnstile_policy::plan::Plan;
 use super::runtime::Driver;
 use super::{Backend, Sandbox};
 use crate::error::{Result, SupervisorError};
+use crate::sandbox::cgroup::Place;
 use crate::sandbox::{Ending, Execution, TurnDir, Watch, cgroup, init, posture::Posture};
 use turnstile_oci::{Runtime, RuntimeCmd};
 
@@ -55,18 +56,18 @@ pub struct RuncBackend {
     /// runc or crun.
     runtime: &'static str,
     driver: Driver,
-    cgroup_root: PathBuf,
+    cgroup_place: Place,
     json_mode: bool,
 }
 
 impl RuncBackend {
     /// The runc backend, or E2040 when runc is not installed.
-    pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
-        Self::named("runc", cgroup_root, json_mode)
+    pub fn new(cgroup_place: &Place, json_mode: bool) -> Result<Self> {
+        Self::named("runc", cgroup_place, json_mode)
     }
 
     /// `runtime` (runc or crun), or E2040 when it is not installed.
-    pub fn named(runtime: &'static str, cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+    pub fn named(runtime: &'static str, cgroup_place: &Place, json_mode: bool) -> Result<Self> {
         let which = Runtime::parse(runtime)
             .filter(|r| *r != Runtime::Runsc)
             .ok_or_else(|| {
@@ -75,7 +76,7 @@ impl RuncBackend {
         Ok(Self {
             runtime,
             driver: Driver::locate(which)?,
-            cgroup_root: cgroup_root.to_path_buf(),
+            cgroup_place: cgroup_place.clone(),
             json_mode,
         })
     }
@@ -173,9 +174,9 @@ impl Backend for RuncBackend {
         // First: from here a SIGKILLed supervisor's turn is ended by its
         // guard, not left to the next recovery.
         let guard =
-            super::hostview::Guard::spawn(self.runtime, &id, &turn.path, &self.cgroup_root)?;
+            super::hostview::Guard::spawn(self.runtime, &id, &turn.path, &self.cgroup_place)?;
         let cg = Arc::new(cgroup::TurnCgroup::create(
-            &self.cgroup_root,
+            &self.cgroup_place,
             &id,
             &plan.limits,
         )?);
@@ -206,7 +207,8 @@ impl Backend for RuncBackend {
         let view = sb
             .view
             .insert(super::hostview::HostView::mount(plan, turn)?);
-        let (bundle_dir, bundle) = view.bundle(plan, turn, self.runtime, &id)?;
+        let (bundle_dir, bundle) =
+            view.bundle(plan, turn, self.runtime, &id, &self.cgroup_place)?;
         super::bundle::write(&bundle_dir, &bundle, 0)?;
         sb.lap("bundle");
 
@@ -245,7 +247,7 @@ impl Backend for RuncBackend {
             sb.watch = Some(Watch::pumps(
                 out,
                 errs,
-                plan.limits.output_bytes,
+                plan.output_budget(),
                 self.json_mode,
                 false,
             ));
@@ -351,7 +353,7 @@ impl RuncSandbox {
         }
         self.cg.kill_all();
         self.cg.remove();
-        cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_root, &self.id);
+        cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_place, &self.id);
         if let Some(mut guard) = self.guard.take() {
             guard.disarm();
         }
@@ -369,7 +371,7 @@ impl Drop for RuncSandbox {
 /// cgroup of the turn's own (crun on the hybrid layout stays in the
 /// unified root) is refused, never attributed by a shared cgroup.
 fn container_cgroup_id(
-    cgroup_root: &Path,
+    cgroup_place: &Place,
     pid: i32,
     name: &str,
 ) -> std::result::Result<u64, String> {
@@ -384,9 +386,10 @@ fn container_cgroup_id(
             "the container's process is in cgroup v2 `{path}`, not one of the turn's own, so its denials cannot be attributed"
         ));
     }
-    let base = match cgroup::detect(cgroup_root) {
-        Some(cgroup::Version::V2) => cgroup_root.to_path_buf(),
-        _ => cgroup_root.join("unified"),
+    let root = &cgroup_place.root;
+    let base = match cgroup::detect(root) {
+        Some(cgroup::Version::V2) => root.clone(),
+        _ => root.join("unified"),
     };
     crate::sandbox::observe::cgroup_id(&base.join(path.trim_start_matches('/'))).ok_or_else(|| {
         format!(
@@ -406,14 +409,16 @@ impl Sandbox for RuncSandbox {
         match (&self.posture, self.go.take()) {
             (Some(p), Some(go)) if p.ok() => {
                 self.observation = crate::sandbox::observe::get().and_then(|o| {
-                    let mut id = container_cgroup_id(&self.backend.cgroup_root, self.pid, &self.id);
+                    let mut id =
+                        container_cgroup_id(&self.backend.cgroup_place, self.pid, &self.id);
                     if id.is_err() {
                         // crun on the hybrid layout leaves the unified
                         // hierarchy alone: the container's parked process
                         // joins the turn's v2 directory (its children follow).
                         if let Some(dir) = self.cg.v2_dir() {
                             let _ = std::fs::write(dir.join("cgroup.procs"), self.pid.to_string());
-                            id = container_cgroup_id(&self.backend.cgroup_root, self.pid, &self.id);
+                            id =
+                                container_cgroup_id(&self.backend.cgroup_place, self.pid, &self.id);
                         }
                     }
                     let id = id?;

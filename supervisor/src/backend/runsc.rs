@@ -61,16 +61,16 @@ pub const PIDS_OVERHEAD: u32 = 256;
 #[derive(Debug, Clone)]
 pub struct RunscBackend {
     driver: Driver,
-    cgroup_root: PathBuf,
+    cgroup_place: crate::sandbox::cgroup::Place,
     json_mode: bool,
 }
 
 impl RunscBackend {
     /// The runsc backend, or E2040 when runsc is not installed.
-    pub fn new(cgroup_root: &Path, json_mode: bool) -> Result<Self> {
+    pub fn new(cgroup_place: &crate::sandbox::cgroup::Place, json_mode: bool) -> Result<Self> {
         Ok(Self {
             driver: Driver::locate(Runtime::Runsc)?,
-            cgroup_root: cgroup_root.to_path_buf(),
+            cgroup_place: cgroup_place.clone(),
             json_mode,
         })
     }
@@ -284,11 +284,15 @@ impl Backend for RunscBackend {
         // First: from here a SIGKILLed supervisor's turn is ended by its
         // guard (`runsc delete --force`, the cgroup, the mounts), not left
         // to the next recovery.
-        let guard = super::hostview::Guard::spawn("runsc", &id, &turn.path, &self.cgroup_root)?;
+        let guard = super::hostview::Guard::spawn("runsc", &id, &turn.path, &self.cgroup_place)?;
         // The cgroup holds gVisor's own tasks too (PIDS_OVERHEAD).
         let mut limits = plan.limits.clone();
         limits.pids = limits.pids.saturating_add(PIDS_OVERHEAD);
-        let cg = Arc::new(cgroup::TurnCgroup::create(&self.cgroup_root, &id, &limits)?);
+        let cg = Arc::new(cgroup::TurnCgroup::create(
+            &self.cgroup_place,
+            &id,
+            &limits,
+        )?);
         let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
         let mut sb = RunscSandbox {
             backend: backend.clone(),
@@ -317,7 +321,7 @@ impl Backend for RunscBackend {
         let view = sb
             .view
             .insert(super::hostview::HostView::mount(plan, turn)?);
-        let (bundle_dir, mut bundle) = view.bundle(plan, turn, "runsc", &id)?;
+        let (bundle_dir, mut bundle) = view.bundle(plan, turn, "runsc", &id, &self.cgroup_place)?;
         // gVisor (2022-12) returns EPERM for every errno action of an OCI
         // filter (it ignores errnoRet and defaultErrnoRet), so clone3 would
         // fail EPERM and glibc, which falls back to clone only on ENOSYS,
@@ -363,7 +367,7 @@ impl Backend for RunscBackend {
             sb.watch = Some(Watch::pumps(
                 out,
                 errs,
-                plan.limits.output_bytes,
+                plan.output_budget(),
                 self.json_mode,
                 false,
             ));
@@ -447,7 +451,7 @@ impl RunscSandbox {
         }
         self.cg.kill_all();
         self.cg.remove();
-        cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_root, &self.id);
+        cgroup::TurnCgroup::sweep_unmanaged(&self.backend.cgroup_place, &self.id);
         if let Some(mut guard) = self.guard.take() {
             guard.disarm();
         }

@@ -236,13 +236,14 @@ pub fn learn(a: &LearnArgs) -> Result<Outcome> {
         timeout_seconds: None,
     })?;
     let opts = crate::turn::RunOptions {
+        forward_all_output: false,
         root: root.clone(),
         state_dir: a.common.state_dir.clone(),
         package: a.package.clone(),
         session: None,
         request,
         json: true,
-        cgroup_root: super::cgroup_root(),
+        cgroup_place: crate::sandbox::cgroup::Place::host(),
         sources: crate::ids::Sources::system(),
         backend: Some("native".into()),
         tenant: None,

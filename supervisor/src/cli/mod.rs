@@ -973,7 +973,7 @@ fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
         &a.common.state_dir,
         &ids,
         &a.into,
-        &cgroup_root(),
+        &crate::sandbox::cgroup::Place::host(),
     )?;
     if all.len() > 1 {
         let first = all.iter().find_map(|r| {
@@ -1087,8 +1087,11 @@ fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
     let id = SessionId::parse(&a.session)?;
     let (ws, state) = open_workspace(&a.common)?;
     let session = Session::open(&ws, &state, &id, None)?;
-    let (lock, _) =
-        crate::recover::lock_for_write(&session, &cgroup_root(), &crate::ids::SystemClock)?;
+    let (lock, _) = crate::recover::lock_for_write(
+        &session,
+        &crate::sandbox::cgroup::Place::host(),
+        &crate::ids::SystemClock,
+    )?;
     let (path, c, seq) = crate::turn::context::checkpoint(&session, &lock)?;
     let text = format!(
         "{}\n",
@@ -1567,15 +1570,13 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
             "deterministic mode is a property of the session: start it with `session new --deterministic` (or `run` without --session)",
         ));
     }
-    if a.forward_all_output {
-        if a.server.is_some() {
-            return Err(SupervisorError::invalid(
-                "--forward-all-output",
-                "not with --server (the daemon forwards within output_bytes)",
-            ));
-        }
-        crate::sandbox::set_forward_all();
+    if a.forward_all_output && a.server.is_some() {
+        return Err(SupervisorError::invalid(
+            "--forward-all-output",
+            "not with --server (the daemon forwards within output_bytes)",
+        ));
     }
+    let mut cgroup_place = crate::sandbox::cgroup::Place::host();
     if let Some(raw) = &a.cgroup_parent {
         if a.server.is_some() {
             return Err(SupervisorError::CgroupParentInvalid {
@@ -1589,7 +1590,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
                 reason,
             }
         })?;
-        crate::sandbox::cgroup::set_parent(rel);
+        cgroup_place = cgroup_place.under(rel);
     }
     if let Some(socket) = &a.server {
         use crate::serve::client::{absolute, request_doc};
@@ -1626,13 +1627,14 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         crate::sandbox::observe::preload();
     }
     let opts = crate::turn::RunOptions {
+        forward_all_output: a.forward_all_output,
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
         package: a.package.clone(),
         session: a.session.clone(),
         request,
         json: a.common.json,
-        cgroup_root: cgroup_root(),
+        cgroup_place,
         sources: crate::ids::Sources::system(),
         backend: a.backend.clone(),
         tenant: a.tenant.clone(),
@@ -1796,6 +1798,7 @@ struct BundleWritten<'a> {
 struct Recovered {
     sessions_checked: usize,
     unfinished_creations_removed: Vec<String>,
+    dead_warm_cgroups_removed: Vec<String>,
     recovered: Vec<Value>,
 }
 
@@ -1829,8 +1832,16 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
         Some(ws) => StateDir::open(&a.state_dir, ws, false)?,
         None => StateDir::at(&a.state_dir),
     };
-    let (swept, sessions) =
-        crate::recover::recover_all(&state, workspace.as_ref(), &cgroup_root(), &SystemClock)?;
+    let crate::recover::AllRecovery {
+        swept,
+        sessions,
+        dead_warm_cgroups,
+    } = crate::recover::recover_all(
+        &state,
+        workspace.as_ref(),
+        &crate::sandbox::cgroup::Place::host(),
+        &SystemClock,
+    )?;
     let acted: Vec<&crate::recover::SessionRecovery> =
         sessions.iter().filter(|r| !r.is_empty()).collect();
     let stdout = if a.json {
@@ -1839,6 +1850,7 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
             to_json(&Recovered {
                 sessions_checked: sessions.len(),
                 unfinished_creations_removed: swept.clone(),
+                dead_warm_cgroups_removed: dead_warm_cgroups.clone(),
                 recovered: acted.iter().map(|r| r.to_value()).collect(),
             })
         )
@@ -1858,6 +1870,12 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
                 r.tails.len(),
                 r.cgroups.len(),
                 r.turn_dirs.len()
+            );
+        }
+        if !dead_warm_cgroups.is_empty() {
+            t += &format!(
+                "{} cgroup(s) of warm sandboxes whose owner is dead removed\n",
+                dead_warm_cgroups.len()
             );
         }
         t

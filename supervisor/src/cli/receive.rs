@@ -8,7 +8,6 @@ use turnstile_policy::envelope::EventEnvelope;
 
 use super::{Common, DeterministicArgs, parse_output_flag};
 use crate::error::{Result, SupervisorError};
-use crate::sandbox::cgroup::root as cgroup_root;
 use crate::turn::outcome::Outcome;
 use crate::turn::receive::ReceiveInput;
 
@@ -108,13 +107,14 @@ pub fn receive(a: &ReceiveArgs) -> Result<Outcome> {
         return crate::serve::client::run(socket, &wire);
     }
     let opts = crate::turn::RunOptions {
+        forward_all_output: false,
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
         package: a.package.clone(),
         session: a.session.clone(),
         request,
         json: a.common.json,
-        cgroup_root: cgroup_root(),
+        cgroup_place: crate::sandbox::cgroup::Place::host(),
         sources: crate::ids::Sources::system(),
         backend: Some("native".into()),
         tenant: None,

@@ -10,7 +10,6 @@
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use turnstile_policy::plan::PlanLimits;
 
@@ -69,29 +68,46 @@ pub struct TurnCgroup {
     freezer: Option<PathBuf>,
 }
 
-/// The cgroup parent of this process's turns (`run --cgroup-parent`),
-/// relative to each hierarchy's root; unset: `turnstile`.
-static PARENT: OnceLock<PathBuf> = OnceLock::new();
-
-/// Where turn cgroups are made, relative to each hierarchy's root: the
-/// cgroup parent `run --cgroup-parent` named (a pod's container cgroup),
-/// else `turnstile`.
-pub fn base() -> PathBuf {
-    PARENT
-        .get()
-        .cloned()
-        .unwrap_or_else(|| PathBuf::from("turnstile"))
+/// Where turn cgroups are made: the cgroup mount (`root`) and, under each
+/// hierarchy, the cgroup parent `run --cgroup-parent` named (a pod's
+/// container cgroup, relative to each hierarchy's root) or `turnstile`.
+/// Passed by value down the turn (no process-global state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    pub root: PathBuf,
+    parent: Option<PathBuf>,
 }
 
-/// The validated cgroup parent (see [`parent_of`]), relative; set once per
-/// process, before any turn cgroup is made.
-pub fn set_parent(rel: PathBuf) {
-    let _ = PARENT.set(rel);
-}
+impl Place {
+    /// Turn cgroups under `root`'s hierarchies, in `turnstile`.
+    pub fn new(root: PathBuf) -> Self {
+        Self { root, parent: None }
+    }
 
-/// The cgroup parent, if one was set.
-pub fn parent() -> Option<&'static Path> {
-    PARENT.get().map(PathBuf::as_path)
+    /// The host's cgroup mount ([`root`]), in `turnstile`.
+    pub fn host() -> Self {
+        Self::new(root())
+    }
+
+    /// Turn cgroups under `parent` (validated by [`parent_of`]) instead.
+    pub fn under(self, parent: PathBuf) -> Self {
+        Self {
+            parent: Some(parent),
+            ..self
+        }
+    }
+
+    /// Where turn cgroups are made, relative to each hierarchy's root.
+    pub fn base(&self) -> PathBuf {
+        self.parent
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("turnstile"))
+    }
+
+    /// The cgroup parent, if one was named.
+    pub fn parent(&self) -> Option<&Path> {
+        self.parent.as_deref()
+    }
 }
 
 /// The controller hierarchies (relative to `root`) a turn cgroup needs on
@@ -222,8 +238,9 @@ fn read_key(path: &Path, key: &str) -> Option<u64> {
 }
 
 impl TurnCgroup {
-    /// Creates the cgroup `turnstile/<name>` and applies the limits.
-    pub fn create(root: &Path, name: &str, limits: &PlanLimits) -> Result<Self> {
+    /// Creates the cgroup `<base>/<name>` and applies the limits.
+    pub fn create(place: &Place, name: &str, limits: &PlanLimits) -> Result<Self> {
+        let root = place.root.as_path();
         let version = detect(root).ok_or_else(|| SupervisorError::Sandbox {
             step: "detect cgroups",
             detail: format!(
@@ -234,7 +251,7 @@ impl TurnCgroup {
         })?;
         let cg = match version {
             Version::V2 => {
-                let base = root.join(base());
+                let base = root.join(place.base());
                 match std::fs::create_dir(&base) {
                     Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                         return Err(io("create cgroup", &base)(e));
@@ -246,7 +263,7 @@ impl TurnCgroup {
                 // starts while another is creating it would otherwise find
                 // the directory without its controllers (no memory.max).
                 // Enabling an enabled controller is a no-op.
-                if parent().is_none() {
+                if place.parent().is_none() {
                     let _ =
                         std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
                 }
@@ -266,7 +283,7 @@ impl TurnCgroup {
             Version::V1 => {
                 let mut dirs = Vec::new();
                 let mut dir_for = |controller: &str| -> Result<PathBuf> {
-                    let base = root.join(controller).join(base());
+                    let base = root.join(controller).join(place.base());
                     std::fs::create_dir_all(&base).map_err(io("create cgroup", &base))?;
                     let dir = base.join(name);
                     std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
@@ -471,10 +488,15 @@ impl TurnCgroup {
     /// freezer, name=systemd…). Their tasks are the turn's, killed through
     /// the managed controllers first; a directory still busy stays, and
     /// says so in the returned list.
-    pub fn sweep_unmanaged(root: &Path, name: &str) -> Vec<PathBuf> {
+    pub fn sweep_unmanaged(place: &Place, name: &str) -> Vec<PathBuf> {
         let mut busy = Vec::new();
-        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            let dir = entry.path().join(base()).join(name);
+        let base = place.base();
+        for entry in std::fs::read_dir(&place.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = entry.path().join(&base).join(name);
             if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
                 busy.push(dir);
             }
@@ -482,15 +504,17 @@ impl TurnCgroup {
         busy
     }
 
-    pub fn leftovers(root: &Path, prefix: &str) -> Vec<Self> {
+    pub fn leftovers(place: &Place, prefix: &str) -> Vec<Self> {
+        let root = place.root.as_path();
         let Some(version) = detect(root) else {
             return Vec::new();
         };
+        let base = place.base();
         let bases: Vec<PathBuf> = match version {
-            Version::V2 => vec![root.join(base())],
+            Version::V2 => vec![root.join(&base)],
             Version::V1 => ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"]
                 .iter()
-                .map(|c| root.join(c).join(base()))
+                .map(|c| root.join(c).join(&base))
                 .collect(),
         };
         let mut names = std::collections::BTreeSet::new();
@@ -750,7 +774,7 @@ mod tests {
         }
         std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
         assert_eq!(detect(r), Some(Version::V1));
-        let cg = TurnCgroup::create(r, "t1", &limits()).unwrap();
+        let cg = TurnCgroup::create(&Place::new(r.to_path_buf()), "t1", &limits()).unwrap();
         let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap();
         assert_eq!(
             read("memory/turnstile/t1/memory.limit_in_bytes"),
@@ -780,7 +804,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let r = root.path();
         std::fs::write(r.join("cgroup.controllers"), "memory pids cpu").unwrap();
-        let cg = TurnCgroup::create(r, "t1", &limits()).unwrap();
+        let cg = TurnCgroup::create(&Place::new(r.to_path_buf()), "t1", &limits()).unwrap();
         assert_eq!(cg.version, Version::V2);
         let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap();
         assert_eq!(read("turnstile/t1/memory.max"), (256u64 << 20).to_string());
@@ -795,7 +819,7 @@ mod tests {
         std::fs::write(r.join("cgroup.controllers"), "memory pids cpu").unwrap();
         // Made by a concurrent turn that has not delegated yet.
         std::fs::create_dir(r.join("turnstile")).unwrap();
-        let cg = TurnCgroup::create(r, "t2", &limits()).unwrap();
+        let cg = TurnCgroup::create(&Place::new(r.to_path_buf()), "t2", &limits()).unwrap();
         let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap();
         assert_eq!(
             read("turnstile/cgroup.subtree_control"),
@@ -804,7 +828,7 @@ mod tests {
         assert_eq!(read("cgroup.subtree_control"), "+memory +pids +cpu");
         assert_eq!(cg.dirs(), [r.join("turnstile/t2")]);
         // And a second turn beside it.
-        TurnCgroup::create(r, "t3", &limits()).unwrap();
+        TurnCgroup::create(&Place::new(r.to_path_buf()), "t3", &limits()).unwrap();
     }
 
     #[test]
@@ -855,7 +879,7 @@ mod tests {
         }
         std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
         std::fs::write(r.join("freezer/freezer.state"), "THAWED").unwrap();
-        let cg = TurnCgroup::create(r, "t9", &limits()).unwrap();
+        let cg = TurnCgroup::create(&Place::new(r.to_path_buf()), "t9", &limits()).unwrap();
         assert!(cg.can_freeze());
         cg.set_frozen(true).unwrap();
         assert!(cg.frozen());
@@ -870,6 +894,8 @@ mod tests {
     #[test]
     fn no_cgroups_is_an_error_not_a_skip() {
         let root = tempfile::tempdir().unwrap();
-        assert!(TurnCgroup::create(root.path(), "t1", &limits()).is_err());
+        assert!(
+            TurnCgroup::create(&Place::new(root.path().to_path_buf()), "t1", &limits()).is_err()
+        );
     }
 }

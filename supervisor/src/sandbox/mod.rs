@@ -409,21 +409,6 @@ pub(crate) fn pump(
     }
 }
 
-/// `run --forward-all-output`: the command's streams are forwarded whole,
-/// not cut at the manifest's `output_bytes` (a container's log, which the
-/// kubelet keeps and rotates). Set once per process, before the turn.
-static FORWARD_ALL: AtomicBool = AtomicBool::new(false);
-
-/// Forward the command's streams whole (see [`FORWARD_ALL`]).
-pub fn set_forward_all() {
-    FORWARD_ALL.store(true, Ordering::SeqCst);
-}
-
-/// Whether the streams are forwarded whole.
-pub fn forward_all() -> bool {
-    FORWARD_ALL.load(Ordering::SeqCst)
-}
-
 /// What every backend watches while a turn runs: the command's two output
 /// streams (pumped under one shared byte budget) and the timer (SIGTERM to
 /// every process of the turn at the deadline, SIGKILL after the grace).
@@ -450,12 +435,6 @@ impl Watch {
         json_mode: bool,
         capture: bool,
     ) -> Self {
-        // `run --forward-all-output` (a container's log): no budget.
-        let output_bytes = if forward_all() {
-            u64::MAX
-        } else {
-            output_bytes
-        };
         let budget = Arc::new(AtomicU64::new(output_bytes));
         let truncated = Arc::new(AtomicBool::new(false));
         let out_thread = {
@@ -731,19 +710,24 @@ impl Drop for Created {
 pub fn execute(
     plan: &Plan,
     turn: &TurnDir,
-    cgroup_root: &Path,
+    cgroup_place: &cgroup::Place,
     json_mode: bool,
 ) -> Result<Execution> {
-    let mut created = create(plan, turn, cgroup_root, json_mode)?;
+    let mut created = create(plan, turn, cgroup_place, json_mode)?;
     created.start();
     created.wait()
 }
 
 /// Builds the sandbox and parks it before the command's `execve` (see
 /// [`Created`]): [`park`] then [`Parked::begin`] with the same Plan.
-pub fn create(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, json_mode: bool) -> Result<Created> {
+pub fn create(
+    plan: &Plan,
+    turn: &TurnDir,
+    cgroup_place: &cgroup::Place,
+    json_mode: bool,
+) -> Result<Created> {
     let cg_name = crate::ids::TurnId::of(plan).to_string();
-    park(plan, turn, cgroup_root, &cg_name)?.begin(plan, json_mode)
+    park(plan, turn, cgroup_place, &cg_name)?.begin(plan, json_mode)
 }
 
 /// A sandbox built before its turn is known: cgroup, namespaces, the new
@@ -812,10 +796,15 @@ fn mount_sources(plan: &Plan) -> Vec<(PathBuf, Option<(u64, u64)>)> {
 
 /// Builds a sandbox from `plan`'s shape in `turn`, in a new cgroup named
 /// `cg_name`, up to the point where it waits for its turn.
-pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> Result<Parked> {
+pub fn park(
+    plan: &Plan,
+    turn: &TurnDir,
+    cgroup_place: &cgroup::Place,
+    cg_name: &str,
+) -> Result<Parked> {
     // Loaded while the sandbox is built (the verifier takes milliseconds),
     // where a turn has a cgroup v2 id to be observed by.
-    if cgroup::has_v2(cgroup_root) {
+    if cgroup::has_v2(&cgroup_place.root) {
         observe::preload();
     }
     let started = Instant::now();
@@ -844,7 +833,7 @@ pub fn park(plan: &Plan, turn: &TurnDir, cgroup_root: &Path, cg_name: &str) -> R
     lap("seccomp_compile", &mut phases);
     let sources = mount_sources(plan);
     let cg = Arc::new(cgroup::TurnCgroup::create(
-        cgroup_root,
+        cgroup_place,
         cg_name,
         &plan.limits,
     )?);
@@ -987,7 +976,7 @@ impl Parked {
         let mut watch = Watch::pumps(
             out,
             err,
-            plan.limits.output_bytes,
+            plan.output_budget(),
             json_mode,
             plan.stdin.is_some(),
         );

@@ -26,6 +26,7 @@ use turnstile_policy::plan::Plan;
 
 use super::{Parked, TurnDir};
 use crate::error::{Result, SupervisorError};
+use crate::sandbox::cgroup::Place;
 
 /// Names of a warm sandbox's turn directory and lock file start so.
 pub const WARM_PREFIX: &str = "warm-";
@@ -60,7 +61,7 @@ impl Warm {
 struct Last {
     plan: Plan,
     session_dir: PathBuf,
-    cgroup_root: PathBuf,
+    cgroup_place: Place,
 }
 
 #[derive(Debug)]
@@ -162,12 +163,12 @@ impl WarmPool {
     /// Records the Plan a native turn runs with: the next warm sandbox is
     /// built from its shape. `turn_dir` is the turn's directory (in the
     /// session's state directory).
-    pub fn remember(&self, plan: &Plan, turn_dir: &Path, cgroup_root: &Path) {
+    pub fn remember(&self, plan: &Plan, turn_dir: &Path, cgroup_place: &Place) {
         if let Some(session_dir) = turn_dir.parent() {
             self.shared.pool().last = Some(Last {
                 plan: plan.clone(),
                 session_dir: session_dir.to_path_buf(),
-                cgroup_root: cgroup_root.to_path_buf(),
+                cgroup_place: cgroup_place.clone(),
             });
         }
     }
@@ -297,7 +298,7 @@ fn build(shared: &Shared, last: &Last) -> Result<Warm> {
     };
     dir.hold(lock_file, file);
     let cgroup = cgroup_name(&last.plan.session_id, &id);
-    let parked = super::park(&last.plan, &dir, &last.cgroup_root, &cgroup)?;
+    let parked = super::park(&last.plan, &dir, &last.cgroup_place, &cgroup)?;
     Ok(Warm {
         parked,
         dir,

@@ -464,17 +464,18 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     }
     // Every session is recovered before the first turn (what a stopped
     // supervisor or daemon left: unfinished turns, mounts, cgroups).
-    let cgroup_root = crate::sandbox::cgroup::root();
-    let (swept, sessions) = crate::recover::recover_all(
+    let all = crate::recover::recover_all(
         &crate::store::layout::StateDir::at(&state_dir),
         None,
-        &cgroup_root,
+        &crate::sandbox::cgroup::Place::host(),
         &crate::ids::SystemClock,
     )?;
     let recovered = serde_json::to_value(RecoveredAtStart {
-        sessions_checked: sessions.len(),
-        unfinished_creations_removed: swept,
-        recovered: sessions
+        sessions_checked: all.sessions.len(),
+        unfinished_creations_removed: all.swept,
+        dead_warm_cgroups_removed: all.dead_warm_cgroups,
+        recovered: all
+            .sessions
             .iter()
             .filter(|r| !r.is_empty())
             .map(|r| r.to_value())
@@ -703,6 +704,7 @@ pub struct DaemonState {
 struct RecoveredAtStart {
     sessions_checked: usize,
     unfinished_creations_removed: Vec<String>,
+    dead_warm_cgroups_removed: Vec<String>,
     recovered: Vec<Value>,
 }
 

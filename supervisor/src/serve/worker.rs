@@ -227,6 +227,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
         .ok_or_else(|| SupervisorError::invalid("state_dir", "missing"))?;
     Ok((
         RunOptions {
+            forward_all_output: false,
             root: r.root.clone(),
             state_dir,
             package: r.package.clone(),
@@ -234,7 +235,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             request,
             manifest: None,
             json: r.json,
-            cgroup_root: crate::sandbox::cgroup::root(),
+            cgroup_place: crate::sandbox::cgroup::Place::host(),
             sources: crate::ids::Sources::system(),
             backend: r.backend.clone(),
             tenant: r.tenant.clone(),

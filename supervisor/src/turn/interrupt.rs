@@ -11,13 +11,13 @@
 //! sandbox's processes are unaffected.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
+use crate::sandbox::cgroup::Place;
 use crate::sandbox::cgroup::TurnCgroup;
 
 // The signal handler's state: the only statics (a handler can reach
@@ -43,12 +43,12 @@ extern "C" fn on_signal(signal: nix::libc::c_int) {
 #[derive(Debug, Clone, Default)]
 pub struct Interrupts {
     /// (cgroup root, name).
-    current: Arc<Mutex<Option<(PathBuf, String)>>>,
+    current: Arc<Mutex<Option<(Place, String)>>>,
 }
 
 impl Interrupts {
     /// Registers the running turn's cgroup (`None` unregisters).
-    pub fn register(&self, turn: Option<(PathBuf, String)>) {
+    pub fn register(&self, turn: Option<(Place, String)>) {
         if let Ok(mut c) = self.current.lock() {
             *c = turn;
         }
@@ -66,7 +66,7 @@ impl Interrupts {
         }
     }
 
-    fn current(&self) -> Option<(PathBuf, String)> {
+    fn current(&self) -> Option<(Place, String)> {
         self.current.lock().map(|c| c.clone()).unwrap_or(None)
     }
 }

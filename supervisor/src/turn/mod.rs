@@ -56,7 +56,7 @@ pub struct RunOptions {
     pub session: Option<String>,
     pub request: TurnRequest,
     pub json: bool,
-    pub cgroup_root: PathBuf,
+    pub cgroup_place: crate::sandbox::cgroup::Place,
     /// Clock and randomness (session ids, timestamps).
     pub sources: Sources,
     /// `--backend` (native, runc, crun, runsc, kata); `None`: the
@@ -82,6 +82,8 @@ pub struct RunOptions {
     /// A manifest given in place of the package's installed one
     /// (`supervise learn`'s wide one; never written to the workspace).
     pub manifest: Option<turnstile_policy::Manifest>,
+    /// `run --forward-all-output` (see `Plan::forward_all_output`).
+    pub forward_all_output: bool,
 }
 
 pub use crate::store::status::TurnResult;
@@ -118,7 +120,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         crate::backend::select::choose(flag, admission.manifest.trust_level, &opts.config)?;
     let backend = crate::backend::by_name(
         choice.backend,
-        &opts.cgroup_root,
+        &opts.cgroup_place,
         opts.json,
         opts.pool.clone(),
     )?;
@@ -186,7 +188,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     // Turns of one session are serialized; sessions run concurrently. What
     // a dead supervisor left of this session is settled first.
     let (lock, recovery) =
-        crate::recover::lock_for_write(&session, &opts.cgroup_root, &opts.sources)?;
+        crate::recover::lock_for_write(&session, &opts.cgroup_place, &opts.sources)?;
     if !recovery.is_empty() {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
     }
@@ -491,6 +493,7 @@ impl Turn<'_> {
                 tracing::info_span!("phase", phase = "plan", "otel.name" = otel_phase("plan"))
                     .entered();
             plan::compile(&ctx, self.manifest, self.request, allowed, view).map(|mut p| {
+                p.forward_all_output = self.opts.forward_all_output;
                 if let Some(r) = &self.opts.receive {
                     // Its stdout is held in memory: bounded whatever the
                     // manifest's budget.
@@ -701,7 +704,7 @@ impl Turn<'_> {
         // A SIGTERM/SIGINT/SIGHUP from here on kills the turn's cgroup.
         self.opts
             .interrupts
-            .register(Some((self.opts.cgroup_root.clone(), cgroup)));
+            .register(Some((self.opts.cgroup_place.clone(), cgroup)));
         let created = match begin {
             Some(begin) => begin(plan),
             None => self.backend.create(plan, turn_dir),

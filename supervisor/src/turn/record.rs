@@ -209,7 +209,7 @@ impl Turn<'_> {
                 cgroup_parent: o
                     .plan
                     .as_ref()
-                    .and_then(|p| cgroup_parent_record(&p.limits)),
+                    .and_then(|p| cgroup_parent_record(&self.opts.cgroup_place, &p.limits)),
             }),
             output: x.map(|x| {
                 let stream = |s: &crate::sandbox::StreamRecord| StreamOut {
@@ -221,7 +221,7 @@ impl Turn<'_> {
                     stdout: stream(&x.stdout),
                     stderr: stream(&x.stderr),
                     truncated: x.output_truncated,
-                    forwarded_whole: crate::sandbox::forward_all(),
+                    forwarded_whole: self.opts.forward_all_output,
                 }
             }),
             error: o.error(),
@@ -610,11 +610,12 @@ pub(super) fn interrupted_message() -> String {
 /// The cgroup parent of this process's turns and which limits won (see
 /// `run --cgroup-parent`); `None` without one.
 fn cgroup_parent_record(
+    place: &crate::sandbox::cgroup::Place,
     limits: &turnstile_policy::plan::PlanLimits,
 ) -> Option<crate::store::record::CgroupParentRecord> {
     use crate::sandbox::cgroup;
-    let rel = cgroup::parent()?;
-    let b = cgroup::parent_bounds(&cgroup::root(), rel);
+    let rel = place.parent()?;
+    let b = cgroup::parent_bounds(&place.root, rel);
     let pick = |parent: Option<u64>, manifest: u64| match parent {
         Some(p) if p < manifest => (p, "parent".to_owned()),
         _ => (manifest, "manifest".to_owned()),

@@ -23,6 +23,7 @@ use turnstile_policy::session::SessionIdGenerator;
 
 use crate::error::{Result, SupervisorError};
 use crate::ids::Sources;
+use crate::sandbox::cgroup::Place;
 use crate::store::layout::{StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::LedgerKind;
 use crate::store::record::{DeclaredWrite, Event, EvidenceEntry, Read, read_all};
@@ -276,14 +277,14 @@ pub fn replay(
     state_dir: &Path,
     session: &SessionId,
     into: &Path,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
 ) -> Result<ReplayReport> {
     let mut all = replay_all(
         root,
         state_dir,
         std::slice::from_ref(session),
         into,
-        cgroup_root,
+        cgroup_place,
     )?;
     Ok(all.remove(0))
 }
@@ -296,7 +297,7 @@ pub fn replay_all(
     state_dir: &Path,
     sessions: &[SessionId],
     into: &Path,
-    cgroup_root: &Path,
+    cgroup_place: &Place,
 ) -> Result<Vec<ReplayReport>> {
     let ws = Workspace::open(root)?;
     let state = StateDir::open(state_dir, &ws, false)?;
@@ -348,7 +349,7 @@ pub fn replay_all(
             replay_session(
                 (&ws, &state, s),
                 (&new_ws, &new_st, &new_root, &new_state),
-                cgroup_root,
+                cgroup_place,
             )
         })
         .collect()
@@ -358,7 +359,7 @@ pub fn replay_all(
 fn replay_session(
     (ws, state, session): (&Workspace, &StateDir, &SessionId),
     (new_ws, new_st, new_root, new_state): (&Workspace, &StateDir, &Path, &Path),
-    cgroup_root: &Path,
+    cgroup_place: &Place,
 ) -> Result<ReplayReport> {
     let original = Session::open(ws, state, session, None)?;
     let (evidence, typed) = evidence_of(&original)?;
@@ -386,6 +387,7 @@ fn replay_session(
                 hop: r.hop,
             });
         let opts = crate::turn::RunOptions {
+            forward_all_output: false,
             manifest: None,
             root: new_root.to_path_buf(),
             state_dir: new_state.to_path_buf(),
@@ -393,7 +395,7 @@ fn replay_session(
             session: Some(rsid.clone()),
             request: request_of(e, osid)?,
             json: true,
-            cgroup_root: cgroup_root.to_path_buf(),
+            cgroup_place: cgroup_place.clone(),
             sources: Sources::system(),
             // Chosen as the turn's was: its `--backend`, or the trust
             // level's table (entries from before backends were recorded ran

@@ -85,7 +85,7 @@ pub fn revert(req: &RevertRequest<'_>, clock: &dyn Clock) -> Result<Reverted> {
     let package = target.package_id.clone().unwrap_or_default();
     session.check_owner(&Owner::for_turn(req.tenant, &package), clock.now())?;
     let (lock, _) =
-        crate::recover::lock_for_write(&session, &crate::sandbox::cgroup::root(), clock)?;
+        crate::recover::lock_for_write(&session, &crate::sandbox::cgroup::Place::host(), clock)?;
     if target.status != Some(TurnStatus::Committed) {
         return Err(SupervisorError::invalid(
             "--turn",
