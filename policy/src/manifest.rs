@@ -88,12 +88,19 @@ pub enum DegradableLayer {
     /// Landlock, wholly or in part (gVisor has none; older kernels lack
     /// newer rights): the view, seccomp and the other layers still hold.
     Landlock,
+    /// gVisor's own network stack (netstack): a runsc turn with
+    /// `restricted` or `allow_egress` runs on the host kernel's stack
+    /// (`--network=host`, inside the turn's own network namespace), where
+    /// the supervisor's resolver, nftables and proxy enforce the policy as
+    /// for the other backends; the sentry's sockets are host sockets.
+    GvisorNetstack,
 }
 
 impl DegradableLayer {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Landlock => "landlock",
+            Self::GvisorNetstack => "gvisor_netstack",
         }
     }
 }
@@ -772,6 +779,9 @@ mod tests {
         assert!(m.allow_degraded.is_empty());
         let m = parse(r#"{"capabilities":{},"allow_degraded":["landlock"]}"#).unwrap();
         assert_eq!(m.allow_degraded, [DegradableLayer::Landlock]);
+        let m = parse(r#"{"capabilities":{},"allow_degraded":["gvisor_netstack"]}"#).unwrap();
+        assert_eq!(m.allow_degraded, [DegradableLayer::GvisorNetstack]);
+        assert_eq!(m.allow_degraded[0].as_str(), "gvisor_netstack");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Network policy `restricted` and `allow_egress` (issue 26) on the
-//! native, runc and crun backends, through `supervise serve` (cold and
+//! native, runc and crun backends (and runsc on hostinet, with the
+//! manifest's `allow_degraded: gvisor_netstack`), through `supervise serve` (cold and
 //! warm sandboxes) and through the containerd shim: egress by name through
 //! the supervisor's resolver and proxy in the turn's own network
 //! namespace, every flow in the evidence; the namespace gone after the
@@ -620,8 +621,8 @@ fn issue_26_allow_egress_refuses_private_link_local_and_rebinding() {
 }
 
 #[test]
-fn issue_26_isolated_turns_are_unchanged_and_oci_backends_refuse_egress() {
-    if !root_and_tools("issue_26_isolated_turns_are_unchanged_and_oci_backends_refuse_egress") {
+fn issue_26_isolated_turns_are_unchanged_and_runsc_needs_consent_for_egress() {
+    if !root_and_tools("issue_26_isolated_turns_are_unchanged_and_runsc_needs_consent_for_egress") {
         return;
     }
     let fx = Fixture::new();
@@ -634,6 +635,9 @@ fn issue_26_isolated_turns_are_unchanged_and_oci_backends_refuse_egress() {
     assert_eq!(result(&r, 0).0, "err:ENETUNREACH");
     assert_eq!(result(&r, 1).0, "ok:hi");
     assert_eq!(ev["external_calls"], serde_json::json!([]));
+    // runsc enforces egress only on hostinet: without the manifest's
+    // consent (`allow_degraded: gvisor_netstack`) the turn is refused,
+    // the field named, nothing run.
     fx.install("o", &manifest("restricted", &["good.test:443"]));
     for backend in ["runsc"] {
         let r = fx.run(
@@ -655,6 +659,13 @@ fn issue_26_isolated_turns_are_unchanged_and_oci_backends_refuse_egress() {
         }
         assert_eq!(r.status, 20, "{backend}: {}", r.stdout);
         assert_eq!(v["error"]["code"], "TS1070", "{backend}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("gvisor_netstack"),
+            "{backend}: {v}"
+        );
     }
     let _ = Duration::ZERO;
 }
@@ -716,6 +727,234 @@ fn issue_26_restricted_on_runc_and_crun() {
         );
     }
     assert!(!net.queries().iter().any(|q| q.contains("exfil")));
+}
+
+/// A runsc manifest: egress on hostinet accepted (`gvisor_netstack`),
+/// and gVisor's missing Landlock.
+fn runsc_manifest(network: &str, egress: &[&str]) -> String {
+    format!(
+        r#"{{"capabilities":{{"execute":["/usr/bin/python3"]}},"limits":{{"timeout_seconds":60,"pids":256}},"network":"{network}","egress":{},"allow_degraded":["landlock","gvisor_netstack"]}}"#,
+        serde_json::to_string(egress).unwrap()
+    )
+}
+
+/// The network namespaces (host side) of session `sid`'s turn processes
+/// but the host's own: under runsc the turn's `/proc/self/ns/net` is
+/// gVisor's, so the sandbox's is read from its cgroup.
+fn turn_netns(sid: &str) -> Vec<String> {
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    cgroup_netns(sid)
+        .into_iter()
+        .filter(|n| Path::new(n) != host)
+        .collect()
+}
+
+/// runsc (issue 26 item 4): `restricted` and `allow_egress` on hostinet
+/// in the turn's own network namespace, with the manifest's consent —
+/// allowed by name with its bytes, a denied name NXDOMAIN and never
+/// upstream, a second name on the same address, an uncovered literal and
+/// the metadata stand-in refused in well under a second, every flow and
+/// violation in the evidence, the degradation recorded; the namespace
+/// gone after the turn and after a SIGKILLed supervisor.
+#[test]
+fn issue_26_restricted_and_allow_egress_on_runsc() {
+    if !root_and_tools("issue_26_restricted_and_allow_egress_on_runsc") {
+        return;
+    }
+    if !have("runsc") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "r",
+        &runsc_manifest("restricted", &["good.test:80", "203.0.113.11/32:9000"]),
+    );
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 80},        // 0
+        {"kind": "resolve", "host": "secret.exfil.test"},        // 1
+        {"kind": "tcp", "host": "other.test", "port": 80},       // 2 same address, not listed
+        {"kind": "tcp", "host": "203.0.113.10", "port": 80},     // 3 literal, no CIDR
+        {"kind": "tcp", "host": "169.254.77.1", "port": 80},     // 4 metadata stand-in
+        {"kind": "tcp", "host": "203.0.113.11", "port": 9000},   // 5 CIDR
+        {"kind": "loopback"},                                    // 6
+        {"kind": "dnstcp", "host": "nope.test"},                 // 7
+    ]);
+    let started = Instant::now();
+    let (r, ev) = probe_on(&fx, "r", "runsc", &probes);
+    eprintln!("runsc turn took {:?}; results {r:#?}", started.elapsed());
+    assert_eq!(result(&r, 0).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
+    assert!(
+        result(&r, 1).0.starts_with("err:") && result(&r, 1).1 < 1000,
+        "{:?}",
+        r[1]
+    );
+    assert!(result(&r, 2).0.starts_with("err:"), "{:?}", r[2]);
+    for i in [3, 4] {
+        assert!(
+            matches!(
+                result(&r, i).0,
+                "err:ECONNREFUSED" | "err:EHOSTUNREACH" | "err:ENETUNREACH"
+            ),
+            "{:?}",
+            r[i]
+        );
+        assert!(result(&r, i).1 < 1000, "refused fast: {:?}", r[i]);
+    }
+    assert_eq!(result(&r, 5).0, "ok:OK 203.0.113.11 9000 GET / HTTP/1.1");
+    assert_eq!(result(&r, 6).0, "ok:hi", "loopback inside the turn works");
+    assert_eq!(result(&r, 7).0, "rcode=3 answers=0");
+    assert!(
+        !net.queries()
+            .iter()
+            .any(|q| q.contains("exfil") || q.contains("nope")),
+        "a denied name reached the upstream resolver: {:?}",
+        net.queries()
+    );
+    let good = calls(&ev, |c| c["name"] == "good.test" && c["allowed"] == true);
+    assert_eq!(good.len(), 1, "{}", ev["external_calls"]);
+    assert!(good[0]["bytes_in"].as_u64().unwrap() > 0);
+    assert_eq!(good[0]["decided_by"], "good.test:80");
+    assert!(
+        !calls(&ev, |c| c["name"] == "secret.exfil.test"
+            && c["allowed"] == false)
+        .is_empty(),
+        "{}",
+        ev["external_calls"]
+    );
+    for addr in ["203.0.113.10", "169.254.77.1"] {
+        assert!(
+            !calls(&ev, |c| c["address"] == addr && c["allowed"] == false).is_empty(),
+            "{addr}: {}",
+            ev["external_calls"]
+        );
+    }
+    let v = ev["violations"].as_array().unwrap();
+    assert!(
+        v.iter().any(|x| x["layer"] == "network"
+            && x["target"] == "203.0.113.10:80"
+            && x["hint"].as_str().unwrap().contains("203.0.113.10/32:80")),
+        "{v:#?}"
+    );
+    assert!(
+        ev.to_string()
+            .contains("gvisor_netstack (allowed by the manifest)"),
+        "the degradation is recorded: {}",
+        ev["enforcement"]
+    );
+
+    // allow_egress: public yes, private and link-local refused fast.
+    fx.install("e", &runsc_manifest("allow_egress", &[]));
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "second.test", "port": 80},   // 0
+        {"kind": "tcp", "host": "10.255.77.10", "port": 80},  // 1 private
+        {"kind": "tcp", "host": "169.254.77.1", "port": 80},  // 2 link-local
+        {"kind": "tcp", "host": "private.test", "port": 80},  // 3 rebinding
+    ]);
+    let (r, ev) = probe_on(&fx, "e", "runsc", &probes);
+    eprintln!("{r:#?}");
+    assert_eq!(result(&r, 0).0, "ok:OK 203.0.113.11 80 GET / HTTP/1.1");
+    for i in [1, 2] {
+        assert_eq!(result(&r, i).0, "err:ECONNREFUSED", "{:?}", r[i]);
+        assert!(result(&r, i).1 < 1000, "{:?}", r[i]);
+    }
+    assert!(result(&r, 3).0.starts_with("err:"), "{:?}", r[3]);
+    assert!(
+        !calls(&ev, |c| c["address"] == "10.255.77.10"
+            && c["allowed"] == false)
+        .is_empty(),
+        "{}",
+        ev["external_calls"]
+    );
+
+    // The turn's namespace: there while it runs, gone after it ends, gone
+    // after its supervisor is SIGKILLed (the guard ends the sandbox), and
+    // — guard killed too — gone after `supervise recover`.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum End {
+        Turn,
+        Sigkill,
+        SigkillGuardToo,
+    }
+    for end in [End::Turn, End::Sigkill, End::SigkillGuardToo] {
+        let sid = fx.new_session();
+        let mut child = Command::new(supervise_bin())
+            .args(["run", "--root"])
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args([
+                "--backend",
+                "runsc",
+                "--session",
+                &sid,
+                "--package",
+                "r",
+                "--no-outputs",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "import socket, time\n\
+                 c = socket.create_connection(('good.test', 80), timeout=5)\n\
+                 c.sendall(b'GET / HTTP/1.1\\r\\n\\r\\n'); print(c.recv(100).decode().strip(), flush=True)\n\
+                 time.sleep(float(__import__('sys').argv[1]))\n",
+                if end == End::Turn { "1" } else { "60" },
+            ])
+            .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+            .env_remove("TURNSTILE_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        let got = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(got, "OK 203.0.113.10 80 GET / HTTP/1.1", "{end:?}");
+        let held = turn_netns(&sid);
+        assert!(!held.is_empty(), "the sandbox's network namespace");
+        let kill = |pid: u32| {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        };
+        if end == End::SigkillGuardToo {
+            let out = Command::new("pgrep")
+                .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+                .output()
+                .expect("pgrep (procps) is required");
+            let guards: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(|p| p.parse().unwrap())
+                .collect();
+            assert_eq!(guards.len(), 1, "the turn's guard: {guards:?}");
+            kill(guards[0]);
+        }
+        if end != End::Turn {
+            kill(child.id());
+        }
+        let _ = child.wait();
+        if end == End::SigkillGuardToo {
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                held.iter().all(|ns| !ns_holders(ns).is_empty()),
+                "without its guard the sandbox (and its namespace) should still be there"
+            );
+            let r = Command::new(supervise_bin())
+                .args(["recover", "--root"])
+                .arg(&fx.root)
+                .arg("--state-dir")
+                .arg(&fx.state)
+                .output()
+                .unwrap();
+            assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        }
+        for ns in &held {
+            assert_ns_gone(ns, &format!("runsc: {end:?}"));
+        }
+        fx.assert_ledgers_intact(&sid);
+    }
 }
 
 /// Times `n` GETs of 1 MiB from good.test:8080 (by name) in Python;

@@ -615,7 +615,9 @@ fn allow_egress_is_refused_not_silently_isolated() {
         return;
     }
     // Enforced on native, runc and crun (tests/tests/network.rs); runsc
-    // does not enforce it and refuses the turn (TS1070).
+    // enforces it only on hostinet, which gives up gVisor's netstack: a
+    // manifest that does not accept that (`allow_degraded:
+    // gvisor_netstack`) is refused (TS1070), the field named.
     let fx = fixture();
     fx.install(
         "net",
@@ -643,6 +645,13 @@ fn allow_egress_is_refused_not_silently_isolated() {
             .as_str()
             .unwrap()
             .contains("allow_egress"),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"gvisor_netstack\" to the manifest's `allow_degraded`"),
         "{v}"
     );
     assert_eq!(v["error"]["code"], "TS1070", "{v}");

@@ -65,6 +65,17 @@ pub trait Backend {
         }
     }
 
+    /// The `allow_degraded` layer a turn with `network` needs on this
+    /// backend (it enforces the policy, but only by giving up part of its
+    /// own isolation), with why; `None` when nothing is given up. A
+    /// manifest that does not list it is refused with TS1070.
+    fn network_degradation(
+        &self,
+        _network: turnstile_policy::manifest::Network,
+    ) -> Option<(&'static str, String)> {
+        None
+    }
+
     /// Layers this backend does not apply at all, with why.
     fn not_applied(&self) -> Vec<(&'static str, &'static str)> {
         Vec::new()
@@ -238,6 +249,16 @@ pub fn check_network(
     backend
         .enforces_network(manifest.network)
         .and_then(|()| crate::sandbox::egress::supported(&manifest.egress))
+        .and_then(|()| match backend.network_degradation(manifest.network) {
+            Some((layer, why))
+                if !manifest.allow_degraded.iter().any(|l| l.as_str() == layer) =>
+            {
+                Err(format!(
+                    "{why}; add \"{layer}\" to the manifest's `allow_degraded` to accept that, or use native, runc or crun"
+                ))
+            }
+            _ => Ok(()),
+        })
         .map_err(|why| SupervisorError::NetworkUnenforceable {
             backend: backend.name().to_owned(),
             network: manifest.network.as_str().to_owned(),

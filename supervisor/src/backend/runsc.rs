@@ -171,6 +171,11 @@ struct RunscSandbox {
     torn_down: bool,
     /// Ends the turn if the supervisor dies; disarmed once torn down.
     guard: Option<super::hostview::Guard>,
+    /// The turn's egress (`restricted` / `allow_egress`), in the sandbox's
+    /// network namespace.
+    egress: Option<crate::sandbox::egress::Running>,
+    /// The network policy runs on hostinet (`--network=host`).
+    hostinet: bool,
 }
 
 impl Backend for RunscBackend {
@@ -215,23 +220,30 @@ impl Backend for RunscBackend {
         )]
     }
 
-    /// `restricted` / `allow_egress` are refused (fail closed): the turn's
-    /// network is gVisor's own netstack (`--network=none` today), whose
-    /// loopback is its own — the supervisor's resolver at 127.0.0.53 and
-    /// proxy in the namespace are out of its reach — and whose packets,
-    /// with `--network=sandbox`, leave through the namespace's interface
-    /// as frames, past the namespace's own nftables output hooks. What
-    /// would work: a veth to a router namespace holding the resolver, the
-    /// DNAT to the proxy and non-loopback synthetic addresses (DESIGN,
-    /// "Network policy").
+    /// `restricted` / `allow_egress` are enforced by the supervisor's
+    /// resolver, nftables and proxy in the turn's own network namespace,
+    /// as natively — but only with `--network=host` (hostinet): gVisor's
+    /// netstack has its own loopback and sends its packets past the
+    /// namespace's nftables (see `sandbox::egress`). That gives up a
+    /// layer of gVisor's isolation, so the manifest must accept it
+    /// ([`Backend::network_degradation`]).
     fn enforces_network(
         &self,
         network: turnstile_policy::manifest::Network,
     ) -> std::result::Result<(), String> {
-        match network {
-            turnstile_policy::manifest::Network::Isolated => Ok(()),
-            _ => Err("gVisor's netstack has its own loopback and sends its packets past the network namespace's nftables, so the supervisor's resolver and proxy cannot be put in its path yet; use native, runc or crun for egress".into()),
-        }
+        super::egress_in_own_netns(network)
+    }
+
+    fn network_degradation(
+        &self,
+        network: turnstile_policy::manifest::Network,
+    ) -> Option<(&'static str, String)> {
+        (network != turnstile_policy::manifest::Network::Isolated).then(|| {
+            (
+                turnstile_policy::manifest::DegradableLayer::GvisorNetstack.as_str(),
+                format!("runsc enforces network `{}` only on the host kernel's network stack (--network=host, in the turn's own network namespace), not on gVisor's netstack: the sentry's sockets are then host sockets", network.as_str()),
+            )
+        })
     }
 
     fn cannot_enforce(&self) -> Vec<(&'static str, String)> {
@@ -246,6 +258,29 @@ impl Backend for RunscBackend {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;
         let id = format!("{}-t{}", plan.session_id, plan.turn_number);
+        // A turn with egress runs on hostinet, in the spec's (new, empty)
+        // network namespace, where the supervisor's egress is set up
+        // below; `check_network` refused it unless the manifest accepts
+        // that (`allow_degraded: gvisor_netstack`).
+        let hostinet = plan.network != "isolated";
+        if hostinet
+            && !plan
+                .allow_degraded
+                .iter()
+                .any(|l| l == turnstile_policy::manifest::DegradableLayer::GvisorNetstack.as_str())
+        {
+            return Err(err(
+                "network egress",
+                format!(
+                    "runsc runs network `{}` only on hostinet, which the manifest's `allow_degraded` does not list (gvisor_netstack)",
+                    plan.network
+                ),
+            ));
+        }
+        let mut backend = self.clone();
+        if hostinet {
+            backend.driver = backend.driver.host_network();
+        }
         // First: from here a SIGKILLed supervisor's turn is ended by its
         // guard (`runsc delete --force`, the cgroup, the mounts), not left
         // to the next recovery.
@@ -260,7 +295,7 @@ impl Backend for RunscBackend {
         )?);
         let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
         let mut sb = RunscSandbox {
-            backend: self.clone(),
+            backend: backend.clone(),
             id: id.clone(),
             log: turn.path.join("runsc.log"),
             cg,
@@ -279,6 +314,8 @@ impl Backend for RunscBackend {
             created: false,
             torn_down: false,
             guard: Some(guard),
+            egress: None,
+            hostinet,
         };
         // Drop tears down whatever was built if a step below fails.
         let view = sb
@@ -312,7 +349,7 @@ impl Backend for RunscBackend {
             id: &id,
         };
         // The sandbox inherits these pipes: the command's stdout and stderr.
-        let mut child = self
+        let mut child = backend
             .driver
             .command(&create, &sb.log)?
             .stdout(Stdio::piped())
@@ -360,6 +397,19 @@ impl Backend for RunscBackend {
             .and_then(|v| v["goferPid"].as_i64())
             .and_then(|p| i32::try_from(p).ok());
         sb.lap("runtime_create");
+        // Egress by name in the sandbox's own network namespace (made by
+        // runsc from the spec, empty), before the command may run: a setup
+        // that fails refuses the turn.
+        if hostinet {
+            let running = std::fs::File::open(format!("/proc/{}/ns/net", sb.pid))
+                .map_err(|e| e.to_string())
+                .and_then(|ns| {
+                    crate::sandbox::egress::start(&plan.network, &plan.egress, ns.into())
+                })
+                .map_err(|e| err("network egress", e))?;
+            sb.egress = Some(running);
+            sb.lap("egress");
+        }
         // The timer, from here: a `runsc start` or `wait` that hangs ends
         // with the sandbox it waits on.
         let cg = Arc::clone(&sb.cg);
@@ -516,6 +566,10 @@ impl Sandbox for RunscSandbox {
         self.delete_container();
         self.lap("runtime_delete");
         let empty = self.cg.kill_all();
+        let egress = self
+            .egress
+            .take()
+            .map(crate::sandbox::egress::Running::finish);
         let usage = self.cg.usage();
         // A sandbox a limit or the timer killed (the sentry with the
         // command) leaves `runsc wait` without a status: the command was
@@ -567,6 +621,16 @@ impl Sandbox for RunscSandbox {
             (_, e) => e,
         };
         let disk_full = crate::sandbox::scratch_full(&self.scratch);
+        let mut degraded = vec![
+                "runsc: the posture was checked by turnstile's init inside gVisor (no_new_privs, seccomp mode, capabilities, ids as gVisor's kernel reports them); the host sees only the sentry".into(),
+                "runsc: the workspace's read-only directories are bind mounts, not overlays (gVisor's gofer refuses host unix sockets instead)".into(),
+                "runsc: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded".into(),
+                "runsc: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS".into(),
+                format!("runsc: the cgroup also holds gVisor's sentry and gofer: its pids limit is the plan's + {PIDS_OVERHEAD}, and their memory counts against the turn's limit"),
+            ];
+        if self.hostinet {
+            degraded.push("runsc: gvisor_netstack (allowed by the manifest): the network policy ran on hostinet (--network=host) in the turn's own network namespace, not on gVisor's netstack: the sentry's sockets were host-kernel sockets there, filtered by the supervisor's nftables, resolver and proxy".into());
+        }
         let (phases, wall) = self.laps.take();
         Ok(Execution {
             ending,
@@ -593,15 +657,9 @@ impl Sandbox for RunscSandbox {
                 "runsc: file operations are served by gVisor's sentry and gofer, not by the host kernel's Landlock or view, so the BPF observer has nothing to attribute"
                     .into(),
             ),
-            degraded: vec![
-                "runsc: the posture was checked by turnstile's init inside gVisor (no_new_privs, seccomp mode, capabilities, ids as gVisor's kernel reports them); the host sees only the sentry".into(),
-                "runsc: the workspace's read-only directories are bind mounts, not overlays (gVisor's gofer refuses host unix sockets instead)".into(),
-                "runsc: what the turn leaves in /dev/shm, /tmp and /var/tmp is discarded but not recorded".into(),
-                "runsc: syscalls newer than its libseccomp (2.5.4) fall to ENOSYS".into(),
-                format!("runsc: the cgroup also holds gVisor's sentry and gofer: its pids limit is the plan's + {PIDS_OVERHEAD}, and their memory counts against the turn's limit"),
-            ],
+            degraded,
             warm: false,
-            egress: None,
+            egress,
         })
     }
 

@@ -24,6 +24,10 @@ pub const RUNTIME_ROOT: &str = "/run/turnstile";
 pub struct Driver {
     pub runtime: Runtime,
     binary: PathBuf,
+    /// runsc only: `--network=host` instead of `--network=none` (a turn
+    /// with egress: the sentry's sockets are host sockets in the turn's
+    /// own network namespace; see `sandbox::egress`).
+    host_network: bool,
 }
 
 impl Driver {
@@ -43,7 +47,18 @@ impl Driver {
                     _ => format!("{name} is not installed (apt-get install {name})"),
                 },
             })?;
-        Ok(Self { runtime, binary })
+        Ok(Self {
+            runtime,
+            binary,
+            host_network: false,
+        })
+    }
+
+    /// This driver with runsc's `--network=host` (hostinet) instead of
+    /// `--network=none`.
+    pub fn host_network(mut self) -> Self {
+        self.host_network = true;
+        self
     }
 
     /// The runtime's state directory.
@@ -59,8 +74,15 @@ impl Driver {
     /// MACHINE-NOTES).
     pub fn command(&self, cmd: &RuntimeCmd<'_>, log: &Path) -> Result<Command> {
         let mut c = Command::new(&self.binary);
-        c.args(self.runtime.argv(cmd, &self.root(), log))
-            .stdin(crate::sandbox::empty_stdin()?);
+        let mut argv = self.runtime.argv(cmd, &self.root(), log);
+        if self.host_network {
+            for a in &mut argv {
+                if a == "--network=none" {
+                    "--network=host".clone_into(a);
+                }
+            }
+        }
+        c.args(argv).stdin(crate::sandbox::empty_stdin()?);
         let unified = Path::new("/sys/fs/cgroup/unified");
         if self.runtime == Runtime::Crun && unified.join("cgroup.controllers").exists() {
             // SAFETY: after fork, only unshare(2) and mount(2) with

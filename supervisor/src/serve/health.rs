@@ -256,7 +256,10 @@ pub fn network() -> Check {
         );
     }
     match crate::sandbox::egress::host_support() {
-        Ok(()) => Check::ok(NAME, "network namespaces; nftables for egress by name"),
+        Ok(()) => Check::ok(
+            NAME,
+            "network namespaces; nftables for egress by name (runsc: on hostinet, with allow_degraded gvisor_netstack)",
+        ),
         Err(why) => Check::degraded(
             NAME,
             format!("{why}: `restricted` and `allow_egress` turns are refused (TS1070)"),

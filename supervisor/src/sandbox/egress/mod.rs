@@ -20,6 +20,25 @@
 //!   from the supervisor's namespace and splices, counting bytes.
 //!
 //! Every flow, allowed or denied, becomes a [`Flow`] of the evidence.
+//!
+//! runsc (gVisor): its netstack (`--network=sandbox`) has its own loopback
+//! and takes the namespace's interfaces over, so nothing it sends meets
+//! this namespace's loopback or nftables. A runsc turn with egress runs on
+//! hostinet instead (`--network=host`, the sandbox in the spec's own new
+//! network namespace, set up here exactly as for runc): the sentry's
+//! sockets are host-kernel sockets in that namespace. That gives up a
+//! layer of gVisor's isolation (the host kernel's network stack is
+//! reachable through the sentry), so the turn is refused (TS1070) unless
+//! the manifest's `allow_degraded` lists `gvisor_netstack`, and the
+//! evidence records the degradation. Why not a router namespace (veth to
+//! a per-turn namespace holding the resolver, a prerouting redirect and
+//! non-loopback synthetic addresses), which keeps the netstack: measured
+//! on these hosts, it carries the traffic, but this runsc (2022-12)
+//! refuses `--network=sandbox` in every namespace on kernels ≥ 6 ("cannot
+//! run with network enabled in root network namespace": it tests for
+//! `/proc/sys/net/core/rmem_default`, which every namespace has now); it
+//! ran only with /proc/sys/net hidden from runsc in a private mount
+//! namespace — a workaround of a runtime bug, left for a newer runsc.
 
 pub mod dns;
 pub mod inspect;
