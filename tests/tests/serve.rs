@@ -1479,6 +1479,28 @@ fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
     assert_nothing_left(&fx, &sid);
 }
 
+/// A daemon serves one turn of `sid`, builds its warm sandbox and is
+/// SIGKILLed; returns once its worker and the parked sandbox died with it,
+/// with the warm sandbox's cgroup directories (still there).
+fn kill9_with_a_warm_sandbox(fx: &Fixture, sid: &str) -> Vec<PathBuf> {
+    let mut daemon = Daemon::start(fx, &[]);
+    let dir = daemon.socket.parent().unwrap().to_path_buf();
+    served_json(fx, &daemon.socket, sid, &["/bin/true"]);
+    wait_for("the warm sandbox", || warm_entries(fx, sid).len() == 2);
+    daemon.kill9();
+    wait_for("the worker to die with the daemon", || {
+        tagged(&dir).is_empty()
+    });
+    let cgroups = warm_cgroups(sid);
+    assert!(!cgroups.is_empty(), "the warm sandbox had no cgroup");
+    wait_for("the parked sandbox to die", || {
+        cgroups.iter().all(|cg| {
+            std::fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        })
+    });
+    cgroups
+}
+
 #[test]
 fn serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14() {
     if !require_root("serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14") {
@@ -1486,22 +1508,8 @@ fn serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14() {
     }
     let fx = fixture();
     let sid = fx.new_session();
-    let mut daemon = Daemon::start(&fx, &[]);
-    let dir = daemon.socket.parent().unwrap().to_path_buf();
-    served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
-    wait_for("the warm sandbox", || warm_entries(&fx, &sid).len() == 2);
-    daemon.kill9();
     // Its worker and the parked sandbox die with the daemon...
-    wait_for("the worker to die with the daemon", || {
-        tagged(&dir).is_empty()
-    });
-    let cgroups = warm_cgroups(&sid);
-    assert!(!cgroups.is_empty(), "the warm sandbox had no cgroup");
-    wait_for("the parked sandbox to die", || {
-        cgroups.iter().all(|cg| {
-            std::fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
-        })
-    });
+    let _cgroups = kill9_with_a_warm_sandbox(&fx, &sid);
     // ... and the next start removes what they left.
     let mut again = Daemon::start(&fx, &["--pool-size", "0"]);
     assert!(
@@ -1534,21 +1542,7 @@ fn serve_start_removes_the_warm_cgroups_of_any_dead_daemon_issue_14() {
     }
     let fx = fixture();
     let sid = fx.new_session();
-    let mut daemon = Daemon::start(&fx, &[]);
-    let dir = daemon.socket.parent().unwrap().to_path_buf();
-    served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
-    wait_for("the warm sandbox", || warm_entries(&fx, &sid).len() == 2);
-    daemon.kill9();
-    wait_for("the worker to die with the daemon", || {
-        tagged(&dir).is_empty()
-    });
-    let cgroups = warm_cgroups(&sid);
-    assert!(!cgroups.is_empty(), "the warm sandbox had no cgroup");
-    wait_for("the parked sandbox to die", || {
-        cgroups.iter().all(|cg| {
-            std::fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
-        })
-    });
+    let cgroups = kill9_with_a_warm_sandbox(&fx, &sid);
     assert!(cgroups.iter().all(|cg| cg.is_dir()), "{cgroups:?}");
     let other = fixture();
     let mut again = Daemon::start(&other, &["--pool-size", "0"]);

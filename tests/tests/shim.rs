@@ -134,6 +134,38 @@ fn ctr_run(c: &Containerd, annotations: &[String], id: &str, argv: &[&str]) -> O
     c.ctr(&args)
 }
 
+/// `ctr run --rm` through the shim of package `bb` in workspace `ws`, with
+/// `extra` flags, in the background: stdout and stderr piped.
+fn spawn_ctr_run(c: &Containerd, extra: &[&str], id: &str, argv: &[&str]) -> std::process::Child {
+    let config = c.dir.path().join("shim.json").display().to_string();
+    let fifos = c.dir.path().join("fifo").display().to_string();
+    Command::new("ctr")
+        .arg("-a")
+        .arg(c.socket())
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            &config,
+            "--fifo-dir",
+            &fifos,
+            "--annotation",
+            "io.turnstile.workspace=ws",
+            "--annotation",
+            "io.turnstile.package=bb",
+        ])
+        .args(extra)
+        .arg(IMAGE)
+        .arg(id)
+        .args(argv)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Waits until no shim of `c` is running (after a Create that failed or
 /// a `--rm` run); panics naming what is left.
 fn assert_no_shim(c: &Containerd, after: &str) {
@@ -795,38 +827,16 @@ fn issue_25_pause_resume_stats_exec_and_whole_logs_through_ctr() {
         );
         fx.install("bb", &manifest);
         let cg = format!("{pod}/c1");
-        let config = c.dir.path().join("shim.json").display().to_string();
-        let fifos = c.dir.path().join("fifo").display().to_string();
-        let mut child = std::process::Command::new("ctr")
-            .arg("-a")
-            .arg(c.socket())
-            .args([
-                "run",
-                "--rm",
-                "--runtime",
-                "io.containerd.turnstile.v2",
-                "--runtime-config-path",
-                &config,
-                "--fifo-dir",
-                &fifos,
-                "--annotation",
-                "io.turnstile.workspace=ws",
-                "--annotation",
-                "io.turnstile.package=bb",
-                "--annotation",
-                "io.turnstile.outputs=[]",
-                "--cgroup",
-                &cg,
-                IMAGE,
-                "pausable",
+        let mut child = spawn_ctr_run(
+            &c,
+            &["--annotation", "io.turnstile.outputs=[]", "--cgroup", &cg],
+            "pausable",
+            &[
                 "sh",
                 "-c",
                 "i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo tick$i; sleep 0.1; done",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            ],
+        );
         let started = std::time::Instant::now();
         let lines = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
         let reader = {
@@ -972,8 +982,6 @@ fn issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing() {
                 None => serde_json::json!({}),
             };
             options_file(c.dir.path(), &fx.state, &fx.root, extra);
-            let config = c.dir.path().join("shim.json").display().to_string();
-            let fifos = c.dir.path().join("fifo").display().to_string();
             let id = format!("shimkill{i}");
             let known: std::collections::BTreeSet<String> =
                 std::fs::read_dir(fx.state.join("sessions"))
@@ -982,34 +990,19 @@ fn issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing() {
                     .flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect();
-            let mut child = Command::new("ctr")
-                .arg("-a")
-                .arg(c.socket())
-                .args([
-                    "run",
-                    "--rm",
-                    "--runtime",
-                    "io.containerd.turnstile.v2",
-                    "--runtime-config-path",
-                    &config,
-                    "--fifo-dir",
-                    &fifos,
-                    "--annotation",
-                    "io.turnstile.workspace=ws",
-                    "--annotation",
-                    "io.turnstile.package=bb",
+            let mut child = spawn_ctr_run(
+                &c,
+                &[
                     "--annotation",
                     r#"io.turnstile.outputs=[{"path":"output/<session_id>/r.txt","role":"result"}]"#,
-                    IMAGE,
-                    &id,
+                ],
+                &id,
+                &[
                     "sh",
                     "-c",
                     r#"echo partial > "output/$TURNSTILE_SESSION_ID/r.txt"; echo READY; sleep 30"#,
-                ])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
+                ],
+            );
             let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
             let mut line = String::new();
             std::io::BufRead::read_line(&mut out, &mut line).unwrap();
