@@ -20,7 +20,9 @@ use turnstile_tests::{Fixture, read_entries, require_root, supervise_bin};
 
 /// The internet namespace's servers: TCP on every test address answers
 /// `OK <addr> <port> <first line>` (after reading the client's first
-/// bytes), port 8080 sends 1 MiB; UDP port 9053 on every test address
+/// bytes), port 8080 (and `GET /big` on port 80) sends 1 MiB, `GET /ka`
+/// on port 80 answers every request of a keep-alive connection (with its
+/// Host) until the client is idle for 1 s; UDP port 9053 on every test address
 /// echoes `ECHO <addr> <datagram>`; DNS on 203.0.113.53 answers the test
 /// names and appends every query name to the log.
 const SERVERS: &str = r#"
@@ -38,8 +40,23 @@ def serve(l, addr, port):
                 try: first = c.recv(4096)
                 except Exception: first = b""
                 line = first.split(b"\r\n")[0][:60].decode("latin1") if first and first[0] != 0x16 else ("tls" if first else "")
-                if port == 8080:
+                if port == 8080 or (port == 80 and b" /big " in first.split(b"\r\n")[0]):
                     c.sendall(b"x" * (1 << 20))
+                elif port == 80 and b" /ka " in first.split(b"\r\n")[0]:
+                    # Keep-alive: every request answered (Content-Length)
+                    # until the client is idle for 1 s.
+                    buf = first; c.settimeout(1)
+                    while True:
+                        while b"\r\n\r\n" in buf:
+                            head, buf = buf.split(b"\r\n\r\n", 1)
+                            ls = head.split(b"\r\n")
+                            host = [l.split(b":", 1)[1].strip().decode() for l in ls[1:] if l.lower().startswith(b"host:")]
+                            body = f"OK {addr} {port} {ls[0].decode('latin1')} host={','.join(host)}\n".encode()
+                            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                        try: d = c.recv(4096)
+                        except Exception: break
+                        if not d: break
+                        buf += d
                 elif b" /redirect " in first.split(b"\r\n")[0]:
                     c.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://second.test/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 else:
@@ -117,6 +134,27 @@ for p in json.loads(sys.argv[1]):
         elif k == "udp":
             u = socket.socket(socket.AF_INET6 if ":" in p["host"] else socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
             u.connect((p["host"], p["port"])); u.send(b"x"); r = "ok:" + u.recv(200).decode()
+        elif k == "seq":
+            # Sends each message in turn, reading what has come 0.3 s
+            # after each; then reads to the end.
+            c = socket.create_connection((p["host"], p["port"]), timeout=3); got = b""; end = "eof"
+            try:
+                for m in p["sends"]:
+                    c.sendall(bytes.fromhex(m)); time.sleep(0.3); c.setblocking(False)
+                    try:
+                        while True:
+                            d = c.recv(65536)
+                            if not d: break
+                            got += d
+                    except BlockingIOError: pass
+                    c.setblocking(True); c.settimeout(3)
+                while True:
+                    d = c.recv(65536)
+                    if not d: break
+                    got += d
+            except OSError as e:
+                end = __import__("errno").errorcode.get(e.errno, str(e)) if e.errno else type(e).__name__
+            r = "got=%s end=%s" % (got.decode("latin1").replace("\r\n", "|").replace("\n", "|"), end)
         elif k == "dnsudp":
             q = struct.pack("!HHHHHH", 9, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["name"].split(".")) + b"\0\0\1\0\1"
             fam = socket.AF_INET6 if ":" in p["host"] else socket.AF_INET
@@ -1707,5 +1745,108 @@ fn issue_26_udp_under_allow_egress_refuses_link_local_and_unlisted_private() {
         .is_empty(),
         "{:#}",
         ev["external_calls"]
+    );
+}
+
+/// HTTP/2 HEADERS on `stream` (END_STREAM, END_HEADERS) for
+/// `authority`, HPACK without indexing, as hex.
+fn h2c_stream(stream: u8, authority: &str) -> String {
+    let mut block = vec![0x82, 0x86, 0x84, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    let mut m = (block.len() as u32).to_be_bytes()[1..].to_vec();
+    m.extend_from_slice(&[1, 5, 0, 0, 0, stream]);
+    m.extend_from_slice(&block);
+    m.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Cleartext port 80 (issue 26): every request on a connection opened for
+/// a name is checked, not only the first — a keep-alive second request
+/// naming another Host, and a second HTTP/2 (h2c) stream with another
+/// `:authority`, close the connection and are recorded as denied flows
+/// (violations with the hint) while the first request got its answer; a
+/// pipelined pair for the allowed name both succeed.
+#[test]
+fn issue_26_port_80_checks_every_request_keep_alive_pipelined_and_h2c() {
+    if !root_and_tools("issue_26_port_80_checks_every_request_keep_alive_pipelined_and_h2c") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("k", &manifest("restricted", &["good.test:80"]));
+    let get = |path: &str, host: &str| hex(&format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"));
+    let pipelined = format!("{}{}", get("/ka", "good.test"), get("/ka", "good.test:80"));
+    let probes = serde_json::json!([
+        {"kind": "seq", "host": "good.test", "port": 80,
+         "sends": [get("/ka", "good.test"), get("/ka", "second.test")]},                      // 0
+        {"kind": "seq", "host": "good.test", "port": 80, "sends": [pipelined]},                // 1
+        {"kind": "seq", "host": "good.test", "port": 80,
+         "sends": [h2c_request("good.test"), h2c_stream(3, "second.test")]},                 // 2
+        {"kind": "seq", "host": "good.test", "port": 80,
+         "sends": [get("/ka", "good.test"), get("/ka", "good.test")]},                        // 3 keep-alive, same name
+    ]);
+    let (r, ev) = probe(&fx, "k", &probes);
+    eprintln!("{r:#?}");
+    let (r0, r1, r2, r3) = (
+        result(&r, 0).0,
+        result(&r, 1).0,
+        result(&r, 2).0,
+        result(&r, 3).0,
+    );
+    assert!(
+        r0.starts_with("got=HTTP/1.1 200 OK|") && r0.contains("host=good.test|"),
+        "the first request got its answer: {r0}"
+    );
+    assert!(!r0.contains("second.test"), "{r0}");
+    assert!(
+        r0.ends_with("end=ECONNRESET") || r0.ends_with("end=eof"),
+        "{r0}"
+    );
+    assert_eq!(
+        r1.matches("OK 203.0.113.10 80 GET /ka HTTP/1.1 host=good.test")
+            .count(),
+        2,
+        "a pipelined pair for the allowed name both succeed: {r1}"
+    );
+    assert!(r1.ends_with("end=eof"), "{r1}");
+    assert!(r2.contains("OK 203.0.113.10 80 PRI * HTTP/2.0"), "{r2}");
+    assert_eq!(
+        r3.matches("host=good.test").count(),
+        2,
+        "keep-alive requests for the name both succeed: {r3}"
+    );
+    let denied = |needle: &str| {
+        calls(&ev, |c| {
+            c["allowed"] == false
+                && c["name"] == "good.test"
+                && c["decided_by"].as_str().unwrap_or("").contains(needle)
+        })
+        .len()
+    };
+    assert_eq!(
+        denied("HTTP Host `second.test`"),
+        1,
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert_eq!(
+        denied("HTTP/2 :authority `second.test`"),
+        1,
+        "{:#}",
+        ev["external_calls"]
+    );
+    let allowed = calls(&ev, |c| c["allowed"] == true && c["name"] == "good.test");
+    assert_eq!(allowed.len(), 1, "{:#}", ev["external_calls"]);
+    assert_eq!(allowed[0]["count"], 4);
+    assert!(allowed[0]["bytes_in"].as_u64().unwrap() > 200);
+    assert!(
+        ev["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["layer"] == "network"
+                && v["target"] == "good.test:80"
+                && v["hint"].as_str().unwrap_or("").contains("second.test:80")),
+        "{:#}",
+        ev["violations"]
     );
 }

@@ -17,11 +17,18 @@
 //!   back to its name, checks name and port (and the TLS server name or
 //!   HTTP Host on 443/80), resolves the name itself, refuses private,
 //!   loopback and link-local answers (DNS rebinding) unless listed, connects
-//!   from the supervisor's namespace and splices, counting bytes.
+//!   from the supervisor's namespace and splices, counting bytes. On port
+//!   80 the client's bytes go through [`http::Guard`]: every later request
+//!   (keep-alive, pipelined, each h2c stream) is checked too.
+//! - UDP for `/udp` entries: a relay in the namespace ([`udp`]) sees each
+//!   datagram's original destination with `IP_PKTINFO`, decides it as the
+//!   proxy decides a connection, relays it and answers from the address
+//!   the turn sent to.
 //!
 //! Every flow, allowed or denied, becomes a [`Flow`] of the evidence.
 
 pub mod dns;
+mod http;
 pub mod inspect;
 mod rtnl;
 mod udp;
@@ -1443,9 +1450,37 @@ fn proxy(shared: &Shared, client: TcpStream) {
     if let (Ok(c), Ok(u), Ok(mut open)) = (client.try_clone(), up.try_clone(), shared.open.lock()) {
         open.insert(conn, [c, u]);
     }
-    let (out, inn) = splice(client, up);
+    // Cleartext HTTP: every request checked, not only the first.
+    let guard = match (&name, port) {
+        (Some(n), 80) => Some(http::Guard::new(n)),
+        _ => None,
+    };
+    let (out, inn, refused) = match guard {
+        Some(g) => splice_guarded(client, up, g),
+        None => {
+            let (o, i) = splice(client, up);
+            (o, i, None)
+        }
+    };
     if let Ok(mut open) = shared.open.lock() {
         open.remove(&conn);
+    }
+    if let (Some(r), Some(n)) = (refused, &name) {
+        let d = match r {
+            http::Refusal::Other(what, h) => Decision::Denied {
+                rule: format!(
+                    "{what} `{h}` is not `{n}`, the name the connection was opened for (a later request on it)"
+                ),
+                hint: Some(format!("{h}:{port}")),
+            },
+            http::Refusal::Unparseable(why) => Decision::Denied {
+                rule: format!(
+                    "{why}: a later request's server name cannot be checked against `{n}`"
+                ),
+                hint: None,
+            },
+        };
+        shared.record(shared.flow(Some(n), addr.ip().to_string(), port, "tcp", &d, at));
     }
     let mut f = shared.flow(
         name.as_deref(),
@@ -1471,6 +1506,81 @@ fn splice(client: TcpStream, up: TcpStream) -> (u64, u64) {
     let back = std::thread::spawn(move || copy(u2, c2));
     let out = copy(client, up);
     (out, back.join().unwrap_or(0))
+}
+
+/// [`splice`] with the client's bytes through `guard`: a request it
+/// refuses ends the connection with a reset (the upstream is shut down, the
+/// client gets no FIN first). (bytes to upstream, bytes back, the refusal).
+fn splice_guarded(
+    mut client: TcpStream,
+    mut up: TcpStream,
+    mut guard: http::Guard,
+) -> (u64, u64, Option<http::Refusal>) {
+    let (c2, u2) = match (client.try_clone(), up.try_clone()) {
+        (Ok(c), Ok(u)) => (c, u),
+        _ => return (0, 0, None),
+    };
+    let refused = Arc::new(AtomicBool::new(false));
+    let back = {
+        let refused = Arc::clone(&refused);
+        std::thread::spawn(move || {
+            let (mut from, mut to) = (u2, c2);
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut n = 0u64;
+            while let Ok(k) = from.read(&mut buf) {
+                if k == 0 || refused.load(Ordering::SeqCst) || to.write_all(&buf[..k]).is_err() {
+                    break;
+                }
+                n += k as u64;
+            }
+            if !refused.load(Ordering::SeqCst) {
+                let _ = to.shutdown(Shutdown::Write);
+            }
+            n
+        })
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = 0u64;
+    let mut refusal = None;
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => {
+                match guard.finish() {
+                    Ok(pass) => {
+                        if up.write_all(&pass).is_ok() {
+                            out += pass.len() as u64;
+                        }
+                    }
+                    Err(r) => refusal = Some(r),
+                }
+                break;
+            }
+            Err(_) => break,
+            Ok(k) => match guard.feed(&buf[..k]) {
+                Ok(pass) => {
+                    if up.write_all(&pass).is_err() {
+                        break;
+                    }
+                    out += pass.len() as u64;
+                }
+                Err(r) => {
+                    refusal = Some(r);
+                    break;
+                }
+            },
+        }
+    }
+    if refusal.is_some() {
+        refused.store(true, Ordering::SeqCst);
+        let _ = up.shutdown(Shutdown::Both);
+    } else {
+        let _ = up.shutdown(Shutdown::Write);
+    }
+    let inn = back.join().unwrap_or(0);
+    if refusal.is_some() {
+        reset(client);
+    }
+    (out, inn, refusal)
 }
 
 fn copy(mut from: TcpStream, mut to: TcpStream) -> u64 {
