@@ -1720,6 +1720,34 @@ fn issue_26_udp_under_allow_egress_refuses_link_local_and_unlisted_private() {
         assert!(result(&r, i).1 < 1000, "{:?}", r[i]);
     }
     assert_eq!(result(&r, 4).0, "ok:ECHO 203.0.113.11 x");
+    // A UDP port range too wide to relay is refused at load, the entry
+    // named, nothing run (TS1075, exit 2).
+    fx.install(
+        "wide",
+        &manifest("allow_egress", &["dns.test:53/udp", "q.test:1000-2000/udp"]),
+    );
+    let w = fx.run(
+        "wide",
+        &[
+            "--json",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "0",
+        ],
+    );
+    let v = w.json();
+    assert_eq!(w.status, 2, "{}", w.stdout);
+    assert_eq!(v["error"]["code"], "TS1075", "{v}");
+    assert_eq!(v["error"]["field"], "egress[1]", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("q.test:1000-2000/udp"),
+        "{v}"
+    );
     let meta = calls(&ev, |c| c["name"] == "meta.test" && c["protocol"] == "udp");
     assert!(
         meta.iter().all(|c| c["allowed"] == false)
