@@ -1606,6 +1606,8 @@ fn issue_26_udp_entries_are_relayed_and_the_rest_refused_and_recorded() {
         {"kind": "udp", "host": "other.test", "port": 9053},                     // 6 same address, listed for TCP only
         {"kind": "tcp", "host": "good.test", "port": 80},                        // 7 TCP unchanged
         {"kind": "dnsudp", "host": "dns.test", "port": 53, "name": "second.test"}, // 8 a second flow
+        {"kind": "udp", "host": "127.0.0.1", "port": 53},                        // 9 own loopback, relayed port, nothing there
+        {"kind": "udp", "host": "::1", "port": 9053},                            // 10 the same in IPv6
     ]);
     let (r, ev) = probe(&fx, "u", &probes);
     eprintln!("{r:#?}");
@@ -1635,7 +1637,10 @@ fn issue_26_udp_entries_are_relayed_and_the_rest_refused_and_recorded() {
     assert_eq!(result(&r, 6).0, "err:ECONNREFUSED", "{:?}", r[6]);
     assert_eq!(result(&r, 7).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
     assert_eq!(result(&r, 8).0, "rcode=0 answers=1 from_sent_to=True");
-    for i in [1, 2, 4, 6] {
+    for i in [9, 10] {
+        assert_eq!(result(&r, i).0, "err:ECONNREFUSED", "{:?}", r[i]);
+    }
+    for i in [1, 2, 4, 6, 9, 10] {
         assert!(
             result(&r, i).1 < 500,
             "probe {i} was not refused at once: {:?}",

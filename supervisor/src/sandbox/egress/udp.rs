@@ -62,8 +62,9 @@ const MAX_DATAGRAM: usize = 65_536;
 #[derive(Debug)]
 pub struct Sockets {
     relays: Vec<Arc<UdpSocket>>,
-    /// A raw ICMP socket for the refusals (IPv4).
+    /// Raw ICMP and ICMPv6 sockets for the refusals.
     icmp: Option<OwnedFd>,
+    icmp6: Option<OwnedFd>,
 }
 
 fn errno(e: nix::errno::Errno) -> std::io::Error {
@@ -156,7 +157,38 @@ pub fn sockets(ports: &BTreeSet<u16>, v6: bool) -> std::io::Result<Sockets> {
         }
         Some(fd)
     };
-    Ok(Sockets { relays, icmp })
+    let icmp6 = if v6 && !ports.is_empty() {
+        let fd = socket(
+            AddressFamily::Inet6,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::IcmpV6,
+        )
+        .map_err(errno)?;
+        setsockopt(&fd, sockopt::Mark, &MARK).map_err(errno)?;
+        // Nothing is read from it: block every ICMPv6 type (the kernel
+        // fills in the checksum of what is sent).
+        const ICMP6_FILTER: nix::libc::c_int = 1;
+        let all = [u32::MAX; 8];
+        // SAFETY: an icmp6_filter (8 u32) of its own size on our socket.
+        unsafe {
+            nix::libc::setsockopt(
+                fd.as_raw_fd(),
+                nix::libc::IPPROTO_ICMPV6,
+                ICMP6_FILTER,
+                all.as_ptr().cast(),
+                std::mem::size_of_val(&all) as nix::libc::socklen_t,
+            );
+        }
+        Some(fd)
+    } else {
+        None
+    };
+    Ok(Sockets {
+        relays,
+        icmp,
+        icmp6,
+    })
 }
 
 type Key = (SocketAddr, SocketAddr);
@@ -192,6 +224,7 @@ struct Relay {
     shared: Arc<Shared>,
     flows: Mutex<HashMap<Key, Arc<UdpFlow>>>,
     icmp: Option<OwnedFd>,
+    icmp6: Option<OwnedFd>,
 }
 
 /// Runs the relay until the turn's egress stops.
@@ -200,6 +233,7 @@ pub fn run(shared: Arc<Shared>, socks: Sockets) {
         shared,
         flows: Mutex::new(HashMap::new()),
         icmp: socks.icmp,
+        icmp6: socks.icmp6,
     });
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
@@ -341,6 +375,21 @@ fn checksum(b: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// An ICMPv6 port unreachable for the datagram `client` sent to `dst`
+/// (`len` bytes), its checksum left to the kernel.
+pub fn port_unreachable6(client: SocketAddrV6, dst: SocketAddrV6, len: usize) -> Vec<u8> {
+    let mut m = vec![1, 4, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0];
+    m.extend_from_slice(&((8 + len).min(0xffff) as u16).to_be_bytes());
+    m.extend_from_slice(&[17, 64]);
+    m.extend_from_slice(&client.ip().octets());
+    m.extend_from_slice(&dst.ip().octets());
+    m.extend_from_slice(&client.port().to_be_bytes());
+    m.extend_from_slice(&dst.port().to_be_bytes());
+    m.extend_from_slice(&((8 + len).min(0xffff) as u16).to_be_bytes());
+    m.extend_from_slice(&[0, 0]);
+    m
+}
+
 /// An ICMP port unreachable for the datagram `client` sent to `dst`
 /// (`len` bytes): what the kernel would answer with nothing listening.
 pub fn port_unreachable(client: SocketAddrV4, dst: SocketAddrV4, len: usize) -> Vec<u8> {
@@ -365,17 +414,31 @@ pub fn port_unreachable(client: SocketAddrV4, dst: SocketAddrV4, len: usize) -> 
 }
 
 impl Relay {
-    /// Refuses the datagram `client` sent to `dst` at once (IPv4; an IPv6
-    /// datagram reaches the relay only where an entry covers it).
+    /// Refuses the datagram `client` sent to `dst` at once: an ICMP port
+    /// unreachable, as the kernel answers with nothing listening.
     fn refuse(&self, client: SocketAddr, dst: SocketAddr, len: usize) {
-        if let (Some(icmp), SocketAddr::V4(c), SocketAddr::V4(d)) = (&self.icmp, client, dst) {
-            let m = port_unreachable(c, d, len);
-            let _ = sendto(
-                icmp.as_raw_fd(),
-                &m,
-                &SockaddrIn::from(SocketAddrV4::new(*c.ip(), 0)),
-                MsgFlags::empty(),
-            );
+        match (client, dst) {
+            (SocketAddr::V4(c), SocketAddr::V4(d)) => {
+                if let Some(icmp) = &self.icmp {
+                    let _ = sendto(
+                        icmp.as_raw_fd(),
+                        &port_unreachable(c, d, len),
+                        &SockaddrIn::from(SocketAddrV4::new(*c.ip(), 0)),
+                        MsgFlags::empty(),
+                    );
+                }
+            }
+            (SocketAddr::V6(c), SocketAddr::V6(d)) => {
+                if let Some(icmp) = &self.icmp6 {
+                    let _ = sendto(
+                        icmp.as_raw_fd(),
+                        &port_unreachable6(c, d, len),
+                        &SockaddrIn6::from(SocketAddrV6::new(*c.ip(), 0, 0, 0)),
+                        MsgFlags::empty(),
+                    );
+                }
+            }
+            _ => {}
         }
     }
 
@@ -661,5 +724,13 @@ mod tests {
         assert_eq!(&m[24..28], &[127, 64, 0, 1]);
         assert_eq!(u16::from_be_bytes([m[28], m[29]]), 40000);
         assert_eq!(u16::from_be_bytes([m[30], m[31]]), 53);
+        let m = port_unreachable6(
+            "[::1]:40000".parse().unwrap(),
+            "[2001:db8::1]:53".parse().unwrap(),
+            5,
+        );
+        assert_eq!(m.len(), 8 + 40 + 8);
+        assert_eq!((m[0], m[1], m[8] >> 4, m[14]), (1, 4, 6, 17));
+        assert_eq!(u16::from_be_bytes([m[50], m[51]]), 53);
     }
 }
