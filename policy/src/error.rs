@@ -81,6 +81,7 @@ codes! {
     BUS_NOT_SANDBOX_FIRST = "TS1096", "BUS_NOT_SANDBOX_FIRST";
     RECEIVE_BACKEND_UNSUPPORTED = "TS1097", "RECEIVE_BACKEND_UNSUPPORTED";
     DENIAL_OBSERVER_UNAVAILABLE = "TS1080", "DENIAL_OBSERVER_UNAVAILABLE";
+    EGRESS_UDP_TOO_WIDE = "TS1075", "EGRESS_UDP_TOO_WIDE";
 }
 
 /// Errors of the pure policy layer. Every variant names the field, path or
@@ -126,6 +127,17 @@ pub enum PolicyError {
         reason: String,
     },
 
+    #[error(
+        "manifest {}: field `{field}`: entry `{entry}`: {reason}",
+        path.display()
+    )]
+    EgressUdpTooWide {
+        path: PathBuf,
+        field: String,
+        entry: String,
+        reason: String,
+    },
+
     #[error("invalid turn request: field `{field}`: {reason}")]
     InvalidRequest { field: String, reason: String },
 
@@ -149,6 +161,7 @@ impl PolicyError {
             }
             Self::ReservedWrite { .. } => codes::SECURITY_POLICY_VIOLATION,
             Self::EntryGrantsNothing { .. } => codes::ENTRY_GRANTS_NOTHING,
+            Self::EgressUdpTooWide { .. } => codes::EGRESS_UDP_TOO_WIDE,
             Self::InvalidRequest { .. } => codes::REQUEST_INVALID,
             Self::InvalidSessionId { .. } => codes::SESSION_ID_INVALID,
             Self::InvalidPackageId { .. } => codes::PACKAGE_ID_INVALID,
@@ -162,6 +175,7 @@ impl PolicyError {
             Self::InvalidManifest { field, .. }
             | Self::ReservedWrite { field, .. }
             | Self::EntryGrantsNothing { field, .. }
+            | Self::EgressUdpTooWide { field, .. }
             | Self::InvalidRequest { field, .. } => Some(field),
             Self::InvalidSessionId { .. } => Some("session_id"),
             Self::InvalidPackageId { .. } => Some("package"),

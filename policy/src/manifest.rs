@@ -147,6 +147,11 @@ pub enum Transport {
     Udp,
 }
 
+/// The most distinct UDP ports a turn's `/udp` entries may name together:
+/// the supervisor relays each port with a socket of its own in the turn's
+/// network namespace (issue 26), so a wider range is refused at load.
+pub const MAX_UDP_PORTS: usize = 64;
+
 /// One `egress` entry: `HOST:PORT[-PORT][/udp]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Egress {
@@ -554,6 +559,27 @@ impl Manifest {
                     .map_err(|r| invalid(&format!("egress[{i}]"), format!("`{e}`: {r}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // `/udp` entries are relayed one port at a time: bounded.
+        let mut udp_ports = std::collections::BTreeSet::new();
+        for (i, e) in egress.iter().enumerate() {
+            if e.transport != Transport::Udp {
+                continue;
+            }
+            let (lo, hi) = (usize::from(e.ports.0), usize::from(e.ports.1));
+            if hi - lo + 1 > MAX_UDP_PORTS || {
+                udp_ports.extend(e.ports.0..=e.ports.1);
+                udp_ports.len() > MAX_UDP_PORTS
+            } {
+                return Err(PolicyError::EgressUdpTooWide {
+                    path: source.clone(),
+                    field: format!("egress[{i}]"),
+                    entry: e.raw.clone(),
+                    reason: format!(
+                        "UDP egress is relayed port by port: the `/udp` entries may name at most {MAX_UDP_PORTS} ports together (list the ports the service uses)"
+                    ),
+                });
+            }
+        }
         if doc.network == Network::Isolated && !egress.is_empty() {
             return Err(invalid(
                 "egress",
@@ -767,6 +793,29 @@ mod tests {
         assert_eq!(m.limits.cpu, MilliCpu(500));
         assert_eq!(m.limits.pids, 64);
         assert_eq!(m.limits.files, 1000);
+    }
+
+    #[test]
+    fn issue_26_a_udp_port_range_too_wide_to_relay_is_refused_naming_the_entry() {
+        let ok = parse(
+            r#"{"capabilities":{},"network":"restricted",
+                "egress":["dns.internal:53/udp","10.0.0.0/8:5000-5062/udp","a.test:1-65535"]}"#,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        for (egress, entry) in [
+            (r#"["a.test:443","q.test:1000-2000/udp"]"#, "egress[1]"),
+            (
+                r#"["dns.internal:53/udp","10.0.0.0/8:5000-5063/udp"]"#,
+                "egress[1]",
+            ),
+        ] {
+            let e = parse(&format!(
+                r#"{{"capabilities":{{}},"network":"restricted","egress":{egress}}}"#
+            ))
+            .unwrap_err();
+            assert_eq!(e.code().code, "TS1075", "{e}");
+            assert_eq!(e.field(), Some(entry), "{e}");
+        }
     }
 
     #[test]

@@ -21,7 +21,10 @@ use turnstile_tests::{Fixture, read_entries, require_root, supervise_bin};
 
 /// The internet namespace's servers: TCP on every test address answers
 /// `OK <addr> <port> <first line>` (after reading the client's first
-/// bytes), port 8080 sends 1 MiB; DNS on 203.0.113.53 answers the test
+/// bytes), port 8080 (and `GET /big` on port 80) sends 1 MiB, `GET /ka`
+/// on port 80 answers every request of a keep-alive connection (with its
+/// Host) until the client is idle for 1 s; UDP port 9053 on every test address
+/// echoes `ECHO <addr> <datagram>`; DNS on 203.0.113.53 answers the test
 /// names and appends every query name to the log.
 const SERVERS: &str = r#"
 import socket, threading, sys, struct
@@ -38,8 +41,23 @@ def serve(l, addr, port):
                 try: first = c.recv(4096)
                 except Exception: first = b""
                 line = first.split(b"\r\n")[0][:60].decode("latin1") if first and first[0] != 0x16 else ("tls" if first else "")
-                if port == 8080:
+                if port == 8080 or (port == 80 and b" /big " in first.split(b"\r\n")[0]):
                     c.sendall(b"x" * (1 << 20))
+                elif port == 80 and b" /ka " in first.split(b"\r\n")[0]:
+                    # Keep-alive: every request answered (Content-Length)
+                    # until the client is idle for 1 s.
+                    buf = first; c.settimeout(1)
+                    while True:
+                        while b"\r\n\r\n" in buf:
+                            head, buf = buf.split(b"\r\n\r\n", 1)
+                            ls = head.split(b"\r\n")
+                            host = [l.split(b":", 1)[1].strip().decode() for l in ls[1:] if l.lower().startswith(b"host:")]
+                            body = f"OK {addr} {port} {ls[0].decode('latin1')} host={','.join(host)}\n".encode()
+                            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                        try: d = c.recv(4096)
+                        except Exception: break
+                        if not d: break
+                        buf += d
                 elif b" /redirect " in first.split(b"\r\n")[0]:
                     c.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://second.test/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 else:
@@ -52,7 +70,14 @@ for addr, fam in addrs:
         l = socket.socket(fam); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         l.bind((addr, port)); l.listen(1024)  # the 1,000-connection probes
         threading.Thread(target=serve, args=(l, addr, port), daemon=True).start()
-names = {"good.test": "203.0.113.10", "other.test": "203.0.113.10",
+def echo(u, addr):
+    while True:
+        d, src = u.recvfrom(65536)
+        u.sendto(b"ECHO %s %s" % (addr.encode(), d[:100]), src)
+for addr, fam in addrs:
+    u = socket.socket(fam, socket.SOCK_DGRAM); u.bind((addr, 9053))
+    threading.Thread(target=echo, args=(u, addr), daemon=True).start()
+names = {"dns.test": "203.0.113.53", "good.test": "203.0.113.10", "other.test": "203.0.113.10",
          "second.test": "203.0.113.11", "private.test": "10.255.77.10",
          "meta.test": "169.254.77.1", "a.wild.test": "203.0.113.11"}
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("203.0.113.53", 53))
@@ -109,7 +134,35 @@ for p in json.loads(sys.argv[1]):
             r = "refused=%d" % n + (" " + ",".join(sorted(errs)) if errs else "")
         elif k == "udp":
             u = socket.socket(socket.AF_INET6 if ":" in p["host"] else socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
-            u.connect((p["host"], p["port"])); u.send(b"x"); u.recv(10); r = "ok"
+            u.connect((p["host"], p["port"])); u.send(b"x"); r = "ok:" + u.recv(200).decode()
+        elif k == "seq":
+            # Sends each message in turn, reading what has come 0.3 s
+            # after each; then reads to the end.
+            c = socket.create_connection((p["host"], p["port"]), timeout=3); got = b""; end = "eof"
+            try:
+                for m in p["sends"]:
+                    c.sendall(bytes.fromhex(m)); time.sleep(0.3); c.setblocking(False)
+                    try:
+                        while True:
+                            d = c.recv(65536)
+                            if not d: break
+                            got += d
+                    except BlockingIOError: pass
+                    c.setblocking(True); c.settimeout(3)
+                while True:
+                    d = c.recv(65536)
+                    if not d: break
+                    got += d
+            except OSError as e:
+                end = __import__("errno").errorcode.get(e.errno, str(e)) if e.errno else type(e).__name__
+            r = "got=%s end=%s" % (got.decode("latin1").replace("\r\n", "|").replace("\n", "|"), end)
+        elif k == "dnsudp":
+            q = struct.pack("!HHHHHH", 9, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["name"].split(".")) + b"\0\0\1\0\1"
+            fam = socket.AF_INET6 if ":" in p["host"] else socket.AF_INET
+            dst = socket.getaddrinfo(p["host"], p["port"], fam, socket.SOCK_DGRAM)[0][4]
+            u = socket.socket(fam, socket.SOCK_DGRAM); u.settimeout(3); u.sendto(q, dst)
+            resp, src = u.recvfrom(4096)
+            r = "rcode=%d answers=%d from_sent_to=%s" % (resp[3] & 15, struct.unpack("!H", resp[6:8])[0], src[:2] == dst[:2])
         elif k == "dnstcp":
             q = struct.pack("!HHHHHH", 7, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["host"].split(".")) + b"\0\0\1\0\1"
             c = socket.create_connection((p.get("server", "127.0.0.53"), 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
@@ -1754,4 +1807,318 @@ fn issue_26_tunnels_h2_redirects_dns_ipv6_udp_quic_and_1000_connections() {
     assert_eq!(many.len(), 1, "{}", ev["external_calls"]);
     assert_eq!(many[0]["count"], 1000);
     assert!(ev["external_calls"].as_array().unwrap().len() < 40);
+}
+
+/// `/udp` entries (issue 26): a datagram to an allowed name's synthetic
+/// address (or a covered network) on its port is relayed by the
+/// supervisor to the real destination, the answer comes back to the
+/// turn's socket from the address it sent to; a datagram to a name not
+/// listed for UDP on that port is refused at once (ECONNREFUSED on the
+/// relayed port, EPERM on another) and recorded with the entry to add.
+#[test]
+fn issue_26_udp_entries_are_relayed_and_the_rest_refused_and_recorded() {
+    if !root_and_tools("issue_26_udp_entries_are_relayed_and_the_rest_refused_and_recorded") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "u",
+        &manifest(
+            "restricted",
+            &[
+                "dns.test:53/udp",
+                "good.test:80",
+                "other.test:80",
+                "good.test:9053/udp",
+                "[2001:db8:77::/48]:9053/udp",
+            ],
+        ),
+    );
+    let probes = serde_json::json!([
+        {"kind": "dnsudp", "host": "dns.test", "port": 53, "name": "good.test"}, // 0
+        {"kind": "udp", "host": "good.test", "port": 53},                        // 1 relayed port, name not listed for it
+        {"kind": "udp", "host": "good.test", "port": 443},                       // 2 QUIC, port not listed
+        {"kind": "udp", "host": "good.test", "port": 9053},                      // 3 allowed name and port
+        {"kind": "udp", "host": "203.0.113.53", "port": 53},                     // 4 literal, no UDP CIDR
+        {"kind": "udp", "host": "2001:db8:77::10", "port": 9053},                // 5 IPv6 network entry
+        {"kind": "udp", "host": "other.test", "port": 9053},                     // 6 same address, listed for TCP only
+        {"kind": "tcp", "host": "good.test", "port": 80},                        // 7 TCP unchanged
+        {"kind": "dnsudp", "host": "dns.test", "port": 53, "name": "second.test"}, // 8 a second flow
+        {"kind": "udp", "host": "127.0.0.1", "port": 53},                        // 9 own loopback, relayed port, nothing there
+        {"kind": "udp", "host": "::1", "port": 9053},                            // 10 the same in IPv6
+    ]);
+    let (r, ev) = probe(&fx, "u", &probes);
+    eprintln!("{r:#?}");
+    assert_eq!(
+        result(&r, 0).0,
+        "rcode=0 answers=1 from_sent_to=True",
+        "the test's own DNS server answered through the relay"
+    );
+    assert!(
+        net.queries().iter().any(|q| q == "dns.test"),
+        "{:?}",
+        net.queries()
+    );
+    assert_eq!(result(&r, 1).0, "err:ECONNREFUSED", "{:?}", r[1]);
+    assert!(
+        matches!(result(&r, 2).0, "err:EPERM" | "err:ECONNREFUSED"),
+        "{:?}",
+        r[2]
+    );
+    assert_eq!(result(&r, 3).0, "ok:ECHO 203.0.113.10 x");
+    assert!(
+        matches!(result(&r, 4).0, "err:EPERM" | "err:ECONNREFUSED"),
+        "{:?}",
+        r[4]
+    );
+    assert_eq!(result(&r, 5).0, "ok:ECHO 2001:db8:77::10 x");
+    assert_eq!(result(&r, 6).0, "err:ECONNREFUSED", "{:?}", r[6]);
+    assert_eq!(result(&r, 7).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
+    assert_eq!(result(&r, 8).0, "rcode=0 answers=1 from_sent_to=True");
+    for i in [9, 10] {
+        assert_eq!(result(&r, i).0, "err:ECONNREFUSED", "{:?}", r[i]);
+    }
+    for i in [1, 2, 4, 6, 9, 10] {
+        assert!(
+            result(&r, i).1 < 500,
+            "probe {i} was not refused at once: {:?}",
+            r[i]
+        );
+    }
+    // Evidence: the relayed flows with bytes each way, the refused ones
+    // as violations with the entry to add.
+    let dns = calls(&ev, |c| {
+        c["name"] == "dns.test" && c["protocol"] == "udp" && c["allowed"] == true
+    });
+    assert_eq!(dns.len(), 1, "{:#}", ev["external_calls"]);
+    assert_eq!(dns[0]["count"], 2, "two flows, one record");
+    assert_eq!(dns[0]["address"], "203.0.113.53");
+    assert_eq!(dns[0]["decided_by"], "dns.test:53/udp");
+    assert!(dns[0]["bytes_out"].as_u64().unwrap() > 40);
+    assert!(dns[0]["bytes_in"].as_u64().unwrap() > 40);
+    assert!(dns[0]["first"].is_string() && dns[0]["last"].is_string());
+    let echo = calls(&ev, |c| {
+        c["address"] == "2001:db8:77::10" && c["protocol"] == "udp" && c["allowed"] == true
+    });
+    assert_eq!(echo.len(), 1, "{:#}", ev["external_calls"]);
+    assert_eq!(
+        (echo[0]["bytes_out"].as_u64(), echo[0]["port"].as_u64()),
+        (Some(1), Some(9053))
+    );
+    let v = ev["violations"].as_array().unwrap();
+    for (target, hint) in [
+        ("good.test:53", "good.test:53/udp"),
+        ("good.test:443", "good.test:443/udp"),
+        ("other.test:9053", "other.test:9053/udp"),
+        ("203.0.113.53:53", "203.0.113.53/32:53/udp"),
+    ] {
+        assert!(
+            v.iter().any(|x| x["layer"] == "network"
+                && x["target"] == target
+                && x["hint"].as_str().unwrap_or("").contains(hint)),
+            "{target}: {v:#?}"
+        );
+    }
+}
+
+/// `/udp` under `allow_egress`: only listed UDP is relayed, and a listed
+/// name is still never relayed to a link-local address (the metadata
+/// stand-in the test hosts); a private address is reached only where an
+/// entry lists it (the name, or its network), never as a bare literal.
+#[test]
+fn issue_26_udp_under_allow_egress_refuses_link_local_and_unlisted_private() {
+    if !root_and_tools("issue_26_udp_under_allow_egress_refuses_link_local_and_unlisted_private") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install(
+        "ue",
+        &manifest(
+            "allow_egress",
+            &[
+                "private.test:9053/udp",
+                "meta.test:9053/udp",
+                "203.0.113.11/32:9053/udp",
+            ],
+        ),
+    );
+    let probes = serde_json::json!([
+        {"kind": "udp", "host": "private.test", "port": 9053},  // 0 listed name -> private: listed
+        {"kind": "udp", "host": "meta.test", "port": 9053},     // 1 listed name -> link-local: never
+        {"kind": "udp", "host": "10.255.77.10", "port": 9053},  // 2 private literal, not listed
+        {"kind": "udp", "host": "second.test", "port": 9053},   // 3 public name, not listed for UDP
+        {"kind": "udp", "host": "203.0.113.11", "port": 9053},  // 4 listed network
+        {"kind": "udp", "host": "169.254.77.1", "port": 9053},  // 5 link-local literal
+    ]);
+    let (r, ev) = probe(&fx, "ue", &probes);
+    eprintln!("{r:#?}");
+    assert_eq!(result(&r, 0).0, "ok:ECHO 10.255.77.10 x");
+    for i in [1, 2, 3, 5] {
+        assert!(
+            matches!(result(&r, i).0, "err:ECONNREFUSED" | "err:EPERM"),
+            "{:?}",
+            r[i]
+        );
+        assert!(result(&r, i).1 < 1000, "{:?}", r[i]);
+    }
+    assert_eq!(result(&r, 4).0, "ok:ECHO 203.0.113.11 x");
+    // A UDP port range too wide to relay is refused at load, the entry
+    // named, nothing run (TS1075, exit 2).
+    fx.install(
+        "wide",
+        &manifest("allow_egress", &["dns.test:53/udp", "q.test:1000-2000/udp"]),
+    );
+    let w = fx.run(
+        "wide",
+        &[
+            "--json",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "0",
+        ],
+    );
+    let v = w.json();
+    assert_eq!(w.status, 2, "{}", w.stdout);
+    assert_eq!(v["error"]["code"], "TS1075", "{v}");
+    assert_eq!(v["error"]["field"], "egress[1]", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("q.test:1000-2000/udp"),
+        "{v}"
+    );
+    let meta = calls(&ev, |c| c["name"] == "meta.test" && c["protocol"] == "udp");
+    assert!(
+        meta.iter().all(|c| c["allowed"] == false)
+            && meta
+                .iter()
+                .any(|c| c["decided_by"].as_str().unwrap().contains("link-local")),
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert!(
+        !calls(&ev, |c| c["address"] == "10.255.77.10"
+            && c["protocol"] == "udp"
+            && c["allowed"] == false
+            && c["name"].is_null())
+        .is_empty(),
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert!(
+        !calls(&ev, |c| c["name"] == "second.test"
+            && c["protocol"] == "udp"
+            && c["allowed"] == false)
+        .is_empty(),
+        "{:#}",
+        ev["external_calls"]
+    );
+}
+
+/// HTTP/2 HEADERS on `stream` (END_STREAM, END_HEADERS) for
+/// `authority`, HPACK without indexing, as hex.
+fn h2c_stream(stream: u8, authority: &str) -> String {
+    let mut block = vec![0x82, 0x86, 0x84, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    let mut m = (block.len() as u32).to_be_bytes()[1..].to_vec();
+    m.extend_from_slice(&[1, 5, 0, 0, 0, stream]);
+    m.extend_from_slice(&block);
+    m.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Cleartext port 80 (issue 26): every request on a connection opened for
+/// a name is checked, not only the first — a keep-alive second request
+/// naming another Host, and a second HTTP/2 (h2c) stream with another
+/// `:authority`, close the connection and are recorded as denied flows
+/// (violations with the hint) while the first request got its answer; a
+/// pipelined pair for the allowed name both succeed.
+#[test]
+fn issue_26_port_80_checks_every_request_keep_alive_pipelined_and_h2c() {
+    if !root_and_tools("issue_26_port_80_checks_every_request_keep_alive_pipelined_and_h2c") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("k", &manifest("restricted", &["good.test:80"]));
+    let get = |path: &str, host: &str| hex(&format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"));
+    let pipelined = format!("{}{}", get("/ka", "good.test"), get("/ka", "good.test:80"));
+    let probes = serde_json::json!([
+        {"kind": "seq", "host": "good.test", "port": 80,
+         "sends": [get("/ka", "good.test"), get("/ka", "second.test")]},                      // 0
+        {"kind": "seq", "host": "good.test", "port": 80, "sends": [pipelined]},                // 1
+        {"kind": "seq", "host": "good.test", "port": 80,
+         "sends": [h2c_request("good.test"), h2c_stream(3, "second.test")]},                 // 2
+        {"kind": "seq", "host": "good.test", "port": 80,
+         "sends": [get("/ka", "good.test"), get("/ka", "good.test")]},                        // 3 keep-alive, same name
+    ]);
+    let (r, ev) = probe(&fx, "k", &probes);
+    eprintln!("{r:#?}");
+    let (r0, r1, r2, r3) = (
+        result(&r, 0).0,
+        result(&r, 1).0,
+        result(&r, 2).0,
+        result(&r, 3).0,
+    );
+    assert!(
+        r0.starts_with("got=HTTP/1.1 200 OK|") && r0.contains("host=good.test|"),
+        "the first request got its answer: {r0}"
+    );
+    assert!(!r0.contains("second.test"), "{r0}");
+    assert!(
+        r0.ends_with("end=ECONNRESET") || r0.ends_with("end=eof"),
+        "{r0}"
+    );
+    assert_eq!(
+        r1.matches("OK 203.0.113.10 80 GET /ka HTTP/1.1 host=good.test")
+            .count(),
+        2,
+        "a pipelined pair for the allowed name both succeed: {r1}"
+    );
+    assert!(r1.ends_with("end=eof"), "{r1}");
+    assert!(r2.contains("OK 203.0.113.10 80 PRI * HTTP/2.0"), "{r2}");
+    assert_eq!(
+        r3.matches("host=good.test").count(),
+        2,
+        "keep-alive requests for the name both succeed: {r3}"
+    );
+    let denied = |needle: &str| {
+        calls(&ev, |c| {
+            c["allowed"] == false
+                && c["name"] == "good.test"
+                && c["decided_by"].as_str().unwrap_or("").contains(needle)
+        })
+        .len()
+    };
+    assert_eq!(
+        denied("HTTP Host `second.test`"),
+        1,
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert_eq!(
+        denied("HTTP/2 :authority `second.test`"),
+        1,
+        "{:#}",
+        ev["external_calls"]
+    );
+    let allowed = calls(&ev, |c| c["allowed"] == true && c["name"] == "good.test");
+    assert_eq!(allowed.len(), 1, "{:#}", ev["external_calls"]);
+    assert_eq!(allowed[0]["count"], 4);
+    assert!(allowed[0]["bytes_in"].as_u64().unwrap() > 200);
+    assert!(
+        ev["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["layer"] == "network"
+                && v["target"] == "good.test:80"
+                && v["hint"].as_str().unwrap_or("").contains("second.test:80")),
+        "{:#}",
+        ev["violations"]
+    );
 }

@@ -11,7 +11,7 @@
 //! inspected (another protocol).
 
 /// The HTTP/2 connection preface.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(super) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The most bytes looked at.
 pub const MAX_INSPECT: usize = 16 * 1024;
 
@@ -93,7 +93,7 @@ pub fn sni(b: &[u8]) -> Option<String> {
 }
 
 /// `host[:port]` or `[v6]:port`, lower case, without a trailing dot.
-fn host_only(v: &str) -> String {
+pub(super) fn host_only(v: &str) -> String {
     let v = v.trim();
     let host = if let Some(rest) = v.strip_prefix('[') {
         rest.split(']').next().unwrap_or(rest)

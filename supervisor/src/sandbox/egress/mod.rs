@@ -17,7 +17,13 @@
 //!   back to its name, checks name and port (and the TLS server name or
 //!   HTTP Host on 443/80), resolves the name itself, refuses private,
 //!   loopback and link-local answers (DNS rebinding) unless listed, connects
-//!   from the supervisor's namespace and splices, counting bytes.
+//!   from the supervisor's namespace and splices, counting bytes. On port
+//!   80 the client's bytes go through [`http::Guard`]: every later request
+//!   (keep-alive, pipelined, each h2c stream) is checked too.
+//! - UDP for `/udp` entries: a relay in the namespace ([`udp`]) sees each
+//!   datagram's original destination with `IP_PKTINFO`, decides it as the
+//!   proxy decides a connection, relays it and answers from the address
+//!   the turn sent to.
 //!
 //! Every flow, allowed or denied, becomes a [`Flow`] of the evidence.
 //!
@@ -41,8 +47,10 @@
 //! namespace — a workaround of a runtime bug, left for a newer runsc.
 
 pub mod dns;
+mod http;
 pub mod inspect;
 mod rtnl;
+mod udp;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -54,7 +62,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use turnstile_policy::manifest::{Egress, EgressHost, Network, Transport};
+use turnstile_policy::manifest::{Egress, EgressHost, MAX_UDP_PORTS, Network, Transport};
 
 /// The synthetic range names are given addresses from.
 const SYNTHETIC: (Ipv4Addr, u8) = (Ipv4Addr::new(127, 64, 0, 0), 10);
@@ -74,14 +82,23 @@ const MAX_ACTIVE: usize = 512;
 const CACHE_TTL: Duration = Duration::from_secs(30);
 
 /// Egress entries this release cannot enforce: `Err(why)` refuses the turn.
+/// `/udp` entries are relayed port by port (see [`udp`]): at most
+/// [`MAX_UDP_PORTS`] ports together (the manifest refuses more at load,
+/// TS1075; this is the same bound, checked again for the runtime).
 pub fn supported(entries: &[Egress]) -> Result<(), String> {
-    match entries.iter().find(|e| e.transport == Transport::Udp) {
-        Some(e) => Err(format!(
-            "egress entry `{}`: UDP egress is not enforced by this release (only the turn's resolver answers UDP)",
-            e.raw
-        )),
-        None => Ok(()),
+    let mut ports = std::collections::BTreeSet::new();
+    for e in entries.iter().filter(|e| e.transport == Transport::Udp) {
+        if usize::from(e.ports.1 - e.ports.0) >= MAX_UDP_PORTS || {
+            ports.extend(e.ports.0..=e.ports.1);
+            ports.len() > MAX_UDP_PORTS
+        } {
+            return Err(format!(
+                "egress entry `{}`: UDP egress is relayed port by port, at most {MAX_UDP_PORTS} ports together",
+                e.raw
+            ));
+        }
     }
+    Ok(())
 }
 
 /// What this host lacks for egress by name (`nft`), or `Ok`.
@@ -217,15 +234,22 @@ impl Policy {
         })
     }
 
+    fn of(&self, t: Transport) -> impl Iterator<Item = &Egress> {
+        self.entries.iter().filter(move |e| e.transport == t)
+    }
+
     fn tcp(&self) -> impl Iterator<Item = &Egress> {
-        self.entries
-            .iter()
-            .filter(|e| e.transport == Transport::Tcp)
+        self.of(Transport::Tcp)
     }
 
     /// The entry listing `name` (on `port`, when given).
     fn name_entry(&self, name: &str, port: Option<u16>) -> Option<&Egress> {
-        self.tcp().find(|e| {
+        self.name_entry_on(Transport::Tcp, name, port)
+    }
+
+    /// The `t` entry listing `name` (on `port`, when given).
+    fn name_entry_on(&self, t: Transport, name: &str, port: Option<u16>) -> Option<&Egress> {
+        self.of(t).find(|e| {
             let host = match &e.host {
                 EgressHost::Name(n) => n == name,
                 EgressHost::Wildcard(s) => wildcard_match(s, name),
@@ -236,16 +260,57 @@ impl Policy {
     }
 
     fn cidr_entry(&self, ip: IpAddr, port: u16) -> Option<&Egress> {
-        self.tcp().find(|e| {
+        self.cidr_entry_on(Transport::Tcp, ip, port)
+    }
+
+    fn cidr_entry_on(&self, t: Transport, ip: IpAddr, port: u16) -> Option<&Egress> {
+        self.of(t).find(|e| {
             matches!(e.host, EgressHost::Cidr(net, len) if cidr_contains(net, len, ip))
                 && (e.ports.0..=e.ports.1).contains(&port)
         })
     }
 
+    /// Every port a `/udp` entry names (each relayed by a socket of its
+    /// own), and whether an IPv6 network is among them.
+    pub fn udp_ports(&self) -> (std::collections::BTreeSet<u16>, bool) {
+        let ports = self.of(Transport::Udp).flat_map(|e| e.ports.0..=e.ports.1);
+        let v6 = self
+            .of(Transport::Udp)
+            .any(|e| matches!(e.host, EgressHost::Cidr(IpAddr::V6(_), _)));
+        (ports.collect(), v6)
+    }
+
+    /// A datagram to `name:port` (a synthetic address's name).
+    pub fn decide_udp_name(&self, name: &str, port: u16) -> Decision {
+        match self.name_entry_on(Transport::Udp, name, Some(port)) {
+            Some(e) => Decision::Allowed(e.raw.clone()),
+            None => Decision::Denied {
+                rule: format!("no UDP egress entry lists {name} port {port}"),
+                hint: Some(format!("{name}:{port}/udp")),
+            },
+        }
+    }
+
+    /// A datagram to the literal address `ip:port`: only a `/udp` CIDR
+    /// entry allows it (under `allow_egress` too: UDP is relayed only
+    /// where an entry lists it).
+    pub fn decide_udp_ip(&self, ip: IpAddr, port: u16) -> Decision {
+        match self.cidr_entry_on(Transport::Udp, ip, port) {
+            Some(e) => Decision::Allowed(e.raw.clone()),
+            None => Decision::Denied {
+                rule: format!("no UDP egress entry covers {ip} port {port}"),
+                hint: Some(format!("{}:{port}/udp", host_entry(ip))),
+            },
+        }
+    }
+
     /// Whether the resolver answers `name` (with a synthetic address).
     pub fn resolves(&self, name: &str) -> bool {
         match self.network {
-            Network::Restricted => self.name_entry(name, None).is_some(),
+            Network::Restricted => {
+                self.name_entry(name, None).is_some()
+                    || self.name_entry_on(Transport::Udp, name, None).is_some()
+            }
             _ => !name.is_empty(),
         }
     }
@@ -298,7 +363,18 @@ impl Policy {
     /// unspecified through a name; under `allow_egress` no private address
     /// either (DNS rebinding) — unless a CIDR entry lists it.
     fn address_ok(&self, name_listed: bool, ip: IpAddr, port: u16) -> Result<(), String> {
-        if self.cidr_entry(ip, port).is_some() {
+        self.address_ok_on(Transport::Tcp, name_listed, ip, port)
+    }
+
+    /// [`Policy::address_ok`] for transport `t` (its CIDR entries).
+    fn address_ok_on(
+        &self,
+        t: Transport,
+        name_listed: bool,
+        ip: IpAddr,
+        port: u16,
+    ) -> Result<(), String> {
+        if self.cidr_entry_on(t, ip, port).is_some() {
             return Ok(());
         }
         let why = match (name_listed, self.special(ip)) {
@@ -686,13 +762,37 @@ fn ruleset(policy: &Policy, port: u16) -> String {
         nat += &format!("    ip6 daddr {{ {} }} return\n", v6.join(", "));
         nat += &format!("    meta l4proto tcp redirect to :{port}\n");
     }
+    // UDP the relay serves (see [`udp`]): to a synthetic address on a
+    // port some `/udp` name entry lists, to a `/udp` network on its ports;
+    // the relay's own datagrams (replies, refusals) carry its mark.
+    let mut udp = format!("    meta mark {:#x} accept\n", udp::MARK);
+    let name_ports: Vec<String> = policy
+        .of(Transport::Udp)
+        .filter(|e| !matches!(e.host, EgressHost::Cidr(..)))
+        .map(|e| format!("{}-{}", e.ports.0, e.ports.1))
+        .collect();
+    if !name_ports.is_empty() {
+        udp += &format!(
+            "    ip daddr {sn}/{sl} udp dport {{ {} }} accept\n",
+            name_ports.join(", ")
+        );
+    }
+    for e in policy.of(Transport::Udp) {
+        if let EgressHost::Cidr(net, len) = e.host {
+            let fam = if net.is_ipv4() { "ip" } else { "ip6" };
+            udp += &format!(
+                "    {fam} daddr {net}/{len} udp dport {}-{} accept\n",
+                e.ports.0, e.ports.1
+            );
+        }
+    }
     let set = |name: &str, ty: &str| {
         format!(
             "  set {name} {{ type {ty} . inet_service; size {MAX_FLOWS}; flags dynamic; counter; }}\n"
         )
     };
     format!(
-        "table inet {NFT_TABLE} {{\n{}{}{}{}  counter refused_other {{ }}\n  chain nat_out {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}\n  chain filter_out {{\n    type filter hook output priority 0; policy accept;\n    ip daddr {sn}/{sl} meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    ip daddr 127.0.0.0/8 accept\n    ip6 daddr ::1 accept\n    ct status dnat accept\n    meta l4proto {{ icmp, ipv6-icmp }} accept\n    tcp flags & (syn | ack) != syn accept\n    meta nfproto ipv4 meta l4proto tcp add @tcp4 {{ ip daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv6 meta l4proto tcp add @tcp6 {{ ip6 daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv4 meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    meta nfproto ipv6 meta l4proto udp add @udp6 {{ ip6 daddr . udp dport }} reject\n    counter name refused_other reject\n  }}\n}}\n",
+        "table inet {NFT_TABLE} {{\n{}{}{}{}  counter refused_other {{ }}\n  chain nat_out {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}\n  chain filter_out {{\n    type filter hook output priority 0; policy accept;\n{udp}    ip daddr {sn}/{sl} meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    ip daddr 127.0.0.0/8 accept\n    ip6 daddr ::1 accept\n    ct status dnat accept\n    meta l4proto {{ icmp, ipv6-icmp }} accept\n    tcp flags & (syn | ack) != syn accept\n    meta nfproto ipv4 meta l4proto tcp add @tcp4 {{ ip daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv6 meta l4proto tcp add @tcp6 {{ ip6 daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv4 meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    meta nfproto ipv6 meta l4proto udp add @udp6 {{ ip6 daddr . udp dport }} reject\n    counter name refused_other reject\n  }}\n}}\n",
         set("tcp4", "ipv4_addr"),
         set("tcp6", "ipv6_addr"),
         set("udp4", "ipv4_addr"),
@@ -737,21 +837,23 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         );
         std::thread::spawn(move || nft(&ns, &["-f", "-"], &rules))
     };
-    let sockets = in_netns(&ns, || {
+    let (udp_ports, udp_v6) = policy.udp_ports();
+    let sockets = in_netns(&ns, move || {
         crate::sandbox::sys::loopback_up()?;
         rtnl::local_default_routes()?;
-        let udp = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
+        let udp = udp::bound(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 53), 53)), false)?;
         let tcp_dns = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 53), 53))?;
         let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))?;
         let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, PROXY_PORT))?;
-        Ok((udp, tcp_dns, l4, l6))
+        let relay = udp::sockets(&udp_ports, udp_v6)?;
+        Ok((udp, tcp_dns, l4, l6, relay))
     })
     .map_err(|e| format!("preparing the turn's network namespace: {e}"));
     lap("egress_sockets", &mut phases);
     let loaded = loading
         .join()
         .unwrap_or_else(|_| Err("nft: the loading thread panicked".into()));
-    let (udp, tcp_dns, l4, l6) = sockets?;
+    let (udp, tcp_dns, l4, l6, relay) = sockets?;
     loaded?;
     lap("egress_nft", &mut phases);
     let shared = Arc::new(Shared {
@@ -782,6 +884,10 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         {
             let s = Arc::clone(&shared);
             std::thread::spawn(move || accept_loop(&s, &l6, proxy))
+        },
+        {
+            let s = Arc::clone(&shared);
+            std::thread::spawn(move || udp::run(s, relay))
         },
     ];
     Ok(Running {
@@ -1002,31 +1108,21 @@ fn kernel_refusals(
                 continue;
             };
             let name = synthetic(ip).and_then(|s| names.get(&s).cloned());
-            let (rule, hint) = if let Some(s) = synthetic(ip) {
-                (
-                    format!(
-                        "no UDP egress: {s} port {port} is the address of {}, for TCP only (QUIC and other UDP to a name are refused)",
-                        name.as_deref().unwrap_or("a name")
-                    ),
+            let decision = match (protocol, &name) {
+                ("udp", Some(n)) => policy.decide_udp_name(n, port),
+                ("udp", None) if synthetic(ip).is_some() => Decision::Denied {
+                    rule: format!("{ip} is not an address the turn's resolver gave"),
+                    hint: None,
+                },
+                ("udp", None) => policy.decide_udp_ip(ip, port),
+                _ => policy.decide_ip(ip, port),
+            };
+            let (rule, hint) = match decision {
+                Decision::Denied { rule, hint } => (rule, hint),
+                Decision::Allowed(_) => (
+                    format!("refused in the turn's namespace: {ip} port {port}"),
                     None,
-                )
-            } else {
-                match policy.decide_ip(ip, port) {
-                    Decision::Denied { rule, hint } if protocol == "tcp" => (rule, hint),
-                    Decision::Denied { rule, .. } | Decision::Allowed(rule)
-                        if protocol == "udp" =>
-                    {
-                        (
-                            format!("no UDP egress entry covers {ip} port {port} ({rule})"),
-                            None,
-                        )
-                    }
-                    Decision::Denied { rule, hint } => (rule, hint),
-                    Decision::Allowed(_) => (
-                        format!("refused in the turn's namespace: {ip} port {port}"),
-                        None,
-                    ),
-                }
+                ),
             };
             flows.push(Flow {
                 name,
@@ -1408,9 +1504,37 @@ fn proxy(shared: &Shared, client: TcpStream) {
     if let (Ok(c), Ok(u), Ok(mut open)) = (client.try_clone(), up.try_clone(), shared.open.lock()) {
         open.insert(conn, [c, u]);
     }
-    let (out, inn) = splice(client, up);
+    // Cleartext HTTP: every request checked, not only the first.
+    let guard = match (&name, port) {
+        (Some(n), 80) => Some(http::Guard::new(n)),
+        _ => None,
+    };
+    let (out, inn, refused) = match guard {
+        Some(g) => splice_guarded(client, up, g),
+        None => {
+            let (o, i) = splice(client, up);
+            (o, i, None)
+        }
+    };
     if let Ok(mut open) = shared.open.lock() {
         open.remove(&conn);
+    }
+    if let (Some(r), Some(n)) = (refused, &name) {
+        let d = match r {
+            http::Refusal::Other(what, h) => Decision::Denied {
+                rule: format!(
+                    "{what} `{h}` is not `{n}`, the name the connection was opened for (a later request on it)"
+                ),
+                hint: Some(format!("{h}:{port}")),
+            },
+            http::Refusal::Unparseable(why) => Decision::Denied {
+                rule: format!(
+                    "{why}: a later request's server name cannot be checked against `{n}`"
+                ),
+                hint: None,
+            },
+        };
+        shared.record(shared.flow(Some(n), addr.ip().to_string(), port, "tcp", &d, at));
     }
     let mut f = shared.flow(
         name.as_deref(),
@@ -1436,6 +1560,81 @@ fn splice(client: TcpStream, up: TcpStream) -> (u64, u64) {
     let back = std::thread::spawn(move || copy(u2, c2));
     let out = copy(client, up);
     (out, back.join().unwrap_or(0))
+}
+
+/// [`splice`] with the client's bytes through `guard`: a request it
+/// refuses ends the connection with a reset (the upstream is shut down, the
+/// client gets no FIN first). (bytes to upstream, bytes back, the refusal).
+fn splice_guarded(
+    mut client: TcpStream,
+    mut up: TcpStream,
+    mut guard: http::Guard,
+) -> (u64, u64, Option<http::Refusal>) {
+    let (c2, u2) = match (client.try_clone(), up.try_clone()) {
+        (Ok(c), Ok(u)) => (c, u),
+        _ => return (0, 0, None),
+    };
+    let refused = Arc::new(AtomicBool::new(false));
+    let back = {
+        let refused = Arc::clone(&refused);
+        std::thread::spawn(move || {
+            let (mut from, mut to) = (u2, c2);
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut n = 0u64;
+            while let Ok(k) = from.read(&mut buf) {
+                if k == 0 || refused.load(Ordering::SeqCst) || to.write_all(&buf[..k]).is_err() {
+                    break;
+                }
+                n += k as u64;
+            }
+            if !refused.load(Ordering::SeqCst) {
+                let _ = to.shutdown(Shutdown::Write);
+            }
+            n
+        })
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = 0u64;
+    let mut refusal = None;
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => {
+                match guard.finish() {
+                    Ok(pass) => {
+                        if up.write_all(&pass).is_ok() {
+                            out += pass.len() as u64;
+                        }
+                    }
+                    Err(r) => refusal = Some(r),
+                }
+                break;
+            }
+            Err(_) => break,
+            Ok(k) => match guard.feed(&buf[..k]) {
+                Ok(pass) => {
+                    if up.write_all(&pass).is_err() {
+                        break;
+                    }
+                    out += pass.len() as u64;
+                }
+                Err(r) => {
+                    refusal = Some(r);
+                    break;
+                }
+            },
+        }
+    }
+    if refusal.is_some() {
+        refused.store(true, Ordering::SeqCst);
+        let _ = up.shutdown(Shutdown::Both);
+    } else {
+        let _ = up.shutdown(Shutdown::Write);
+    }
+    let inn = back.join().unwrap_or(0);
+    if refusal.is_some() {
+        reset(client);
+    }
+    (out, inn, refusal)
 }
 
 fn copy(mut from: TcpStream, mut to: TcpStream) -> u64 {
@@ -1592,5 +1791,43 @@ mod tests {
         assert!(!r.contains("meta l4proto tcp redirect to :4000\n  }"));
         let r = ruleset(&policy(Network::AllowEgress, &[]), 4000);
         assert!(r.contains("169.254.0.0/16"));
+        let p = policy(
+            Network::Restricted,
+            &[
+                "dns.internal:53/udp",
+                "10.0.0.0/8:5000-5001/udp",
+                "[fd00::/8]:53/udp",
+            ],
+        );
+        let r = ruleset(&p, 4000);
+        assert!(r.contains("ip daddr 127.64.0.0/10 udp dport { 53-53 } accept"));
+        assert!(r.contains("ip daddr 10.0.0.0/8 udp dport 5000-5001 accept"));
+        assert!(r.contains("ip6 daddr fd00::/8 udp dport 53-53 accept"));
+        assert!(r.contains(&format!("meta mark {:#x} accept", udp::MARK)));
+        assert!(p.resolves("dns.internal"));
+        assert_eq!(
+            p.decide_udp_name("dns.internal", 53),
+            Decision::Allowed("dns.internal:53/udp".into())
+        );
+        assert!(matches!(
+            p.decide_name("dns.internal", 53),
+            Decision::Denied { .. }
+        ));
+        assert!(matches!(
+            p.decide_udp_name("dns.internal", 54),
+            Decision::Denied { hint: Some(h), .. } if h == "dns.internal:54/udp"
+        ));
+        assert!(matches!(
+            p.decide_udp_ip("10.1.1.1".parse().unwrap(), 5001),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            p.decide_udp_ip("10.1.1.1".parse().unwrap(), 80),
+            Decision::Denied { hint: Some(h), .. } if h == "10.1.1.1/32:80/udp"
+        ));
+        assert_eq!(p.udp_ports().0.len(), 3);
+        assert!(p.udp_ports().1);
+        let wide: Vec<String> = vec!["a.test:1000-1100/udp".into()];
+        assert!(Policy::new(Network::Restricted, &wide, vec![]).is_err());
     }
 }
