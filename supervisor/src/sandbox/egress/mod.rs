@@ -1144,6 +1144,23 @@ fn kernel_refusals(
     (flows, other)
 }
 
+/// How long an accepted connection waits for one of the [`MAX_ACTIVE`]
+/// handlers to finish before it is refused (reset, recorded).
+const ROOM_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether a handler is free (waiting up to [`ROOM_WAIT`] for one); `false`
+/// when none frees in time or the egress stops.
+fn room(shared: &Shared) -> bool {
+    let deadline = Instant::now() + ROOM_WAIT;
+    while shared.active.load(Ordering::SeqCst) >= MAX_ACTIVE {
+        if shared.stop.load(Ordering::SeqCst) || Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
 /// Accepts connections on `l` until the turn's egress stops, each on its
 /// own thread.
 fn accept_loop(shared: &Arc<Shared>, l: &TcpListener, handle: fn(&Shared, TcpStream)) {
@@ -1152,8 +1169,11 @@ fn accept_loop(shared: &Arc<Shared>, l: &TcpListener, handle: fn(&Shared, TcpStr
         while let Ok((s, _)) = l.accept() {
             let _ = s.set_nonblocking(false);
             // Bounded: a turn cannot make the supervisor hold more than
-            // this many connections (threads) at once.
-            if shared.active.load(Ordering::SeqCst) >= MAX_ACTIVE {
+            // this many connections (threads) at once. A burst (or a slow,
+            // loaded host) waits for room first, up to ROOM_WAIT: the
+            // connection is already established, so waiting slows the
+            // turn's traffic down instead of resetting allowed connections.
+            if !room(shared) {
                 let at = Instant::now();
                 let d = Decision::Denied {
                     rule: format!("more than {MAX_ACTIVE} connections at once"),
