@@ -49,6 +49,7 @@
 pub mod dns;
 mod http;
 pub mod inspect;
+mod nftlib;
 mod rtnl;
 mod udp;
 
@@ -689,6 +690,23 @@ fn in_netns<T: Send + 'static>(
 /// parent thread's network namespace), so no `pre_exec` forces a full
 /// fork of the supervisor.
 fn nft(ns: &OwnedFd, args: &[&str], input: &str) -> Result<String, String> {
+    // In this process through libnftables when it is there (no `nft`
+    // process: see `nftlib`): `-f -` runs `input`, `-j` asks for JSON,
+    // anything else is the command itself.
+    if nftlib::available() {
+        let json = args.first() == Some(&"-j");
+        let rest = if json { &args[1..] } else { args };
+        let commands = if rest == ["-f", "-"] {
+            input.to_owned()
+        } else {
+            rest.join(" ")
+        };
+        let ran = in_netns(ns, move || Ok(nftlib::run(&commands, json)))
+            .map_err(|e| format!("nft: {e}"))?;
+        if let Some(result) = ran {
+            return result;
+        }
+    }
     let path = nft_path().ok_or("`nft` is not installed")?;
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let input = input.to_owned();
