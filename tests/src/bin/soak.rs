@@ -61,11 +61,12 @@ fn main() {
             }
         }
     }
+    // The commit measured is the tree's when the soak starts.
+    let commit = soak::commit_of(&std::env::current_dir().unwrap_or_default());
     let report = soak::run(&cfg);
     let table = report.table();
     print!("{table}");
     if let Some(path) = out {
-        let root = std::env::current_dir().unwrap_or_default();
         let doc = format!(
             "# Soak: {} sessions on one daemon\n\n\
              Produced by `cargo xtask soak --sessions {} --threads {} --minutes {}` \
@@ -82,7 +83,7 @@ fn main() {
             cfg.sessions,
             cfg.threads,
             cfg.duration.as_secs_f64() / 60.0,
-            soak::commit_of(&root),
+            commit,
             host(),
             std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .unwrap_or_default()
