@@ -6,6 +6,7 @@ pub mod containerd;
 pub mod cri;
 pub mod realsw;
 pub mod redteam;
+pub mod soak;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

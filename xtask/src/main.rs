@@ -91,13 +91,14 @@ fn main() -> Result<()> {
         Some("package" | "deb") => package(&args[1..]),
         Some("bench-serve") => bench_serve(&args[1..]),
         Some("bench-outputs") => bench_outputs::bench_outputs(&workspace_root(), &args[1..]),
+        Some("soak") => soak(&args[1..]),
         Some("vm-test") => {
             setup()?;
             vm::vm_test(&args[1..])
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|bench-outputs [N] [ROUNDS]|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
+                "usage: cargo xtask <setup|demo|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|bench-outputs [N] [ROUNDS]|soak [--sessions N] [--threads T] [--minutes M]|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  test         fmt, clippy, all tests, red-team suite, vm-test --ci, requirement coverage (what CI runs)\
@@ -109,6 +110,7 @@ fn main() -> Result<()> {
                  \n  package      build target/debian/turnstile_<version>_<arch>.deb (alias: deb): supervise, the containerd shim, the systemd unit, the default config, man page, completion (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
                  \n  bench-outputs [N] [ROUNDS]  a turn writing N declared outputs (default 100,000, one tree output) vs cp -a + sync; writes bench/OUTPUTS.md (root)\
+                 \n  soak [--sessions N] [--threads T] [--minutes M] [--pool-size P]  N sessions (default 1,000) on one serve daemon, T client threads (8), M minutes (10): every turn as expected, every ledger verifies, descriptors and RSS flat, nothing left; writes bench/SOAK.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\
                  \n  fuzz         mutated inputs to the manifest, request, envelope, socket, bus and ledger parsers, M minutes or N seconds each (default 60 s); non-zero on a panic, hang or unbounded allocation\
                  \n  readme-check fail when figures the README states (probes, test binaries, commands, Rust version, links) drift from the repository",
@@ -437,6 +439,22 @@ fn bench_shim(args: &[String]) -> Result<()> {
     run(Command::new(root.join("target/release/bench_shim"))
         .arg(root.join("bench"))
         .args(args)
+        .current_dir(&root))
+}
+
+/// `soak [--sessions N] [--threads T] [--minutes M] [--pool-size P]`: many
+/// sessions on one `supervise serve` daemon (tests/src/soak.rs, bin
+/// `soak`), release build; writes bench/SOAK.md. Not part of `test`.
+fn soak(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("soak needs root (the native sandbox)");
+    }
+    build_bins(true)?;
+    let root = workspace_root();
+    run(Command::new(root.join("target/release/soak"))
+        .args(args)
+        .arg("--out")
+        .arg(root.join("bench/SOAK.md"))
         .current_dir(&root))
 }
 
