@@ -416,7 +416,10 @@ impl Sandbox for RuncSandbox {
                         // hierarchy alone: the container's parked process
                         // joins the turn's v2 directory (its children follow).
                         if let Some(dir) = self.cg.v2_dir() {
-                            let _ = std::fs::write(dir.join("cgroup.procs"), self.pid.to_string());
+                            let _ = cgroup::write_control(
+                                &dir.join("cgroup.procs"),
+                                &self.pid.to_string(),
+                            );
                             id =
                                 container_cgroup_id(&self.backend.cgroup_place, self.pid, &self.id);
                         }

@@ -221,7 +221,23 @@ fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Superviso
 }
 
 fn write(path: &Path, value: &str) -> Result<()> {
-    std::fs::write(path, value).map_err(io("write cgroup file", path))
+    write_control(path, value).map_err(io("write cgroup file", path))
+}
+
+/// Writes a cgroup control file, which must exist: a cgroup file system
+/// makes them, so one that is missing means the directory is not a cgroup
+/// (a tmpfs over a hierarchy, a removed cgroup), and writing a regular
+/// file there would look like a pid moved or a limit set when nothing was.
+/// (The unit tests' fake hierarchies are plain directories: there the
+/// file is made.)
+pub fn write_control(path: &Path, value: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(cfg!(test))
+        .truncate(cfg!(test))
+        .open(path)?
+        .write_all(value.as_bytes())
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
@@ -265,7 +281,7 @@ impl TurnCgroup {
                 // Enabling an enabled controller is a no-op.
                 if place.parent().is_none() {
                     let _ =
-                        std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                        write_control(&root.join("cgroup.subtree_control"), "+memory +pids +cpu");
                 }
                 write(&base.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 let dir = base.join(name);
@@ -418,7 +434,7 @@ impl TurnCgroup {
     /// Returns whether it is empty.
     pub fn kill_all(&self) -> bool {
         if self.version == Version::V2 {
-            let _ = std::fs::write(self.pids.join("cgroup.kill"), "1");
+            let _ = write_control(&self.pids.join("cgroup.kill"), "1");
         }
         // v1 has no cgroup.kill: a fork bomb forks between our reads of
         // cgroup.procs and our signals. pids.max 0 refuses every fork from
@@ -430,11 +446,11 @@ impl TurnCgroup {
         // signal before it cleans up (serve/worker.rs), which is where that
         // happened.
         if self.version == Version::V1 {
-            let _ = std::fs::write(self.pids.join("pids.max"), "0");
+            let _ = write_control(&self.pids.join("pids.max"), "0");
         }
         if let (Version::V1, Some(f)) = (&self.version, &self.freezer) {
             let state = f.join("freezer.state");
-            if std::fs::write(&state, "FROZEN").is_ok() {
+            if write_control(&state, "FROZEN").is_ok() {
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
                 while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FREEZING")
                     && std::time::Instant::now() < until
@@ -442,7 +458,7 @@ impl TurnCgroup {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 self.signal_all(nix::sys::signal::Signal::SIGKILL);
-                let _ = std::fs::write(&state, "THAWED");
+                let _ = write_control(&state, "THAWED");
             }
         }
         // Bounded by time, not by rounds: a loaded host (a VM beside the
@@ -455,7 +471,7 @@ impl TurnCgroup {
             self.signal_all(nix::sys::signal::Signal::SIGKILL);
             // A frozen (v1) task never handles its SIGKILL: thaw it.
             if let Some(f) = &self.freezer {
-                let _ = std::fs::write(f.join("freezer.state"), "THAWED");
+                let _ = write_control(&f.join("freezer.state"), "THAWED");
             }
             std::thread::sleep(std::time::Duration::from_micros(500));
         }
