@@ -224,6 +224,16 @@ fn write(path: &Path, value: &str) -> Result<()> {
     write_control(path, value).map_err(io("write cgroup file", path))
 }
 
+/// Whether `dir` is on a cgroup (v1 or v2) file system. Unit tests' fake
+/// hierarchies are plain directories, taken as cgroups there.
+fn is_cgroup_fs(dir: &Path) -> bool {
+    use nix::sys::statfs::{CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+    cfg!(test)
+        || statfs(dir).is_ok_and(|s| {
+            s.filesystem_type() == CGROUP_SUPER_MAGIC || s.filesystem_type() == CGROUP2_SUPER_MAGIC
+        })
+}
+
 /// Writes a cgroup control file, which must exist: a cgroup file system
 /// makes them, so one that is missing means the directory is not a cgroup
 /// (a tmpfs over a hierarchy, a removed cgroup), and writing a regular
@@ -311,7 +321,8 @@ impl TurnCgroup {
                 // The hybrid layout's unified hierarchy: joined too, only so
                 // the turn has a cgroup v2 id (the denial observer
                 // attributes by it); no controller is used there.
-                if root.join("unified/cgroup.procs").exists() {
+                if root.join("unified/cgroup.procs").exists() && is_cgroup_fs(&root.join("unified"))
+                {
                     dir_for("unified")?;
                 }
                 let cpu = dir_for("cpu")?;
@@ -530,6 +541,10 @@ impl TurnCgroup {
             Version::V2 => vec![root.join(&base)],
             Version::V1 => ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"]
                 .iter()
+                // A hierarchy that is not a cgroup file system (a tmpfs over
+                // `unified`, as the bench mounts for crun) holds no turn's
+                // processes, only what a runtime wrote there as files.
+                .filter(|c| is_cgroup_fs(&root.join(c)))
                 .map(|c| root.join(c).join(&base))
                 .collect(),
         };
