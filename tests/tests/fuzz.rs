@@ -28,6 +28,7 @@ fn issue_31_every_parser_survives_a_second_of_mutated_input() {
         "checkpoint",
         "annotations",
         "shim_options",
+        "egress",
     ] {
         let row = table
             .lines()

@@ -830,9 +830,8 @@ fn fr_rt_015_a_workspace_path_with_colon_and_comma_commits() {
 
 /// Issue 26's manifest contract, failing closed: `egress` entries are
 /// validated at load (the entry named), `isolated` with `egress` is a
-/// manifest error, and a policy that grants egress is refused before
-/// anything runs (only `isolated` is enforced by this release) — never run
-/// with another network.
+/// manifest error, and a `/udp` range too wide to relay is refused before
+/// anything runs — never run with another network.
 #[test]
 fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
     let fx = Fixture::new();
@@ -869,16 +868,19 @@ fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
     if !require_root("issue_26_network_policies_are_validated_and_refused_until_enforced") {
         return;
     }
+    // `/udp` entries are enforced now (relayed port by port): a turn runs
+    // under its own policy, and a range too wide to relay is refused at
+    // load, the entry named, nothing run (TS1075, exit 2).
     for (pkg, network) in [("restricted", "restricted"), ("egress", "allow_egress")] {
         fx.install(pkg, &manifest(network, r#"["pypi.org:443/udp"]"#));
         let r = fx.run(pkg, &["--json", "--no-outputs", "--", "/bin/true"]);
-        assert_ne!(r.status, 0, "{pkg}: ran with another network: {}", r.stdout);
-        assert!(
-            r.stdout
-                .contains("UDP egress is not enforced by this release"),
-            "{pkg}: {}{}",
-            r.stdout,
-            r.stderr
-        );
+        assert_eq!(r.status, 0, "{pkg}: {}{}", r.stdout, r.stderr);
+        let wide = format!("{pkg}-wide");
+        fx.install(&wide, &manifest(network, r#"["pypi.org:1000-2000/udp"]"#));
+        let before = fx.snapshot();
+        let r = fx.run(&wide, &["--json", "--no-outputs", "--", "/bin/true"]);
+        assert_eq!(r.status, 2, "{wide}: {}{}", r.stdout, r.stderr);
+        assert_eq!(r.json()["error"]["code"], "TS1075", "{wide}: {}", r.stdout);
+        assert_eq!(before, fx.snapshot(), "{wide}: something was created");
     }
 }

@@ -52,6 +52,7 @@ const TARGETS: &[&str] = &[
     "checkpoint",
     "annotations",
     "shim_options",
+    "egress",
 ];
 
 /// Tokens that parsers of JSON and YAML treat specially.
@@ -245,6 +246,9 @@ fn target(name: &str, scratch: &Path) -> (Parse, Vec<Vec<u8>>) {
                 .is_ok_and(|t| contract::Options::parse(t, Path::new("fuzz/shim.json")).is_ok());
             named | parsed
         }),
+        // What a sandboxed turn sends the supervisor's resolver and proxy:
+        // DNS queries, TLS ClientHellos, HTTP/1 and h2c streams on port 80.
+        "egress" => Box::new(turnstile_supervisor::sandbox::egress::fuzz_one),
         other => panic!("unknown target {other}; targets: {}", TARGETS.join(" ")),
     };
     assert!(!corpus.is_empty(), "no seed corpus for {name}");

@@ -82,6 +82,51 @@ const MAX_ACTIVE: usize = 512;
 /// How long an upstream answer is reused within a turn.
 const CACHE_TTL: Duration = Duration::from_secs(30);
 
+/// What a turn can send the supervisor's egress, parsed as the egress
+/// parses it (the `egress` fuzz target): a DNS query (and, with the same
+/// bytes, an upstream answer), the first bytes of a connection (a TLS
+/// ClientHello's server name, an HTTP Host), and a cleartext port-80
+/// stream fed in two pieces through its guard. Panics if the guard passes
+/// a byte that was not sent, or out of order. `true` when some parser
+/// accepted the input.
+#[doc(hidden)]
+pub fn fuzz_one(b: &[u8]) -> bool {
+    let query = dns::parse_query(b).is_some();
+    let _ = dns::formerr(b);
+    let id = u16::from_be_bytes([
+        b.first().copied().unwrap_or(0),
+        b.get(1).copied().unwrap_or(0),
+    ]);
+    let _ = dns::parse_response(b, id);
+    let _ = inspect::first_bytes(b);
+    let _ = inspect::sni(b);
+    let split = usize::from(b.get(2).copied().unwrap_or(0)) % (b.len() + 1);
+    let (first, second) = b.split_at(split);
+    let mut guard = http::Guard::new("good.test");
+    let mut passed = Vec::new();
+    let mut accepted = true;
+    for piece in [first, second] {
+        match guard.feed(piece) {
+            Ok(out) => passed.extend(out),
+            Err(_) => {
+                accepted = false;
+                break;
+            }
+        }
+    }
+    if accepted {
+        match guard.finish() {
+            Ok(out) => passed.extend(out),
+            Err(_) => accepted = false,
+        }
+    }
+    assert!(
+        b.starts_with(&passed),
+        "the port-80 guard passed bytes that were not sent"
+    );
+    query | accepted
+}
+
 /// Egress entries this release cannot enforce: `Err(why)` refuses the turn.
 /// `/udp` entries are relayed port by port (see [`udp`]): at most
 /// [`MAX_UDP_PORTS`] ports together (the manifest refuses more at load,
