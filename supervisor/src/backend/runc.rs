@@ -269,11 +269,7 @@ impl Backend for RuncBackend {
         // by the runtime, empty), before the command may run: a setup that
         // fails refuses the turn.
         if plan.network != "isolated" {
-            let running = std::fs::File::open(format!("/proc/{}/ns/net", sb.pid))
-                .map_err(|e| e.to_string())
-                .and_then(|ns| {
-                    crate::sandbox::egress::start(&plan.network, &plan.egress, ns.into())
-                })
+            let running = crate::sandbox::egress::start_for(sb.pid, &plan.network, &plan.egress)
                 .map_err(|e| err("network egress", e))?;
             sb.egress = Some(running);
             sb.lap("egress");

@@ -876,6 +876,13 @@ pub struct Running {
 
 /// Sets up egress in the network namespace `ns` (a fresh one, the turn's)
 /// for `plan`; the turn is refused if this fails (fail closed).
+/// [`start`] in the network namespace of process `pid` (an OCI runtime's
+/// container init, made by the runtime and still empty).
+pub fn start_for(pid: i32, network: &str, egress: &[String]) -> Result<Running, String> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| e.to_string())?;
+    start(network, egress, ns.into())
+}
+
 pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, String> {
     let network = match network {
         "restricted" => Network::Restricted,
