@@ -131,64 +131,63 @@ pub fn sockets(ports: &BTreeSet<u16>, v6: bool) -> std::io::Result<Sockets> {
             )?));
         }
     }
-    let icmp = if relays.is_empty() {
-        None
-    } else {
-        let fd = socket(
-            AddressFamily::Inet,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::Icmp,
-        )
-        .map_err(errno)?;
-        setsockopt(&fd, sockopt::Mark, &MARK).map_err(errno)?;
-        // Nothing is read from it: filter out every ICMP type.
-        const ICMP_FILTER: nix::libc::c_int = 1;
-        let all: u32 = u32::MAX;
-        // SAFETY: a u32 option of its own size on a socket we own.
-        unsafe {
-            nix::libc::setsockopt(
-                fd.as_raw_fd(),
+    // Raw sockets that only send the port-unreachable answers: nothing is
+    // read from them, so every ICMP type is filtered out (ICMP_FILTER is a
+    // u32 mask; ICMP6_FILTER an icmp6_filter of 8 u32, the kernel fills in
+    // the checksum of what is sent).
+    const ICMP_FILTER: nix::libc::c_int = 1;
+    const ICMP6_FILTER: nix::libc::c_int = 1;
+    let icmp = (!relays.is_empty())
+        .then(|| {
+            icmp_sender(
+                AddressFamily::Inet,
+                SockProtocol::Icmp,
                 nix::libc::SOL_RAW,
                 ICMP_FILTER,
-                (&raw const all).cast(),
-                std::mem::size_of_val(&all) as nix::libc::socklen_t,
-            );
-        }
-        Some(fd)
-    };
-    let icmp6 = if v6 && !ports.is_empty() {
-        let fd = socket(
-            AddressFamily::Inet6,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::IcmpV6,
-        )
-        .map_err(errno)?;
-        setsockopt(&fd, sockopt::Mark, &MARK).map_err(errno)?;
-        // Nothing is read from it: block every ICMPv6 type (the kernel
-        // fills in the checksum of what is sent).
-        const ICMP6_FILTER: nix::libc::c_int = 1;
-        let all = [u32::MAX; 8];
-        // SAFETY: an icmp6_filter (8 u32) of its own size on our socket.
-        unsafe {
-            nix::libc::setsockopt(
-                fd.as_raw_fd(),
+                &[u32::MAX],
+            )
+        })
+        .transpose()?;
+    let icmp6 = (v6 && !ports.is_empty())
+        .then(|| {
+            icmp_sender(
+                AddressFamily::Inet6,
+                SockProtocol::IcmpV6,
                 nix::libc::IPPROTO_ICMPV6,
                 ICMP6_FILTER,
-                all.as_ptr().cast(),
-                std::mem::size_of_val(&all) as nix::libc::socklen_t,
-            );
-        }
-        Some(fd)
-    } else {
-        None
-    };
+                &[u32::MAX; 8],
+            )
+        })
+        .transpose()?;
     Ok(Sockets {
         relays,
         icmp,
         icmp6,
     })
+}
+
+/// A raw ICMP socket of `family`, marked (the ruleset lets it through),
+/// with `filter` (all types blocked) set at `level`/`option`.
+fn icmp_sender(
+    family: AddressFamily,
+    protocol: SockProtocol,
+    level: nix::libc::c_int,
+    option: nix::libc::c_int,
+    filter: &[u32],
+) -> std::io::Result<OwnedFd> {
+    let fd = socket(family, SockType::Raw, SockFlag::SOCK_CLOEXEC, protocol).map_err(errno)?;
+    setsockopt(&fd, sockopt::Mark, &MARK).map_err(errno)?;
+    // SAFETY: `filter` is read for its own size, on a socket we own.
+    unsafe {
+        nix::libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            option,
+            filter.as_ptr().cast(),
+            std::mem::size_of_val(filter) as nix::libc::socklen_t,
+        );
+    }
+    Ok(fd)
 }
 
 type Key = (SocketAddr, SocketAddr);
