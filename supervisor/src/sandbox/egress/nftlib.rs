@@ -89,6 +89,16 @@ pub fn run(commands: &str, json: bool) -> Option<Result<String, String>> {
     let Ok(text) = CString::new(commands) else {
         return Some(Err("nft: a command holds a NUL byte".into()));
     };
+    // libnftables up to 1.0.x calls `exit(3)` when it cannot open its
+    // netlink socket (a kernel built without nf_tables, as the VM
+    // matrix's minimal 6.1 image): that would end the supervisor mid-turn,
+    // with no ledger entry. The same socket, opened first on this thread
+    // (already in the turn's namespace), answers the question safely.
+    if let Err(errno) = netfilter_socket() {
+        return Some(Err(format!(
+            "nft: this kernel has no nftables netlink ({errno}); egress cannot be enforced"
+        )));
+    }
     // SAFETY: every call below follows libnftables' contract: a context
     // from `nft_ctx_new` (checked non-null), used on this thread only,
     // freed once at the end; the buffers it returns are NUL-terminated,
@@ -124,6 +134,19 @@ pub fn run(commands: &str, json: bool) -> Option<Result<String, String>> {
             (true, _) => Err(format!("nft: {}", err.trim())),
         })
     }
+}
+
+/// Opens and closes a `NETLINK_NETFILTER` socket in the calling thread's
+/// network namespace: what libnftables needs before its first command.
+fn netfilter_socket() -> Result<(), nix::errno::Errno> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+    socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map(drop)
 }
 
 #[cfg(test)]
