@@ -196,4 +196,42 @@ mod tests {
         // The host's own namespace never saw the table.
         assert!(super::run("list table inet t", false).unwrap().is_err());
     }
+
+    /// A kernel without nf_tables (simulated on this thread alone: a
+    /// seccomp filter answers EPROTONOSUPPORT to a netfilter netlink
+    /// socket, as the VM matrix's 6.1 image does) is an error returned,
+    /// never libnftables' `exit(3)` of the whole process.
+    #[test]
+    fn issue_26_a_kernel_without_nftables_netlink_is_an_error_not_an_exit() {
+        use libseccomp::{
+            ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
+        };
+        if !nix::unistd::Uid::effective().is_root() || !super::available() {
+            return;
+        }
+        let got = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let mut f = ScmpFilterContext::new(ScmpAction::Allow).unwrap();
+            f.set_ctl_tsync(false).unwrap();
+            f.add_rule_conditional(
+                ScmpAction::Errno(nix::libc::EPROTONOSUPPORT),
+                ScmpSyscall::from_name("socket").unwrap(),
+                &[
+                    ScmpArgCompare::new(0, ScmpCompareOp::Equal, nix::libc::AF_NETLINK as u64),
+                    ScmpArgCompare::new(
+                        2,
+                        ScmpCompareOp::Equal,
+                        nix::libc::NETLINK_NETFILTER as u64,
+                    ),
+                ],
+            )
+            .unwrap();
+            f.load().unwrap();
+            super::run("list tables", false)
+        })
+        .join()
+        .unwrap();
+        let err = got.unwrap().unwrap_err();
+        assert!(err.contains("no nftables netlink"), "{err}");
+    }
 }
