@@ -46,6 +46,7 @@
 //! ran only with /proc/sys/net hidden from runsc in a private mount
 //! namespace — a workaround of a runtime bug, left for a newer runsc.
 
+mod counts;
 pub mod dns;
 mod http;
 pub mod inspect;
@@ -75,6 +76,10 @@ const PROXY_PORT: u16 = 1;
 /// Distinct names given an address per turn.
 const MAX_NAMES: u32 = 65_000;
 const NFT_TABLE: &str = "turnstile";
+/// The ruleset's sets of refused destinations and its counter of the rest
+/// (see [`ruleset`]), read at the turn's end by [`counts`].
+const NFT_SETS: [&str; 4] = ["tcp4", "tcp6", "udp4", "udp6"];
+const NFT_OTHER: &str = "refused_other";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PEEK_WAIT: Duration = Duration::from_millis(1500);
 /// Connections (resolver and proxy) handled at once per turn.
@@ -86,7 +91,8 @@ const CACHE_TTL: Duration = Duration::from_secs(30);
 /// parses it (the `egress` fuzz target): a DNS query (and, with the same
 /// bytes, an upstream answer), the first bytes of a connection (a TLS
 /// ClientHello's server name, an HTTP Host), and a cleartext port-80
-/// stream fed in two pieces through its guard. Panics if the guard passes
+/// stream fed in two pieces through its guard; and, as the kernel's
+/// answers, the nfnetlink parser of [`counts`]. Panics if the guard passes
 /// a byte that was not sent, or out of order. `true` when some parser
 /// accepted the input.
 #[doc(hidden)]
@@ -100,6 +106,7 @@ pub fn fuzz_one(b: &[u8]) -> bool {
     let _ = dns::parse_response(b, id);
     let _ = inspect::first_bytes(b);
     let _ = inspect::sni(b);
+    let _ = counts::fuzz_one(b);
     let split = usize::from(b.get(2).copied().unwrap_or(0)) % (b.len() + 1);
     let (first, second) = b.split_at(split);
     let mut guard = http::Guard::new("good.test");
@@ -730,35 +737,25 @@ fn in_netns<T: Send + 'static>(
     .map_err(|_| std::io::Error::other("network namespace thread panicked"))?
 }
 
-/// Runs `nft` in the namespace `ns` with `args`, `input` on its stdin:
-/// spawned from a thread that entered `ns` (a child starts in its
-/// parent thread's network namespace), so no `pre_exec` forces a full
-/// fork of the supervisor.
-fn nft(ns: &OwnedFd, args: &[&str], input: &str) -> Result<String, String> {
-    // In this process through libnftables when it is there (no `nft`
-    // process: see `nftlib`): `-f -` runs `input`, `-j` asks for JSON,
-    // anything else is the command itself.
+/// Loads the ruleset `input` in the namespace `ns`, on a thread that
+/// entered it: through libnftables when it is there (no `nft` process: see
+/// `nftlib`), else `nft -f -` spawned from that thread (a child starts in
+/// its parent thread's network namespace, so no `pre_exec` forces a full
+/// fork of the supervisor).
+fn nft_load(ns: &OwnedFd, input: &str) -> Result<(), String> {
     if nftlib::available() {
-        let json = args.first() == Some(&"-j");
-        let rest = if json { &args[1..] } else { args };
-        let commands = if rest == ["-f", "-"] {
-            input.to_owned()
-        } else {
-            rest.join(" ")
-        };
-        let ran = in_netns(ns, move || Ok(nftlib::run(&commands, json)))
+        let commands = input.to_owned();
+        let ran = in_netns(ns, move || Ok(nftlib::run(&commands, false)))
             .map_err(|e| format!("nft: {e}"))?;
         if let Some(result) = ran {
-            return result;
+            return result.map(drop);
         }
     }
     let path = nft_path().ok_or("`nft` is not installed")?;
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let input = input.to_owned();
-    let shown = args.join(" ");
     let out = in_netns(ns, move || {
         let mut child = std::process::Command::new(path)
-            .args(&args)
+            .args(["-f", "-"])
             .env_clear()
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -772,11 +769,11 @@ fn nft(ns: &OwnedFd, args: &[&str], input: &str) -> Result<String, String> {
     .map_err(|e| format!("nft: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "nft {shown}: {}",
+            "nft -f: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(())
 }
 
 /// The nftables ruleset of a turn whose proxy listens on `port`.
@@ -867,7 +864,8 @@ fn ruleset(policy: &Policy, port: u16) -> String {
 /// namespace they serve.
 #[derive(Debug)]
 pub struct Running {
-    ns: OwnedFd,
+    /// The namespace's nftables, read at the turn's end.
+    counts: counts::Reader,
     shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Where the setup's time went: (phase, µs).
@@ -905,7 +903,7 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
                 .map_err(|e| format!("network namespace: {e}"))?,
             ruleset(&policy, PROXY_PORT),
         );
-        std::thread::spawn(move || nft(&ns, &["-f", "-"], &rules))
+        std::thread::spawn(move || nft_load(&ns, &rules))
     };
     let (udp_ports, udp_v6) = policy.udp_ports();
     let sockets = in_netns(&ns, move || {
@@ -916,14 +914,15 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))?;
         let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, PROXY_PORT))?;
         let relay = udp::sockets(&udp_ports, udp_v6)?;
-        Ok((udp, tcp_dns, l4, l6, relay))
+        let counts = counts::Reader::open()?;
+        Ok((udp, tcp_dns, l4, l6, relay, counts))
     })
     .map_err(|e| format!("preparing the turn's network namespace: {e}"));
     lap("egress_sockets", &mut phases);
     let loaded = loading
         .join()
         .unwrap_or_else(|_| Err("nft: the loading thread panicked".into()));
-    let (udp, tcp_dns, l4, l6, relay) = sockets?;
+    let (udp, tcp_dns, l4, l6, relay, counts) = sockets?;
     loaded?;
     lap("egress_nft", &mut phases);
     let shared = Arc::new(Shared {
@@ -961,7 +960,7 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         },
     ];
     Ok(Running {
-        ns,
+        counts,
         shared,
         threads,
         phases,
@@ -1015,10 +1014,8 @@ impl Running {
     pub fn finish(mut self) -> Report {
         // The turn's processes are gone: the kernel's counts are final;
         // read them while the threads stop.
-        let listing = self.ns.try_clone().map(|ns| {
-            std::thread::spawn(move || nft(&ns, &["-j", "list", "table", "inet", NFT_TABLE], ""))
-        });
         self.shared.stop();
+        let listed = self.counts.read(NFT_TABLE, &NFT_SETS, NFT_OTHER);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -1049,12 +1046,6 @@ impl Running {
                 "proxied connections still running after the turn; their flows are not in the evidence"
             );
         }
-        let listed = match listing {
-            Ok(t) => t
-                .join()
-                .unwrap_or_else(|_| Err("nft: the listing thread panicked".into())),
-            Err(e) => Err(format!("network namespace: {e}")),
-        };
         let refused = listed.map(|s| {
             let names = self
                 .shared
@@ -1106,77 +1097,18 @@ impl Drop for Running {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct NftDoc {
-    nftables: Vec<NftItem>,
-}
-
-#[derive(serde::Deserialize)]
-struct NftItem {
-    #[serde(default)]
-    set: Option<NftSet>,
-    #[serde(default)]
-    counter: Option<NftNamedCounter>,
-}
-
-#[derive(serde::Deserialize)]
-struct NftNamedCounter {
-    packets: u64,
-}
-
-#[derive(serde::Deserialize)]
-struct NftSet {
-    name: String,
-    #[serde(default)]
-    elem: Vec<NftElemItem>,
-}
-
-#[derive(serde::Deserialize)]
-struct NftElemItem {
-    elem: NftElem,
-}
-
-#[derive(serde::Deserialize)]
-struct NftElem {
-    val: NftConcat,
-    #[serde(default)]
-    counter: Option<NftNamedCounter>,
-}
-
-#[derive(serde::Deserialize)]
-struct NftConcat {
-    concat: (String, u16),
-}
-
-/// The connects and datagrams the namespace's nftables refused, from
-/// `nft -j list table`: one flow per destination with its count, and the
-/// count of those beyond the sets' size.
+/// The connects and datagrams the namespace's nftables refused (read by
+/// [`counts`]): one flow per destination with its count, and the count of
+/// those beyond the sets' size.
 fn kernel_refusals(
-    json: &str,
+    refused: &counts::Refused,
     policy: &Policy,
     names: &HashMap<Ipv4Addr, String>,
 ) -> (Vec<Flow>, u64) {
-    let Ok(doc) = serde_json::from_str::<NftDoc>(json) else {
-        return (Vec::new(), 0);
-    };
     let mut flows = Vec::new();
-    let mut other = 0;
-    for item in doc.nftables {
-        if let Some(c) = item.counter {
-            other += c.packets;
-        }
-        let Some(set) = item.set else { continue };
-        let protocol = if set.name.starts_with("udp") {
-            "udp"
-        } else {
-            "tcp"
-        };
-        for e in set.elem {
-            let (addr, port) = e.elem.val.concat;
-            let count = e.elem.counter.map_or(1, |c| c.packets);
-            let Ok(ip) = addr.parse::<IpAddr>() else {
-                continue;
-            };
+    for (set, elems) in &refused.sets {
+        let protocol = if set.starts_with("udp") { "udp" } else { "tcp" };
+        for &(ip, port, count) in elems {
             let name = synthetic(ip).and_then(|s| names.get(&s).cloned());
             let decision = match (protocol, &name) {
                 ("udp", Some(n)) => policy.decide_udp_name(n, port),
@@ -1211,7 +1143,7 @@ fn kernel_refusals(
             });
         }
     }
-    (flows, other)
+    (flows, refused.other)
 }
 
 /// How long an accepted connection waits for one of the [`MAX_ACTIVE`]
