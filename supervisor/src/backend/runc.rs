@@ -240,6 +240,9 @@ impl Backend for RuncBackend {
                 Ok(())
             });
         }
+        if plan.network != "isolated" {
+            crate::sandbox::egress::preload();
+        }
         let mut child = cmd.spawn().map_err(|e| err("start runc", e.to_string()))?;
         drop(ready_w);
         drop(go_r);

@@ -348,6 +348,9 @@ impl Backend for RunscBackend {
             pid_file: &pid_file,
             id: &id,
         };
+        if plan.network != "isolated" {
+            crate::sandbox::egress::preload();
+        }
         // The sandbox inherits these pipes: the command's stdout and stderr.
         let mut child = backend
             .driver

@@ -807,6 +807,9 @@ pub fn park(
     if cgroup::has_v2(&cgroup_place.root) {
         observe::preload();
     }
+    if plan.network != "isolated" {
+        egress::preload();
+    }
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut last = Instant::now();

@@ -134,6 +134,12 @@ pub fn fuzz_one(b: &[u8]) -> bool {
     query | accepted
 }
 
+/// Starts loading what a turn with egress needs (libnftables), in the
+/// background, as its sandbox starts being built.
+pub fn preload() {
+    nftlib::preload();
+}
+
 /// Egress entries this release cannot enforce: `Err(why)` refuses the turn.
 /// `/udp` entries are relayed port by port (see [`udp`]): at most
 /// [`MAX_UDP_PORTS`] ports together (the manifest refuses more at load,
