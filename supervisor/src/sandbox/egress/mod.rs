@@ -743,43 +743,45 @@ fn in_netns<T: Send + 'static>(
     .map_err(|_| std::io::Error::other("network namespace thread panicked"))?
 }
 
-/// Loads the ruleset `input` in the namespace `ns`, on a thread that
-/// entered it: through libnftables when it is there (no `nft` process: see
-/// `nftlib`), else `nft -f -` spawned from that thread (a child starts in
-/// its parent thread's network namespace, so no `pre_exec` forces a full
-/// fork of the supervisor).
-fn nft_load(ns: &OwnedFd, input: &str) -> Result<(), String> {
-    if nftlib::available() {
-        let commands = input.to_owned();
-        let ran = in_netns(ns, move || Ok(nftlib::run(&commands, false)))
-            .map_err(|e| format!("nft: {e}"))?;
-        if let Some(result) = ran {
+/// Loads the ruleset `input` in the namespace `ns` from a thread of its
+/// own that enters it (and ends with the load): through libnftables when
+/// it is there (no `nft` process: see `nftlib`), else `nft -f -` spawned
+/// from that thread (a child starts in its parent thread's network
+/// namespace, so no `pre_exec` forces a full fork of the supervisor).
+fn nft_load(
+    ns: &OwnedFd,
+    input: String,
+) -> std::io::Result<std::thread::JoinHandle<Result<(), String>>> {
+    let ns = ns.try_clone()?;
+    Ok(std::thread::spawn(move || {
+        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("nft: entering the namespace: {e}"))?;
+        if let Some(result) = nftlib::run(&input, false) {
             return result.map(drop);
         }
-    }
-    let path = nft_path().ok_or("`nft` is not installed")?;
-    let input = input.to_owned();
-    let out = in_netns(ns, move || {
-        let mut child = std::process::Command::new(path)
-            .args(["-f", "-"])
-            .env_clear()
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(input.as_bytes());
+        let path = nft_path().ok_or("`nft` is not installed")?;
+        let run = || {
+            let mut child = std::process::Command::new(path)
+                .args(["-f", "-"])
+                .env_clear()
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(input.as_bytes());
+            }
+            child.wait_with_output()
+        };
+        let out = run().map_err(|e| format!("nft: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "nft -f: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
-        child.wait_with_output()
-    })
-    .map_err(|e| format!("nft: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "nft -f: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
+        Ok(())
+    }))
 }
 
 /// The nftables ruleset of a turn whose proxy listens on `port`.
@@ -903,14 +905,8 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
     let policy = Policy::new(network, egress, host)?;
     // The ruleset is loaded while the sockets are made: the proxy's port
     // is fixed (the namespace is new and empty).
-    let loading = {
-        let (ns, rules) = (
-            ns.try_clone()
-                .map_err(|e| format!("network namespace: {e}"))?,
-            ruleset(&policy, PROXY_PORT),
-        );
-        std::thread::spawn(move || nft_load(&ns, &rules))
-    };
+    let loading = nft_load(&ns, ruleset(&policy, PROXY_PORT))
+        .map_err(|e| format!("network namespace: {e}"))?;
     let (udp_ports, udp_v6) = policy.udp_ports();
     let sockets = in_netns(&ns, move || {
         crate::sandbox::sys::loopback_up()?;

@@ -99,6 +99,7 @@ pub fn preload() {
 }
 
 /// Whether libnftables can be used here.
+#[cfg(test)]
 pub fn available() -> bool {
     API.get_or_init(load).is_some()
 }
