@@ -1,15 +1,17 @@
 //! nftables through libnftables, in this process (issue 26, setup cost).
 //!
-//! A turn with egress loads its ruleset at start and lists its sets and
-//! counters at the end. Each `nft` process costs a fork, an exec and the
-//! dynamic loading of libnftables and its five libraries: on this 2-core
-//! host ~3.5 ms to load the ruleset and ~2.9 ms to list it, against
-//! ~1.2 ms and ~0.25 ms through the library from a thread already in the
-//! turn's namespace (`unshare -n`, median of 30, loaded host). The library
-//! is the one the `nft` binary itself links (`libnftables.so.1`), opened
-//! once per process with `dlopen`; where it is missing (or lacks a
-//! symbol) the caller falls back to the `nft` binary, so a host with `nft`
-//! works either way.
+//! A turn with egress loads its ruleset at start (its sets and counters
+//! are read at the end over nfnetlink directly: see `counts`). An `nft`
+//! process costs a fork, an exec and the dynamic loading of libnftables
+//! and its five libraries: on this 2-core host ~3.5 ms to load the
+//! ruleset, against ~1.2 ms through the library from a thread already in
+//! the turn's namespace (`unshare -n`, median of 30, loaded host); the
+//! first load in a process pays ~2 ms more (the library mapped, its tables
+//! read), which [`preload`] moves off the turn's path. The library is the
+//! one the `nft` binary itself links (`libnftables.so.1`), opened once per
+//! process with `dlopen`; where it is missing (or lacks a symbol) the
+//! caller falls back to the `nft` binary, so a host with `nft` works
+//! either way.
 //!
 //! A context is made, used and freed on the calling thread: its netlink
 //! socket is opened in that thread's network namespace (the caller enters
