@@ -110,6 +110,9 @@ struct RuncSandbox {
     uppers: Vec<PathBuf>,
     scratch: PathBuf,
     torn_down: bool,
+    /// The container's init was reaped (by [`super::hostview::reap`]):
+    /// its PID namespace, and so every process of the container, is gone.
+    reaped: bool,
     /// Ends the turn if the supervisor dies; disarmed once torn down.
     guard: Option<super::hostview::Guard>,
     /// A `restricted` / `allow_egress` turn's egress, in the container's
@@ -200,6 +203,7 @@ impl Backend for RuncBackend {
                 .collect(),
             scratch: turn.path.join(init::SCRATCH_DIR),
             torn_down: false,
+            reaped: false,
             guard: Some(guard),
             egress: None,
         };
@@ -339,14 +343,21 @@ impl RuncSandbox {
         }
         self.torn_down = true;
         self.go.take();
-        self.cg.kill_all();
+        let empty = self.cg.kill_all();
         if let Some(w) = self.watch.as_mut() {
             w.stop();
         }
-        let _ = self
-            .backend
-            .driver
-            .run(&RuntimeCmd::Delete { id: &self.id }, &self.log);
+        // A container known stopped needs no `delete` process (a runtime
+        // starting again, ~10 ms of runc's): its record is removed here.
+        let removed = self.reaped
+            && empty
+            && super::runtime::remove_stopped_record(self.backend.driver.runtime, &self.id);
+        if !removed {
+            let _ = self
+                .backend
+                .driver
+                .run(&RuntimeCmd::Delete { id: &self.id }, &self.log);
+        }
         if let Some(view) = self.view.as_mut() {
             view.unmount();
         }
@@ -441,6 +452,7 @@ impl Sandbox for RuncSandbox {
     fn wait(mut self: Box<Self>) -> Result<Execution> {
         self.go.take();
         let ending = super::hostview::reap(self.pid, "runc", "container");
+        self.reaped = matches!(ending, Ending::Exited(_) | Ending::Signaled { .. });
         self.lap("command_and_exit");
         let empty = self.cg.kill_all();
         let egress = self

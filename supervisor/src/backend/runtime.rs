@@ -159,6 +159,25 @@ pub fn forget(id: &str) {
     }
 }
 
+/// Removes what runc or crun keeps of container `id` once every process
+/// of it is gone: its state directory. That is what their `delete` does
+/// for a stopped container besides removing its cgroups, which are the
+/// turn's own and removed by the caller (runc's `destroy`: the cgroup
+/// manager's paths, the state directory, poststop hooks, of which a turn's
+/// bundle has none). `false` for another runtime or a directory that would
+/// not go: the caller runs `delete` then.
+pub fn remove_stopped_record(runtime: Runtime, id: &str) -> bool {
+    let plain = !id.is_empty() && id != "." && id != ".." && !id.contains('/');
+    if !plain || !matches!(runtime, Runtime::Runc | Runtime::Crun) {
+        return false;
+    }
+    let dir = Path::new(RUNTIME_ROOT).join(runtime.as_str()).join(id);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// Whether `runtime` keeps anything of container `id`: runc and crun a
 /// directory named `id`; runsc files named after its sandbox.
 fn has_record(runtime: Runtime, id: &str) -> bool {
