@@ -116,11 +116,14 @@ print("GETS", round(statistics.median(ts), 3))
 /// The test internet: a namespace, a veth pair, routes on the host side,
 /// and the servers. Removed on drop.
 ///
-/// One at a time in this process: every test internet holds the same
-/// documentation addresses and host routes (the test harness runs tests
-/// on several threads).
+/// One at a time on the host: every test internet holds the same
+/// documentation addresses and host routes. The test harness runs tests
+/// on several threads (a mutex), and other test binaries and the bench
+/// may run beside them (a lock file); one left by a killed process is
+/// removed first.
 pub struct Internet {
     _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+    _one_on_the_host: nix::fcntl::Flock<std::fs::File>,
     /// The namespace's name (`/run/netns/<ns>`).
     pub ns: String,
     veth: String,
@@ -128,6 +131,48 @@ pub struct Internet {
     routes: bool,
     log: PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// The host's routes to the test internet (IPv4; the IPv6 one goes with
+/// the veth).
+const ROUTES: [&str; 3] = ["203.0.113.0/24", "10.255.77.0/24", "169.254.77.0/24"];
+
+/// A test internet whose process is gone (SIGKILLed, or one that failed
+/// half-way up before [`Internet::try_up`] cleaned up after itself) still
+/// holds 198.51.100.1 on its veth: the next one's routes could lead into
+/// it. Removed, with its namespace; one whose process lives is an error.
+fn remove_leftovers() -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(["-o", "link", "show", "type", "veth"])
+        .output()
+        .map_err(|e| format!("ip link: {e}"))?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line
+            .split(": ")
+            .nth(1)
+            .map(|n| n.split('@').next().unwrap_or(n))
+        else {
+            continue;
+        };
+        let Some(pid) = name
+            .strip_prefix("tsi")
+            .and_then(|r| r.strip_suffix('h'))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(format!(
+                "another test internet is up (veth {name} of process {pid}; if that process \
+                 is not a test, remove it: ip link del {name}; ip netns del ts-inet-{pid})"
+            ));
+        }
+        let _ = Command::new("ip").args(["link", "del", name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &format!("ts-inet-{pid}")])
+            .output();
+    }
+    Ok(())
 }
 
 fn sh(args: &[&str]) -> Result<(), String> {
@@ -154,6 +199,27 @@ impl Internet {
     pub fn try_up() -> Result<Self, String> {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let guard = ONE.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = ["/run/lock", "/tmp"]
+            .into_iter()
+            .find(|d| std::path::Path::new(d).is_dir())
+            .unwrap_or("/tmp");
+        let path = format!("{dir}/turnstile-test-internet.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let host_lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| format!("flock {path}: {e}"))?;
+        // One of a process that does not take the lock (older test code)
+        // is waited for, a while.
+        let start = std::time::Instant::now();
+        while let Err(e) = remove_leftovers() {
+            if start.elapsed() > std::time::Duration::from_secs(300) {
+                return Err(e);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
         let id = std::process::id();
         let (ns, veth, peer) = (
             format!("ts-inet-{id}"),
@@ -167,6 +233,7 @@ impl Internet {
         // From here on, drop removes what exists.
         let mut me = Self {
             _one_at_a_time: guard,
+            _one_on_the_host: host_lock,
             ns,
             veth,
             servers: None,
@@ -239,8 +306,17 @@ impl Internet {
             "2001:db8:ffff::1",
         ])?;
         me.routes = true;
-        for net in ["203.0.113.0/24", "10.255.77.0/24", "169.254.77.0/24"] {
-            sh(&["ip", "route", "add", net, "via", "198.51.100.2"])?;
+        for net in ROUTES {
+            sh(&[
+                "ip",
+                "route",
+                "add",
+                net,
+                "via",
+                "198.51.100.2",
+                "dev",
+                &veth,
+            ])?;
         }
         sh(&[
             "ip",
@@ -286,9 +362,13 @@ impl Drop for Internet {
             let _ = s.kill();
             let _ = s.wait();
         }
+        // Only this internet's routes (another's, if one is up despite
+        // the lock, keeps its own).
         if self.routes {
-            for net in ["203.0.113.0/24", "10.255.77.0/24", "169.254.77.0/24"] {
-                let _ = Command::new("ip").args(["route", "del", net]).output();
+            for net in ROUTES {
+                let _ = Command::new("ip")
+                    .args(["route", "del", net, "dev", &self.veth])
+                    .output();
             }
         }
         let _ = Command::new("ip")
