@@ -849,28 +849,31 @@ const GETS_PER_TURN: usize = 20;
 
 /// `n` GETs of 1 MiB from `host`:8080, one after another, each timed by
 /// the script itself: `RESOLVE` is getaddrinfo, `GET` is connect, the
-/// request and reading the 1 MiB to EOF (ms, one per GET, in order).
+/// request and reading the 1 MiB to EOF, `FIRST` the part of `GET` until
+/// the first bytes came back (ms, one per GET, in order).
 const BENCH_GETS: &str = r#"
 import socket, sys, time
 host, n = sys.argv[1], int(sys.argv[2])
-res, get = [], []
+res, get, first = [], [], []
 for _ in range(n):
     t0 = time.perf_counter()
     fam, typ, proto, _, addr = socket.getaddrinfo(host, 8080, type=socket.SOCK_STREAM)[0]
     t1 = time.perf_counter()
     c = socket.socket(fam, typ, proto); c.settimeout(5); c.connect(addr)
     c.sendall(b"GET / HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
-    k = 0
+    k, tf = 0, None
     while True:
         d = c.recv(1 << 16)
+        if tf is None: tf = time.perf_counter()
         if not d: break
         k += len(d)
     c.close()
     t2 = time.perf_counter()
     assert k == 1 << 20, k
-    res.append((t1 - t0) * 1000); get.append((t2 - t1) * 1000)
+    res.append((t1 - t0) * 1000); get.append((t2 - t1) * 1000); first.append((tf - t1) * 1000)
 print("RESOLVE", *["%.4f" % x for x in res])
 print("GET", *["%.4f" % x for x in get])
+print("FIRST", *["%.4f" % x for x in first])
 "#;
 
 const NET_BEGIN: &str = "<!-- bench-network -->";
@@ -1029,7 +1032,7 @@ fn network_cost(
 }
 
 /// The turn's and the script's own lines `RESOLVE …` and `GET …`.
-fn get_times(out: &str) -> Option<(Vec<f64>, Vec<f64>)> {
+fn get_times(out: &str) -> Option<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     let line = |tag: &str| -> Option<Vec<f64>> {
         out.lines()
             .rev()
@@ -1040,8 +1043,11 @@ fn get_times(out: &str) -> Option<(Vec<f64>, Vec<f64>)> {
                     .collect()
             })
     };
-    let (res, get) = (line("RESOLVE ")?, line("GET ")?);
-    (res.len() == GETS_PER_TURN && get.len() == GETS_PER_TURN).then_some((res, get))
+    let (res, get, first) = (line("RESOLVE ")?, line("GET ")?, line("FIRST ")?);
+    [&res, &get, &first]
+        .iter()
+        .all(|v| v.len() == GETS_PER_TURN)
+        .then_some((res, get, first))
 }
 
 /// An allowed 1 MiB GET through a restricted turn against the same GET
@@ -1098,6 +1104,8 @@ fn get_cost(env: &Env, rounds: usize, r: &mut String) -> Option<f64> {
     struct Side {
         res: Vec<f64>,
         get: Vec<f64>,
+        ttfb: Vec<f64>,
+        rest: Vec<f64>,
         both: Vec<f64>,
         first: Vec<f64>,
         wall: Vec<f64>,
@@ -1131,7 +1139,7 @@ fn get_cost(env: &Env, rounds: usize, r: &mut String) -> Option<f64> {
             } else {
                 String::from_utf8_lossy(&out.stdout).into_owned()
             };
-            let Some((res, get)) = get_times(&text).filter(|_| out.status.success()) else {
+            let Some((res, get, first)) = get_times(&text).filter(|_| out.status.success()) else {
                 side.failed += 1;
                 side.why = Some(format!(
                     "{}: {}",
@@ -1151,6 +1159,8 @@ fn get_cost(env: &Env, rounds: usize, r: &mut String) -> Option<f64> {
             }
             side.first.push(res[0] + get[0]);
             side.both.extend(res.iter().zip(&get).map(|(a, b)| a + b));
+            side.ttfb.extend(first.iter().copied());
+            side.rest.extend(get.iter().zip(&first).map(|(g, f)| g - f));
             side.res.extend(res);
             side.get.extend(get);
             side.wall.push(ms);
@@ -1195,6 +1205,16 @@ fn get_cost(env: &Env, rounds: usize, r: &mut String) -> Option<f64> {
     for (label, a, b) in [
         ("resolve + GET (per GET)", &ins.both, &outs.both),
         ("GET: connect to last byte (per GET)", &ins.get, &outs.get),
+        (
+            "… of which connect + request to the first bytes back",
+            &ins.ttfb,
+            &outs.ttfb,
+        ),
+        (
+            "… of which the first bytes back to the last",
+            &ins.rest,
+            &outs.rest,
+        ),
         ("resolve (per GET)", &ins.res, &outs.res),
         (
             "first GET of a process (resolve + GET)",
