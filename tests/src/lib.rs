@@ -4,6 +4,7 @@
 
 pub mod containerd;
 pub mod cri;
+pub mod inet;
 pub mod realsw;
 pub mod redteam;
 pub mod soak;

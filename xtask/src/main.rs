@@ -86,7 +86,7 @@ fn main() -> Result<()> {
         Some("fuzz") => fuzz(&args[1..]),
         Some("redteam") => redteam(&args[1..]),
         Some("realsw") => realsw(&args[1..]),
-        Some("bench") => bench(),
+        Some("bench") => bench(&args[1..]),
         Some("bench-shim") => bench_shim(&args[1..]),
         Some("package" | "deb") => package(&args[1..]),
         Some("bench-serve") => bench_serve(&args[1..]),
@@ -408,7 +408,13 @@ const BENCH_PACKAGES: &[&str] = &[
 /// Runs the benchmark (release build) in a private mount namespace whose
 /// /sys/fs/cgroup/unified is hidden, so crun accepts this hybrid layout
 /// (MACHINE-NOTES); every system sees the same view.
-fn bench() -> Result<()> {
+fn bench(args: &[String]) -> Result<()> {
+    // `bench network`: only the network policy's cost (BENCH_ONLY=network).
+    let only = match args.first().map(String::as_str) {
+        None => None,
+        Some("network") => Some("network"),
+        Some(other) => bail!("bench: unknown section `{other}` (only `network` runs alone)"),
+    };
     setup()?;
     let missing: Vec<&str> = BENCH_PACKAGES
         .iter()
@@ -423,7 +429,11 @@ fn bench() -> Result<()> {
     let root = workspace_root();
     let bin = root.join("target/release/bench");
     let script = "mount -t tmpfs none /sys/fs/cgroup/unified 2>/dev/null; exec \"$0\" \"$@\"";
-    run(Command::new("unshare")
+    let mut cmd = Command::new("unshare");
+    if let Some(only) = only {
+        cmd.env("BENCH_ONLY", only);
+    }
+    run(cmd
         .args(["-m", "--propagation", "private", "sh", "-c", script])
         .arg(&bin)
         .arg(root.join("bench"))

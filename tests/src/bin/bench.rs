@@ -219,8 +219,10 @@ fn systems(env: &Env, sid: &str) -> Vec<System> {
         missing: None,
     });
     // Issue 26: the same turn under `network: restricted` (its resolver,
-    // proxy and nftables set up and torn down; no traffic). Not piped:
-    // its phases stay out of the isolated turn's table.
+    // proxy and nftables set up and torn down; no traffic). Piped: its
+    // phases go to the network section, not the isolated turn's table.
+    // Its upstream resolver is a closed port on the host's loopback: the
+    // turn sends nothing, and if it ever did, nothing would leave the host.
     let mut net_args = env.run_args(&env.new_session());
     if let Some(p) = net_args.iter_mut().find(|a| *a == "bench") {
         *p = "bench-net".into();
@@ -231,7 +233,9 @@ fn systems(env: &Env, sid: &str) -> Vec<System> {
         make: Box::new(move |_| {
             let mut c = quiet(Command::new(&sup));
             c.args(&net_args)
-                .args(["--json", "--no-outputs", "--", "/bin/true"]);
+                .args(["--json", "--no-outputs", "--", "/bin/true"])
+                .env("TURNSTILE_DNS_UPSTREAM", NOWHERE)
+                .stdout(Stdio::piped());
             c
         }),
         missing: which("nft")
@@ -254,10 +258,27 @@ fn main() {
     if !turnstile_tests::require_root("bench") {
         std::process::exit(2);
     }
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
+    let rounds: usize = match std::env::var("BENCH_ROUNDS") {
+        Err(_) => 100,
+        Ok(s) => match s.parse() {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                eprintln!("bench: BENCH_ROUNDS={s:?}: a number of rounds, at least 1");
+                std::process::exit(2);
+            }
+        },
+    };
+    // `BENCH_ONLY=network` (`cargo xtask bench network`): only the
+    // isolated and restricted turns and the GETs; the network section of
+    // RESULTS.md is replaced, the rest of the file kept.
+    let network_only = match std::env::var("BENCH_ONLY").as_deref() {
+        Err(_) | Ok("") => false,
+        Ok("network") => true,
+        Ok(other) => {
+            eprintln!("bench: BENCH_ONLY={other:?}: the only section that runs alone is `network`");
+            std::process::exit(2);
+        }
+    };
     let out_dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench".into()));
     let tmp = tempfile::Builder::new()
         .prefix("ts-bench-")
@@ -270,26 +291,35 @@ fn main() {
         state: dir.join("state"),
         dir: dir.clone(),
     };
-    std::fs::create_dir_all(env.ws.join("installed/bench")).unwrap();
-    std::fs::write(
-        env.ws.join("installed/bench/manifest.json"),
-        r#"{"capabilities":{"execute":["/bin/true","/usr/bin/python3"]},
-            "limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#,
-    )
-    .unwrap();
-    std::fs::create_dir_all(env.ws.join("installed/bench-net")).unwrap();
-    std::fs::write(
-        env.ws.join("installed/bench-net/manifest.json"),
-        r#"{"capabilities":{"execute":["/bin/true"]},"network":"restricted",
-            "egress":["bench.test:443"],"limits":{"timeout_seconds":300}}"#,
-    )
-    .unwrap();
+    // `bench-net` and `bench-get` are `bench` with a network policy and
+    // nothing else changed, so a difference is the policy's cost.
+    for (pkg, network) in [
+        ("bench", ""),
+        (
+            "bench-net",
+            r#","network":"restricted","egress":["bench.test:443"]"#,
+        ),
+        (
+            "bench-get",
+            r#","network":"restricted","egress":["good.test:8080"]"#,
+        ),
+    ] {
+        std::fs::create_dir_all(env.ws.join("installed").join(pkg)).unwrap();
+        std::fs::write(
+            env.ws.join("installed").join(pkg).join("manifest.json"),
+            format!(
+                r#"{{"capabilities":{{"execute":["/bin/true","/usr/bin/python3"]}},
+            "limits":{{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}{network}}}"#
+            ),
+        )
+        .unwrap();
+    }
     let sid = env.new_session();
     let mut report = String::new();
     let mut rows: Vec<(String, Option<Stats>, Option<String>)> = Vec::new();
 
     // Peak RSS of the supervisor: before any other child has run.
-    for _ in 0..20 {
+    for _ in 0..if network_only { 0 } else { 20 } {
         let mut c = env.supervise();
         c.args(env.run_args(&sid))
             .args(["--no-outputs", "--", "/bin/true"]);
@@ -301,11 +331,14 @@ fn main() {
 
     // 1. Interleaved whole-process wall time of /bin/true.
     eprintln!("bench: {rounds} interleaved rounds of /bin/true");
-    let systems = systems(&env, &sid);
+    let mut systems = systems(&env, &sid);
+    if network_only {
+        systems.retain(|s| s.name == "turnstile" || s.name == "turnstile restricted");
+    }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     let mut failures: Vec<usize> = vec![0; systems.len()];
-    let mut phases: std::collections::BTreeMap<String, Vec<f64>> =
-        std::collections::BTreeMap::new();
+    let mut phases: Phases = Phases::new();
+    let mut net_phases: Phases = Phases::new();
     for round in 0..(rounds + 5) {
         // Rotate the order every round: a system's asynchronous teardown
         // (runsc's, above all) must not always land on the same neighbour.
@@ -318,22 +351,10 @@ fn main() {
             match time_once((s.make)(round)) {
                 Some((ms, stdout)) if round >= 5 => {
                     samples[i].push(ms);
-                    if let Ok(v) = serde_json::from_slice::<Value>(&stdout) {
-                        let d = &v["durations"];
-                        if let Some(m) = d["phases_ms"].as_object() {
-                            for (k, x) in m {
-                                phases
-                                    .entry(k.clone())
-                                    .or_default()
-                                    .push(x.as_f64().unwrap_or(0.0));
-                            }
-                        }
-                        for k in ["wall_ms", "ledger_entries_ms"] {
-                            phases
-                                .entry(format!("({k})"))
-                                .or_default()
-                                .push(d[k].as_f64().unwrap_or(0.0));
-                        }
+                    match s.name {
+                        "turnstile" => add_phases(&mut phases, &stdout),
+                        "turnstile restricted" => add_phases(&mut net_phases, &stdout),
+                        _ => {}
                     }
                 }
                 Some(_) => {}
@@ -412,6 +433,17 @@ fn main() {
         )
         .unwrap();
     }
+
+    // 1a. What a network policy costs (issue 26 item 6): the restricted
+    // turn of the same rounds, and a 1 MiB GET in and out of a turn.
+    let net = network_cost(&env, rounds, network_only, &rows, &phases, &net_phases);
+    if network_only {
+        splice_network(&out_dir, &net.section);
+        print!("{}", net.section);
+        return;
+    }
+    report.push('\n');
+    report.push_str(&net.section);
 
     // 1b. Each OCI backend's turn against the bare runtime running the same
     // bundle (issue 10 item 5), interleaved in one run.
@@ -526,6 +558,16 @@ fn main() {
             Some(verify_mbps >= 200.0),
         ),
         (
+            "restricted turn's setup ≤ isolated + 2 ms",
+            net.setup_ms.map(|d| format!("{d:+.2} ms")),
+            net.setup_ms.map(|d| d <= 2.0),
+        ),
+        (
+            "1 MiB GET through a restricted turn ≤ 1.5× outside",
+            net.get_ratio.map(|r| format!("{r:.2}×")),
+            net.get_ratio.map(|r| r <= 1.5),
+        ),
+        (
             "8 sessions ≥ 300 turns/s",
             Some(format!("{tps:.0} turns/s")),
             Some(tps >= 300.0),
@@ -548,7 +590,8 @@ fn main() {
     let svg = svg_chart(&rows);
     std::fs::write(out_dir.join("latency.svg"), svg).unwrap();
     let header = format!(
-        "# turnstile benchmark results\n\nProduced by `cargo xtask bench` (release build, as root) on {} — {} cores, kernel {}, {}.\n\n![latency per system](latency.svg)\n\n",
+        "# turnstile benchmark results\n\nProduced by `cargo xtask bench` (release build, as root) at commit {} on {} — {} cores, kernel {}, {}.\n\n![latency per system](latency.svg)\n\n",
+        commit(),
         date(),
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -771,6 +814,484 @@ fn oci_backends(env: &Env, rounds: usize, report: &mut String) -> OciRatios {
     OciRatios {
         runc: ratio(1),
         crun: ratio(3),
+    }
+}
+
+type Phases = std::collections::BTreeMap<String, Vec<f64>>;
+
+/// A turn's own phase timings from its `--json` stdout, and its wall and
+/// ledger times in parentheses.
+fn add_phases(into: &mut Phases, stdout: &[u8]) {
+    if let Ok(v) = serde_json::from_slice::<Value>(stdout) {
+        let d = &v["durations"];
+        if let Some(m) = d["phases_ms"].as_object() {
+            for (k, x) in m {
+                into.entry(k.clone())
+                    .or_default()
+                    .push(x.as_f64().unwrap_or(0.0));
+            }
+        }
+        for k in ["wall_ms", "ledger_entries_ms"] {
+            into.entry(format!("({k})"))
+                .or_default()
+                .push(d[k].as_f64().unwrap_or(0.0));
+        }
+    }
+}
+
+/// The upstream resolver of the restricted turns that send nothing: a
+/// closed port on the host's loopback (a stray query would stay on the
+/// host).
+const NOWHERE: &str = "127.0.0.1:9";
+
+/// GETs per turn (and per outside process) in the GET comparison.
+const GETS_PER_TURN: usize = 20;
+
+/// `n` GETs of 1 MiB from `host`:8080, one after another, each timed by
+/// the script itself: `RESOLVE` is getaddrinfo, `GET` is connect, the
+/// request and reading the 1 MiB to EOF, `FIRST` the part of `GET` until
+/// the first bytes came back (ms, one per GET, in order).
+const BENCH_GETS: &str = r#"
+import socket, sys, time
+host, n = sys.argv[1], int(sys.argv[2])
+res, get, first = [], [], []
+for _ in range(n):
+    t0 = time.perf_counter()
+    fam, typ, proto, _, addr = socket.getaddrinfo(host, 8080, type=socket.SOCK_STREAM)[0]
+    t1 = time.perf_counter()
+    c = socket.socket(fam, typ, proto); c.settimeout(5); c.connect(addr)
+    c.sendall(b"GET / HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
+    k, tf = 0, None
+    while True:
+        d = c.recv(1 << 16)
+        if tf is None: tf = time.perf_counter()
+        if not d: break
+        k += len(d)
+    c.close()
+    t2 = time.perf_counter()
+    assert k == 1 << 20, k
+    res.append((t1 - t0) * 1000); get.append((t2 - t1) * 1000); first.append((tf - t1) * 1000)
+print("RESOLVE", *["%.4f" % x for x in res])
+print("GET", *["%.4f" % x for x in get])
+print("FIRST", *["%.4f" % x for x in first])
+"#;
+
+const NET_BEGIN: &str = "<!-- bench-network -->";
+const NET_END: &str = "<!-- /bench-network -->";
+
+/// The network section (between [`NET_BEGIN`] and [`NET_END`]) and the
+/// two numbers the issue sets targets for.
+struct NetCost {
+    section: String,
+    /// restricted − isolated median wall time of the same turn, ms.
+    setup_ms: Option<f64>,
+    /// Median resolve + GET inside a restricted turn over the same outside.
+    get_ratio: Option<f64>,
+}
+
+fn network_cost(
+    env: &Env,
+    rounds: usize,
+    network_only: bool,
+    rows: &[(String, Option<Stats>, Option<String>)],
+    iso_phases: &Phases,
+    net_phases: &Phases,
+) -> NetCost {
+    let mut r = String::new();
+    writeln!(
+        r,
+        "{NET_BEGIN}\n## Network policy cost (issue 26 item 6)\n\nAt commit {} on {}{}.\n",
+        commit(),
+        date(),
+        if network_only {
+            " (`BENCH_ONLY=network`: this section alone)"
+        } else {
+            ""
+        }
+    )
+    .unwrap();
+    // Setup: the two turnstile rows of the interleaved rounds.
+    let row = |name: &str| rows.iter().find(|x| x.0 == name);
+    let (iso, res) = (row("turnstile"), row("turnstile restricted"));
+    writeln!(
+        r,
+        "### Setup: a `restricted` turn against the same `isolated` turn\n\n\
+         `supervise run --json --no-outputs -- /bin/true`, whole-process wall time, {}: \
+         the same manifest but for `\"network\":\"restricted\",\"egress\":[\"bench.test:443\"]`. \
+         The restricted turn sends nothing; its cost is making the turn's resolver, proxy and nftables ruleset and removing them.\n\n\
+         | turn | median ms | p95 ms | min–max ms |\n|---|---:|---:|---|",
+        if network_only {
+            format!("{rounds} interleaved rounds of these two alone (order rotated each round, 5 warm-up)")
+        } else {
+            "the two turnstile rows of the rounds above".to_owned()
+        }
+    )
+    .unwrap();
+    for (label, x) in [("isolated", iso), ("restricted", res)] {
+        match x {
+            Some((_, Some(s), _)) => writeln!(
+                r,
+                "| {label} | {:.2} | {:.2} | {:.2}–{:.2} |",
+                s.median, s.p95, s.min, s.max
+            )
+            .unwrap(),
+            Some((_, None, Some(why))) => writeln!(r, "| {label} | missing: {why} | | |").unwrap(),
+            _ => writeln!(r, "| {label} | missing | | |").unwrap(),
+        }
+    }
+    let setup_ms = match (iso, res) {
+        (Some((_, Some(a), _)), Some((_, Some(b), _))) => Some(b.median - a.median),
+        _ => None,
+    };
+    if let Some(d) = setup_ms {
+        writeln!(
+            r,
+            "| **restricted − isolated** | **{d:+.2}** (target ≤ +2 ms) | | |"
+        )
+        .unwrap();
+    }
+    if !net_phases.is_empty() {
+        writeln!(
+            r,
+            "\nWhere the two turns' time goes (medians over the same rounds, from each turn's own `--json` durations). \
+             `egress_sockets` and `egress_nft` are laps of the egress setup thread, which runs while the sandbox is made: \
+             they overlap the other phases. `egress_wait` is the lap from the one before it to the moment the sandbox's init has parked \
+             *and* that thread is done, so it also holds the part of the init's start that an isolated turn counts in `init_until_ready`: \
+             compare the row of their sum. `egress_finish` is stopping the proxy and reading its flows and counters after the command.\n\n\
+             | phase | isolated ms | restricted ms | difference ms |\n|---|---:|---:|---:|"
+        )
+        .unwrap();
+        // Per turn, then the median: the two laps split one wait.
+        let sum = |p: &Phases| -> Option<f64> {
+            let ready = p.get("init_until_ready")?;
+            let wait = p.get("egress_wait");
+            let v: Vec<f64> = ready
+                .iter()
+                .enumerate()
+                .map(|(i, r)| r + wait.and_then(|w| w.get(i)).copied().unwrap_or(0.0))
+                .collect();
+            (!v.is_empty()).then(|| stats(&v).median)
+        };
+        // Outside the turn's own clock: process start-up, session open,
+        // manifest, policy check, exit.
+        let rest = |st: Option<&Stats>, p: &Phases| -> Option<f64> {
+            let m = |k: &str| p.get(k).map(|v| stats(v).median);
+            Some(st?.median - m("(wall_ms)")? - m("(ledger_entries_ms)")?)
+        };
+        if let (Some(a), Some(b)) = (
+            rest(iso.and_then(|x| x.1.as_ref()), iso_phases),
+            rest(res.and_then(|x| x.1.as_ref()), net_phases),
+        ) {
+            writeln!(
+                r,
+                "| (the rest: whole process − wall_ms − ledger_entries_ms: start-up, session open, manifest, check, exit) | {a:.3} | {b:.3} | {:+.3} |",
+                b - a
+            )
+            .unwrap();
+        }
+        if let (Some(a), Some(b)) = (sum(iso_phases), sum(net_phases)) {
+            writeln!(
+                r,
+                "| (egress_wait + init_until_ready) | {a:.3} | {b:.3} | {:+.3} |",
+                b - a
+            )
+            .unwrap();
+        }
+        let med = |p: &Phases, k: &str| p.get(k).map(|v| stats(v).median);
+        let mut keys: Vec<&String> = net_phases.keys().chain(iso_phases.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.sort_by(|a, b| {
+            let m = |k: &str| med(net_phases, k).or(med(iso_phases, k)).unwrap_or(0.0);
+            m(b).total_cmp(&m(a))
+        });
+        let cell = |x: Option<f64>| x.map_or("–".to_owned(), |m| format!("{m:.3}"));
+        for k in keys {
+            let (a, b) = (med(iso_phases, k), med(net_phases, k));
+            writeln!(
+                r,
+                "| {k} | {} | {} | {} |",
+                cell(a),
+                cell(b),
+                match (a, b) {
+                    (Some(a), Some(b)) => format!("{:+.3}", b - a),
+                    (None, Some(b)) => format!("{b:+.3}"),
+                    _ => "–".into(),
+                }
+            )
+            .unwrap();
+        }
+    }
+    let get_ratio = get_cost(env, rounds, &mut r);
+    writeln!(r, "\n{NET_END}").unwrap();
+    NetCost {
+        section: r,
+        setup_ms,
+        get_ratio,
+    }
+}
+
+/// The turn's and the script's own lines `RESOLVE …` and `GET …`.
+fn get_times(out: &str) -> Option<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let line = |tag: &str| -> Option<Vec<f64>> {
+        out.lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(tag))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+    };
+    let (res, get, first) = (line("RESOLVE ")?, line("GET ")?, line("FIRST ")?);
+    [&res, &get, &first]
+        .iter()
+        .all(|v| v.len() == GETS_PER_TURN)
+        .then_some((res, get, first))
+}
+
+/// An allowed 1 MiB GET through a restricted turn against the same GET
+/// outside, interleaved, against the test internet (tests/src/inet.rs);
+/// appends its table to `r`. The ratio of the medians of resolve + GET.
+fn get_cost(env: &Env, rounds: usize, r: &mut String) -> Option<f64> {
+    writeln!(
+        r,
+        "\n### An allowed 1 MiB GET: through a `restricted` turn against the same GET outside\n"
+    )
+    .unwrap();
+    let missing = ["nft", "ip", "python3"]
+        .iter()
+        .find(|t| which(t).is_none())
+        .map(|t| format!("`{t}` is not installed"));
+    let net = match missing {
+        Some(why) => Err(why),
+        None => turnstile_tests::inet::Internet::try_up(),
+    };
+    let _net = match net {
+        Ok(n) => n,
+        Err(why) => {
+            writeln!(r, "missing: {why}").unwrap();
+            return None;
+        }
+    };
+    eprintln!(
+        "bench: {rounds} interleaved rounds of {GETS_PER_TURN} GETs of 1 MiB, in a restricted turn and outside"
+    );
+    let sid = env.new_session();
+    let k = GETS_PER_TURN.to_string();
+    let mut args = env.run_args(&sid);
+    if let Some(p) = args.iter_mut().find(|a| *a == "bench") {
+        *p = "bench-get".into();
+    }
+    let inside = || {
+        let mut c = quiet(env.supervise());
+        c.args(&args)
+            .args(["--json", "--no-outputs", "--"])
+            .args(["/usr/bin/python3", "-c", BENCH_GETS, "good.test", &k])
+            .env("TURNSTILE_DNS_UPSTREAM", turnstile_tests::inet::UPSTREAM)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let outside = || {
+        let mut c = quiet(Command::new("/usr/bin/python3"));
+        c.args(["-c", BENCH_GETS, "203.0.113.10", &k])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    #[derive(Default)]
+    struct Side {
+        res: Vec<f64>,
+        get: Vec<f64>,
+        ttfb: Vec<f64>,
+        rest: Vec<f64>,
+        both: Vec<f64>,
+        first: Vec<f64>,
+        wall: Vec<f64>,
+        failed: usize,
+        why: Option<String>,
+    }
+    let (mut ins, mut outs) = (Side::default(), Side::default());
+    let mut turn_phases = Phases::new();
+    let warm = 2;
+    for round in 0..(rounds + warm) {
+        for which_side in [round % 2, 1 - round % 2] {
+            let (mut c, side) = if which_side == 0 {
+                (inside(), &mut ins)
+            } else {
+                (outside(), &mut outs)
+            };
+            let t = Instant::now();
+            let out = c.output();
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    side.failed += 1;
+                    side.why = Some(e.to_string());
+                    continue;
+                }
+            };
+            // A turn's `--json` puts the command's stdout on stderr.
+            let text = if which_side == 0 {
+                String::from_utf8_lossy(&out.stderr).into_owned()
+            } else {
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            };
+            let Some((res, get, first)) = get_times(&text).filter(|_| out.status.success()) else {
+                side.failed += 1;
+                side.why = Some(format!(
+                    "{}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                ));
+                continue;
+            };
+            if round < warm {
+                continue;
+            }
+            if which_side == 0 {
+                add_phases(&mut turn_phases, &out.stdout);
+            }
+            side.first.push(res[0] + get[0]);
+            side.both.extend(res.iter().zip(&get).map(|(a, b)| a + b));
+            side.ttfb.extend(first.iter().copied());
+            side.rest.extend(get.iter().zip(&first).map(|(g, f)| g - f));
+            side.res.extend(res);
+            side.get.extend(get);
+            side.wall.push(ms);
+        }
+    }
+    writeln!(
+        r,
+        "{rounds} interleaved rounds (+{warm} warm-up), which side goes first alternating each round. \
+         A round is one turn of package `bench-get` (the `bench` manifest with `\"network\":\"restricted\",\"egress\":[\"good.test:8080\"]`) \
+         running a Python script that does {GETS_PER_TURN} GETs of 1 MiB from `good.test:8080`, one after another, \
+         and the same script outside any sandbox against `203.0.113.10:8080`, the address `good.test` names. \
+         The server is the test internet's (tests/src/inet.rs: a network namespace behind a veth pair holding documentation addresses; nothing leaves the host). \
+         The script times each GET itself: *resolve* is `getaddrinfo` (inside, a query to the turn's resolver, which asks the test internet's resolver; \
+         outside, a literal address: no query), *GET* is connect, the request and reading the 1 MiB to EOF \
+         (inside, through the turn's transparent proxy, which connects upstream by name and splices the bytes). \
+         Per-GET rows pool every GET of every round; *first* is each process's first GET (resolve + GET); \
+         *whole process* is the wall time of the `supervise run` (turn set-up, Python's start-up, the GETs, teardown, ledger) against `python3` alone.\n"
+    )
+    .unwrap();
+    for (label, side) in [("inside", &ins), ("outside", &outs)] {
+        if side.failed > 0 {
+            writeln!(
+                r,
+                "{label}: {} failed runs (last: {}).\n",
+                side.failed,
+                side.why.clone().unwrap_or_default()
+            )
+            .unwrap();
+        }
+    }
+    if ins.get.is_empty() || outs.get.is_empty() {
+        writeln!(r, "missing: every run failed on one side").unwrap();
+        return None;
+    }
+    writeln!(
+        r,
+        "| measured | inside median ms | inside p95 ms | outside median ms | outside p95 ms | inside × outside |\n|---|---:|---:|---:|---:|---:|"
+    )
+    .unwrap();
+    let mut ratio = None;
+    let whole = format!("whole process: a turn doing {GETS_PER_TURN} GETs vs `python3` doing them");
+    for (label, a, b) in [
+        ("resolve + GET (per GET)", &ins.both, &outs.both),
+        ("GET: connect to last byte (per GET)", &ins.get, &outs.get),
+        (
+            "… of which connect + request to the first bytes back",
+            &ins.ttfb,
+            &outs.ttfb,
+        ),
+        (
+            "… of which the first bytes back to the last",
+            &ins.rest,
+            &outs.rest,
+        ),
+        ("resolve (per GET)", &ins.res, &outs.res),
+        (
+            "first GET of a process (resolve + GET)",
+            &ins.first,
+            &outs.first,
+        ),
+        (whole.as_str(), &ins.wall, &outs.wall),
+    ] {
+        let (a, b) = (stats(a), stats(b));
+        if ratio.is_none() {
+            ratio = Some(a.median / b.median);
+        }
+        writeln!(
+            r,
+            "| {label} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} |",
+            a.median,
+            a.p95,
+            b.median,
+            b.p95,
+            a.median / b.median
+        )
+        .unwrap();
+    }
+    writeln!(
+        r,
+        "\nThroughput at the median GET: {:.0} MB/s inside, {:.0} MB/s outside. The target (≤ 1.5×) is read on the first row.",
+        1.048576 / (stats(&ins.get).median / 1000.0),
+        1.048576 / (stats(&outs.get).median / 1000.0)
+    )
+    .unwrap();
+    if !turn_phases.is_empty() {
+        let eg: Vec<String> = turn_phases
+            .iter()
+            .filter(|(k, _)| k.starts_with("egress") || k.starts_with('('))
+            .map(|(k, v)| format!("{k} {:.3}", stats(v).median))
+            .collect();
+        writeln!(
+            r,
+            "\nThe GET turns' own egress phases and times (medians, ms): {}.",
+            eg.join(", ")
+        )
+        .unwrap();
+    }
+    ratio
+}
+
+/// Replaces the network section of `out_dir/RESULTS.md` (or appends it).
+fn splice_network(out_dir: &Path, section: &str) {
+    let path = out_dir.join("RESULTS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let section = section.trim_end();
+    let new = match (old.find(NET_BEGIN), old.find(NET_END)) {
+        (Some(b), Some(e)) if e > b => {
+            format!("{}{section}{}", &old[..b], &old[e + NET_END.len()..])
+        }
+        _ => format!("{}\n\n{section}\n", old.trim_end()),
+    };
+    std::fs::create_dir_all(out_dir).unwrap();
+    std::fs::write(&path, new).unwrap();
+}
+
+/// The commit measured (`-dirty` with uncommitted changes).
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        None => "unknown".into(),
+        Some(c) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(s) if !s.is_empty() => format!("{c}-dirty"),
+            _ => c,
+        },
     }
 }
 
