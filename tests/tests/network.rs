@@ -772,9 +772,13 @@ fn issue_26_restricted_and_allow_egress_on_runsc() {
     }
 }
 
+/// Thirty 1 MiB GETs through the proxy, each on a connection of its own,
+/// each arriving whole (the script asserts every byte count): the
+/// per-connection relay, not a single lucky one. Prints the timing beside
+/// the same GETs outside, for information.
 #[test]
-fn issue_26_a_1_mib_get_through_the_proxy_costs_little() {
-    if !root_and_tools("issue_26_a_1_mib_get_through_the_proxy_costs_little") {
+fn issue_26_thirty_1_mib_gets_through_the_proxy_arrive_whole() {
+    if !root_and_tools("issue_26_thirty_1_mib_gets_through_the_proxy_arrive_whole") {
         return;
     }
     let _net = Internet::up();
@@ -817,15 +821,11 @@ fn issue_26_a_1_mib_get_through_the_proxy_costs_little() {
             .unwrap_or_else(|| panic!("no timing in {s}"))
     };
     let (i, o) = (ms(&inside), ms(&outside));
+    // Informational only: no test asserts a duration (issue 29); the
+    // 1.5x target is measured by `cargo xtask bench network`.
     eprintln!(
         "1 MiB GET, median of 30: through the proxy {i:.3} ms, outside {o:.3} ms ({:.2}x)",
         i / o
-    );
-    // Loose (a shared 2-core machine); the issue's 1.5x is measured in
-    // release builds by hand (see the report).
-    assert!(
-        i < o * 10.0 + 20.0,
-        "through the proxy {i} ms vs outside {o} ms"
     );
 }
 
