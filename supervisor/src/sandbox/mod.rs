@@ -1014,6 +1014,10 @@ impl Parked {
             // Egress must be in force before the command can run: a setup
             // that failed refuses the turn.
             if let Some(setup) = self.egress.take() {
+                // What is left of the setup once the init is parked.
+                if !warm {
+                    created.lap("until_parked");
+                }
                 match setup.join() {
                     Ok(Ok(running)) => {
                         if !warm {

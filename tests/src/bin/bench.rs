@@ -955,20 +955,19 @@ fn network_cost(
             r,
             "\nWhere the two turns' time goes (medians over the same rounds, from each turn's own `--json` durations). \
              `egress_sockets` and `egress_nft` are laps of the egress setup thread, which runs while the sandbox is made: \
-             they overlap the other phases. `egress_wait` is the lap from the one before it to the moment the sandbox's init has parked \
-             *and* that thread is done, so it also holds the part of the init's start that an isolated turn counts in `init_until_ready`: \
-             compare the row of their sum. `egress_finish` is stopping the proxy and reading its flows and counters after the command.\n\n\
+             they overlap the other phases. `until_parked` is the sandbox's init starting until it waits for its plan, and `egress_wait` \
+             the wait for that thread after it: an isolated turn counts both in `init_until_ready`, so compare the row of their sum. `egress_finish` is stopping the proxy and reading its flows and counters after the command.\n\n\
              | phase | isolated ms | restricted ms | difference ms |\n|---|---:|---:|---:|"
         )
         .unwrap();
         // Per turn, then the median: the two laps split one wait.
         let sum = |p: &Phases| -> Option<f64> {
             let ready = p.get("init_until_ready")?;
-            let wait = p.get("egress_wait");
+            let at = |k: &str, i: usize| p.get(k).and_then(|w| w.get(i)).copied().unwrap_or(0.0);
             let v: Vec<f64> = ready
                 .iter()
                 .enumerate()
-                .map(|(i, r)| r + wait.and_then(|w| w.get(i)).copied().unwrap_or(0.0))
+                .map(|(i, r)| r + at("egress_wait", i) + at("until_parked", i))
                 .collect();
             (!v.is_empty()).then(|| stats(&v).median)
         };
@@ -992,7 +991,7 @@ fn network_cost(
         if let (Some(a), Some(b)) = (sum(iso_phases), sum(net_phases)) {
             writeln!(
                 r,
-                "| (egress_wait + init_until_ready) | {a:.3} | {b:.3} | {:+.3} |",
+                "| (until_parked + egress_wait + init_until_ready) | {a:.3} | {b:.3} | {:+.3} |",
                 b - a
             )
             .unwrap();
