@@ -44,6 +44,9 @@ const APT_PACKAGES: &[&str] = &[
     "libbpf-dev",
     "libelf-dev",
     "zlib1g-dev",
+    // Its minimal BTF (`bpftool gen min_core_btf`, once per boot): without
+    // it every process parses the kernel's whole BTF.
+    "bpftool",
     "python3",
     "python3-jsonschema",
     "libpython3.11-testsuite",
