@@ -133,9 +133,20 @@ pub struct Internet {
     _dir: tempfile::TempDir,
 }
 
-/// The host's routes to the test internet (IPv4; the IPv6 one goes with
-/// the veth).
-const ROUTES: [&str; 3] = ["203.0.113.0/24", "10.255.77.0/24", "169.254.77.0/24"];
+/// The test internet's hosts (on its loopback) and the host's routes to
+/// them (IPv4; the IPv6 one goes with the veth): one per address, never a
+/// whole documentation range. These machines reach every outside host
+/// (the apt mirror, crates.io, pypi) through a proxy whose address is in
+/// 203.0.113.0/24 (203.0.113.80 here): a /24 route to the test internet
+/// cut the host off while a test ran (a VM stage's `apt-get download`
+/// timed out beside it).
+const ROUTES: [&str; 5] = [
+    "203.0.113.10/32",
+    "203.0.113.11/32",
+    "203.0.113.53/32",
+    "10.255.77.10/32",
+    "169.254.77.1/32",
+];
 
 /// A test internet whose process is gone (SIGKILLed, or one that failed
 /// half-way up before [`Internet::try_up`] cleaned up after itself) still
@@ -275,13 +286,7 @@ impl Internet {
             &peer,
             "nodad",
         ])?;
-        for a in [
-            "203.0.113.10/32",
-            "203.0.113.11/32",
-            "203.0.113.53/32",
-            "10.255.77.10/32",
-            "169.254.77.1/32",
-        ] {
+        for a in ROUTES {
             inns(&["ip", "addr", "add", a, "dev", "lo"])?;
         }
         inns(&[
