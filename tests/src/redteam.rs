@@ -2197,8 +2197,7 @@ impl Suite {
         if !e.result.is_empty() && !result.as_deref().is_some_and(|r| e.result.contains(&r)) {
             surprises.push(format!("result {}", result.as_deref().unwrap_or("<none>")));
         }
-        if e
-            .signal
+        if e.signal
             .is_some_and(|want| !want.split('|').any(|w| Some(w) == signal.as_deref()))
         {
             surprises.push(format!("signal {}", signal.as_deref().unwrap_or("<none>")));
