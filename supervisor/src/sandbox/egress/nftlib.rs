@@ -85,19 +85,28 @@ fn load() -> Option<Api> {
 pub fn preload() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        std::thread::spawn(|| {
-            if let Some(api) = API.get_or_init(load).as_ref() {
-                // SAFETY: a context made and freed on this thread (no
-                // socket is opened before a command runs).
-                unsafe {
-                    let ctx = (api.ctx_new)(0);
-                    if !ctx.is_null() {
-                        (api.ctx_free)(ctx);
-                    }
-                }
-            }
-        });
+        std::thread::spawn(warm);
     });
+}
+
+/// [`preload`]'s work, on the calling thread.
+fn warm() {
+    let Some(api) = API.get_or_init(load).as_ref() else {
+        return;
+    };
+    // `nft_ctx_new` of libnftables 1.0.x opens its netlink socket, and
+    // exits the process if it cannot (the VM matrix's 6.1 kernel has no
+    // nf_tables): the socket is tried first, as before every command.
+    if netfilter_socket().is_err() {
+        return;
+    }
+    // SAFETY: a context made and freed on this thread.
+    unsafe {
+        let ctx = (api.ctx_new)(0);
+        if !ctx.is_null() {
+            (api.ctx_free)(ctx);
+        }
+    }
 }
 
 /// Whether libnftables can be used here.
@@ -252,6 +261,8 @@ mod tests {
             )
             .unwrap();
             f.load().unwrap();
+            // The background warm-up too (it makes a context).
+            super::warm();
             super::run("list tables", false)
         })
         .join()
