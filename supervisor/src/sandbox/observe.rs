@@ -213,6 +213,12 @@ fn min_btf() -> Option<std::path::PathBuf> {
     if path.is_file() {
         return Some(path);
     }
+    // Tried once per boot and program: a bpftool that cannot make it is
+    // not run again by every later process (seconds each in a TCG guest).
+    let failed = dir.join(format!("{key}.failed"));
+    if failed.exists() {
+        return None;
+    }
     let bpftool = [
         "/usr/sbin/bpftool",
         "/usr/bin/bpftool",
@@ -242,6 +248,9 @@ fn min_btf() -> Option<std::path::PathBuf> {
         && std::fs::rename(&out, &path).is_ok();
     let _ = std::fs::remove_file(&obj);
     let _ = std::fs::remove_file(&out);
+    if !made {
+        let _ = std::fs::write(&failed, b"");
+    }
     made.then_some(path)
 }
 

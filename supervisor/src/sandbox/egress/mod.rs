@@ -916,7 +916,13 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))?;
         let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, PROXY_PORT))?;
         let relay = udp::sockets(&udp_ports, udp_v6)?;
-        let counts = counts::Reader::open()?;
+        // The first nftables socket of the setup: a kernel without
+        // nf_tables refuses it (EPROTONOSUPPORT), and the turn with it.
+        let counts = counts::Reader::open().map_err(|e| {
+            std::io::Error::other(format!(
+                "nft: this kernel has no nftables netlink ({e}); egress cannot be enforced"
+            ))
+        })?;
         Ok((udp, tcp_dns, l4, l6, relay, counts))
     })
     .map_err(|e| format!("preparing the turn's network namespace: {e}"));
