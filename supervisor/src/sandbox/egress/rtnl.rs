@@ -47,21 +47,28 @@ fn route_msg(family: u8, seq: u32, ifindex: u32) -> Vec<u8> {
     m
 }
 
-/// Adds the two local default routes on `lo`.
-pub fn local_default_routes() -> std::io::Result<()> {
+/// A netlink socket of `protocol` (`NETLINK_ROUTE`, `NETLINK_NETFILTER`)
+/// in the calling thread's network namespace, which it keeps whichever
+/// thread uses it later.
+pub fn netlink_socket(protocol: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: socket(2) with constant arguments; owned below.
     let raw = unsafe {
         nix::libc::socket(
             nix::libc::AF_NETLINK,
             nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
-            nix::libc::NETLINK_ROUTE,
+            protocol,
         )
     };
     if raw < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a new descriptor nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Adds the two local default routes on `lo`.
+pub fn local_default_routes() -> std::io::Result<()> {
+    let sock = netlink_socket(nix::libc::NETLINK_ROUTE)?;
     // `lo` is interface 1 in every network namespace.
     let lo = 1;
     for (seq, family) in [
