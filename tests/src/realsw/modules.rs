@@ -153,13 +153,6 @@ pub fn run(module: Module, logs: &Path) -> Result<ModuleResult, String> {
     // do not fit, so a shorter path outside would make them differ).
     let ws = Workspace::new("cpython-tests", MANIFEST)?;
     let sid = ws.new_session()?;
-    // Every turn of the module: its timeout, the stall watch, the session.
-    let inside_req = || Req {
-        timeout_secs: Some(module.timeout_secs),
-        deadline,
-        stall: Some(STALL),
-        ..Req::new("cpython-tests").session(Some(&sid))
-    };
 
     // Outside: uid 65534, a fresh writable TMPDIR, the turn's environment.
     let scratch_root = nobody_dir("realsw-ws-")?;
@@ -218,7 +211,13 @@ pub fn run(module: Module, logs: &Path) -> Result<ModuleResult, String> {
             argv.extend(["-i", h.as_str()]);
         }
         argv.push(module.name);
-        let turn = ws.run(&inside_req(), &argv)?;
+        let req = Req {
+            timeout_secs: Some(module.timeout_secs),
+            deadline,
+            stall: Some(STALL),
+            ..Req::new("cpython-tests").session(Some(&sid))
+        };
+        let turn = ws.run(&req, &argv)?;
         let log = logs.join(format!("{}.inside-{attempt}.log", module.name));
         std::fs::write(&log, &turn.output).map_err(|e| format!("{}: {e}", log.display()))?;
         inside_secs += turn.finished.elapsed.as_secs_f64();
@@ -249,7 +248,13 @@ pub fn run(module: Module, logs: &Path) -> Result<ModuleResult, String> {
         for (id, what) in overblocked {
             let method = id.rsplit('.').next().unwrap_or(&id).to_owned();
             let argv = [PYTHON, "-m", "test", "-v", "-m", &method, module.name];
-            let turn = ws.run(&inside_req(), &argv)?;
+            let req = Req {
+                timeout_secs: Some(module.timeout_secs),
+                deadline,
+                stall: Some(STALL),
+                ..Req::new("cpython-tests").session(Some(&sid))
+            };
+            let turn = ws.run(&req, &argv)?;
             let log = logs.join(format!("{}.inside-rerun-{method}.log", module.name));
             std::fs::write(&log, &turn.output).map_err(|e| format!("{}: {e}", log.display()))?;
             inside_secs += turn.finished.elapsed.as_secs_f64();
