@@ -16,7 +16,7 @@
 //! message that does not parse is an error, never a guess.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
@@ -69,7 +69,19 @@ impl Reader {
     /// Opens the socket in the calling thread's network namespace (it
     /// stays in that namespace whichever thread uses it later).
     pub fn open() -> std::io::Result<Self> {
-        let sock = super::rtnl::netlink_socket(nix::libc::NETLINK_NETFILTER)?;
+        // SAFETY: socket(2) with constant arguments; owned below.
+        let raw = unsafe {
+            nix::libc::socket(
+                nix::libc::AF_NETLINK,
+                nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
+                nix::libc::NETLINK_NETFILTER,
+            )
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
         Ok(Self { sock })
     }
 

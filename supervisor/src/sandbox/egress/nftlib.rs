@@ -172,8 +172,15 @@ pub fn run(commands: &str, json: bool) -> Option<Result<String, String>> {
 
 /// Opens and closes a `NETLINK_NETFILTER` socket in the calling thread's
 /// network namespace: what libnftables needs before its first command.
-fn netfilter_socket() -> std::io::Result<()> {
-    super::rtnl::netlink_socket(nix::libc::NETLINK_NETFILTER).map(drop)
+fn netfilter_socket() -> Result<(), nix::errno::Errno> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+    socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map(drop)
 }
 
 #[cfg(test)]

@@ -47,28 +47,21 @@ fn route_msg(family: u8, seq: u32, ifindex: u32) -> Vec<u8> {
     m
 }
 
-/// A netlink socket of `protocol` (`NETLINK_ROUTE`, `NETLINK_NETFILTER`)
-/// in the calling thread's network namespace, which it keeps whichever
-/// thread uses it later.
-pub fn netlink_socket(protocol: i32) -> std::io::Result<OwnedFd> {
+/// Adds the two local default routes on `lo`.
+pub fn local_default_routes() -> std::io::Result<()> {
     // SAFETY: socket(2) with constant arguments; owned below.
     let raw = unsafe {
         nix::libc::socket(
             nix::libc::AF_NETLINK,
             nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
-            protocol,
+            nix::libc::NETLINK_ROUTE,
         )
     };
     if raw < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
-/// Adds the two local default routes on `lo`.
-pub fn local_default_routes() -> std::io::Result<()> {
-    let sock = netlink_socket(nix::libc::NETLINK_ROUTE)?;
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
     // `lo` is interface 1 in every network namespace.
     let lo = 1;
     for (seq, family) in [
