@@ -156,9 +156,16 @@ pub fn main(turn_dir: &Path) -> ! {
         ForkResult::Parent { child } => {
             close_handshake(&[READY_FD, GO_FD, TURN_FD]);
             // S1 only relays: the command's status travels in the report.
-            let code = match waitpid(child, None) {
-                Ok(WaitStatus::Exited(_, c)) => c,
-                _ => SETUP_FAILED,
+            // PID 1 killed by a signal is relayed as 128 + its number (as a
+            // shell does), so a PID 1 that never reported can be told from
+            // one that failed its setup.
+            let code = loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, c)) => break c,
+                    Ok(WaitStatus::Signaled(_, signal, _)) => break 128 + signal as i32,
+                    Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+                    Err(_) => break SETUP_FAILED,
+                }
             };
             std::process::exit(code)
         }

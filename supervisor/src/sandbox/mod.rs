@@ -556,6 +556,8 @@ pub struct Created {
     observation: std::result::Result<observe::Registration, String>,
     warm: bool,
     egress: Option<egress::Running>,
+    /// The command was let go (`start` wrote its go byte).
+    released: bool,
 }
 
 impl Created {
@@ -579,7 +581,7 @@ impl Created {
         self.last = Instant::now();
         match (&self.posture, self.go.take()) {
             (Some(p), Some(go)) if p.ok() => {
-                let _ = nix::unistd::write(&go, b"G");
+                self.released = nix::unistd::write(&go, b"G") == Ok(1);
             }
             _ => {
                 self.cg.kill_all();
@@ -600,8 +602,9 @@ impl Created {
             drop(go);
             self.cg.kill_all();
         }
+        let mut init_ended = None;
         let status = match self.child.take() {
-            Some(mut c) => c.wait(),
+            Some(mut c) => c.wait().map(|()| init_ended = c.ended()),
             None => Err(std::io::Error::other("no sandbox process")),
         };
         self.watch.stop();
@@ -617,7 +620,7 @@ impl Created {
 
         let report =
             protocol::parse(&std::fs::read_to_string(&self.report_path).unwrap_or_default());
-        let ending = ending_from(&report);
+        let ending = ending_from(&report, init_ended, self.released);
         let mut landlock = None;
         let mut ephemeral = serde_json::Map::new();
         for e in &report {
@@ -1006,6 +1009,7 @@ impl Parked {
             observation: Err("the sandbox never became ready".into()),
             warm,
             egress: None,
+            released: false,
         };
         if self.parked() {
             if warm {
@@ -1153,7 +1157,15 @@ fn spawn_parked(
     Ok((child, ready_r, go_w, turn_w))
 }
 
-fn ending_from(report: &[InitEvent]) -> Ending {
+/// How the turn ended, from the init's report; `init` is how the
+/// supervisor's child (S1, which relays PID 1's end: 128 + N for a signal)
+/// ended, `released` whether the command was let go. Both only explain a
+/// report that says nothing.
+fn ending_from(
+    report: &[InitEvent],
+    init: Option<std::result::Result<i32, Signal>>,
+    released: bool,
+) -> Ending {
     // A setup error or a failed exec explains the exit status that follows
     // it, so they take precedence.
     for e in report {
@@ -1184,8 +1196,53 @@ fn ending_from(report: &[InitEvent]) -> Ending {
             _ => {}
         }
     }
+    let how = match init {
+        Some(Ok(code)) if code > 128 => match Signal::try_from(code - 128) {
+            Ok(s) => format!("its PID 1 was killed by {}", s.as_str()),
+            Err(_) => format!("it exited {code}"),
+        },
+        Some(Ok(code)) => format!("it exited {code}"),
+        Some(Err(s)) => format!("it was killed by {}", s.as_str()),
+        None => "it was not reaped".into(),
+    };
+    let when = if released {
+        "after the command was let go"
+    } else {
+        "before the command ran"
+    };
     Ending::SetupFailed {
         stage: "init".into(),
-        detail: "the sandbox init ended without reporting (killed before the command ran?)".into(),
+        detail: format!("the sandbox init ended without reporting {when} ({how})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An init that ended without a word says how it ended and whether the
+    /// command had been let go: a PID 1 killed by a signal (relayed by S1
+    /// as 128 + N) is told apart from one that exited.
+    #[test]
+    fn a_silent_init_is_described_by_how_it_ended() {
+        let detail = |init, released| match ending_from(&[], init, released) {
+            Ending::SetupFailed { stage, detail } => {
+                assert_eq!(stage, "init");
+                detail
+            }
+            other => panic!("{other:?}"),
+        };
+        let d = detail(Some(Ok(128 + 9)), true);
+        assert!(d.contains("after the command was let go"), "{d}");
+        assert!(d.contains("PID 1 was killed by SIGKILL"), "{d}");
+        let d = detail(Some(Ok(125)), false);
+        assert!(d.contains("before the command ran (it exited 125)"), "{d}");
+        let d = detail(Some(Err(Signal::SIGKILL)), false);
+        assert!(d.contains("it was killed by SIGKILL"), "{d}");
+        // A report explains itself.
+        assert!(matches!(
+            ending_from(&[InitEvent::Exit { code: 3 }], Some(Ok(0)), true),
+            Ending::Exited(3)
+        ));
     }
 }

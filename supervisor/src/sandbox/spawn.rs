@@ -64,6 +64,8 @@ pub struct InitChild {
     pub stdout: Option<File>,
     pub stderr: Option<File>,
     reaped: bool,
+    /// How it ended, once reaped: its exit code, or the signal that killed it.
+    ended: Option<Result<i32, nix::sys::signal::Signal>>,
 }
 
 impl InitChild {
@@ -86,16 +88,24 @@ impl InitChild {
             match nix::sys::wait::waitpid(self.pid, None) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
-                Ok(
-                    nix::sys::wait::WaitStatus::Exited(..)
-                    | nix::sys::wait::WaitStatus::Signaled(..),
-                ) => {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => {
                     self.reaped = true;
+                    self.ended = Some(Ok(code));
+                }
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, signal, _)) => {
+                    self.reaped = true;
+                    self.ended = Some(Err(signal));
                 }
                 Ok(_) => {}
             }
         }
         Ok(())
+    }
+
+    /// How it ended (after [`InitChild::wait`]): its exit code, or the
+    /// signal that killed it.
+    pub fn ended(&self) -> Option<Result<i32, nix::sys::signal::Signal>> {
+        self.ended
     }
 }
 
@@ -223,6 +233,7 @@ pub fn spawn(spec: &Spec<'_>, joins: &Joins) -> std::io::Result<(InitChild, bool
         stdout: Some(File::from(out_r)),
         stderr: Some(File::from(err_r)),
         reaped: false,
+        ended: None,
     };
     let mut errno = [0u8; 4];
     let mut got = 0;
