@@ -126,7 +126,7 @@ struct pt_regs {
 /* What a registered turn asks for (value of `turns`). */
 struct turn {
 	__u32 learn;
-	__u32 pad;
+	__u32 slot; /* its supervisor's ring, in `rings` */
 	__u64 dropped;
 };
 
@@ -176,10 +176,22 @@ struct {
 	__type(value, __u32);
 } lsm_denied SEC(".maps");
 
-struct {
+/* The supervisors' ring buffers, by slot: the program and these maps are
+ * shared by every supervisor on the host (pinned, see observe.rs); each
+ * supervisor holds one slot and reads only its ring. A slot's ring
+ * outlives its supervisor and is adopted by the next one to take the slot
+ * (changing this map waits for an RCU grace period: ~10 ms). */
+struct ring {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
-} events SEC(".maps");
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__array(values, struct ring);
+} rings SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -417,7 +429,8 @@ int observe_exit(struct bpf_raw_tracepoint_args *ctx)
 	e->pid = pt >> 32;
 	e->tid = (__u32)pt;
 	e->ts = bpf_ktime_get_ns();
-	if (bpf_ringbuf_output(&events, e, sizeof(*e), 0))
+	void *ring = bpf_map_lookup_elem(&rings, &t->slot);
+	if (!ring || bpf_ringbuf_output(ring, e, sizeof(*e), 0))
 		__sync_fetch_and_add(&t->dropped, 1);
 	return 0;
 }
@@ -479,7 +492,8 @@ int observe_exec(struct bpf_raw_tracepoint_args *ctx)
 	e->pid = pt >> 32;
 	e->tid = (__u32)pt;
 	e->ts = bpf_ktime_get_ns();
-	if (bpf_ringbuf_output(&events, e, sizeof(*e), 0))
+	void *ring = bpf_map_lookup_elem(&rings, &t->slot);
+	if (!ring || bpf_ringbuf_output(ring, e, sizeof(*e), 0))
 		__sync_fetch_and_add(&t->dropped, 1);
 	return 0;
 }

@@ -715,3 +715,81 @@ fn issue_27_learn_without_the_observer_is_ts1080_and_runs_nothing() {
     assert!(stderr.contains("TURNSTILE_DENIAL_OBSERVER=off"), "{stderr}");
     assert_eq!(fx.snapshot(), before, "learn changed the workspace");
 }
+
+/// Issue 29: the observer is loaded once and shared through a bpffs (a
+/// cold turn no longer loads, verifies and attaches it: 4-5 ms). A
+/// supervisor killed with SIGKILL in the middle of an observed turn leaves
+/// its slot (lock released by the kernel) and its ring, and the next turns
+/// still record exactly their own refusals — through the adopted ring or a
+/// new one.
+#[test]
+fn issue_29_the_observer_is_shared_and_survives_a_killed_holder() {
+    let test = "issue_29_the_observer_is_shared_and_survives_a_killed_holder";
+    if !require_root(test) {
+        return;
+    }
+    let fx = fixture();
+    let hidden = |e: &Value| -> Vec<String> {
+        e["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["target"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let code = "try: open('hidden.txt')\nexcept OSError: pass";
+    let (_, e) = turn(&fx, code);
+    if !observer_here(&e, test) {
+        return;
+    }
+    assert_eq!(hidden(&e), vec!["hidden.txt"], "{}", e["violations"]);
+    let pinned: Vec<_> = std::fs::read_dir("/sys/fs/bpf/turnstile")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        pinned.iter().any(|p| p.join("link_exec").exists()),
+        "no whole pinned observer under /sys/fs/bpf/turnstile: {pinned:?}"
+    );
+    let doctor = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let d: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let via = d["denials_observed"]["landlock"]["via"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        via.contains("shared, pinned in /sys/fs/bpf/turnstile/"),
+        "{via}"
+    );
+
+    // A holder killed mid-turn, its command refused in a loop meanwhile.
+    let mut child = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(["--package", "d", "--json", "--no-outputs", "--"])
+        .args(["/usr/bin/python3", "-c"])
+        .arg("import time\nwhile True:\n    try: open('hidden.txt')\n    except OSError: pass\n    time.sleep(0.001)")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["recover", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    for _ in 0..2 {
+        let (_, e) = turn(&fx, code);
+        assert_eq!(hidden(&e), vec!["hidden.txt"], "{}", e["violations"]);
+        assert_eq!(e["violations"][0]["count"], 1, "{}", e["violations"]);
+    }
+}

@@ -142,11 +142,7 @@ pub fn report() -> (String, DoctorReport) {
     let bpf = match crate::sandbox::observe::get() {
         Ok(o) => Observed {
             observed: true,
-            via: Some(format!(
-                "{} (loaded and attached in {} µs)",
-                crate::turn::denials::BPF_VIA,
-                o.load_time.as_micros()
-            )),
+            via: Some(format!("{} ({})", crate::turn::denials::BPF_VIA, o.how())),
             why: None,
         },
         Err(why) => not(&why),

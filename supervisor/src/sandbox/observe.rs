@@ -1,6 +1,8 @@
 //! The denial observer (issue 27): a BPF program on every syscall's exit
 //! (`bpf/denials.bpf.c`, built by `build.rs`), loaded and attached once
-//! per supervisor process, that reports the path operations of registered
+//! per boot and shared by every supervisor through a bpffs (see
+//! [`shared`]; a process that cannot share it loads its own), that
+//! reports the path operations of registered
 //! turns that failed with EACCES, EPERM, EROFS, EXDEV or ENOENT. A turn
 //! registers its cgroup v2 id before its command runs and collects its
 //! refusals once every process of it is gone ([`Registration::finish`]);
@@ -70,14 +72,80 @@ struct Table {
 pub struct Observer {
     turns: MapHandle,
     seen: MapHandle,
-    bss: MapHandle,
+    learners: Learners,
     tables: Arc<Mutex<HashMap<u64, Table>>>,
-    /// Drained by the observer's thread as events arrive, and by a
-    /// finishing turn (which then sees everything sent before it).
-    ring: Arc<Mutex<libbpf_rs::RingBuffer<'static>>>,
-    learners: Mutex<u32>,
-    /// How long loading and attaching took.
+    /// This process's ring buffer, and its slot in the program's `rings`
+    /// (held, through a lock file, for the life of the process).
+    ring: Arc<Ring>,
+    slot: u32,
+    _slot_lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// How long loading (or opening the pinned observer) took.
     pub load_time: Duration,
+    /// Where the shared observer is pinned; `None`: this process loaded
+    /// its own, which lives as long as the process.
+    pub pinned: Option<std::path::PathBuf>,
+    _own: Option<(libbpf_rs::Object, Vec<libbpf_rs::Link>)>,
+}
+
+/// This process's ring buffer, drained by a thread of its own as events
+/// arrive and by a finishing turn (which then sees everything sent before
+/// it).
+struct Ring {
+    rb: Mutex<libbpf_rs::RingBuffer<'static>>,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring").finish_non_exhaustive()
+    }
+}
+
+/// The program's `learners` (its `.bss`, mapped shared): how many learning
+/// turns are registered on the host. Only a hint that lets the program
+/// skip successful syscalls at once; each turn's own flag decides.
+#[derive(Debug)]
+struct Learners(std::ptr::NonNull<std::sync::atomic::AtomicU32>);
+
+// SAFETY: the pointer is a shared mapping of the map's value, alive for
+// the rest of the process (never unmapped), only accessed atomically.
+unsafe impl Send for Learners {}
+// SAFETY: as above.
+unsafe impl Sync for Learners {}
+
+impl Learners {
+    fn map(bss: &MapHandle) -> Result<Self, String> {
+        use std::os::fd::{AsFd, AsRawFd};
+        // SAFETY: a new shared mapping of the map's first page (its value
+        // area; libbpf makes global data maps mmapable), never unmapped.
+        let p = unsafe {
+            nix::libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                nix::libc::PROT_READ | nix::libc::PROT_WRITE,
+                nix::libc::MAP_SHARED,
+                bss.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == nix::libc::MAP_FAILED {
+            return Err(format!(
+                "mapping the program's .bss: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let p = std::ptr::NonNull::new(p).ok_or("mapping the program's .bss: null")?;
+        Ok(Self(p.cast()))
+    }
+
+    fn add(&self, d: i32) {
+        // SAFETY: see the type; an aligned u32 at the start of a page.
+        let n = unsafe { self.0.as_ref() };
+        let _ = n.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |v| Some(v.saturating_add_signed(d)),
+        );
+    }
 }
 
 static OBSERVER: OnceLock<Result<Observer, String>> = OnceLock::new();
@@ -108,6 +176,25 @@ pub fn take_learned() -> Vec<RawDenial> {
 
 /// Distinct operations kept for a learning turn.
 pub const MAX_LEARNED: usize = 65_536;
+
+impl Observer {
+    /// How this process has it, in words: the shared one (where it is
+    /// pinned) or its own, and how long that took.
+    pub fn how(&self) -> String {
+        match &self.pinned {
+            Some(dir) => format!(
+                "shared, pinned in {} (slot {}, opened in {} µs)",
+                dir.display(),
+                self.slot,
+                self.load_time.as_micros()
+            ),
+            None => format!(
+                "this process's own (no bpffs to share it through), loaded and attached in {} µs",
+                self.load_time.as_micros()
+            ),
+        }
+    }
+}
 
 /// Why the observer cannot run here, before trying to load it.
 pub fn unavailable() -> Option<String> {
@@ -150,27 +237,380 @@ pub fn preload() {
 
 fn load() -> Result<Observer, String> {
     let started = Instant::now();
-    let (tx, rx) = std::sync::mpsc::channel::<Ready>();
+    let (handles, pinned, own) = match pin_dir() {
+        Ok(dir) => match shared(&dir) {
+            Ok(h) => (h, Some(dir), None),
+            Err(why) => {
+                tracing::warn!(%why, "the shared denial observer is not usable; loading this process's own");
+                own()?
+            }
+        },
+        Err(why) => {
+            tracing::debug!(%why, "no bpffs for the shared denial observer");
+            own()?
+        }
+    };
+    let [turns, seen, rings, bss] = handles;
     let tables: Arc<Mutex<HashMap<u64, Table>>> = Arc::default();
-    let t2 = Arc::clone(&tables);
-    // The object, its link and the ring buffer live in the consumer thread
-    // for the rest of the process.
-    std::thread::Builder::new()
-        .name("denials".into())
-        .spawn(move || consumer(tx, t2))
-        .map_err(|e| e.to_string())?;
-    let (turns, seen, bss, ring) = rx
-        .recv()
-        .map_err(|_| "the observer's thread ended".to_owned())??;
+    let (slot, slot_lock) = if pinned.is_some() {
+        take_slot()?
+    } else {
+        (0, None)
+    };
+    let ring = ring_in(&rings, slot, &tables)?;
+    if pinned.is_some() {
+        sweep(&turns);
+    }
     Ok(Observer {
+        learners: Learners::map(&bss)?,
         turns,
         seen,
-        bss,
         tables,
         ring,
-        learners: Mutex::new(0),
+        slot,
+        _slot_lock: slot_lock,
         load_time: started.elapsed(),
+        pinned,
+        _own: own,
     })
+}
+
+/// Where the slot locks are: `slot-N.lock`, locked by the process that
+/// reads slot N's ring.
+const SLOT_LOCKS: &str = "/run/turnstile/observer";
+const SLOTS: u32 = 1024;
+
+/// The first slot no live process holds, locked for the rest of this
+/// process (the kernel releases the lock when it dies).
+fn take_slot() -> Result<(u32, Option<nix::fcntl::Flock<std::fs::File>>), String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = std::path::Path::new(SLOT_LOCKS);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    for slot in 0..SLOTS {
+        let path = dir.join(format!("slot-{slot}.lock"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if let Ok(lock) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            return Ok((slot, Some(lock)));
+        }
+    }
+    Err(format!("all {SLOTS} observer slots are held"))
+}
+
+/// The ring buffer in `slot` of `rings`: the one a process before left
+/// there (adopted: what it held is drained and dropped), else a new one
+/// put there. With the thread that drains it.
+fn ring_in(
+    rings: &MapHandle,
+    slot: u32,
+    tables: &Arc<Mutex<HashMap<u64, Table>>>,
+) -> Result<Arc<Ring>, String> {
+    let key = slot.to_ne_bytes();
+    let adopted = rings
+        .lookup(&key, MapFlags::ANY)
+        .ok()
+        .flatten()
+        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+        .map(u32::from_ne_bytes)
+        .and_then(|id| MapHandle::from_map_id(id).ok());
+    let map = match adopted {
+        Some(m) => m,
+        None => {
+            let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts {
+                sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _,
+                ..Default::default()
+            };
+            let m = MapHandle::create(
+                libbpf_rs::MapType::RingBuf,
+                Some("turnstile_ring"),
+                0,
+                0,
+                RING_BYTES,
+                &opts,
+            )
+            .map_err(|e| format!("ring buffer: {e}"))?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&m));
+            rings
+                .update(&key, &(fd as u32).to_ne_bytes(), MapFlags::ANY)
+                .map_err(|e| format!("ring buffer slot {slot}: {e}"))?;
+            m
+        }
+    };
+    let t = Arc::clone(tables);
+    let mut builder = libbpf_rs::RingBufferBuilder::new();
+    builder
+        .add(&map, move |data: &[u8]| {
+            on_event(&t, data);
+            0
+        })
+        .map_err(|e| format!("ring buffer: {e}"))?;
+    let rb = builder.build().map_err(|e| format!("ring buffer: {e}"))?;
+    // What an earlier holder of the slot left: no turn of ours is
+    // registered yet, so it is dropped.
+    let _ = rb.consume();
+    let epfd = rb.epoll_fd();
+    let ring = Arc::new(Ring { rb: Mutex::new(rb) });
+    let r = Arc::clone(&ring);
+    std::thread::Builder::new()
+        .name("denials".into())
+        .spawn(move || {
+            // SAFETY: the epoll fd is owned by `r.rb`, which this thread
+            // keeps for the rest of the process.
+            let epfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(epfd) };
+            loop {
+                let mut fds = [nix::poll::PollFd::new(epfd, nix::poll::PollFlags::POLLIN)];
+                let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(1000u16));
+                if let Ok(rb) = r.rb.lock() {
+                    let _ = rb.consume();
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(ring)
+}
+
+/// The maps a turn needs: `turns`, `seen`, `rings` and `.bss`.
+type Handles = [MapHandle; 4];
+type Own = (libbpf_rs::Object, Vec<libbpf_rs::Link>);
+
+/// This process's own observer (no bpffs to share one through): loaded
+/// and attached here, detached when the process ends.
+#[allow(clippy::type_complexity)]
+fn own() -> Result<(Handles, Option<std::path::PathBuf>, Option<Own>), String> {
+    let (obj, links) = load_attached()?;
+    let handles = handles_of(&obj)?;
+    Ok((handles, None, Some((obj, links))))
+}
+
+/// The program loaded (CO-RE relocations against a BTF of only the types
+/// it uses when there is one, see `min_btf`; the kernel's whole BTF
+/// otherwise, or if that load fails) and attached.
+fn load_attached() -> Result<(libbpf_rs::Object, Vec<libbpf_rs::Link>), String> {
+    let min = min_btf();
+    let obj = match min.as_deref().map(|p| load_object(Some(p))) {
+        Some(Ok(obj)) => obj,
+        Some(Err(why)) => {
+            tracing::warn!(%why, "the observer's minimal BTF did not load; using the kernel's");
+            if let Some(p) = &min {
+                let _ = std::fs::remove_file(p);
+            }
+            load_object(None)?
+        }
+        None => load_object(None)?,
+    };
+    let mut links = Vec::new();
+    for p in obj.progs_mut() {
+        links.push(p.attach().map_err(|x| format!("attach: {x}"))?);
+    }
+    Ok((obj, links))
+}
+
+fn handles_of(obj: &libbpf_rs::Object) -> Result<Handles, String> {
+    let map = |name: &str| -> Result<MapHandle, String> {
+        let m = obj
+            .maps()
+            .find(|m| {
+                m.name() == name
+                    || (name.starts_with('.') && m.name().to_string_lossy().ends_with(name))
+            })
+            .ok_or_else(|| format!("map {name} missing"))?;
+        MapHandle::try_from(&m).map_err(|x| format!("{name}: {x}"))
+    };
+    Ok([map("turns")?, map("seen")?, map("rings")?, map(".bss")?])
+}
+
+/// Where the shared observer lives: a bpffs at `/sys/fs/bpf` (mounted
+/// there if nothing is, as systemd does), one directory per program.
+const BPFFS: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Taken while the shared observer is made or opened.
+const PIN_LOCK: &str = "/run/turnstile/observer.lock";
+/// Pinned last: a directory holding it is whole.
+const PIN_LAST: &str = "link_exec";
+
+fn pin_dir() -> Result<std::path::PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    let is_bpffs = || {
+        nix::sys::statfs::statfs(BPFFS)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::FsType(BPF_FS_MAGIC as _))
+    };
+    if !is_bpffs() {
+        nix::mount::mount(
+            Some("bpf"),
+            BPFFS,
+            Some("bpf"),
+            nix::mount::MsFlags::MS_NOSUID
+                | nix::mount::MsFlags::MS_NODEV
+                | nix::mount::MsFlags::MS_NOEXEC,
+            Some("mode=0700"),
+        )
+        .map_err(|e| format!("mount bpffs on {BPFFS}: {e}"))?;
+        if !is_bpffs() {
+            return Err(format!("{BPFFS} is not a bpffs after mounting one"));
+        }
+    }
+    let key: String = Sha256::digest(OBJECT)[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(std::path::Path::new(BPFFS).join("turnstile").join(key))
+}
+
+/// Opens the observer pinned in `dir`, or loads, attaches and pins it
+/// there (the first process after boot, or after `dir` was removed). The
+/// links stay pinned: the program stays attached when no supervisor runs
+/// (removing `dir` detaches it). Under [`PIN_LOCK`], so one process makes
+/// it and the others wait for it whole.
+fn shared(dir: &std::path::Path) -> Result<Handles, String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let lock_path = std::path::Path::new(PIN_LOCK);
+    if let Some(parent) = lock_path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(lock_path)
+        .map_err(|e| format!("{PIN_LOCK}: {e}"))?;
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("lock {PIN_LOCK}: {e}"))?;
+    let open = || -> Result<Handles, String> {
+        let m = |name: &str| {
+            MapHandle::from_pinned_path(dir.join(name))
+                .map_err(|e| format!("{}: {e}", dir.join(name).display()))
+        };
+        Ok([m("turns")?, m("seen")?, m("rings")?, m("bss")?])
+    };
+    if dir.join(PIN_LAST).exists() {
+        return open();
+    }
+    // Made anew (the first supervisor since boot, or since the program
+    // changed): an older program's pins go too when no supervisor runs
+    // (no slot is held), which detaches it.
+    if let Some(top) = dir.parent() {
+        if !any_slot_held() {
+            for e in std::fs::read_dir(top).into_iter().flatten().flatten() {
+                if e.path() != dir {
+                    let _ = remove_pins(&e.path());
+                }
+            }
+        }
+    }
+    // A directory a killed process left half made: its pins go.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (mut obj, mut links) = load_attached()?;
+    for mut m in obj.maps_mut() {
+        let name = m.name().to_string_lossy().into_owned();
+        let pin = match name.as_str() {
+            "turns" | "seen" | "rings" => name.clone(),
+            n if n.ends_with(".bss") => "bss".to_owned(),
+            _ => continue,
+        };
+        m.pin(dir.join(&pin))
+            .map_err(|e| format!("pin {pin}: {e}"))?;
+    }
+    let names: Vec<String> = obj
+        .progs()
+        .map(|p| p.name().to_string_lossy().into_owned())
+        .collect();
+    // The exec link last: its pin says the directory is whole.
+    let mut order: Vec<usize> = (0..links.len()).collect();
+    order.sort_by_key(|&i| names.get(i).is_some_and(|n| n == "observe_exec"));
+    for i in order {
+        let pin = match names.get(i).map(String::as_str) {
+            Some("observe_exec") => PIN_LAST.to_owned(),
+            Some(n) => format!("link_{}", n.trim_start_matches("observe_")),
+            None => return Err("a link without its program".into()),
+        };
+        links[i]
+            .pin(dir.join(&pin))
+            .map_err(|e| format!("pin {pin}: {e}"))?;
+    }
+    open()
+}
+
+/// Whether a live process holds an observer slot.
+fn any_slot_held() -> bool {
+    std::fs::read_dir(SLOT_LOCKS)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::OpenOptions::new().write(true).open(e.path()).ok())
+        .any(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err())
+}
+
+/// Unpins everything in `dir` and removes it.
+fn remove_pins(dir: &std::path::Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)?.flatten() {
+        std::fs::remove_file(e.path())?;
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// Removes the registrations of turns whose cgroup is gone — what a
+/// killed supervisor left — once there are more than a few.
+fn sweep(turns: &MapHandle) {
+    let keys: Vec<Vec<u8>> = turns.keys().collect();
+    if keys.len() <= 32 {
+        return;
+    }
+    let live = live_cgroup_ids();
+    for k in keys {
+        let Ok(id) = <[u8; 8]>::try_from(k.as_slice()).map(u64::from_ne_bytes) else {
+            continue;
+        };
+        if !live.contains(&id) {
+            let _ = turns.delete(&k);
+        }
+    }
+}
+
+/// The ids of every cgroup v2 directory on the host.
+fn live_cgroup_ids() -> std::collections::HashSet<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let root = super::cgroup::root();
+    let top = if root.join("unified/cgroup.procs").exists() {
+        root.join("unified")
+    } else {
+        root
+    };
+    let mut ids = std::collections::HashSet::new();
+    let mut stack = vec![top];
+    while let Some(d) = stack.pop() {
+        if let Ok(m) = std::fs::metadata(&d) {
+            ids.insert(m.ino());
+        }
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+    ids
 }
 
 /// Opens and loads the observer's program, its CO-RE relocations made
@@ -252,89 +692,6 @@ fn min_btf() -> Option<std::path::PathBuf> {
         let _ = std::fs::write(&failed, b"");
     }
     made.then_some(path)
-}
-
-type Ring = Arc<Mutex<libbpf_rs::RingBuffer<'static>>>;
-type Ready = Result<(MapHandle, MapHandle, MapHandle, Ring), String>;
-
-fn consumer(tx: std::sync::mpsc::Sender<Ready>, tables: Arc<Mutex<HashMap<u64, Table>>>) {
-    let setup = || -> Result<_, String> {
-        let e = |what: &str| {
-            let what = what.to_owned();
-            move |x: libbpf_rs::Error| format!("{what}: {x}")
-        };
-        // CO-RE relocations against a BTF of only the types the program
-        // uses when there is one (see `min_btf`); the kernel's whole BTF
-        // otherwise, or if that load fails.
-        let open = load_object;
-        let min = min_btf();
-        let obj = match min.as_deref().map(|p| open(Some(p))) {
-            Some(Ok(obj)) => obj,
-            Some(Err(why)) => {
-                tracing::warn!(%why, "the observer's minimal BTF did not load; using the kernel's");
-                if let Some(p) = &min {
-                    let _ = std::fs::remove_file(p);
-                }
-                open(None)?
-            }
-            None => open(None)?,
-        };
-        let mut links = Vec::new();
-        for p in obj.progs_mut() {
-            links.push(p.attach().map_err(e("attach"))?);
-        }
-        let map = |name: &str| -> Result<MapHandle, String> {
-            let m = obj
-                .maps()
-                .find(|m| {
-                    m.name() == name
-                        || (name.starts_with('.') && m.name().to_string_lossy().ends_with(name))
-                })
-                .ok_or_else(|| format!("map {name} missing"))?;
-            MapHandle::try_from(&m).map_err(e(name))
-        };
-        let (turns, seen, bss, events) =
-            (map("turns")?, map("seen")?, map(".bss")?, map("events")?);
-        Ok((obj, links, turns, seen, bss, events))
-    };
-    let (obj, links, turns, seen, bss, events) = match setup() {
-        Ok(x) => x,
-        Err(why) => {
-            let _ = tx.send(Err(why));
-            return;
-        }
-    };
-    let t = Arc::clone(&tables);
-    let mut builder = libbpf_rs::RingBufferBuilder::new();
-    let added = builder
-        .add(&events, move |data: &[u8]| {
-            on_event(&t, data);
-            0
-        })
-        .map(|_| ());
-    let rb = added.and_then(|()| builder.build());
-    let rb = match rb {
-        Ok(rb) => rb,
-        Err(e) => {
-            let _ = tx.send(Err(format!("ring buffer: {e}")));
-            return;
-        }
-    };
-    // SAFETY: the epoll fd is owned by `rb`, which this thread keeps (in
-    // `ring`) for the rest of the process.
-    let epfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(rb.epoll_fd()) };
-    let ring: Ring = Arc::new(Mutex::new(rb));
-    if tx.send(Ok((turns, seen, bss, Arc::clone(&ring)))).is_err() {
-        return;
-    }
-    let _keep = (obj, links, events);
-    loop {
-        let mut fds = [nix::poll::PollFd::new(epfd, nix::poll::PollFlags::POLLIN)];
-        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(1000u16));
-        if let Ok(rb) = ring.lock() {
-            let _ = rb.consume();
-        }
-    }
 }
 
 fn cstr(b: &[u8]) -> String {
@@ -437,9 +794,12 @@ pub struct Registration {
 #[repr(C)]
 struct TurnValue {
     learn: u32,
-    pad: u32,
+    slot: u32,
     dropped: u64,
 }
+
+/// Bytes of each turn's ring buffer (the program's inner map template).
+const RING_BYTES: u32 = 1 << 20;
 
 impl Observer {
     /// Observes the turn whose processes are in cgroup `cgid` (its v2 id);
@@ -454,43 +814,29 @@ impl Observer {
                 },
             );
         }
+        let mut reg = Registration {
+            cgid,
+            learn: false,
+            observer: self,
+            done: false,
+        };
         let v = TurnValue {
             learn: learn.into(),
-            pad: 0,
+            slot: self.slot,
             dropped: 0,
         };
         let mut value = Vec::with_capacity(16);
         value.extend_from_slice(&v.learn.to_ne_bytes());
-        value.extend_from_slice(&v.pad.to_ne_bytes());
+        value.extend_from_slice(&v.slot.to_ne_bytes());
         value.extend_from_slice(&v.dropped.to_ne_bytes());
         self.turns
             .update(&cgid.to_ne_bytes(), &value, MapFlags::ANY)
             .map_err(|e| format!("registering the turn's cgroup: {e}"))?;
         if learn {
-            self.learners_add(1);
+            reg.learn = true;
+            self.learners.add(1);
         }
-        Ok(Registration {
-            cgid,
-            learn,
-            observer: self,
-            done: false,
-        })
-    }
-
-    fn learners_add(&self, d: i32) {
-        if let Ok(mut n) = self.learners.lock() {
-            *n = n.saturating_add_signed(d);
-            let _ = self
-                .bss
-                .update(&0u32.to_ne_bytes(), &n.to_ne_bytes(), MapFlags::ANY);
-        }
-    }
-
-    /// Delivers everything the kernel has sent so far.
-    fn flush(&self) {
-        if let Ok(rb) = self.ring.lock() {
-            let _ = rb.consume();
-        }
+        Ok(reg)
     }
 }
 
@@ -511,9 +857,12 @@ impl Registration {
             .unwrap_or(0);
         let _ = o.turns.delete(&key);
         if self.learn {
-            o.learners_add(-1);
+            o.learners.add(-1);
         }
-        o.flush();
+        // Nothing of the turn runs: everything it sent is in the ring.
+        if let Ok(rb) = o.ring.rb.lock() {
+            let _ = rb.consume();
+        }
         let table = o
             .tables
             .lock()
@@ -551,9 +900,10 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.observer.turns.delete(&self.cgid.to_ne_bytes());
+            let key = self.cgid.to_ne_bytes();
+            let _ = self.observer.turns.delete(&key);
             if self.learn {
-                self.observer.learners_add(-1);
+                self.observer.learners.add(-1);
             }
             if let Ok(mut t) = self.observer.tables.lock() {
                 t.remove(&self.cgid);

@@ -233,10 +233,7 @@ pub fn pool(dead: &[(String, u32)], waiting: usize) -> Check {
 pub fn observer() -> Check {
     const NAME: &str = "denial_observer";
     match crate::sandbox::observe::get() {
-        Ok(o) => Check::ok(
-            NAME,
-            format!("loaded and attached ({} µs)", o.load_time.as_micros()),
-        ),
+        Ok(o) => Check::ok(NAME, o.how()),
         Err(why) => Check::degraded(
             NAME,
             format!("{why}: turns run, their in-sandbox refusals are not attributed"),
