@@ -589,10 +589,12 @@ fn sweep(turns: &MapHandle) {
     }
 }
 
-/// The ids of every cgroup v2 directory on the host.
+/// The ids of every cgroup v2 directory on the host (the real cgroupfs,
+/// whatever `TURNSTILE_CGROUP_ROOT` names: a fake tree would make every
+/// other supervisor's turns look gone).
 fn live_cgroup_ids() -> std::collections::HashSet<u64> {
     use std::os::unix::fs::MetadataExt;
-    let root = super::cgroup::root();
+    let root = std::path::PathBuf::from("/sys/fs/cgroup");
     let top = if root.join("unified/cgroup.procs").exists() {
         root.join("unified")
     } else {
