@@ -906,6 +906,19 @@ impl From<SupervisorError> for Failed {
     }
 }
 
+/// How the command ended, for the classification table. An init that
+/// ended without a word (stage `init`) in a turn the kernel's memory limit
+/// killed in was taken by the OOM killer (that explains the silence), so
+/// the limit decides, as it would for the command.
+fn ended_of(ending: &Ending, oom_kills: u64) -> Ended {
+    match ending {
+        Ending::Exited(c) => Ended::Exited(*c),
+        Ending::SetupFailed { stage, .. } if stage == "init" && oom_kills > 0 => Ended::Abnormally,
+        Ending::SetupFailed { .. } => Ended::SetupFailed,
+        Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
+    }
+}
+
 /// The turn's status from what the sandbox observed and what it wrote
 /// (the one classification table), and the outcome before any commit.
 fn judge(
@@ -921,11 +934,7 @@ fn judge(
         .filter(|p| !p.ok())
         .map(|p| p.failures.join("; "));
     let observed = Observed {
-        ended: match &execution.ending {
-            Ending::Exited(c) => Ended::Exited(*c),
-            Ending::SetupFailed { .. } => Ended::SetupFailed,
-            Ending::Signaled { .. } | Ending::ExecFailed { .. } => Ended::Abnormally,
-        },
+        ended: ended_of(&execution.ending, u.oom_kills),
         interrupted: crate::turn::interrupt::received().is_some(),
         posture_failed: posture_failure.is_some(),
         timed_out: execution.timed_out,
@@ -1031,4 +1040,36 @@ pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan>
 fn workspace_owner(root: &Path) -> (u32, u32) {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(root).map_or((0, 0), |m| (m.uid(), m.gid()))
+}
+
+#[cfg(test)]
+mod ended_tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_init_in_an_oom_killed_turn_is_the_memory_limit() {
+        let silent = Ending::SetupFailed {
+            stage: "init".into(),
+            detail: "the sandbox init ended without reporting".into(),
+        };
+        assert_eq!(ended_of(&silent, 0), Ended::SetupFailed);
+        assert_eq!(ended_of(&silent, 1), Ended::Abnormally);
+        let o = Observed {
+            ended: ended_of(&silent, 1),
+            interrupted: false,
+            posture_failed: false,
+            timed_out: false,
+            oom_killed: true,
+            pids_limited: false,
+            disk_full: false,
+            writes_match: true,
+        };
+        assert_eq!(classify(&o), TurnStatus::MemoryLimit);
+        // A setup stage that said why stays a setup failure.
+        let said = Ending::SetupFailed {
+            stage: "bind mount".into(),
+            detail: "x".into(),
+        };
+        assert_eq!(ended_of(&said, 1), Ended::SetupFailed);
+    }
 }
