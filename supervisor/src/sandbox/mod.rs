@@ -160,6 +160,11 @@ pub struct TurnDir {
     /// A warm sandbox's lock file (see [`pool`]), held while the directory
     /// exists and removed with it.
     hold: Option<(PathBuf, nix::fcntl::Flock<std::fs::File>)>,
+    /// The sandbox's mount namespace, held so that its last process exits
+    /// without tearing it down (unmounting a few hundred mounts and
+    /// waiting for an RCU grace period: ~2 ms measured, in the turn's
+    /// path); it goes with the directory, on the background thread.
+    mount_ns: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl TurnDir {
@@ -183,6 +188,7 @@ impl TurnDir {
             dir_mounted: false,
             scratch_mounted: false,
             hold: None,
+            mount_ns: std::sync::Mutex::new(None),
         };
         // The turn directory is scratch too (plan, seccomp program, report,
         // mount points): keep it in memory, off the disk's journal. Measured
@@ -349,6 +355,10 @@ impl TurnDir {
 
 impl Drop for TurnDir {
     fn drop(&mut self) {
+        // The sandbox's mounts go first (they hold the directory's).
+        if let Ok(ns) = self.mount_ns.get_mut() {
+            drop(ns.take());
+        }
         self.unmount();
         if !self.path.as_os_str().is_empty() {
             let _ = std::fs::remove_dir_all(&self.path);
@@ -1149,6 +1159,14 @@ fn spawn_parked(
     };
     let (child, _into_cgroup) = spawn::spawn(&spec, &joins)
         .map_err(|e| sandbox_err("start sandbox init", format!("{}: {e}", exe.display())))?;
+    // Its namespaces exist (it unshared them before exec): keep its mount
+    // namespace with the turn directory (see `TurnDir::mount_ns`).
+    if let (Ok(ns), Ok(mut slot)) = (
+        std::fs::File::open(format!("/proc/{}/ns/mnt", child.id())),
+        turn.mount_ns.lock(),
+    ) {
+        *slot = Some(ns.into());
+    }
     // Only the sandbox holds the child ends now: EOF on `ready` means every
     // stage that could answer is gone.
     drop(ready_w);
