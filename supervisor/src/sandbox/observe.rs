@@ -260,6 +260,7 @@ fn load() -> Result<Observer, String> {
     let ring = ring_in(&rings, slot, &tables)?;
     if pinned.is_some() {
         sweep(&turns);
+        trim_slots(rings);
     }
     Ok(Observer {
         learners: Learners::map(&bss)?,
@@ -304,6 +305,53 @@ fn take_slot() -> Result<(u32, Option<nix::fcntl::Flock<std::fs::File>>), String
         }
     }
     Err(format!("all {SLOTS} observer slots are held"))
+}
+
+/// Slots whose rings are kept when free: the usual concurrency. A ring of
+/// a higher slot (1 MiB of kernel memory) is removed once no process
+/// holds the slot.
+const KEPT_SLOTS: u32 = 16;
+
+/// Removes the rings of the free slots above [`KEPT_SLOTS`], on a thread of
+/// its own (each removal waits for an RCU grace period): a burst of
+/// concurrent supervisors (a soak, a busy daemon's workers) leaves no
+/// rings behind it. A slot is held (locked) while its ring goes, so no
+/// process takes it meanwhile.
+fn trim_slots(rings: MapHandle) {
+    let high: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(SLOT_LOCKS)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n: u32 = name
+                .strip_prefix("slot-")?
+                .strip_suffix(".lock")?
+                .parse()
+                .ok()?;
+            (n >= KEPT_SLOTS).then(|| (n, e.path()))
+        })
+        .collect();
+    if high.is_empty() {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("observer-trim".into())
+        .spawn(move || {
+            for (slot, path) in high {
+                let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                    continue;
+                };
+                let Ok(_held) =
+                    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                else {
+                    continue;
+                };
+                // (The lock file stays: removing it would let another
+                // process lock a new file of the same slot meanwhile.)
+                let _ = rings.delete(&slot.to_ne_bytes());
+            }
+        });
 }
 
 /// The ring buffer in `slot` of `rings`: the one a process before left
