@@ -1998,3 +1998,70 @@ fn issue_30_serve_signs_checkpoints_every_n_turns_every_t_seconds_and_at_stop() 
         "one copy per checkpoint in the witness inbox"
     );
 }
+
+/// Issue 29 (and 28 item 5): the daemon's health does not re-read the
+/// served ledgers that did not change since they last verified (it re-read
+/// every one, whole, on every probe: 56 ms p50 after bench-serve's load),
+/// yet a ledger edited in place — same size, its mtime put back — is
+/// verified again and the daemon is FAILED, naming the session.
+#[test]
+fn issue_29_daemon_health_skips_unchanged_ledgers_and_still_sees_tampering() {
+    if !require_root("issue_29_daemon_health_skips_unchanged_ledgers_and_still_sees_tampering") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("s", MANIFEST);
+    let daemon = Daemon::start(&fx, &[]);
+    let first = run(
+        &fx,
+        Some(&daemon.socket),
+        &[
+            "--package",
+            "s",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(first.status.code(), Some(0));
+    let sid = session_of(&first);
+    let health = || -> (Option<i32>, Value) {
+        let r = supervise(&[
+            "health",
+            "--json",
+            "--server",
+            daemon.socket.to_str().unwrap(),
+        ]);
+        (
+            r.status.code(),
+            serde_json::from_slice(&r.stdout).unwrap_or(Value::Null),
+        )
+    };
+    for _ in 0..2 {
+        let (code, h) = health();
+        assert_eq!(
+            (code, h["status"].as_str()),
+            (Some(0), Some("READY")),
+            "{h}"
+        );
+    }
+    // One byte of the acknowledged exec ledger changed in place.
+    let ledger = fx.ledger(&sid, "exec");
+    let before = std::fs::metadata(&ledger).unwrap();
+    let mut bytes = std::fs::read(&ledger).unwrap();
+    let at = bytes.iter().position(|&b| b == b'"').unwrap() + 1;
+    bytes[at] = if bytes[at] == b'x' { b'y' } else { b'x' };
+    std::fs::write(&ledger, &bytes).unwrap();
+    let f = std::fs::File::options().write(true).open(&ledger).unwrap();
+    f.set_modified(before.modified().unwrap()).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(&ledger).unwrap().len(), before.len());
+    let (code, h) = health();
+    assert_eq!(
+        (code, h["status"].as_str()),
+        (Some(1), Some("FAILED")),
+        "{h}"
+    );
+    assert!(h.to_string().contains(&sid), "{h}");
+}

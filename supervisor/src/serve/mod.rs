@@ -124,6 +124,8 @@ pub struct Daemon {
     lifecycle_seq: AtomicU64,
     /// The sessions served, newest first (health verifies their ledgers).
     served: Mutex<Vec<(String, PathBuf)>>,
+    /// What the health check last verified of the served ledgers.
+    verified: Mutex<health::VerifiedLedgers>,
 }
 
 /// A turn worker: its process and the daemon's end of its control socket.
@@ -328,7 +330,7 @@ impl Daemon {
         });
         checks.push(health::pool(&dead, waiting));
         let served = self.served.lock().map(|s| s.clone()).unwrap_or_default();
-        checks.push(health::ledgers(&self.state_dir, &served));
+        checks.push(health::ledgers(&self.state_dir, &served, &self.verified));
         checks.push(health::observer());
         checks.push(health::network());
         if let Some(c) = &self.checkpoints {
@@ -540,6 +542,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         hops: Mutex::new(HashMap::new()),
         lifecycle_seq: AtomicU64::new(0),
         served: Mutex::new(Vec::new()),
+        verified: Mutex::new(health::VerifiedLedgers::new()),
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
