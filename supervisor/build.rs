@@ -23,6 +23,12 @@ fn main() {
         Some((define, multiarch)) => {
             let r = Command::new(&clang)
                 .args(["-g", "-O2", "-target", "bpf", "-Wall"])
+                // The same object from every checkout: its hash names the
+                // pinned observer all supervisors on a host share.
+                .arg(format!(
+                    "-ffile-prefix-map={}=.",
+                    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()
+                ))
                 .arg(format!("-D{define}"))
                 .arg(format!("-I/usr/include/{multiarch}"))
                 .args(["-c", src, "-o"])

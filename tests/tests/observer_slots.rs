@@ -8,20 +8,34 @@ use serde_json::Value;
 use turnstile_tests::{Fixture, require_root};
 
 const MANIFEST: &str = r#"{
-  "capabilities": {"read": ["data/**"], "execute": ["/bin/true"]},
+  "capabilities": {"read": ["data/**"], "execute": ["/bin/true", "/bin/sleep"]},
   "limits": {"timeout_seconds": 60}
 }"#;
 
 const SLOTS: &str = "/run/turnstile/observer";
 
-/// The slots that have a ring in the pinned observer's `rings` map.
+/// Where this build's observer is pinned (another build's program, with
+/// another hash, may be pinned beside it), as `doctor` says.
+fn pin_dir() -> std::path::PathBuf {
+    let out = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let via = d["denials_observed"]["landlock"]["via"]
+        .as_str()
+        .unwrap_or("");
+    let dir = via
+        .split("pinned in ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("doctor names no pinned observer: {via}"));
+    std::path::PathBuf::from(dir)
+}
+
+/// The slots that have a ring in this build's pinned `rings` map.
 fn ring_slots() -> Vec<u32> {
-    let dir = std::fs::read_dir("/sys/fs/bpf/turnstile")
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.join("link_exec").exists())
-        .expect("no pinned observer");
+    let dir = pin_dir();
     let out = std::process::Command::new("bpftool")
         .args(["-j", "map", "dump", "pinned"])
         .arg(dir.join("rings"))
@@ -75,7 +89,9 @@ fn issue_29_a_free_high_slot_loses_its_ring() {
         eprintln!("turnstile-test: SKIPPED {test}: {o}");
         return;
     }
-    // Every slot up to 16 held here: the next turn takes one above.
+    // Every slot up to 16 held — here, or by another supervisor (a
+    // daemon running on the host): the next turn takes one above. Never a
+    // blocking lock: a slot's holder may live for days.
     std::fs::create_dir_all(SLOTS).unwrap();
     let mut held = Vec::new();
     for n in 0..=16 {
@@ -85,21 +101,63 @@ fn issue_29_a_free_high_slot_loses_its_ring() {
             .write(true)
             .open(format!("{SLOTS}/slot-{n}.lock"))
             .unwrap();
-        held.push(nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).unwrap());
+        if let Ok(l) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            held.push(l);
+        }
     }
-    turn(&fx);
+    // While that turn runs, its slot (and ring) is above 16: checked
+    // then, since a free high slot's ring may go as soon as any other
+    // supervisor starts.
+    let mut slow = std::process::Command::new(turnstile_tests::supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "o",
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/sleep",
+            "3",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        seen = ring_slots();
+        if seen.iter().any(|&s| s > 16) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert!(
-        ring_slots().iter().any(|&s| s > 16),
-        "no ring above slot 16: {:?}",
-        ring_slots()
+        seen.iter().any(|&s| s > 16),
+        "no ring above slot 16: {seen:?}"
     );
+    assert!(slow.wait().unwrap().success());
     drop(held);
     // Free again: a later supervisor removes those rings (on a thread of
     // its own, each removal an RCU grace period).
+    // (A slot above 16 another process holds keeps its ring.)
+    let held_elsewhere = |s: u32| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("{SLOTS}/slot-{s}.lock"))
+            .is_ok_and(|f| {
+                nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
+            })
+    };
     let mut left = Vec::new();
     for _ in 0..10 {
         turn(&fx);
-        left = ring_slots().into_iter().filter(|&s| s >= 16).collect();
+        left = ring_slots()
+            .into_iter()
+            .filter(|&s| s >= 16 && !held_elsewhere(s))
+            .collect();
         if left.is_empty() {
             break;
         }
