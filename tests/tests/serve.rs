@@ -1568,6 +1568,23 @@ fn serve_start_removes_the_warm_cgroups_of_any_dead_daemon_issue_14() {
         eprintln!("{name} was removed by another test's daemon");
     }
     assert_eq!(again.stop(), Some(0));
+    // The dead daemon's warm sandbox directory (mounted) is still in
+    // `fx`'s state directory: recovery there removes it, and nothing of
+    // the test stays mounted.
+    let r = supervise(&[
+        "recover",
+        "--root",
+        fx.root.to_str().unwrap(),
+        "--state-dir",
+        fx.state.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let state = format!("{}/", fx.state.display());
+    assert!(
+        !mounts.lines().any(|l| l.contains(state.as_str())),
+        "a mount under the state dir survived recovery:\n{mounts}"
+    );
 }
 
 /// Issue 28 item 5: the daemon's health looks at what it depends on — a
