@@ -78,7 +78,7 @@ pub struct Observer {
     /// (held, through a lock file, for the life of the process).
     ring: Arc<Ring>,
     slot: u32,
-    _slot_lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    _slot_lock: Option<Lock>,
     /// How long loading (or opening the pinned observer) took.
     pub load_time: Duration,
     /// Where the shared observer is pinned; `None`: this process loaded
@@ -283,24 +283,11 @@ const SLOTS: u32 = 1024;
 
 /// The first slot no live process holds, locked for the rest of this
 /// process (the kernel releases the lock when it dies).
-fn take_slot() -> Result<(u32, Option<nix::fcntl::Flock<std::fs::File>>), String> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+fn take_slot() -> Result<(u32, Option<Lock>), String> {
     let dir = std::path::Path::new(SLOT_LOCKS);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    private_dir(dir)?;
     for slot in 0..SLOTS {
-        let path = dir.join(format!("slot-{slot}.lock"));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if let Ok(lock) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        if let Some(lock) = lock_file(&dir.join(format!("slot-{slot}.lock")), true, false)? {
             return Ok((slot, Some(lock)));
         }
     }
@@ -339,12 +326,7 @@ fn trim_slots(rings: MapHandle) {
         .name("observer-trim".into())
         .spawn(move || {
             for (slot, path) in high {
-                let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
-                    continue;
-                };
-                let Ok(_held) =
-                    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
-                else {
+                let Ok(Some(_held)) = lock_file(&path, false, false) else {
                     continue;
                 };
                 // (The lock file stays: removing it would let another
@@ -506,10 +488,7 @@ fn pin_dir() -> Result<std::path::PathBuf, String> {
             return Err(format!("{BPFFS} is not a bpffs after mounting one"));
         }
     }
-    let key: String = Sha256::digest(OBJECT)[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let key = hex::encode(&Sha256::digest(OBJECT)[..12]);
     Ok(std::path::Path::new(BPFFS).join("turnstile").join(key))
 }
 
@@ -519,24 +498,11 @@ fn pin_dir() -> Result<std::path::PathBuf, String> {
 /// (removing `dir` detaches it). Under [`PIN_LOCK`], so one process makes
 /// it and the others wait for it whole.
 fn shared(dir: &std::path::Path) -> Result<Handles, String> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let lock_path = std::path::Path::new(PIN_LOCK);
     if let Some(parent) = lock_path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .map_err(|e| format!("{}: {e}", parent.display()))?;
+        private_dir(parent)?;
     }
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(lock_path)
-        .map_err(|e| format!("{PIN_LOCK}: {e}"))?;
-    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| format!("lock {PIN_LOCK}: {e}"))?;
+    let _held = lock_file(lock_path, true, true)?;
     let open = || -> Result<Handles, String> {
         let m = |name: &str| {
             MapHandle::from_pinned_path(dir.join(name))
@@ -565,11 +531,7 @@ fn shared(dir: &std::path::Path) -> Result<Handles, String> {
             let _ = std::fs::remove_file(e.path());
         }
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    private_dir(dir)?;
     let (mut obj, mut links) = load_attached()?;
     for mut m in obj.maps_mut() {
         let name = m.name().to_string_lossy().into_owned();
@@ -607,8 +569,43 @@ fn any_slot_held() -> bool {
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::OpenOptions::new().write(true).open(e.path()).ok())
-        .any(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err())
+        .any(|e| matches!(lock_file(&e.path(), false, false), Ok(None)))
+}
+
+type Lock = nix::fcntl::Flock<std::fs::File>;
+
+/// An exclusive lock on the file at `path` (made, mode 0600, when
+/// `create`), waiting for it when `wait`: `None` when another process
+/// holds it; an error when the file cannot be opened.
+fn lock_file(path: &std::path::Path, create: bool, wait: bool) -> Result<Option<Lock>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .create(create)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let how = if wait {
+        nix::fcntl::FlockArg::LockExclusive
+    } else {
+        nix::fcntl::FlockArg::LockExclusiveNonblock
+    };
+    match nix::fcntl::Flock::lock(f, how) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) if !wait => Ok(None),
+        Err((_, e)) => Err(format!("lock {}: {e}", path.display())),
+    }
+}
+
+/// `path` and its parents as directories, made mode 0700 (root's only).
+fn private_dir(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Unpins everything in `dir` and removes it.
@@ -689,15 +686,11 @@ const BTF_CACHE: &str = "/run/turnstile/btf";
 /// BTF is used) when bpftool is not installed or cannot make it.
 fn min_btf() -> Option<std::path::PathBuf> {
     use sha2::{Digest, Sha256};
-    use std::os::unix::fs::DirBuilderExt;
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let mut h = Sha256::new();
     h.update(OBJECT);
     h.update(boot.trim().as_bytes());
-    let key: String = h.finalize()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let key = hex::encode(&h.finalize()[..12]);
     let dir = std::path::Path::new(BTF_CACHE);
     let path = dir.join(format!("{key}.btf"));
     if path.is_file() {
@@ -716,11 +709,7 @@ fn min_btf() -> Option<std::path::PathBuf> {
     ]
     .into_iter()
     .find(|p| std::path::Path::new(p).is_file())?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .ok()?;
+    private_dir(dir).ok()?;
     // Unique names per process: two first loads at once each make their
     // own, and the rename keeps one whole file.
     let tmp = |ext: &str| dir.join(format!("{key}.{}.{ext}", std::process::id()));
