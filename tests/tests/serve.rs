@@ -60,6 +60,20 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// `health --json --server` against this daemon: its exit status and
+    /// its JSON (null when it printed none).
+    fn health(&self) -> (Option<i32>, Value) {
+        let r = Command::new(supervise_bin())
+            .args(["health", "--json", "--server"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        (
+            r.status.code(),
+            serde_json::from_slice(&r.stdout).unwrap_or(Value::Null),
+        )
+    }
+
     pub fn start(fx: &Fixture, extra: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("ts-serve-")
@@ -1608,17 +1622,7 @@ fn issue_28_daemon_health_fails_when_a_dependency_breaks() {
     std::fs::write(bus.join("rules.v0.1.yaml"), bus_rules(&fx.root)).unwrap();
     let busarg = bus.display().to_string();
     let daemon = Daemon::start(&fx, &["--bus", &busarg, "--metrics", "127.0.0.1:0"]);
-    let health = || -> (Option<i32>, Value) {
-        let r = Command::new(supervise_bin())
-            .args(["health", "--json", "--server"])
-            .arg(&daemon.socket)
-            .output()
-            .unwrap();
-        (
-            r.status.code(),
-            serde_json::from_slice(&r.stdout).unwrap_or(Value::Null),
-        )
-    };
+    let health = || daemon.health();
     let level = |h: &Value, name: &str| -> String {
         h["checks"]
             .as_array()
@@ -2043,18 +2047,7 @@ fn issue_29_daemon_health_skips_unchanged_ledgers_and_still_sees_tampering() {
     );
     assert_eq!(first.status.code(), Some(0));
     let sid = session_of(&first);
-    let health = || -> (Option<i32>, Value) {
-        let r = supervise(&[
-            "health",
-            "--json",
-            "--server",
-            daemon.socket.to_str().unwrap(),
-        ]);
-        (
-            r.status.code(),
-            serde_json::from_slice(&r.stdout).unwrap_or(Value::Null),
-        )
-    };
+    let health = || daemon.health();
     for _ in 0..2 {
         let (code, h) = health();
         assert_eq!(
