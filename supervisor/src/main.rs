@@ -6,33 +6,15 @@ use std::process::ExitCode;
 use turnstile_supervisor::cli;
 
 fn main() -> ExitCode {
-    // The sandbox's own init is a hidden mode of this binary; it runs before
-    // anything else (no logging, no clap) and never returns.
+    // The sandbox's own init (also its own binary, turnstile-init: see
+    // sandbox::initbin) runs before anything else: no logging, no clap.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.len() == 2 && args[1] == cli::SANDBOX_INIT {
-        use turnstile_supervisor::sandbox::init;
-        let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
-        init::main(std::path::Path::new(&dir));
+    if let Some(code) = turnstile_supervisor::sandbox::initbin::dispatch(&args) {
+        return code;
     }
     // An OCI turn's guard (backend::runc::GUARD): no logging, no clap.
     if args.len() >= 2 && args[1] == turnstile_supervisor::backend::runc::GUARD {
         turnstile_supervisor::backend::runc::guard_main(&args[2..]);
-    }
-    if args.len() >= 4 && args[1] == "__landlock-exec" {
-        use turnstile_supervisor::sandbox::landlock_exec;
-        let rules = args[2].to_string_lossy().into_owned();
-        let dashes = args.iter().skip(3).position(|a| a == "--").map(|i| i + 3);
-        let Some(dashes) = dashes else {
-            eprintln!("turnstile-init: usage: __landlock-exec RULES [FLAGS] -- CMD");
-            return ExitCode::from(landlock_exec::SETUP_FAILED as u8);
-        };
-        match landlock_exec::Mode::parse(&args[3..dashes]) {
-            Ok(mode) => landlock_exec::main(&rules, mode, &args[dashes + 1..]),
-            Err(e) => {
-                eprintln!("turnstile-init: {e}");
-                return ExitCode::from(landlock_exec::SETUP_FAILED as u8);
-            }
-        }
     }
     // The daemon logs JSON by default (a span per turn and per phase); its
     // turn workers log as `supervise run` does, to the client's stderr;

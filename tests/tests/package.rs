@@ -147,6 +147,7 @@ fn issue_31_the_deb_installs_runs_a_turn_as_its_unit_says_and_purges() {
         .collect();
     for want in [
         "usr/bin/supervise",
+        "usr/bin/turnstile-init",
         "usr/bin/containerd-shim-turnstile-v2",
         "lib/systemd/system/turnstile-serve.service",
         "etc/turnstile/config.json",

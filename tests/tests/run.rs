@@ -891,3 +891,93 @@ fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
         assert_eq!(before, fx.snapshot(), "{wide}: something was created");
     }
 }
+
+/// The executable behind the sandbox init of a running `supervise run`:
+/// its child's `/proc/PID/exe`, once that child has executed the init.
+fn init_exe_of(supervise: u32) -> Option<std::path::PathBuf> {
+    for _ in 0..500 {
+        let children = std::fs::read_dir(format!("/proc/{supervise}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>();
+        for c in children {
+            // Its arguments once it executed the init (before, a fork of
+            // supervise: supervise's).
+            let argv = std::fs::read(format!("/proc/{c}/cmdline")).unwrap_or_default();
+            if argv == b"turnstile-init\0__sandbox-init\0" {
+                if let Ok(exe) = std::fs::read_link(format!("/proc/{c}/exe")) {
+                    return Some(exe);
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    None
+}
+
+/// A cold turn's init runs from `turnstile-init` beside `supervise` (the
+/// smaller binary starts faster: issue 29); a `supervise` copied alone
+/// still runs every turn, its init from itself.
+#[test]
+fn issue_29_the_sandbox_init_runs_from_turnstile_init_or_else_from_supervise() {
+    if !require_root("issue_29_the_sandbox_init_runs_from_turnstile_init_or_else_from_supervise") {
+        return;
+    }
+    let fx = fixture();
+    let alone = tempfile::tempdir().unwrap();
+    let copy = alone.path().join("supervise");
+    std::fs::copy(turnstile_tests::supervise_bin(), &copy).unwrap();
+    let beside = turnstile_tests::supervise_bin()
+        .parent()
+        .unwrap()
+        .join("turnstile-init");
+    assert!(beside.is_file(), "{} is not built", beside.display());
+    for (bin, want) in [
+        (turnstile_tests::supervise_bin(), beside.clone()),
+        (copy.clone(), copy.clone()),
+    ] {
+        let child = std::process::Command::new(&bin)
+            .args(["run", "--root"])
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args([
+                "--package",
+                "t",
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/sleep",
+                "1",
+            ])
+            .env_remove("TURNSTILE_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let exe = init_exe_of(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "committed", "{v}");
+        assert_eq!(
+            exe.as_deref(),
+            Some(want.as_path()),
+            "the init of a turn run by {}",
+            bin.display()
+        );
+    }
+}

@@ -773,6 +773,12 @@ fn package(args: &[String]) -> Result<()> {
     let bin = root.join("target").join(profile);
     let supervise = bin.join("supervise");
     write("usr/bin/supervise", &read(&supervise)?, 0o755)?;
+    // The sandbox's init, run from beside `supervise` (sandbox::initbin).
+    write(
+        "usr/bin/turnstile-init",
+        &read(&bin.join("turnstile-init"))?,
+        0o755,
+    )?;
     write(
         "usr/bin/containerd-shim-turnstile-v2",
         &read(&bin.join("containerd-shim-turnstile-v2"))?,

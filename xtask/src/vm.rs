@@ -465,7 +465,7 @@ fn build(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
     )
 }
 
-/// Hard-links `supervise`, `redteam` and the test binaries into
+/// Hard-links `supervise`, `turnstile-init`, `redteam` and the test binaries into
 /// this run's `bin`, so a `cargo build` during the run (cargo writes
 /// new files, it does not rewrite these inodes) cannot change what the
 /// guest executes half-way. The tests find `supervise` next to
@@ -479,7 +479,7 @@ fn snapshot(debug: &Path, tests: Vec<PathBuf>, bin: &Path) -> Result<(PathBuf, V
             .with_context(|| format!("{} -> {}", from.display(), to.display()))?;
         Ok(to)
     };
-    for b in ["supervise", "redteam"] {
+    for b in ["supervise", "turnstile-init", "redteam"] {
         link(&debug.join(b))?;
     }
     let tests = tests.iter().map(|t| link(t)).collect::<Result<Vec<_>>>()?;

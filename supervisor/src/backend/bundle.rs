@@ -99,7 +99,7 @@ pub fn options(
         scope_sources,
         workspace_source,
     } = at;
-    let exe = std::env::current_exe()
+    let exe = crate::sandbox::initbin::path()
         .map_err(|e| SupervisorError::invalid("supervise", e.to_string()))?;
     let runsc = backend == "runsc";
     // Where a path of the view is on the host: outside the workspace, in

@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod egress;
 pub mod init;
+pub mod initbin;
 pub mod landlock;
 pub mod landlock_exec;
 pub mod mountplan;
@@ -1128,8 +1129,7 @@ fn spawn_parked(
     std::os::fd::OwnedFd,
     std::os::fd::OwnedFd,
 )> {
-    let exe =
-        std::env::current_exe().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
+    let exe = initbin::path().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
     let joins = cg.joins()?;
     // The posture handshake pipes, numbered >= 10 so the dup2 onto 3 and 4
     // in the child can never clobber one another.
