@@ -347,27 +347,42 @@ struct Turn<'a> {
 }
 
 /// The intent entry being written on its own thread while the sandbox is
-/// built: [`Intent::durable`] waits for it (the gate before the command
-/// starts), [`Intent::finish`] returns how long the turn waited for it (the
-/// `intent_entry` phase: the phases stay disjoint parts of the turn's wall
-/// time), or why it failed.
+/// built. [`Intent::durable`] waits until its bytes are synced — the gate
+/// before the command starts: from then on a crash leaves the entry for
+/// recovery to complete, so the turn is visible — while the anchor's move
+/// (the append's last `fdatasync`) overlaps the command's start.
+/// [`Intent::acknowledged`] waits for the whole append (the gate before
+/// anything is committed), [`Intent::finish`] returns how long the turn
+/// waited for it (the `intent_entry` phase: the phases stay disjoint parts
+/// of the turn's wall time), or why it failed.
 struct Intent<'scope> {
     handle: Option<std::thread::ScopedJoinHandle<'scope, Result<()>>>,
-    result: Option<Result<u64>>,
+    written: Option<std::sync::mpsc::Receiver<()>>,
+    durable: bool,
+    waited_us: u64,
+    result: Option<Result<()>>,
 }
 
 impl<'scope> Intent<'scope> {
     fn spawn<'env>(
         scope: &'scope std::thread::Scope<'scope, 'env>,
-        append: impl FnOnce() -> Result<()> + Send + 'scope,
+        append: impl FnOnce(&mut dyn FnMut()) -> Result<()> + Send + 'scope,
     ) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         Self {
-            handle: Some(scope.spawn(append)),
+            handle: Some(scope.spawn(move || {
+                append(&mut || {
+                    let _ = tx.send(());
+                })
+            })),
+            written: Some(rx),
+            durable: false,
+            waited_us: 0,
             result: None,
         }
     }
 
-    fn wait(&mut self) -> &Result<u64> {
+    fn join(&mut self) -> &Result<()> {
         if let Some(h) = self.handle.take() {
             let waiting = Instant::now();
             let joined = h.join().unwrap_or_else(|_| {
@@ -377,19 +392,36 @@ impl<'scope> Intent<'scope> {
                     source: None,
                 })
             });
-            self.result = Some(joined.map(|()| waiting.elapsed().as_micros() as u64));
+            self.waited_us += waiting.elapsed().as_micros() as u64;
+            self.result = Some(joined);
         }
-        self.result.get_or_insert(Ok(0))
+        self.result.get_or_insert(Ok(()))
     }
 
     /// Waits until the intent entry is durable; `false` if it failed.
     fn durable(&mut self) -> bool {
-        self.wait().is_ok()
+        if let Some(rx) = self.written.take() {
+            let waiting = Instant::now();
+            self.durable = rx.recv().is_ok();
+            self.waited_us += waiting.elapsed().as_micros() as u64;
+        }
+        // No signal: the append ended before its bytes were synced.
+        self.durable || {
+            self.join();
+            false
+        }
+    }
+
+    /// Waits until the intent entry is appended whole (its anchor moved);
+    /// `false` if it failed.
+    fn acknowledged(&mut self) -> bool {
+        self.join().is_ok()
     }
 
     fn finish(mut self) -> Result<u64> {
-        self.wait();
-        self.result.take().unwrap_or(Ok(0))
+        self.join();
+        let waited = self.waited_us;
+        self.result.take().unwrap_or(Ok(())).map(|()| waited)
     }
 }
 
@@ -534,8 +566,14 @@ impl Turn<'_> {
         let exec_ledger = self.session.ledger(LedgerKind::Exec);
         let lock = self.lock;
         let mut outcome = std::thread::scope(|scope| -> Result<Outcome> {
-            let mut intent =
-                Intent::spawn(scope, move || exec_ledger.append(lock, body).map(|_| ()));
+            let mut intent = Intent::spawn(scope, move |written| {
+                crate::store::ledger::append_group_then(
+                    lock,
+                    vec![(&exec_ledger, vec![body])],
+                    written,
+                )
+                .map(|_| ())
+            });
             let mut outcome = match plan {
                 Ok(plan) if crate::turn::interrupt::received().is_some() => {
                     Outcome::interrupted(Some(plan))
@@ -555,8 +593,11 @@ impl Turn<'_> {
                     Ok(outcome)
                 }
                 Err(e) => {
-                    // Nothing of the turn ran (the gate held it): no finish
-                    // entry either, as when the intent append fails alone.
+                    // Nothing of the turn was committed (the gates held it;
+                    // if the entry was durable before its anchor failed to
+                    // move, the command ran): no finish entry follows an
+                    // intent that is not whole. A durable one is settled
+                    // by recovery, as after a crash at that instant.
                     if let Some(c) = outcome.cleanup.take() {
                         let _ = c.join();
                     }
@@ -635,6 +676,17 @@ impl Turn<'_> {
         // "capture" = enumerate + hash + compare with the declaration.
         phases.push("capture", lap(clock));
         stage.enter("verify_commit");
+        // Nothing reaches the workspace before the intent entry is appended
+        // whole: the command only waited for it to be durable.
+        if !intent.acknowledged() {
+            let mut o = Failed::new(
+                TurnStatus::SandboxError,
+                "the intent entry could not be written".into(),
+            )
+            .with(&plan);
+            o.execution = Some(execution);
+            return Err(o);
+        }
         let mut outcome = judge(&plan, &execution, writes, verdict);
         self.judge_receive(&plan, &execution, &mut outcome);
         self.commit(&plan, &scopes, &mut outcome);
