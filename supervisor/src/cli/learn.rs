@@ -237,6 +237,7 @@ pub fn learn(a: &LearnArgs) -> Result<Outcome> {
     })?;
     let opts = crate::turn::RunOptions {
         forward_all_output: false,
+        on_durable: None,
         root: root.clone(),
         state_dir: a.common.state_dir.clone(),
         package: a.package.clone(),

@@ -1628,6 +1628,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
     }
     let opts = crate::turn::RunOptions {
         forward_all_output: a.forward_all_output,
+        on_durable: None,
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
         package: a.package.clone(),

@@ -108,6 +108,7 @@ pub fn receive(a: &ReceiveArgs) -> Result<Outcome> {
     }
     let opts = crate::turn::RunOptions {
         forward_all_output: false,
+        on_durable: None,
         root: a.common.root.clone(),
         state_dir: a.common.state_dir.clone(),
         package: a.package.clone(),

@@ -22,6 +22,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::wire::{Reply, RunRequest, recv_line_with_fds};
 use crate::error::{Result, SupervisorError};
@@ -91,24 +92,17 @@ pub fn main() -> u8 {
         }
         drop(fds);
         crate::turn::interrupt::reset();
-        let reply = turn(job, pool.as_ref().filter(|_| keep));
-        let _ = std::io::stdout().flush();
-        let _ = std::io::stderr().flush();
-        // Never hold the client's descriptors while waiting: a reader of
-        // them waits for every writer to close.
-        if nix::unistd::dup2_stdout(&home_out).is_err()
-            || nix::unistd::dup2_stderr(&home_err).is_err()
-        {
+        let Ok(replier) = Replier::new(&sock, (&home_out, &home_err), keep) else {
+            status = 1;
+            break;
+        };
+        let replier = std::sync::Arc::new(replier);
+        turn(job, pool.as_ref().filter(|_| keep), &replier);
+        let (sent, homed) = replier.sent().unwrap_or((false, false));
+        if !homed {
             status = 1;
             break;
         }
-        let mut text = serde_json::to_vec(&Reply {
-            stays: keep,
-            ..reply
-        })
-        .unwrap_or_default();
-        text.push(b'\n');
-        let sent = (&sock).write_all(&text).is_ok();
         // The turn's directory goes before the next turn begins.
         if let Some(p) = &pool {
             p.settle();
@@ -123,49 +117,118 @@ pub fn main() -> u8 {
     status
 }
 
-/// Runs one job; the reply (the turn's output already written to the
-/// client's descriptors).
+/// Answers a job once: the turn's output to the client's descriptors,
+/// then this worker's own descriptors back (never hold the client's while
+/// waiting: a reader of them waits for every writer to close), then the
+/// reply line to the daemon. From the turn as soon as it is durable
+/// ([`crate::turn::OnDurable`]: the client has its answer while the
+/// ledgers' anchors move), or after the turn.
+struct Replier {
+    sock: UnixStream,
+    home: (OwnedFd, OwnedFd),
+    stays: bool,
+    /// Once answered: (the reply line was sent, fds 1 and 2 are home).
+    sent: std::sync::Mutex<Option<(bool, bool)>>,
+}
+
+impl Replier {
+    fn new(sock: &UnixStream, home: (&OwnedFd, &OwnedFd), stays: bool) -> std::io::Result<Self> {
+        Ok(Self {
+            sock: sock.try_clone()?,
+            home: (home.0.try_clone()?, home.1.try_clone()?),
+            stays,
+            sent: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn answer(&self, outcome: &crate::turn::outcome::Outcome, value: Value, trust: Option<String>) {
+        let Ok(mut sent) = self.sent.lock() else {
+            return;
+        };
+        if sent.is_some() {
+            return;
+        }
+        let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().write_all(outcome.stderr.as_bytes());
+        let _ = std::io::stderr().flush();
+        let homed = nix::unistd::dup2_stdout(&self.home.0).is_ok()
+            && nix::unistd::dup2_stderr(&self.home.1).is_ok();
+        let mut text = serde_json::to_vec(&Reply {
+            exit_status: outcome.status,
+            printed: true,
+            stdout: String::new(),
+            stderr: outcome.stderr.clone(),
+            value,
+            trust_level: trust,
+            stays: self.stays,
+            ..Reply::default()
+        })
+        .unwrap_or_default();
+        text.push(b'\n');
+        *sent = Some((homed && (&self.sock).write_all(&text).is_ok(), homed));
+    }
+
+    fn sent(&self) -> Option<(bool, bool)> {
+        self.sent.lock().ok().and_then(|s| *s)
+    }
+}
+
+/// Runs one job and answers it (see [`Replier`]).
 fn turn(
     job: std::result::Result<Job, serde_json::Error>,
     pool: Option<&std::sync::Arc<crate::sandbox::pool::WarmPool>>,
-) -> Reply {
-    let mut trust_level = None;
+    replier: &std::sync::Arc<Replier>,
+) {
     let parsed = job
         .map_err(|e| SupervisorError::invalid("request", e.to_string()))
         .and_then(|j| to_options(&j.run));
-    let (outcome, value) = match parsed {
-        Ok((mut opts, events)) => {
-            opts.pool = pool.cloned();
-            let r = crate::turn::outcome::run_turn_outcome(&opts, events.as_deref());
-            let r = if opts.receive.is_some() {
-                crate::turn::receive::render(opts.json, r.0, r.1)
-            } else {
-                r
-            };
-            trust_level = turnstile_policy::PackageId::parse(&opts.package)
-                .ok()
-                .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
-                .map(|m| m.trust_level.as_str().to_owned());
-            r
+    let (mut opts, events) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            return replier.answer(
+                &crate::turn::outcome::error_outcome(&e, false),
+                crate::turn::outcome::ErrorReply::of(&e).to_value(),
+                None,
+            );
         }
-        Err(e) => (
-            crate::turn::outcome::error_outcome(&e, false),
-            crate::turn::outcome::ErrorReply::of(&e).to_value(),
-        ),
     };
-    let _ = std::io::stdout().write_all(outcome.stdout.as_bytes());
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().write_all(outcome.stderr.as_bytes());
-    Reply {
-        exit_status: outcome.status,
-        printed: true,
-        stdout: String::new(),
-        stderr: outcome.stderr,
-        value,
-        trust_level,
-        stays: false,
-        ..Reply::default()
+    opts.pool = pool.cloned();
+    let trust = turnstile_policy::PackageId::parse(&opts.package)
+        .ok()
+        .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
+        .map(|m| m.trust_level.as_str().to_owned());
+    // A plain turn answers as soon as it is durable. A receive turn's
+    // output is rendered after it, and a turn with `--events` appends
+    // them after it: those answer at the end.
+    if opts.receive.is_none() && events.is_none() {
+        let early = std::sync::Arc::clone(replier);
+        let (json, trust) = (opts.json, trust.clone());
+        let early: std::sync::Arc<dyn Fn(&crate::turn::TurnResult) + Send + Sync> =
+            std::sync::Arc::new(move |r: &crate::turn::TurnResult| {
+                early.answer(
+                    &crate::turn::outcome::rendered(r, json),
+                    r.value.clone(),
+                    trust.clone(),
+                );
+            });
+        opts.on_durable = Some(crate::turn::OnDurable(early));
     }
+    let (outcome, value) = crate::turn::outcome::run_turn_outcome(&opts, events.as_deref());
+    let (outcome, value) = if opts.receive.is_some() {
+        crate::turn::receive::render(opts.json, outcome, value)
+    } else {
+        (outcome, value)
+    };
+    if replier.sent().is_some() {
+        // Answered when durable; an error since (the anchors could not
+        // move: recovery completes the entries) is only logged.
+        if value.get("status").is_none() && value.get("error").is_some_and(|e| !e.is_null()) {
+            tracing::error!(error = %value["error"], "after the turn's answer");
+        }
+        return;
+    }
+    replier.answer(&outcome, value, trust);
 }
 
 /// `supervise run`'s options for a daemon request (the state directory is
@@ -228,6 +291,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
     Ok((
         RunOptions {
             forward_all_output: false,
+            on_durable: None,
             root: r.root.clone(),
             state_dir,
             package: r.package.clone(),

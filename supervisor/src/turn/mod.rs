@@ -84,6 +84,31 @@ pub struct RunOptions {
     pub manifest: Option<turnstile_policy::Manifest>,
     /// `run --forward-all-output` (see `Plan::forward_all_output`).
     pub forward_all_output: bool,
+    /// Given the turn's result as soon as it is durable (see [`OnDurable`]).
+    pub on_durable: Option<OnDurable>,
+}
+
+/// Called with a turn's result once its finish entries are durable —
+/// every byte synced, so a crash from then on leaves them for recovery to
+/// complete — and before their anchors move, the last `fdatasync` of the
+/// append. A serve worker answers its client from it. Not called for a
+/// turn that ends before its finish entries (an error), nor for a keyed
+/// turn (its idempotency record comes after them). The turn then goes on
+/// as always and `run_turn` returns the same result, or an error if the
+/// anchors cannot move (the entries stay for recovery, as after a crash).
+#[derive(Clone)]
+pub struct OnDurable(pub std::sync::Arc<dyn Fn(&TurnResult) + Send + Sync>);
+
+impl OnDurable {
+    pub fn call(&self, result: &TurnResult) {
+        (self.0)(result)
+    }
+}
+
+impl std::fmt::Debug for OnDurable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnDurable")
+    }
 }
 
 pub use crate::store::status::TurnResult;
@@ -692,11 +717,9 @@ impl Turn<'_> {
         self.commit(&plan, &scopes, &mut outcome);
         phases.push("commit", lap(clock));
         // The workspace is as the next turn will find it: a serve worker
-        // builds that turn's sandbox now, while this one's entries are
-        // written (a no-op elsewhere).
-        if crate::turn::interrupt::received().is_none() {
-            self.backend.refill();
-        }
+        // builds that turn's sandbox once this one is durable and answered
+        // (see `finish`; a no-op elsewhere).
+        outcome.refill = true;
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
         outcome.suspensions = crate::store::record::read_suspensions(&prepared.turn_dir.path);
@@ -1015,6 +1038,7 @@ fn judge(
         suspensions: Vec::new(),
         emitted: Vec::new(),
         refused: None,
+        refill: false,
     }
 }
 

@@ -158,18 +158,20 @@ fn run_turn_inner(
     if let Some(path) = events {
         emit_events(path, &opts.package, &opts.request, &r.value)?;
     }
-    Ok((
-        Outcome {
-            status: r.exit_status,
-            stdout: if opts.json {
-                format!("{}\n", r.value)
-            } else {
-                String::new()
-            },
-            stderr: format!("supervise: {}\n", r.summary),
+    Ok((rendered(&r, opts.json), r.value))
+}
+
+/// What `supervise run` prints for a finished turn.
+pub fn rendered(r: &crate::turn::TurnResult, json: bool) -> Outcome {
+    Outcome {
+        status: r.exit_status,
+        stdout: if json {
+            format!("{}\n", r.value)
+        } else {
+            String::new()
         },
-        r.value,
-    ))
+        stderr: format!("supervise: {}\n", r.summary),
+    }
 }
 
 /// The turn's events as EventEnvelope v1 lines, appended to `path`

@@ -86,6 +86,9 @@ pub(super) struct Outcome {
     pub(super) emitted: Vec<turnstile_policy::envelope::EventEnvelope>,
     /// Why a receive turn's output was refused.
     pub(super) refused: Option<ErrorRecord>,
+    /// The turn ran to its commit step: the backend may build the next
+    /// turn's sandbox (serve's warm pool) once this one is durable.
+    pub(super) refill: bool,
 }
 
 /// The facts of one finished turn, typed: both ledger entries and the
@@ -143,20 +146,43 @@ impl Turn<'_> {
             self.session.ledger(LedgerKind::Exec),
             self.session.ledger(LedgerKind::Evidence),
         );
-        crate::store::ledger::append_group(
+        let report = self.report(facts, &o);
+        let summary = report.summary(&o.message);
+        let mut result = TurnResult {
+            exit_status: o.exit_status(),
+            value: serde_json::to_value(&report).unwrap_or_default(),
+            summary,
+        };
+        // Durable once both entries' bytes are synced: whoever waits for
+        // the result (a serve worker's client) may have it then, while the
+        // anchors move. Not a keyed turn: its idempotency record is
+        // written after, and its reply waits for that too.
+        let early = self
+            .opts
+            .on_durable
+            .as_ref()
+            .filter(|_| self.request.idempotency_key.is_none());
+        crate::store::ledger::append_group_then(
             self.lock,
             vec![
                 (&exec, vec![to_object(&exec_entry)]),
                 (&evidence_ledger, vec![to_object(&evidence)]),
             ],
+            &mut || {
+                if let Some(h) = early {
+                    stamp_ledger_entries(&mut result.value, self.started);
+                    h.call(&result);
+                }
+                // Answered: the next turn's warm sandbox is built now,
+                // while the anchors move — not before, where it would
+                // share the two cores with this turn's last steps.
+                if o.refill && crate::turn::interrupt::received().is_none() {
+                    self.backend.refill();
+                }
+            },
         )?;
-        let report = self.report(facts, &o);
-        let summary = report.summary(&o.message);
-        Ok(TurnResult {
-            exit_status: o.exit_status(),
-            value: serde_json::to_value(&report).unwrap_or_default(),
-            summary,
-        })
+        stamp_ledger_entries(&mut result.value, self.started);
+        Ok(result)
     }
 
     /// What the turn's outcome says, typed once.
@@ -412,7 +438,8 @@ impl Turn<'_> {
                     None => "none",
                 }
                 .into(),
-                ledger_entries_ms: self.started.elapsed().as_micros() as f64 / 1000.0 - wall_ms,
+                // Stamped once the entries are written (stamp_ledger_entries).
+                ledger_entries_ms: 0.0,
                 phases_ms: o.phases.millis(),
             }),
             replayed: false,
@@ -577,6 +604,7 @@ impl Outcome {
             suspensions: Vec::new(),
             emitted: Vec::new(),
             refused: None,
+            refill: false,
         }
     }
 
@@ -633,6 +661,20 @@ fn cgroup_parent_record(
         effective_pids,
         pids_bound_by,
     })
+}
+
+/// `durations.ledger_entries_ms` of a turn report: the time since the turn
+/// started, less its `wall_ms` — the finish entries (and the report), up
+/// to the moment the turn's result is given out: once the entries are
+/// durable for a turn answered then ([`crate::turn::OnDurable`]), once
+/// their anchors moved otherwise.
+fn stamp_ledger_entries(value: &mut Value, started: std::time::Instant) {
+    let Some(d) = value.get_mut("durations").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let wall = d.get("wall_ms").and_then(Value::as_f64).unwrap_or(0.0);
+    let ms = started.elapsed().as_micros() as f64 / 1000.0 - wall;
+    d.insert("ledger_entries_ms".into(), ms.into());
 }
 
 #[cfg(test)]

@@ -388,6 +388,7 @@ fn replay_session(
             });
         let opts = crate::turn::RunOptions {
             forward_all_output: false,
+            on_durable: None,
             manifest: None,
             root: new_root.to_path_buf(),
             state_dir: new_state.to_path_buf(),
