@@ -81,6 +81,10 @@ pub fn admit(input: Input<'_>, session: SessionId) -> Result<Admission> {
 impl Admission {
     /// Re-binds the request to the session that now exists.
     pub fn rebind(&mut self, raw: &TurnRequest, session: SessionId) -> Result<()> {
+        // Admitted for this session already (`--session`): nothing to redo.
+        if session == self.session {
+            return Ok(());
+        }
         self.request = raw.bind(&session)?;
         self.capabilities = CompiledCapabilities::compile(
             self.workspace.root_str(),
