@@ -60,6 +60,11 @@ pub const TURN_FD: i32 = 5;
 /// turn. (S3's "restricted, waiting for go" is [`READY`].)
 pub const PARKED: u8 = b'P';
 pub const READY: u8 = b'R';
+/// What the supervisor sends on `TURN_FD` for a turn whose Plan is the
+/// one the sandbox was built from (`plan.json`: a cold turn's). A Plan in
+/// JSON never starts with `=`.
+pub const SAME_PLAN: &[u8] = b"=";
+
 /// The largest turn Plan S2 accepts on `TURN_FD`.
 const MAX_TURN_PLAN: u64 = 64 << 20;
 
@@ -679,6 +684,9 @@ fn await_turn(built: &Plan, report: &mut Report) -> Plan {
     if bytes.is_empty() {
         // Discarded unused (a warm sandbox nobody took): not an error.
         std::process::exit(0)
+    }
+    if bytes == SAME_PLAN {
+        return built.clone();
     }
     let plan: Plan = serde_json::from_slice(&bytes).or_fail(report, "read the turn's plan");
     if plan.shape() != built.shape() {

@@ -758,6 +758,9 @@ pub struct Parked {
     out: Option<std::fs::File>,
     err: Option<std::fs::File>,
     shape: Plan,
+    /// The Plan it was built from (its `plan.json`): a turn with exactly
+    /// this Plan (a cold turn's) is handed over as [`init::SAME_PLAN`].
+    built: Plan,
     /// `Some(true)` once PID 1 said it is parked, `Some(false)` if it ended
     /// before that; `None` not asked yet.
     parked: Option<bool>,
@@ -894,6 +897,7 @@ pub fn park(
         out: Some(out),
         err: Some(err),
         shape: plan.shape(),
+        built: plan.clone(),
         parked: None,
         started,
         phases,
@@ -1045,8 +1049,13 @@ impl Parked {
                     Err(_) => return Err(sandbox_err("network egress", "the setup panicked")),
                 }
             }
-            let bytes =
-                serde_json::to_vec(plan).map_err(|e| sandbox_err("send plan", e.to_string()))?;
+            // A cold turn's PID 1 has its Plan already (plan.json): it is
+            // not serialized, sent and parsed a second time.
+            let bytes = if *plan == self.built {
+                init::SAME_PLAN.to_vec()
+            } else {
+                serde_json::to_vec(plan).map_err(|e| sandbox_err("send plan", e.to_string()))?
+            };
             if let Some(turn) = self.turn.take() {
                 // A PID 1 that died meanwhile: EPIPE here, EOF below.
                 let _ = std::fs::File::from(turn).write_all(&bytes);
