@@ -1075,9 +1075,20 @@ fn bench_serve(args: &[String]) -> Result<()> {
     );
     let (l90, s90) = (percentile(&mut local, 0.9), percentile(&mut served, 0.9));
     let h50 = percentile(&mut health, 0.5);
+    // The commit measured, as bench/RESULTS.md names its own.
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(workspace_root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        );
     let report = format!(
         "# supervise serve: measurements\n\n\
-         Release build, {rounds} interleaved rounds, whole-process wall time of each command \
+         Release build at commit `{commit}`, {rounds} interleaved rounds, whole-process wall time of each command \
          (spawn to exit) measured by `cargo xtask bench-serve`, this machine (2 cores).\n\n\
          | what | median ms | p90 ms | ratio to bare |\n|---|---|---|---|\n\
          | bare `/bin/true` | {b50:.2} | {:.2} | 1.0 |\n\
