@@ -964,6 +964,18 @@ impl Served {
     }
 }
 
+impl Served {
+    /// SIGTERM, as a service manager stops it: its workers discard their
+    /// warm sandboxes before it exits. Returns its exit code.
+    fn stop(mut self) -> Option<i32> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -1105,6 +1117,17 @@ fn issue_26_serve_turns_keep_their_own_network_policy_cold_and_warm() {
     );
     assert_eq!(result(&r, 0).0, "ok:OK 203.0.113.10 80 GET / HTTP/1.1");
     fx.assert_ledgers_intact(&sid);
+    // Stopped, the daemon leaves nothing mounted: the SIGKILLed one's warm
+    // sandbox was recovered, the new one's discarded. (Ending on a SIGKILL
+    // instead left this test's last warm sandbox mounted for good: nothing
+    // recovers that session again.)
+    assert_eq!(again.stop(), Some(0));
+    let state = format!("{}/", fx.state.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.lines().any(|l| l.contains(state.as_str())),
+        "mounted under the state directory after the daemon stopped:\n{mounts}"
+    );
 }
 
 /// A turn that prints its network namespace, connects to good.test:80
