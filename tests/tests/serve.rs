@@ -1500,7 +1500,11 @@ fn kill9_with_a_warm_sandbox(fx: &Fixture, sid: &str) -> Vec<PathBuf> {
     let mut daemon = Daemon::start(fx, &[]);
     let dir = daemon.socket.parent().unwrap().to_path_buf();
     served_json(fx, &daemon.socket, sid, &["/bin/true"]);
-    wait_for("the warm sandbox", || warm_entries(fx, sid).len() == 2);
+    // Built whole: the answer comes before the next warm sandbox is made
+    // (its lock and directory first, its cgroup, then its root).
+    wait_for("the warm sandbox", || {
+        warm_entries(fx, sid).len() == 2 && warm_built(fx, sid)
+    });
     // Listed while the sandbox lives: once its owner is dead, another
     // test's daemon starting meanwhile may already remove them (any start
     // sweeps the warm cgroups of dead owners, host-wide).
