@@ -137,7 +137,17 @@ impl Fixture {
     /// Runs `supervise <args…>`, inserting `--root` and `--state-dir` after
     /// the subcommand words.
     pub fn supervise(&self, words: &[&str], args: &[&str]) -> Run {
-        let mut cmd = Command::new(supervise_bin());
+        Run::from(
+            self.command(&supervise_bin(), words, args)
+                .output()
+                .expect("spawn supervise"),
+        )
+    }
+
+    /// `bin <words…> --root R --state-dir S <args…>`, not started (to run
+    /// in the background, or another copy of `supervise`).
+    pub fn command(&self, bin: &Path, words: &[&str], args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin);
         cmd.args(words)
             .arg("--root")
             .arg(&self.root)
@@ -145,7 +155,7 @@ impl Fixture {
             .arg(&self.state)
             .args(args)
             .env_remove("TURNSTILE_LOG");
-        Run::from(cmd.output().expect("spawn supervise"))
+        cmd
     }
 
     /// Runs `supervise` with exactly these arguments.

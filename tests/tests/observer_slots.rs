@@ -108,20 +108,20 @@ fn issue_29_a_free_high_slot_loses_its_ring() {
     // While that turn runs, its slot (and ring) is above 16: checked
     // then, since a free high slot's ring may go as soon as any other
     // supervisor starts.
-    let mut slow = std::process::Command::new(turnstile_tests::supervise_bin())
-        .args(["run", "--root"])
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args([
-            "--package",
-            "o",
-            "--json",
-            "--no-outputs",
-            "--",
-            "/bin/sleep",
-            "3",
-        ])
+    let mut slow = fx
+        .command(
+            &turnstile_tests::supervise_bin(),
+            &["run"],
+            &[
+                "--package",
+                "o",
+                "--json",
+                "--no-outputs",
+                "--",
+                "/bin/sleep",
+                "3",
+            ],
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

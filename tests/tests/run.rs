@@ -943,21 +943,20 @@ fn issue_29_the_sandbox_init_runs_from_turnstile_init_or_else_from_supervise() {
         (turnstile_tests::supervise_bin(), beside.clone()),
         (copy.clone(), copy.clone()),
     ] {
-        let child = std::process::Command::new(&bin)
-            .args(["run", "--root"])
-            .arg(&fx.root)
-            .arg("--state-dir")
-            .arg(&fx.state)
-            .args([
-                "--package",
-                "t",
-                "--no-outputs",
-                "--json",
-                "--",
-                "/bin/sleep",
-                "1",
-            ])
-            .env_remove("TURNSTILE_LOG")
+        let child = fx
+            .command(
+                &bin,
+                &["run"],
+                &[
+                    "--package",
+                    "t",
+                    "--no-outputs",
+                    "--json",
+                    "--",
+                    "/bin/sleep",
+                    "1",
+                ],
+            )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -146,12 +146,22 @@ impl Turn<'_> {
             self.session.ledger(LedgerKind::Exec),
             self.session.ledger(LedgerKind::Evidence),
         );
-        let report = self.report(facts, &o);
+        let mut report = self.report(facts, &o);
         let summary = report.summary(&o.message);
-        let mut result = TurnResult {
-            exit_status: o.exit_status(),
-            value: serde_json::to_value(&report).unwrap_or_default(),
-            summary,
+        // The result as given out now: `durations.ledger_entries_ms` is the
+        // time since the turn started, less its `wall_ms` — the finish
+        // entries up to that moment (durable for a turn answered then,
+        // anchors moved otherwise).
+        let result_now = |report: &mut crate::store::record::TurnReport| {
+            if let Some(d) = report.durations.as_mut() {
+                d.ledger_entries_ms =
+                    self.started.elapsed().as_micros() as f64 / 1000.0 - d.wall_ms;
+            }
+            TurnResult {
+                exit_status: o.exit_status(),
+                value: serde_json::to_value(&*report).unwrap_or_default(),
+                summary: summary.clone(),
+            }
         };
         // Durable once both entries' bytes are synced: whoever waits for
         // the result (a serve worker's client) may have it then, while the
@@ -170,8 +180,7 @@ impl Turn<'_> {
             ],
             &mut || {
                 if let Some(h) = early {
-                    stamp_ledger_entries(&mut result.value, self.started);
-                    h.call(&result);
+                    h.call(&result_now(&mut report));
                 }
                 // Answered: the next turn's warm sandbox is built now,
                 // while the anchors move — not before, where it would
@@ -181,8 +190,7 @@ impl Turn<'_> {
                 }
             },
         )?;
-        stamp_ledger_entries(&mut result.value, self.started);
-        Ok(result)
+        Ok(result_now(&mut report))
     }
 
     /// What the turn's outcome says, typed once.
@@ -438,7 +446,7 @@ impl Turn<'_> {
                     None => "none",
                 }
                 .into(),
-                // Stamped once the entries are written (stamp_ledger_entries).
+                // Set when the result is given out (`finish`).
                 ledger_entries_ms: 0.0,
                 phases_ms: o.phases.millis(),
             }),
@@ -661,20 +669,6 @@ fn cgroup_parent_record(
         effective_pids,
         pids_bound_by,
     })
-}
-
-/// `durations.ledger_entries_ms` of a turn report: the time since the turn
-/// started, less its `wall_ms` — the finish entries (and the report), up
-/// to the moment the turn's result is given out: once the entries are
-/// durable for a turn answered then ([`crate::turn::OnDurable`]), once
-/// their anchors moved otherwise.
-fn stamp_ledger_entries(value: &mut Value, started: std::time::Instant) {
-    let Some(d) = value.get_mut("durations").and_then(Value::as_object_mut) else {
-        return;
-    };
-    let wall = d.get("wall_ms").and_then(Value::as_f64).unwrap_or(0.0);
-    let ms = started.elapsed().as_micros() as f64 / 1000.0 - wall;
-    d.insert("ledger_entries_ms".into(), ms.into());
 }
 
 #[cfg(test)]
