@@ -1012,13 +1012,23 @@ fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
         daemon = Daemon::start(&fx, &["--bus", &busarg, "--daemon-config", &cfg]);
     }
     let held: Vec<&(String, &str, String)> = expect.iter().filter(|e| e.1 == "held").collect();
-    let settled = |n: usize| count_json(&bus.join("input")) == 0 && evidence(&bus).len() == n;
+    // Settled: every message has its evidence and is gone from input/ and
+    // processing/ but the held ones. The bus renames the evidence in
+    // before it removes the message from processing/, so the last
+    // message's file may outlive the evidence count for an instant.
+    let settled = |n: usize, waiting: usize| {
+        count_json(&bus.join("input")) == 0
+            && evidence(&bus).len() == n
+            && count_json(&bus.join("processing")) == waiting
+    };
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !settled(100 - held.len()) {
+    while !settled(100 - held.len(), held.len()) {
         assert!(
             Instant::now() < deadline,
-            "the bus did not settle: {} evidence files",
-            evidence(&bus).len()
+            "the bus did not settle: {} evidence files, {} messages in processing/ ({} held)",
+            evidence(&bus).len(),
+            count_json(&bus.join("processing")),
+            held.len()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1044,7 +1054,7 @@ fn serve_bus_scenario_with_two_kill9_every_message_once_fr_rt_007() {
         )
         .unwrap();
     }
-    wait_for("approved messages", || settled(100));
+    wait_for("approved messages", || settled(100, 0));
     assert_eq!(count_json(&bus.join("processing")), 0);
     assert_eq!(daemon.stop(), Some(0));
 
