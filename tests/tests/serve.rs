@@ -1503,6 +1503,85 @@ fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
     assert_nothing_left(&fx, &sid);
 }
 
+/// A warm sandbox waits with its command's stage already forked and
+/// holding the turn's identity (uid and gid 65534, no capability in any
+/// set, no_new_privs); Landlock and seccomp wait for the turn's own Plan.
+/// Then a warm turn runs from it with the posture of a cold one.
+#[test]
+fn issue_29_a_warm_sandbox_parks_its_command_stage_holding_the_turns_identity() {
+    if !require_root("issue_29_a_warm_sandbox_parks_its_command_stage_holding_the_turns_identity") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "s",
+        r#"{"capabilities": {"execute": ["/bin/sh"]}, "limits": {"pids": 32}}"#,
+    );
+    let sid = fx.new_session();
+    let daemon = Daemon::start(&fx, &[]);
+    let cmd = ["/bin/sh", "-c", "echo ran"];
+    let cold = served_json(&fx, &daemon.socket, &sid, &cmd);
+    assert_eq!(sandbox_of(&cold), "cold", "{cold}");
+    wait_for("the warm sandbox", || warm_built(&fx, &sid));
+    // The warm sandbox's processes, from its cgroup: exactly one of them
+    // (the parked command stage) has left root.
+    let status =
+        |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            })
+            .unwrap_or_default()
+    };
+    let mut staged = Vec::new();
+    wait_for("the parked command stage", || {
+        staged = warm_cgroups(&sid)
+            .iter()
+            .filter(|d| d.starts_with("/sys/fs/cgroup/pids"))
+            .flat_map(|d| {
+                std::fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .map(|pid| status(&pid))
+            .filter(|s| field(s, "Uid") == "65534 65534 65534 65534")
+            .collect();
+        !staged.is_empty()
+    });
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    let s = &staged[0];
+    assert_eq!(field(s, "Gid"), "65534 65534 65534 65534", "{s}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(field(s, cap), "0000000000000000", "{cap}: {s}");
+    }
+    assert_eq!(field(s, "NoNewPrivs"), "1", "{s}");
+    // Not yet: seccomp comes last, with the turn.
+    assert_eq!(field(s, "Seccomp"), "0", "{s}");
+    // The turn that takes it is checked and enforced as a cold one is.
+    let warm = served_json(&fx, &daemon.socket, &sid, &cmd);
+    assert_eq!(sandbox_of(&warm), "warm", "{warm}");
+    assert!(
+        warm["command_output"]
+            .as_str()
+            .unwrap()
+            .starts_with("ran\n"),
+        "{warm}"
+    );
+    assert_eq!(warm["enforcement"]["posture"]["ok"], true, "{warm}");
+    let landlock = |v: &Value| v["enforcement"]["landlock"].clone();
+    assert_eq!(landlock(&warm), landlock(&cold));
+    assert_eq!(
+        warm["enforcement"]["seccomp"],
+        cold["enforcement"]["seccomp"]
+    );
+    assert_eq!(warm["enforcement"]["seccomp"]["mode"], "filter", "{warm}");
+}
+
 /// A daemon serves one turn of `sid`, builds its warm sandbox and is
 /// SIGKILLed; returns once its worker and the parked sandbox died with it,
 /// with the warm sandbox's cgroup directories (still there).

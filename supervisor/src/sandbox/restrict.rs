@@ -37,13 +37,30 @@ pub type Failure = (&'static str, String);
 /// Applies every restriction of `plan` in the fixed order; returns what
 /// Landlock enforced, or the first failure.
 pub fn restrict(k: &mut dyn Kernel, plan: &Plan, bpf: &[u8]) -> Result<LandlockOutcome, Failure> {
+    restrict_identity(k, plan.uid, plan.gid)?;
+    restrict_access(k, plan, bpf)
+}
+
+/// Steps 1–4: no capability in any set, no_new_privs, the turn's uid and
+/// gid. They depend only on a Plan's shape (uid and gid are part of it),
+/// so a warm sandbox's command stage takes them before its turn is known.
+pub fn restrict_identity(k: &mut dyn Kernel, uid: u32, gid: u32) -> Result<(), Failure> {
     k.drop_capabilities()
         .map_err(|e| ("drop capabilities", e))?;
     k.no_new_privs().map_err(|e| ("set no_new_privs", e))?;
-    k.become_user(plan.uid, plan.gid)
+    k.become_user(uid, gid)
         .map_err(|e| ("become the turn's user", e))?;
     k.verify_no_capabilities()
-        .map_err(|e| ("drop capabilities", e))?;
+        .map_err(|e| ("drop capabilities", e))
+}
+
+/// Steps 5–7, after [`restrict_identity`]: Landlock (its execute rules are
+/// the turn's), the working directory, seccomp last.
+pub fn restrict_access(
+    k: &mut dyn Kernel,
+    plan: &Plan,
+    bpf: &[u8],
+) -> Result<LandlockOutcome, Failure> {
     let outcome = k.landlock(&plan.landlock).map_err(|e| ("landlock", e))?;
     if outcome.status == "not_enforced" && !plan.allow_degraded.iter().any(|l| l == "landlock") {
         return Err((
