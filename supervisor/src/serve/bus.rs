@@ -1353,7 +1353,7 @@ impl Bus {
         };
         let t = Instant::now();
         let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
-        let reply = super::run_worker(d, n, &r, out, err, None, &[])?;
+        let reply = super::run_worker(d, n, &r, out, err, None, &[])?.settle(d);
         d.metrics.turn_finished(
             &reply.value,
             reply.trust_level.as_deref(),

@@ -384,6 +384,34 @@ impl Daemon {
     }
 }
 
+/// Accepts every pending connection, each onto a thread of its own.
+fn accept_all(
+    daemon: &Arc<Daemon>,
+    l: &UnixListener,
+    threads: &mut Vec<std::thread::JoinHandle<()>>,
+    state_dir: &Path,
+) -> Result<()> {
+    loop {
+        match l.accept() {
+            Ok((conn, _)) => {
+                let d = Arc::clone(daemon);
+                let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
+                let t = std::thread::Builder::new()
+                    .name(format!("conn-{n}"))
+                    .spawn(move || connection(&d, n, conn))
+                    .map_err(state_io("spawn connection thread", state_dir))?;
+                threads.push(t);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                return Ok(());
+            }
+        }
+    }
+}
+
 fn state_io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SupervisorError {
     let path = path.to_path_buf();
     move |source| SupervisorError::StateIo { op, path, source }
@@ -582,29 +610,14 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         if STOP_SIGNAL.load(Ordering::SeqCst) != 0 {
             break;
         }
+        // A connection first: the housekeeping below is not its client's
+        // wait (each connection runs on a thread of its own).
+        if let Some(l) = &listener {
+            accept_all(&daemon, l, &mut threads, &state_dir)?;
+        }
         threads.retain(|t| !t.is_finished());
         daemon.expire_idle(false);
         daemon.suspend_idle();
-        let Some(l) = &listener else { continue };
-        loop {
-            match l.accept() {
-                Ok((conn, _)) => {
-                    let d = Arc::clone(&daemon);
-                    let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
-                    let t = std::thread::Builder::new()
-                        .name(format!("conn-{n}"))
-                        .spawn(move || connection(&d, n, conn))
-                        .map_err(state_io("spawn connection thread", &state_dir))?;
-                    threads.push(t);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    break;
-                }
-            }
-        }
     }
     // Stop: no new connections; in-flight turns are interrupted (recorded
     // as `interrupted`, TS1024) and waited for; nothing survives.
@@ -838,18 +851,28 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                 return;
             }
             let receive_hop = r.receive.as_ref().map(|w| w.hop);
-            let mut reply = match run_request(d, n, &conn, *r, fds, &rest) {
-                Ok(reply) => reply,
-                Err(e) => error_reply(&e, json_mode),
+            let (ran, mut reply) = match run_request(d, n, &conn, *r, fds, &rest) {
+                Ok(mut ran) => {
+                    let reply = std::mem::take(&mut ran.reply);
+                    (Some(ran), reply)
+                }
+                Err(e) => (None, error_reply(&e, json_mode)),
             };
             // A receive's envelopes are on the event bus (durable) before
             // its client hears of them.
-            if let (Some(hop), Some(router)) = (receive_hop, &d.router) {
+            let mut failed = None;
+            if let (Some(hop), Some(router), Some(_)) = (receive_hop, &d.router, &ran) {
                 if let Err(e) = router.publish_reply(&reply.value, hop) {
-                    reply = error_reply(&e, json_mode);
+                    failed = Some(error_reply(&e, json_mode));
                 }
             }
-            send_reply(d, &conn, &reply);
+            send_reply(d, &conn, failed.as_ref().unwrap_or(&reply));
+            // The daemon's notes of the turn, once its client has the reply.
+            if let Some(mut ran) = ran {
+                ran.reply = reply;
+                reply = ran.settle(d);
+            }
+            let reply = failed.unwrap_or(reply);
             d.metrics.events_emitted.inc();
             d.metrics.turn_finished(
                 &reply.value,
@@ -898,7 +921,7 @@ fn run_request(
     mut r: RunRequest,
     fds: Vec<OwnedFd>,
     early: &[u8],
-) -> Result<Reply> {
+) -> Result<Ran> {
     validate(d, &mut r)?;
     let [out, err]: [OwnedFd; 2] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
         SupervisorError::invalid(
@@ -909,9 +932,46 @@ fn run_request(
     run_worker(d, n, &r, out, err, Some(conn), early)
 }
 
+/// A turn a worker answered: its reply, and what the daemon notes of it
+/// once the reply is on its way ([`Ran::settle`]).
+pub(crate) struct Ran {
+    pub(crate) reply: Reply,
+    root: PathBuf,
+    hop: Option<u32>,
+    started: Instant,
+}
+
+impl Ran {
+    /// The daemon's own notes of the turn (checkpoints, the sessions health
+    /// lists, a receive's hop, the log line): after the client has its
+    /// reply, off the turn's path. Returns the reply.
+    pub(crate) fn settle(self, d: &Daemon) -> Reply {
+        let report =
+            serde_json::from_value::<crate::store::record::TurnReport>(self.reply.value.clone())
+                .ok();
+        if let (Some(c), Some(t)) = (&d.checkpoints, &report) {
+            c.turn_done(&self.root, &t.session_id);
+        }
+        if let (Some(t), Ok(mut served)) = (&report, d.served.lock()) {
+            served.retain(|(s, _)| s != &t.session_id);
+            served.insert(0, (t.session_id.clone(), self.root.clone()));
+            served.truncate(health::MAX_LEDGER_SESSIONS);
+        }
+        if let (Some(hop), Some(t)) = (self.hop, &report) {
+            if let Ok(mut hops) = d.hops.lock() {
+                hops.insert(t.session_id.clone(), hop);
+            }
+        }
+        log_turn(&self.reply, report.as_ref(), self.started.elapsed());
+        self.reply
+    }
+}
+
 /// Runs one turn in a worker with `out`/`err` as its stdout/stderr — the
 /// session's waiting worker (with its warm sandbox) or a new one; with a
-/// client connection, forwards its signals (a hang-up is SIGHUP).
+/// client connection, forwards its signals (a hang-up is SIGHUP). The
+/// worker goes back to the session's pool before this returns, so the
+/// session's next request finds it.
 pub(crate) fn run_worker(
     d: &Daemon,
     n: u64,
@@ -920,7 +980,7 @@ pub(crate) fn run_worker(
     err: OwnedFd,
     conn: Option<&UnixStream>,
     early: &[u8],
-) -> Result<Reply> {
+) -> Result<Ran> {
     let session = r.session.as_deref();
     let job = worker::Job {
         keep_warm: d.pool_size > 0 && session.is_some(),
@@ -1031,23 +1091,12 @@ pub(crate) fn run_worker(
         }
     }
     reply.stays = false;
-    let report =
-        serde_json::from_value::<crate::store::record::TurnReport>(reply.value.clone()).ok();
-    if let (Some(c), Some(t)) = (&d.checkpoints, &report) {
-        c.turn_done(&r.root, &t.session_id);
-    }
-    if let (Some(t), Ok(mut served)) = (&report, d.served.lock()) {
-        served.retain(|(s, _)| s != &t.session_id);
-        served.insert(0, (t.session_id.clone(), r.root.clone()));
-        served.truncate(health::MAX_LEDGER_SESSIONS);
-    }
-    if let (Some(rw), Some(t)) = (&r.receive, &report) {
-        if let Ok(mut hops) = d.hops.lock() {
-            hops.insert(t.session_id.clone(), rw.hop);
-        }
-    }
-    log_turn(&reply, report.as_ref(), started.elapsed());
-    Ok(reply)
+    Ok(Ran {
+        reply,
+        root: r.root.clone(),
+        hop: r.receive.as_ref().map(|rw| rw.hop),
+        started,
+    })
 }
 
 fn log_turn(reply: &Reply, r: Option<&crate::store::record::TurnReport>, took: Duration) {

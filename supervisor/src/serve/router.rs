@@ -327,7 +327,8 @@ impl Router {
             null("open /dev/null")?,
             None,
             &[],
-        )?;
+        )?
+        .settle(d);
         d.metrics.events_received.inc();
         Ok(reply)
     }
