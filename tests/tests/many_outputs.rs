@@ -217,3 +217,78 @@ fn issue_31_a_long_commit_shows_progress_on_a_terminal_only() {
         "a pipe is quiet: {seen}"
     );
 }
+
+/// Issue 29: under a 64-descriptor limit a turn still runs whole: its
+/// outputs commit, and the seccomp listener is taken (the command stage
+/// names the descriptor it landed on; a fixed high number failed with
+/// EBADF), so a denied syscall is refused with EPERM and recorded.
+#[test]
+fn issue_29_a_turn_under_a_64_descriptor_limit_commits_and_records_its_denials() {
+    if !require_root("issue_29_a_turn_under_a_64_descriptor_limit_commits_and_records_its_denials")
+    {
+        return;
+    }
+    const N: usize = 2_000;
+    let fx = Fixture::new();
+    fx.install(
+        "low",
+        r#"{"capabilities": {"write": ["output/<session_id>/**"], "execute": ["/usr/bin/python3"]},
+            "limits": {"files": 5000, "disk": "64Mi", "timeout_seconds": 120}}"#,
+    );
+    let code = "import ctypes, os\n\
+        sid = os.environ['TURNSTILE_SESSION_ID']\n\
+        for i in range(2000):\n\
+        \x20   d = f'output/{sid}/t/d{i % 20}'\n\
+        \x20   os.makedirs(d, exist_ok=True)\n\
+        \x20   open(f'{d}/f{i}.txt', 'w').write(str(i))\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        assert libc.syscall(272, 0x10000000) == -1 and ctypes.get_errno() == 1\n";
+    let out = std::process::Command::new("prlimit")
+        .arg("--nofile=64")
+        .arg(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "low",
+            "--json",
+            "--output",
+            "output/<session_id>/t/**:data",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            code,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["status"], "committed", "{v}");
+    assert_eq!(v["committed"].as_array().unwrap().len(), N, "{v}");
+    let sid = v["session_id"].as_str().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(fx.root.join(format!("output/{sid}/t/d19/f1999.txt"))).unwrap(),
+        "1999"
+    );
+    assert_eq!(
+        v["enforcement"]["denials_observed"]["seccomp"]["observed"], true,
+        "{v}"
+    );
+    let denied: Vec<&serde_json::Value> = v["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["layer"] == "seccomp")
+        .collect();
+    assert_eq!(denied.len(), 1, "{v}");
+    assert_eq!(denied[0]["target"], "unshare");
+    fx.assert_ledgers_intact(sid);
+}

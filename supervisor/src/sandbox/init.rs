@@ -859,7 +859,7 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     // 2.-4. of the restriction order (see sandbox::restrict): what the
     // shape decides, before the turn is known.
     if let Err((stage, why)) =
-        super::restrict::restrict_identity(&mut RealKernel, built.uid, built.gid)
+        super::restrict::restrict_identity(&mut RealKernel::default(), built.uid, built.gid)
     {
         report.fail(stage, why)
     }
@@ -877,7 +877,8 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
         .collect();
-    let outcome = match super::restrict::restrict_access(&mut RealKernel, plan, bpf) {
+    let mut kernel = RealKernel::default();
+    let outcome = match super::restrict::restrict_access(&mut kernel, plan, bpf) {
         Ok(o) => o,
         Err((stage, why)) => report.fail(stage, why),
     };
@@ -889,7 +890,7 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     });
     // Fully restricted: let the supervisor inspect us from outside before
     // the command's first instruction; exec only on its go.
-    if !handshake() {
+    if !handshake(kernel.notify_fd) {
         report.event(InitEvent::Error {
             stage: "posture".into(),
             detail: "the supervisor did not approve the sandbox posture".into(),
@@ -926,7 +927,11 @@ fn stdin_from_memory(bytes: &[u8]) -> std::result::Result<(), String> {
 }
 
 /// The real kernel behind the restriction order.
-struct RealKernel;
+#[derive(Default)]
+struct RealKernel {
+    /// Where the seccomp listener is, once the filter is loaded.
+    notify_fd: Option<i32>,
+}
 
 impl super::restrict::Kernel for RealKernel {
     fn drop_capabilities(&mut self) -> Result<(), String> {
@@ -991,7 +996,8 @@ impl super::restrict::Kernel for RealKernel {
     }
 
     fn seccomp(&mut self, bpf: &[u8]) -> Result<(), String> {
-        load_seccomp(bpf)
+        self.notify_fd = Some(load_seccomp(bpf)?);
+        Ok(())
     }
 }
 
@@ -1007,8 +1013,10 @@ fn close_handshake(fds: &[i32]) {
     }
 }
 
-/// S3's side of the posture handshake: "ready", then wait for "go".
-fn handshake() -> bool {
+/// S3's side of the posture handshake: "ready" and the number of the
+/// descriptor that holds the seccomp listener (one byte each, one write),
+/// then wait for "go".
+fn handshake(notify_fd: Option<i32>) -> bool {
     // SAFETY: the descriptors are open in S3 for its whole life (inherited
     // from S1 through fork); borrowing them for two calls is sound.
     let (ready, go) = unsafe {
@@ -1017,7 +1025,10 @@ fn handshake() -> bool {
             std::os::fd::BorrowedFd::borrow_raw(GO_FD),
         )
     };
-    if nix::unistd::write(ready, &[READY]) != Ok(1) {
+    let Some(fd) = notify_fd.and_then(|fd| u8::try_from(fd).ok()) else {
+        return false;
+    };
+    if nix::unistd::write(ready, &[READY, fd]) != Ok(2) {
         return false;
     }
     let mut answer = [0u8; 1];
@@ -1036,7 +1047,7 @@ fn set_sigterm(handler: nix::sys::signal::SigHandler) -> nix::Result<()> {
 }
 
 /// Loads a BPF program compiled by libseccomp in the supervisor.
-fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
+fn load_seccomp(bpf: &[u8]) -> Result<i32, String> {
     const INSN: usize = std::mem::size_of::<nix::libc::sock_filter>();
     if bpf.is_empty() || bpf.len() % INSN != 0 || bpf.len() / INSN > usize::from(u16::MAX) {
         return Err(format!("malformed BPF program ({} bytes)", bpf.len()));
@@ -1055,8 +1066,9 @@ fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
         filter: insns.as_ptr().cast_mut(),
     };
     // A new listener for the deny list's notifications (see
-    // sandbox::notify), parked close-on-exec at NOTIFY_FD for the
-    // supervisor to take.
+    // sandbox::notify): close-on-exec, on the lowest free descriptor, whose
+    // number the handshake tells the supervisor, which takes it. (A fixed
+    // high number failed with EBADF under a low RLIMIT_NOFILE.)
     // SAFETY: `prog` points at `insns`, a valid array of `len` sock_filter
     // structs that outlives the call; the kernel copies the program.
     // no_new_privs is already set, as seccomp(2) requires of an unprivileged
@@ -1073,16 +1085,10 @@ fn load_seccomp(bpf: &[u8]) -> Result<(), String> {
         return Err(std::io::Error::last_os_error().to_string());
     }
     let listener = rc as i32;
-    if listener != super::notify::NOTIFY_FD {
-        // SAFETY: dup3 onto a fixed number this process does not otherwise
-        // use; then the original is closed. Both calls are plain syscalls
-        // seccomp allows.
-        unsafe {
-            if nix::libc::dup3(listener, super::notify::NOTIFY_FD, nix::libc::O_CLOEXEC) < 0 {
-                return Err(std::io::Error::last_os_error().to_string());
-            }
-            nix::libc::close(listener);
-        }
+    if u8::try_from(listener).is_err() {
+        return Err(format!(
+            "the listener landed on descriptor {listener}, which the handshake cannot name"
+        ));
     }
-    Ok(())
+    Ok(listener)
 }

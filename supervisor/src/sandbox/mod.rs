@@ -1064,8 +1064,19 @@ impl Parked {
         self.turn = None;
         // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
         // killed the turn), inspect it from outside.
-        let mut byte = [0u8; 1];
-        if let Ok(1) = nix::unistd::read(&self.ready, &mut byte) {
+        // Two bytes, written at once: READY, and the descriptor that holds
+        // the command stage's seccomp listener.
+        let mut msg = [0u8; 2];
+        let mut got = 0;
+        while got < msg.len() {
+            match nix::unistd::read(&self.ready, &mut msg[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        if got == msg.len() && msg[0] == init::READY {
             created.lap("init_until_ready");
             let proc_root = Path::new("/proc");
             let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
@@ -1079,7 +1090,7 @@ impl Parked {
             };
             // The deny list's listener, taken out of the parked command.
             if let Some(pid) = command {
-                created.listener = notify::take_fd(pid, notify::NOTIFY_FD)
+                created.listener = notify::take_fd(pid, i32::from(msg[1]))
                     .and_then(|fd| {
                         notify::Listener::spawn(
                             fd,

@@ -2,9 +2,10 @@
 //!
 //! The seccomp filter answers a syscall of the deny list with
 //! `SECCOMP_RET_USER_NOTIF` rather than a plain errno; the command's stage
-//! loads it with `SECCOMP_FILTER_FLAG_NEW_LISTENER` and parks the listener
-//! at [`NOTIFY_FD`] (close-on-exec). Before letting the command run, the
-//! supervisor takes that descriptor out of the parked process
+//! loads it with `SECCOMP_FILTER_FLAG_NEW_LISTENER`, keeps the listener
+//! (close-on-exec) where the kernel put it and names that descriptor in its
+//! ready message. Before letting the command run, the supervisor takes it
+//! out of the parked process
 //! (`pidfd_getfd`) and a thread answers every notification with `EPERM`,
 //! counting it: which syscall, which process, when, how often. The
 //! attribution is exact — only this turn's processes share this filter —
@@ -19,13 +20,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::thread::JoinHandle;
 
 use std::time::Instant;
-
-/// Where the command's stage parks the listener until the supervisor takes
-/// it (close-on-exec: the command never holds it).
-/// Above every descriptor the init holds when it loads the filter (0-2
-/// stdio, 3-4 the handshake, 5 the report file): fd 5 was measured to be the
-/// report, which the listener must not replace.
-pub const NOTIFY_FD: i32 = 77;
 
 /// Most distinct (arch, syscall) pairs recorded; the rest are only counted.
 pub const MAX_DISTINCT: usize = 64;
