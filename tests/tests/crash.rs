@@ -31,6 +31,24 @@ const MANIFEST: &str = r#"{
   "limits": {"memory": "256Mi", "pids": 64, "timeout_seconds": 30}
 }"#;
 
+/// How a turn's outputs are laid out and declared.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// `output/<sid>/f<i>.txt`, each declared.
+    Flat,
+    /// `output/<sid>/d<i % 10>/e/f<i>.txt`, in directories the turn
+    /// creates, each declared.
+    Nested,
+    /// As `Nested`, declared as one tree, `output/<session_id>/**:data`.
+    Tree,
+}
+
+impl Layout {
+    fn nested(self) -> bool {
+        self != Layout::Flat
+    }
+}
+
 /// Python that writes `n` outputs `output/<sid>/f<i>.txt` with content
 /// `"<i>\n" * (i + 1)`, and a scratch file. With `nested`, output `i` is
 /// `output/<sid>/d<i % 10>/e/f<i>.txt`, in directories the turn creates.
@@ -56,7 +74,11 @@ fn expected(i: usize) -> String {
     format!("{i}\n").repeat(i + 1)
 }
 
-fn outputs(n: usize, nested: bool) -> Vec<String> {
+fn outputs(n: usize, layout: Layout) -> Vec<String> {
+    if layout == Layout::Tree {
+        return vec!["--output".into(), "output/<session_id>/**:data".into()];
+    }
+    let nested = layout.nested();
     (0..n)
         .flat_map(|i| {
             [
@@ -85,22 +107,22 @@ fn spawn(fx: &Fixture, args: &[String], own_group: bool) -> Child {
 }
 
 fn turn_args(sid: &str, n: usize) -> Vec<String> {
-    turn_args_in(sid, n, false)
+    turn_args_in(sid, n, Layout::Flat)
 }
 
-fn turn_args_in(sid: &str, n: usize, nested: bool) -> Vec<String> {
+fn turn_args_in(sid: &str, n: usize, layout: Layout) -> Vec<String> {
     let mut a = vec![
         "--package".to_owned(),
         "c".into(),
         "--session".into(),
         sid.into(),
     ];
-    a.extend(outputs(n, nested));
+    a.extend(outputs(n, layout));
     a.extend([
         "--".into(),
         "/usr/bin/python3".into(),
         "-c".into(),
-        writer(n, nested),
+        writer(n, layout.nested()),
     ]);
     a
 }
@@ -328,15 +350,21 @@ fn check_after_kill_on(
 }
 
 /// One uninterrupted turn's wall time, to spread the kill points over.
-fn measure(fx: &Fixture, sid: &str, n: usize, nested: bool) -> Duration {
-    measure_on(fx, sid, n, nested, None)
+fn measure(fx: &Fixture, sid: &str, n: usize, layout: Layout) -> Duration {
+    measure_on(fx, sid, n, layout, None)
 }
 
-fn measure_on(fx: &Fixture, sid: &str, n: usize, nested: bool, backend: Option<&str>) -> Duration {
+fn measure_on(
+    fx: &Fixture,
+    sid: &str,
+    n: usize,
+    layout: Layout,
+    backend: Option<&str>,
+) -> Duration {
     let t = Instant::now();
     let mut child = spawn(
         fx,
-        &on_backend(turn_args_in(sid, n, nested), backend),
+        &on_backend(turn_args_in(sid, n, layout), backend),
         false,
     );
     let status = child.wait().unwrap();
@@ -345,7 +373,7 @@ fn measure_on(fx: &Fixture, sid: &str, n: usize, nested: bool, backend: Option<&
 }
 
 fn kill_sweep(n: usize, points: usize, group: bool) {
-    kill_sweep_in(n, points, group, false);
+    kill_sweep_in(n, points, group, Layout::Flat);
 }
 
 /// `args` with `--backend B` in front, when given.
@@ -359,11 +387,12 @@ fn on_backend(args: Vec<String>, backend: Option<&str>) -> Vec<String> {
     }
 }
 
-fn kill_sweep_in(n: usize, points: usize, group: bool, nested: bool) {
-    kill_sweep_on(n, points, group, nested, None);
+fn kill_sweep_in(n: usize, points: usize, group: bool, layout: Layout) {
+    kill_sweep_on(n, points, group, layout, None);
 }
 
-fn kill_sweep_on(n: usize, points: usize, group: bool, nested: bool, backend: Option<&str>) {
+fn kill_sweep_on(n: usize, points: usize, group: bool, layout: Layout, backend: Option<&str>) {
+    let nested = layout.nested();
     // `TURNSTILE_CRASH_POINTS=K` multiplies the kill points (a longer
     // sweep for local runs; CI keeps the default).
     let points = points
@@ -387,7 +416,7 @@ fn kill_sweep_on(n: usize, points: usize, group: bool, nested: bool, backend: Op
         fx.install("c", MANIFEST);
     }
     let sid = fx.new_session();
-    let whole = measure_on(&fx, &sid, n, nested, backend);
+    let whole = measure_on(&fx, &sid, n, layout, backend);
     let mut committed_kills = 0;
     let mut never_started = 0;
     for k in 0..points {
@@ -408,7 +437,7 @@ fn kill_sweep_on(n: usize, points: usize, group: bool, nested: bool, backend: Op
         let before = last_turn(&fx, &sid);
         let mut child = spawn(
             &fx,
-            &on_backend(turn_args_in(&sid, n, nested), backend),
+            &on_backend(turn_args_in(&sid, n, layout), backend),
             group,
         );
         std::thread::sleep(delay);
@@ -496,7 +525,18 @@ fn crash_sigkill_pid_at_many_points_of_a_turn_with_outputs_in_new_directories() 
     if !require_root("crash_sigkill_pid_at_many_points_of_a_turn_with_outputs_in_new_directories") {
         return;
     }
-    kill_sweep_in(200, 24, false, true);
+    kill_sweep_in(200, 24, false, Layout::Nested);
+}
+
+/// Issue 29: the same sweep over a turn whose 2,000 outputs, in directories
+/// it creates, are declared as one tree (`output/<session_id>/**:data`):
+/// killed anywhere, every file lands with its directories, or nothing does.
+#[test]
+fn issue_29_crash_sigkill_pid_at_many_points_of_a_turn_with_a_declared_tree() {
+    if !require_root("issue_29_crash_sigkill_pid_at_many_points_of_a_turn_with_a_declared_tree") {
+        return;
+    }
+    kill_sweep_in(2_000, 16, false, Layout::Tree);
 }
 
 /// A turn killed while its command runs: the command does not outlive
@@ -860,7 +900,7 @@ fn crash_a_killed_recovery_is_recovered_too() {
     fx.install("c", MANIFEST);
     let sid = fx.new_session();
     let n = 50;
-    let whole = measure(&fx, &sid, n, false);
+    let whole = measure(&fx, &sid, n, Layout::Flat);
     for k in 0..12 {
         let out = fx.root.join("output").join(&sid);
         for e in std::fs::read_dir(&out).unwrap().flatten() {
@@ -1287,8 +1327,8 @@ fn issue_25_sigkill_at_many_points_of_runc_and_crun_turns_recovers() {
     }
     for runtime in ["runc", "crun"] {
         if require_runtime(test, runtime) {
-            kill_sweep_on(1, 10, false, false, Some(runtime));
-            kill_sweep_on(1, 6, true, false, Some(runtime));
+            kill_sweep_on(1, 10, false, Layout::Flat, Some(runtime));
+            kill_sweep_on(1, 6, true, Layout::Flat, Some(runtime));
         }
     }
 }
@@ -1301,6 +1341,6 @@ fn issue_25_sigkill_at_many_points_of_a_runsc_turn_recovers() {
     if !require_root(test) || !require_runtime(test, "runsc") {
         return;
     }
-    kill_sweep_on(1, 6, false, false, Some("runsc"));
-    kill_sweep_on(1, 4, true, false, Some("runsc"));
+    kill_sweep_on(1, 6, false, Layout::Flat, Some("runsc"));
+    kill_sweep_on(1, 4, true, Layout::Flat, Some("runsc"));
 }
