@@ -980,3 +980,87 @@ fn issue_29_the_sandbox_init_runs_from_turnstile_init_or_else_from_supervise() {
         );
     }
 }
+
+/// Issue 29: the supervisor clones the sandbox's init as PID 1 of the
+/// turn's PID namespace (`clone3` with `CLONE_NEWPID`): no intermediate
+/// process, so the command is the init's child and its exit reaches the
+/// supervisor through one process, not two.
+#[test]
+fn issue_29_the_sandbox_init_is_pid_1_and_the_supervisors_child() {
+    if !require_root("issue_29_the_sandbox_init_is_pid_1_and_the_supervisors_child") {
+        return;
+    }
+    let fx = fixture();
+    let child = fx
+        .command(
+            &turnstile_tests::supervise_bin(),
+            &["run"],
+            &[
+                "--package",
+                "t",
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/sleep",
+                "1",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let supervise = child.id();
+    let children = |pid: u32| -> Vec<u32> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    // Wait until the command runs: the init's child executed sleep.
+    let mut seen = None;
+    for _ in 0..500 {
+        let inits: Vec<u32> = children(supervise)
+            .into_iter()
+            .filter(|c| cmdline(*c) == b"turnstile-init\0__sandbox-init\0")
+            .collect();
+        if let Some(&init) = inits.first() {
+            let below = children(init);
+            if below.iter().any(|c| cmdline(*c) == b"/bin/sleep\x001\0") {
+                seen = Some((init, below));
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let status = seen.as_ref().map(|(init, _)| {
+        std::fs::read_to_string(format!("/proc/{init}/status")).unwrap_or_default()
+    });
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (init, below) = seen.expect("the init's child never ran the command");
+    assert_eq!(below.len(), 1, "the init {init} has children {below:?}");
+    // NSpid: its host pid, then 1 in the turn's PID namespace.
+    let nspid = status
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:").map(str::to_owned))
+        .unwrap_or_default();
+    let ids: Vec<&str> = nspid.split_whitespace().collect();
+    assert_eq!(ids, [init.to_string().as_str(), "1"], "NSpid of the init");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "committed", "{v}");
+    assert_eq!(v["enforcement"]["posture"]["ok"], true, "{v}");
+}

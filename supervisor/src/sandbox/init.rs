@@ -7,9 +7,12 @@
 //! supervisor's `pre_exec` hook.
 //!
 //! Three stages:
-//! - **S1** (this process; host PID namespace, new mount/IPC/UTS/net/cgroup
-//!   namespaces) forks and relays the exit status of
-//! - **S2**, PID 1 of the turn's PID namespace: brings up `lo`, builds the
+//! - **S1** (this process when it was forked into the host PID namespace,
+//!   with new mount/IPC/UTS/net/cgroup namespaces) forks and relays the
+//!   exit status of
+//! - **S2**, PID 1 of the turn's PID namespace — this process itself when
+//!   the supervisor cloned it as PID 1 (`clone3` with `CLONE_NEWPID`, the
+//!   usual case: no S1): brings up `lo`, builds the
 //!   new root from the Plan's mount list (its `/proc` first, which the
 //!   workspace's idmapping needs), pivots into it, and forks
 //! - **S3**, which drops every privilege in a fixed order (see
@@ -156,6 +159,15 @@ pub fn main(turn_dir: &Path) -> ! {
         .or_fail(&mut report, "read plan");
     let bpf = std::fs::read(turn_dir.join(BPF_FILE)).or_fail(&mut report, "read seccomp filter");
     let new_root = turn_dir.join(ROOT_DIR);
+
+    // Cloned as PID 1 of its namespace (sandbox::spawn's clone3): this
+    // process is S2, and no S1 stands between it and the supervisor — one
+    // fork fewer to start, one process fewer for the command's exit to
+    // travel through. Its death signal was set before exec.
+    if nix::unistd::getpid().as_raw() == 1 {
+        build_root(&plan, turn_dir, &new_root, &mut report);
+        pid1(&plan, &new_root, &bpf, report)
+    }
 
     // SAFETY: this process is single-threaded (a fresh exec of `supervise`
     // that has started no threads), so the child may run arbitrary code.

@@ -37,14 +37,18 @@ impl Posture {
     }
 }
 
-/// The descendant chain S1 -> S2 -> S3: the first child of each.
+/// The command stage (S3) of the init `init_pid`: the first child down the
+/// chain PID 1 -> S3, or S1 -> S2 -> S3.
 pub fn find_command(proc_root: &Path, init_pid: i32) -> Option<i32> {
     let children = |pid: i32| -> Option<i32> {
         let text =
             std::fs::read_to_string(proc_root.join(format!("{pid}/task/{pid}/children"))).ok()?;
         text.split_whitespace().next()?.parse().ok()
     };
-    children(children(init_pid)?)
+    // PID 1's child when the supervisor cloned PID 1 itself; through S1,
+    // S1's grandchild. The stage is parked and has no child of its own.
+    let first = children(init_pid)?;
+    Some(children(first).unwrap_or(first))
 }
 
 fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {

@@ -185,12 +185,31 @@ pub fn spawn(spec: &Spec<'_>, joins: &Joins) -> std::io::Result<(InitChild, bool
     };
     let mut into = false;
     let mut pid = -1;
-    if let Some((dir, _)) = &joins.v2 {
+    // A new PID namespace is made by the clone itself: the child is its
+    // PID 1 and unshares the other namespaces. (Through fork, the child
+    // unshares them all and its own child becomes PID 1.)
+    let new_pid = spec.unshare.contains(CloneFlags::CLONE_NEWPID);
+    let v2_dir = joins.v2.as_ref().map(|(dir, _)| dir.as_raw_fd());
+    if v2_dir.is_some() || new_pid {
+        let mut flags = 0;
+        if v2_dir.is_some() {
+            flags |= CLONE_INTO_CGROUP;
+        }
+        if new_pid {
+            flags |= CloneFlags::CLONE_NEWPID.bits() as u64;
+        }
         let args = CloneArgs {
-            flags: CLONE_INTO_CGROUP,
+            flags,
             exit_signal: libc::SIGCHLD as u64,
-            cgroup: dir.as_raw_fd() as u64,
+            cgroup: v2_dir.map_or(0, |fd| fd as u64),
             ..CloneArgs::default()
+        };
+        let ctx = ChildCtx {
+            unshare: (spec.unshare - CloneFlags::CLONE_NEWPID).bits(),
+            // Its parent is outside its PID namespace, where getppid()
+            // reads 0.
+            parent: if new_pid { 0 } else { ctx.parent },
+            ..ctx
         };
         // SAFETY: a fork-like clone3 (no CLONE_VM, no new stack): the child
         // gets a copy of this process and runs only `child`, which makes
@@ -209,7 +228,7 @@ pub fn spawn(spec: &Spec<'_>, joins: &Joins) -> std::io::Result<(InitChild, bool
         }
         if rc > 0 {
             pid = rc as i32;
-            into = true;
+            into = v2_dir.is_some();
         }
     }
     if pid < 0 {
@@ -290,7 +309,10 @@ unsafe fn child(ctx: &ChildCtx) -> ! {
             libc::_exit(127)
         };
         // The init dies with this thread of supervise, however it dies; if
-        // supervise died before that took effect, give up now.
+        // supervise died before that took effect, give up now. (PID 1 of a
+        // new namespace cannot tell: its parent is outside, getppid() is 0.
+        // Orphaned, it ends at its handshake, whose other ends went with
+        // supervise.)
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
             fail(ctx.fail);
         }
