@@ -739,7 +739,8 @@ fn pid1(built: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
     // holding the turn's identity: a warm turn starts at Landlock, not at
     // fork (measured on served warm turns: fork, signal setup and steps
     // 1–4 took ~0.3 ms of the turn's path).
-    // SAFETY: S2 is single-threaded (forked from single-threaded S1).
+    // SAFETY: S2 is single-threaded (a fresh exec, or forked from
+    // single-threaded S1).
     match unsafe { fork() }.or_fail(&mut report, "fork command") {
         ForkResult::Child => command_stage(built, bpf, report),
         ForkResult::Parent { child } => {

@@ -937,14 +937,13 @@ fn run_request(
 pub(crate) struct Ran {
     pub(crate) reply: Reply,
     root: PathBuf,
-    hop: Option<u32>,
     started: Instant,
 }
 
 impl Ran {
     /// The daemon's own notes of the turn (checkpoints, the sessions health
-    /// lists, a receive's hop, the log line): after the client has its
-    /// reply, off the turn's path. Returns the reply.
+    /// lists, the log line): after the client has its reply, off the turn's
+    /// path. Returns the reply.
     pub(crate) fn settle(self, d: &Daemon) -> Reply {
         let report =
             serde_json::from_value::<crate::store::record::TurnReport>(self.reply.value.clone())
@@ -956,11 +955,6 @@ impl Ran {
             served.retain(|(s, _)| s != &t.session_id);
             served.insert(0, (t.session_id.clone(), self.root.clone()));
             served.truncate(health::MAX_LEDGER_SESSIONS);
-        }
-        if let (Some(hop), Some(t)) = (self.hop, &report) {
-            if let Ok(mut hops) = d.hops.lock() {
-                hops.insert(t.session_id.clone(), hop);
-            }
         }
         log_turn(&self.reply, report.as_ref(), self.started.elapsed());
         self.reply
@@ -1091,10 +1085,15 @@ pub(crate) fn run_worker(
         }
     }
     reply.stays = false;
+    // A receive's hop, before anyone hears of the turn: a lifecycle
+    // envelope of the session published from then on carries it.
+    let sid = reply.value.get("session_id").and_then(Value::as_str);
+    if let (Some(rw), Some(sid), Ok(mut hops)) = (&r.receive, sid, d.hops.lock()) {
+        hops.insert(sid.to_owned(), rw.hop);
+    }
     Ok(Ran {
         reply,
         root: r.root.clone(),
-        hop: r.receive.as_ref().map(|rw| rw.hop),
         started,
     })
 }
