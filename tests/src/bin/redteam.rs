@@ -72,6 +72,9 @@ fn main() {
         println!("  differs on kernels before {major}.{minor}: {probe}: {why}");
     }
     let failed = outcomes.iter().any(|o| o.verdict != Verdict::Held);
+    // process::exit runs no destructor: the suite's workspaces, state
+    // directories and canaries are removed here, not left in /tmp.
+    drop(suite);
     std::process::exit(if failed { 1 } else { 0 });
 }
 
