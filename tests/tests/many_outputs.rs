@@ -5,6 +5,21 @@
 
 use turnstile_tests::{Fixture, require_root, supervise_bin};
 
+/// `supervise run --root R --state-dir S ARGS…` under `prlimit
+/// --nofile=NOFILE`, its output.
+fn run_with_nofile(fx: &Fixture, nofile: u32, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("prlimit")
+        .arg(format!("--nofile={nofile}"))
+        .arg(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn issue_29_ten_thousand_outputs_commit_under_a_256_descriptor_limit() {
     if !require_root("issue_29_ten_thousand_outputs_commit_under_a_256_descriptor_limit") {
@@ -32,17 +47,17 @@ fn issue_29_ten_thousand_outputs_commit_under_a_256_descriptor_limit() {
         fx.root.file_name().unwrap().to_string_lossy()
     ));
     std::fs::write(&file, request.to_string()).unwrap();
-    let out = std::process::Command::new("prlimit")
-        .arg("--nofile=256")
-        .arg(supervise_bin())
-        .args(["run", "--root"])
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args(["--package", "many", "--json", "--request"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = run_with_nofile(
+        &fx,
+        256,
+        &[
+            "--package",
+            "many",
+            "--json",
+            "--request",
+            file.to_str().unwrap(),
+        ],
+    );
     let _ = std::fs::remove_file(&file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -243,14 +258,10 @@ fn issue_29_a_turn_under_a_64_descriptor_limit_commits_and_records_its_denials()
         \x20   open(f'{d}/f{i}.txt', 'w').write(str(i))\n\
         libc = ctypes.CDLL(None, use_errno=True)\n\
         assert libc.syscall(272, 0x10000000) == -1 and ctypes.get_errno() == 1\n";
-    let out = std::process::Command::new("prlimit")
-        .arg("--nofile=64")
-        .arg(supervise_bin())
-        .args(["run", "--root"])
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args([
+    let out = run_with_nofile(
+        &fx,
+        64,
+        &[
             "--package",
             "low",
             "--json",
@@ -260,9 +271,8 @@ fn issue_29_a_turn_under_a_64_descriptor_limit_commits_and_records_its_denials()
             "/usr/bin/python3",
             "-c",
             code,
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),

@@ -892,22 +892,26 @@ fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
     }
 }
 
+/// The children of every thread of `pid` (`/proc/PID/task/*/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// The executable behind the sandbox init of a running `supervise run`:
 /// its child's `/proc/PID/exe`, once that child has executed the init.
 fn init_exe_of(supervise: u32) -> Option<std::path::PathBuf> {
     for _ in 0..500 {
-        let children = std::fs::read_dir(format!("/proc/{supervise}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-            .flat_map(|c| {
-                c.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect::<Vec<_>>();
-        for c in children {
+        for c in children_of(supervise) {
             // Its arguments once it executed the init (before, a fork of
             // supervise: supervise's).
             let argv = std::fs::read(format!("/proc/{c}/cmdline")).unwrap_or_default();
@@ -1010,19 +1014,7 @@ fn issue_29_the_sandbox_init_is_pid_1_and_the_supervisors_child() {
         .spawn()
         .unwrap();
     let supervise = child.id();
-    let children = |pid: u32| -> Vec<u32> {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-            .flat_map(|c| {
-                c.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
+    let children = children_of;
     let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     // Wait until the command runs: the init's child executed sleep.
     let mut seen = None;
