@@ -1056,3 +1056,45 @@ fn issue_29_the_sandbox_init_is_pid_1_and_the_supervisors_child() {
     assert_eq!(v["status"], "committed", "{v}");
     assert_eq!(v["enforcement"]["posture"]["ok"], true, "{v}");
 }
+
+/// The sandbox's network namespace is made beside the rest of its start
+/// (a thread of the supervisor, then joined by the init) instead of by the
+/// init: it must still be a fresh one per turn, with `lo` alone and up.
+/// Freshness is read from `SO_NETNS_COOKIE` (never reused, unlike the
+/// namespace's inode number).
+#[test]
+fn issue_29_each_turn_joins_a_fresh_network_namespace_with_lo_alone_and_up() {
+    if !require_root("issue_29_each_turn_joins_a_fresh_network_namespace_with_lo_alone_and_up") {
+        return;
+    }
+    let fx = fixture();
+    let code = "import os, socket, struct\n\
+        names = [l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]]\n\
+        s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
+        c = socket.create_connection(s.getsockname(), timeout=5)\n\
+        s6 = socket.socket(socket.AF_INET6); s6.bind(('::1', 0)); s6.listen()\n\
+        c6 = socket.create_connection(s6.getsockname()[:2], timeout=5)\n\
+        cookie = struct.unpack('Q', s.getsockopt(socket.SOL_SOCKET, 71, 8))[0]\n\
+        print('netns', os.readlink('/proc/self/ns/net'), cookie, ','.join(names))";
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let (status, v, err) = py(&fx, None, &[], code);
+    assert_eq!(status, 0, "{err}");
+    let sid = sid(&v);
+    let (status2, _, err2) = py(&fx, Some(&sid), &[], code);
+    assert_eq!(status2, 0, "{err2}");
+    let lines: Vec<Vec<String>> = err
+        .lines()
+        .chain(err2.lines())
+        .filter_map(|l| l.strip_prefix("netns "))
+        .map(|l| l.split(' ').map(str::to_owned).collect())
+        .collect();
+    assert_eq!(lines.len(), 2, "{err}\n{err2}");
+    for l in &lines {
+        assert_ne!(std::path::Path::new(&l[0]), host, "the host's namespace");
+        assert_eq!(l[2], "lo", "interfaces of the turn's namespace");
+    }
+    assert_ne!(
+        lines[0][1], lines[1][1],
+        "two turns shared a network namespace"
+    );
+}

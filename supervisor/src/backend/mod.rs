@@ -223,6 +223,11 @@ pub fn by_name(
     pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>>,
 ) -> Result<Box<dyn Backend>> {
     match kind {
+        // A turn without a warm pool (the CLI's cold turn) builds its
+        // sandbox for certain: its network namespace is started now.
+        BackendKind::Native if pool.is_none() => Ok(Box::new(
+            NativeBackend::new(cgroup_place, json_mode).early_netns(),
+        )),
         BackendKind::Native => Ok(Box::new(
             NativeBackend::new(cgroup_place, json_mode).pooled(pool),
         )),

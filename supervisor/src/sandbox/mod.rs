@@ -740,8 +740,21 @@ pub fn create(
     cgroup_place: &cgroup::Place,
     json_mode: bool,
 ) -> Result<Created> {
+    create_with(plan, turn, cgroup_place, json_mode, None)
+}
+
+/// [`create`], joining the network namespace `netns` started making
+/// ([`spawn::new_netns`], started before the turn's Plan was known) if
+/// given.
+pub fn create_with(
+    plan: &Plan,
+    turn: &TurnDir,
+    cgroup_place: &cgroup::Place,
+    json_mode: bool,
+    netns: Option<spawn::NetnsJob>,
+) -> Result<Created> {
     let cg_name = crate::ids::TurnId::of(plan).to_string();
-    park(plan, turn, cgroup_place, &cg_name)?.begin(plan, json_mode)
+    park_with(plan, turn, cgroup_place, &cg_name, netns)?.begin(plan, json_mode)
 }
 
 /// A sandbox built before its turn is known: cgroup, namespaces, the new
@@ -819,6 +832,16 @@ pub fn park(
     cgroup_place: &cgroup::Place,
     cg_name: &str,
 ) -> Result<Parked> {
+    park_with(plan, turn, cgroup_place, cg_name, None)
+}
+
+fn park_with(
+    plan: &Plan,
+    turn: &TurnDir,
+    cgroup_place: &cgroup::Place,
+    cg_name: &str,
+    netns: Option<spawn::NetnsJob>,
+) -> Result<Parked> {
     // Loaded while the sandbox is built (the verifier takes milliseconds),
     // where a turn has a cgroup v2 id to be observed by.
     if cgroup::has_v2(&cgroup_place.root) {
@@ -828,6 +851,9 @@ pub fn park(
         egress::preload();
     }
     let started = Instant::now();
+    // The network namespace the init joins: made while the filter and the
+    // cgroup are prepared below, unless the caller started it earlier.
+    let netns = netns.unwrap_or_else(spawn::new_netns);
     let mut phases = Vec::new();
     let mut last = Instant::now();
     let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, u64)>| {
@@ -861,7 +887,10 @@ pub fn park(
     // directory).
     let _ = cg.publish(&crate::store::record::running_cgroup_file(&turn.path));
     lap("cgroup_create", &mut phases);
-    let spawned = spawn_parked(turn, &cg);
+    // Where it could not be made beforehand, the child unshares one as
+    // before: the same namespace, made later.
+    let netns = netns.join().ok().and_then(std::io::Result::ok);
+    let spawned = spawn_parked(turn, &cg, netns);
     let (mut child, ready, go, turn_w) = match spawned {
         Ok(x) => x,
         Err(e) => {
@@ -1143,6 +1172,7 @@ impl Drop for Parked {
 fn spawn_parked(
     turn: &TurnDir,
     cg: &Arc<cgroup::TurnCgroup>,
+    netns: Option<std::os::fd::OwnedFd>,
 ) -> Result<(
     spawn::InitChild,
     std::os::fd::OwnedFd,
@@ -1157,9 +1187,12 @@ fn spawn_parked(
     let (ready_r, ready_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let (turn_r, turn_w) = pipe()?;
-    let flags = NAMESPACES
+    let mut flags = NAMESPACES
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
+    if netns.is_some() {
+        flags.remove(CloneFlags::CLONE_NEWNET);
+    }
     // No host path in the sandbox PID 1's command line (world-readable in
     // its /proc): the turn directory travels in the environment, which only
     // root may read there. The handshake ends at fixed numbers (the init
@@ -1175,6 +1208,7 @@ fn spawn_parked(
             (std::os::fd::AsRawFd::as_raw_fd(&turn_r), init::TURN_FD),
         ],
         unshare: flags,
+        netns: netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd),
         parent: nix::unistd::getpid(),
     };
     let (child, _into_cgroup) = spawn::spawn(&spec, &joins)
