@@ -59,14 +59,23 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// [`Cli`] with only its `run` subcommand (see [`parse`]).
+#[derive(Debug, Parser)]
+#[command(name = "supervise", version, after_help = EXIT_CODES)]
+struct RunOnly {
+    #[command(subcommand)]
+    command: RunOnlyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunOnlyCommand {
+    Run(RunArgs),
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run one turn in a fresh sandbox: check, run, capture, commit or block,
-    /// and record it in both ledgers. Starts a new session without --session.
-    ///
-    /// Example: supervise run --root /ws --package hello-agent
-    ///   --input registries/users.csv --output 'output/<session_id>/report.md:report'
-    ///   -- /usr/bin/python3 installed/hello-agent/main.py 'output/<session_id>/report.md'
+    // Its help is RunArgs's doc comment: `parse` builds this one subcommand
+    // alone for a turn (see `RunOnly`).
     Run(RunArgs),
     /// Print the Plan a turn would get — mounts, Landlock rules, seccomp,
     /// limits, environment — without running it.
@@ -596,6 +605,12 @@ pub struct CheckArgs {
     pub request: RequestArgs,
 }
 
+/// Run one turn in a fresh sandbox: check, run, capture, commit or block,
+/// and record it in both ledgers. Starts a new session without --session.
+///
+/// Example: supervise run --root /ws --package hello-agent
+///   --input registries/users.csv --output 'output/<session_id>/report.md:report'
+///   -- /usr/bin/python3 installed/hello-agent/main.py 'output/<session_id>/report.md'
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -722,7 +737,24 @@ pub struct HealthArgs {
 /// directory it was given, so the daemon's own applies otherwise.
 pub fn parse() -> Cli {
     use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
-    let matches = Cli::command().get_matches();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "run") {
+        // Every turn starts here: build its subcommand alone (the whole
+        // tree's ~30 subcommands cost ~0.4 ms of every turn to build and
+        // drop). The same `RunArgs`, so the same parse, errors and help.
+        let matches = RunOnly::command().get_matches_from(&args);
+        let RunOnly {
+            command: RunOnlyCommand::Run(mut a),
+        } = RunOnly::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        a.state_dir_named = matches
+            .subcommand_matches("run")
+            .and_then(|m| m.value_source("state_dir"))
+            == Some(ValueSource::CommandLine);
+        return Cli {
+            command: Command::Run(a),
+        };
+    }
+    let matches = Cli::command().get_matches_from(&args);
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let named = |sub: &str| {
         matches
@@ -1888,4 +1920,60 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
 fn rootfs(dir: Option<&std::path::Path>, root: &std::path::Path) -> Result<Option<PathBuf>> {
     dir.map(|d| crate::turn::admit::system_root(d, root))
         .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `parse` builds `run` alone (`RunOnly`): its help, usage and every
+    /// argument must be the full tree's `run`, or the two would disagree.
+    #[test]
+    fn issue_29_run_parsed_alone_is_the_full_trees_run() {
+        let run = |mut c: clap::Command| {
+            c.build();
+            c.find_subcommand("run").cloned().expect("a run subcommand")
+        };
+        let (mut f, mut a) = (run(Cli::command()), run(RunOnly::command()));
+        assert_eq!(
+            f.render_long_help().to_string(),
+            a.render_long_help().to_string()
+        );
+        assert_eq!(f.render_help().to_string(), a.render_help().to_string());
+        assert_eq!(f.render_usage().to_string(), a.render_usage().to_string());
+        let ids = |c: &clap::Command| -> Vec<String> {
+            c.get_arguments().map(|x| format!("{x:?}")).collect()
+        };
+        assert_eq!(ids(&f), ids(&a));
+        assert!(f.get_about().is_some(), "run keeps its one-line help");
+    }
+
+    /// A `run` command line parses to the same `RunArgs` either way.
+    #[test]
+    fn issue_29_run_parsed_alone_gives_the_same_arguments() {
+        let argv = [
+            "supervise",
+            "run",
+            "--root",
+            "/ws",
+            "--package",
+            "p",
+            "--state-dir",
+            "/st",
+            "--output",
+            "out/a:report",
+            "--json",
+            "--",
+            "/bin/true",
+            "x",
+        ];
+        let full = Cli::try_parse_from(argv).expect("full tree parses");
+        let alone = RunOnly::try_parse_from(argv).expect("run alone parses");
+        let RunOnlyCommand::Run(a) = alone.command;
+        let Command::Run(f) = full.command else {
+            panic!("not run")
+        };
+        assert_eq!(format!("{f:?}"), format!("{a:?}"));
+    }
 }
