@@ -372,7 +372,12 @@ unsafe fn child(ctx: &ChildCtx) -> ! {
                 fail(ctx.fail);
             }
         }
-        if ctx.netns >= 0 && libc::setns(ctx.netns, libc::CLONE_NEWNET) != 0 {
+        // The namespace made beforehand; one of its own if it cannot join
+        // it (the same fresh namespace, made here).
+        if ctx.netns >= 0
+            && libc::setns(ctx.netns, libc::CLONE_NEWNET) != 0
+            && libc::unshare(libc::CLONE_NEWNET) != 0
+        {
             fail(ctx.fail);
         }
         if libc::unshare(ctx.unshare) != 0 {
