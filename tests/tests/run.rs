@@ -909,15 +909,20 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 /// The executable behind the sandbox init of a running `supervise run`:
 /// its child's `/proc/PID/exe`, once that child has executed the init.
-fn init_exe_of(supervise: u32) -> Option<std::path::PathBuf> {
+/// The file the sandbox init of `supervise`'s turn runs from, as (device,
+/// inode): its `exe` link's path depends on when it is read (the host's,
+/// or under `/.oldroot` between the init's pivot and the old root's
+/// detach), the file it opens does not.
+fn init_exe_of(supervise: u32) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
     for _ in 0..500 {
         for c in children_of(supervise) {
             // Its arguments once it executed the init (before, a fork of
             // supervise: supervise's).
             let argv = std::fs::read(format!("/proc/{c}/cmdline")).unwrap_or_default();
             if argv == b"turnstile-init\0__sandbox-init\0" {
-                if let Ok(exe) = std::fs::read_link(format!("/proc/{c}/exe")) {
-                    return Some(exe);
+                if let Ok(m) = std::fs::metadata(format!("/proc/{c}/exe")) {
+                    return Some((m.dev(), m.ino()));
                 }
             }
         }
@@ -976,11 +981,16 @@ fn issue_29_the_sandbox_init_runs_from_turnstile_init_or_else_from_supervise() {
         );
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["status"], "committed", "{v}");
+        let file = std::fs::metadata(&want).unwrap();
         assert_eq!(
-            exe.as_deref(),
-            Some(want.as_path()),
-            "the init of a turn run by {}",
-            bin.display()
+            exe,
+            Some((
+                std::os::unix::fs::MetadataExt::dev(&file),
+                std::os::unix::fs::MetadataExt::ino(&file)
+            )),
+            "the init of a turn run by {} is not {}",
+            bin.display(),
+            want.display()
         );
     }
 }

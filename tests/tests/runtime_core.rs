@@ -841,21 +841,21 @@ fn issue_28_subscription_loop_a_b_a_is_cut_at_the_hop_limit() {
     );
     assert_eq!(r.status, 0, "{}", r.stderr);
     let dead = fx.state.join("eventbus/dead");
-    wait_for("the dead letter", 60, || {
-        std::fs::read_dir(&dead).map(|d| d.count()).unwrap_or(0) == 1
-    });
-    let letter: Value = serde_json::from_slice(
-        &std::fs::read(
-            std::fs::read_dir(&dead)
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap()
-                .path(),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    // The letters written whole: a letter is written to a `.name.tmp.PID`
+    // file first and renamed (fsx::write_atomic).
+    let letters = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&dead)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                    .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for("the dead letter", 60, || letters().len() == 1);
+    let letter: Value = serde_json::from_slice(&std::fs::read(&letters()[0]).unwrap()).unwrap();
     assert_eq!(letter["error"]["code"], "TS1094", "{letter}");
     assert!(
         letter["error"]["message"]
