@@ -56,7 +56,7 @@ fn which(name: &str) -> Option<PathBuf> {
 /// empty regular file stands in for stdin and a scratch file takes the
 /// output, both the bench's own.
 fn quiet(mut c: Command) -> Command {
-    let dir = std::env::temp_dir().join(format!("turnstile-bench-stdio-{}", std::process::id()));
+    let dir = stdio_dir();
     let files = std::fs::create_dir_all(&dir).and_then(|()| {
         let input = std::fs::OpenOptions::new()
             .create(true)
@@ -78,6 +78,21 @@ fn quiet(mut c: Command) -> Command {
         Err(e) => panic!("bench: stdio files under {}: {e}", dir.display()),
     }
     c
+}
+
+/// Where [`quiet`] keeps its files: this process's, removed when the bench
+/// ends ([`StdioDir`]).
+fn stdio_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("turnstile-bench-stdio-{}", std::process::id()))
+}
+
+/// Removes [`stdio_dir`] when dropped (the bench's end, or a panic).
+struct StdioDir;
+
+impl Drop for StdioDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(stdio_dir());
+    }
 }
 
 fn run_ok(c: &mut Command) -> bool {
@@ -280,6 +295,7 @@ fn main() {
         }
     };
     let out_dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench".into()));
+    let _stdio = StdioDir;
     let tmp = tempfile::Builder::new()
         .prefix("ts-bench-")
         .tempdir()
