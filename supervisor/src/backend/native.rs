@@ -40,10 +40,8 @@ impl NativeBackend {
     /// will create, now: a cold turn's admission, session and Plan then
     /// run beside the ~0.6 ms the kernel takes for it. Wasted (made and
     /// dropped) if the turn is refused before its sandbox.
-    pub fn early_netns(self) -> Self {
-        if let Ok(mut slot) = self.netns.lock() {
-            *slot = Some(sandbox::spawn::new_netns());
-        }
+    pub fn early_netns(mut self) -> Self {
+        self.netns = std::sync::Mutex::new(Some(sandbox::spawn::new_netns()));
         self
     }
 
@@ -109,7 +107,7 @@ impl Backend for NativeBackend {
             pool.remember(plan, &turn.path, &self.cgroup_place);
         }
         let netns = self.netns.lock().ok().and_then(|mut slot| slot.take());
-        Ok(Box::new(sandbox::create_with(
+        Ok(Box::new(sandbox::create(
             plan,
             turn,
             &self.cgroup_place,

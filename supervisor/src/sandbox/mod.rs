@@ -718,35 +718,11 @@ impl Drop for Created {
     }
 }
 
-/// Runs the plan's command in a fresh sandbox and waits for it and every
-/// process it started to be gone: [`create`], [`Created::start`],
-/// [`Created::wait`].
-pub fn execute(
-    plan: &Plan,
-    turn: &TurnDir,
-    cgroup_place: &cgroup::Place,
-    json_mode: bool,
-) -> Result<Execution> {
-    let mut created = create(plan, turn, cgroup_place, json_mode)?;
-    created.start();
-    created.wait()
-}
-
 /// Builds the sandbox and parks it before the command's `execve` (see
 /// [`Created`]): [`park`] then [`Parked::begin`] with the same Plan.
+/// `netns`: its network namespace, if the caller started making it
+/// earlier ([`spawn::new_netns`]).
 pub fn create(
-    plan: &Plan,
-    turn: &TurnDir,
-    cgroup_place: &cgroup::Place,
-    json_mode: bool,
-) -> Result<Created> {
-    create_with(plan, turn, cgroup_place, json_mode, None)
-}
-
-/// [`create`], joining the network namespace `netns` started making
-/// ([`spawn::new_netns`], started before the turn's Plan was known) if
-/// given.
-pub fn create_with(
     plan: &Plan,
     turn: &TurnDir,
     cgroup_place: &cgroup::Place,
@@ -754,7 +730,7 @@ pub fn create_with(
     netns: Option<spawn::NetnsJob>,
 ) -> Result<Created> {
     let cg_name = crate::ids::TurnId::of(plan).to_string();
-    park_with(plan, turn, cgroup_place, &cg_name, netns)?.begin(plan, json_mode)
+    park(plan, turn, cgroup_place, &cg_name, netns)?.begin(plan, json_mode)
 }
 
 /// A sandbox built before its turn is known: cgroup, namespaces, the new
@@ -825,17 +801,9 @@ fn mount_sources(plan: &Plan) -> Vec<(PathBuf, Option<(u64, u64)>)> {
 }
 
 /// Builds a sandbox from `plan`'s shape in `turn`, in a new cgroup named
-/// `cg_name`, up to the point where it waits for its turn.
+/// `cg_name`, up to the point where it waits for its turn (`netns`: as
+/// for [`create`]; `None` starts making it here).
 pub fn park(
-    plan: &Plan,
-    turn: &TurnDir,
-    cgroup_place: &cgroup::Place,
-    cg_name: &str,
-) -> Result<Parked> {
-    park_with(plan, turn, cgroup_place, cg_name, None)
-}
-
-fn park_with(
     plan: &Plan,
     turn: &TurnDir,
     cgroup_place: &cgroup::Place,

@@ -298,7 +298,7 @@ fn build(shared: &Shared, last: &Last) -> Result<Warm> {
     };
     dir.hold(lock_file, file);
     let cgroup = cgroup_name(&last.plan.session_id, &id);
-    let parked = super::park(&last.plan, &dir, &last.cgroup_place, &cgroup)?;
+    let parked = super::park(&last.plan, &dir, &last.cgroup_place, &cgroup, None)?;
     Ok(Warm {
         parked,
         dir,
