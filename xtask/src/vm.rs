@@ -182,6 +182,12 @@ struct SuiteResult {
     ignored: u64,
     rc: Option<i32>,
     seconds: u64,
+    /// What failed, by name, with the reason where the suite printed one
+    /// (a libtest `test NAME ... FAILED`, a red-team probe's row and its
+    /// `-> why`): printed again in the matrix, the tail of a CI log.
+    failures: Vec<String>,
+    /// The previous line (a red-team row, before its `-> why`).
+    last_line: String,
 }
 
 impl Report {
@@ -991,6 +997,17 @@ fn parse_line(line: &str, current: &mut Option<String>, report: &mut Report) {
         report.end_status = field(rest, "status").and_then(|v| v.parse().ok());
     } else if let Some(name) = current.as_ref() {
         let s = report.suites.entry(name.clone()).or_default();
+        // libtest: "test NAME ... FAILED"; red-team: a row, then "    -> why".
+        if let Some(t) = line.trim().strip_prefix("test ") {
+            if let Some(name) = t.strip_suffix(" ... FAILED") {
+                s.failures.push(name.to_owned());
+            }
+        }
+        if let Some(why) = line.trim_start().strip_prefix("-> ") {
+            let probe = s.last_line.split_whitespace().next().unwrap_or("?");
+            s.failures.push(format!("{probe}: {why}"));
+        }
+        s.last_line = line.to_owned();
         // libtest: "test result: ok. 3 passed; 0 failed; 1 ignored; …"
         if let Some(r) = line.trim().strip_prefix("test result: ") {
             let count = |what: &str| -> u64 {
@@ -1070,6 +1087,9 @@ fn print_summary(reports: &[Report], opts: &Options) {
                 s.rc.map_or("none".to_owned(), |c| c.to_string()),
                 s.seconds
             );
+            for f in &s.failures {
+                println!("    failed: {f}");
+            }
         }
         if !r.leftover_cgroups.is_empty() {
             println!("  turn cgroups left behind: {}", r.leftover_cgroups);
@@ -1136,9 +1156,12 @@ mod tests {
         for l in [
             "Booting from ROM..TURNSTILE-VM-INFO kernel=6.1.0-56-amd64",
             "TURNSTILE-VM-SUITE-BEGIN test:run",
+            "test run::slow_turn ... FAILED",
             "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 3.2s",
             "TURNSTILE-VM-SUITE-END test:run rc=0 seconds=40",
             "TURNSTILE-VM-SUITE-BEGIN redteam",
+            "fork_bomb_limited                        resources            exit 13|14                 exit 0                     UNEXPECTED no",
+            "    -> exit 0, not 13|14",
             "126 probes, 1 escapes, 2 unexpected; 90 recorded in the evidence",
             "TURNSTILE-VM-SUITE-END redteam rc=1 seconds=100",
             "TURNSTILE-VM-END status=1",
@@ -1152,6 +1175,8 @@ mod tests {
         );
         let rt = &r.suites["redteam"];
         assert_eq!((rt.passed, rt.failed, rt.rc), (123, 3, Some(1)));
+        assert_eq!(run.failures, ["run::slow_turn"]);
+        assert_eq!(rt.failures, ["fork_bomb_limited: exit 0, not 13|14"]);
         assert_eq!(r.end_status, Some(1));
         assert_eq!(r.release, "6.1.0-56-amd64");
         assert!(!r.ok());
