@@ -947,7 +947,11 @@ fn issue_29_the_sandbox_init_runs_from_turnstile_init_or_else_from_supervise() {
         .parent()
         .unwrap()
         .join("turnstile-init");
-    assert!(beside.is_file(), "{} is not built", beside.display());
+    assert!(
+        beside.is_file(),
+        "{} is not built (`cargo xtask test` builds it beside supervise)",
+        beside.display()
+    );
     for (bin, want) in [
         (turnstile_tests::supervise_bin(), beside.clone()),
         (copy.clone(), copy.clone()),

@@ -35,6 +35,7 @@ pub fn bench_outputs(root: &Path, args: &[String]) -> Result<()> {
         "turnstile-supervisor",
         "--bins",
     ]))?;
+    super::build_init(true)?;
     let sup = root.join("target/release/supervise");
     // On the disk (not a tmpfs): both sides pay for durability.
     let dir = Path::new("/var/tmp").join(format!("ts-bench-outputs-{}", std::process::id()));

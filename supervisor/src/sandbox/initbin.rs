@@ -7,19 +7,20 @@
 //! on this project's 2-core test host ~1.8 ms against ~0.6 ms for
 //! `/bin/true` (`hyperfine -N 'supervise --version'`), most of it the
 //! mapping and the libraries' initialisers, paid again by every cold turn.
-//! So the init has a binary of its own, `turnstile-init`, built from the
-//! same sources (the same crate, the same build: the protocol between the
-//! two cannot drift) with nothing but these entry points in it.
-//! `supervise` runs it from beside itself; where it is missing (a copy of
-//! `supervise` alone) the init runs from `supervise` as before: the same
-//! code, only slower to start.
+//! So the init has a binary of its own, `turnstile-init`, built from its
+//! own crate (`turnstile-init`, which this crate uses as a library: one
+//! protocol, the two sides cannot drift) with nothing but these entry
+//! points in it, and built static for musl (`cargo xtask` does, see
+//! `init/Cargo.toml`): glibc's start-up probes the CPU with `cpuid`, which
+//! traps on virtual machines (~1 ms per exec on the test host; a static
+//! musl program starts in ~0.2 ms). It needs no library inside an OCI
+//! container's root either. `supervise` runs it from beside itself; where
+//! it is missing (a copy of `supervise` alone, a plain `cargo build`) the
+//! init runs from `supervise` as before: the same code, only slower to
+//! start.
 
-use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::OnceLock;
-
-use super::{init, landlock_exec};
 
 /// The init's own binary's file name, beside `supervise`.
 pub const INIT_BINARY: &str = "turnstile-init";
@@ -38,28 +39,6 @@ pub fn path() -> std::io::Result<PathBuf> {
     Ok(sibling.clone().unwrap_or(exe))
 }
 
-/// Runs the init mode `args` names (`__sandbox-init`, `__landlock-exec
-/// RULES [FLAGS] -- CMD…`), which never return; `None` when `args` name
-/// neither, an exit status when they are malformed.
-pub fn dispatch(args: &[OsString]) -> Option<ExitCode> {
-    if args.len() == 2 && args[1] == init::SANDBOX_INIT {
-        let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
-        init::main(std::path::Path::new(&dir));
-    }
-    if args.len() >= 4 && args[1] == turnstile_oci::config::LANDLOCK_EXEC {
-        let rules = args[2].to_string_lossy().into_owned();
-        let dashes = args.iter().skip(3).position(|a| a == "--").map(|i| i + 3);
-        let Some(dashes) = dashes else {
-            eprintln!("turnstile-init: usage: __landlock-exec RULES [FLAGS] -- CMD");
-            return Some(ExitCode::from(landlock_exec::SETUP_FAILED as u8));
-        };
-        match landlock_exec::Mode::parse(&args[3..dashes]) {
-            Ok(mode) => landlock_exec::main(&rules, mode, &args[dashes + 1..]),
-            Err(e) => {
-                eprintln!("turnstile-init: {e}");
-                return Some(ExitCode::from(landlock_exec::SETUP_FAILED as u8));
-            }
-        }
-    }
-    None
-}
+/// Runs the init mode `args` names, if they name one (see
+/// [`turnstile_init::dispatch`]).
+pub use turnstile_init::dispatch;

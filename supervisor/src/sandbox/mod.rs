@@ -4,22 +4,20 @@
 //! tears everything down so that nothing of the turn is left running.
 
 pub mod cgroup;
+// What runs inside the sandbox, a crate of its own (its binary is the
+// sandbox's init): re-exported under the paths the supervisor has always
+// used.
+pub use turnstile_init::{
+    init, landlock, landlock_exec, mountplan, protocol, restrict, sys, turnpaths,
+};
 pub mod egress;
-pub mod init;
 pub mod initbin;
-pub mod landlock;
-pub mod landlock_exec;
-pub mod mountplan;
 pub mod notify;
 pub mod observe;
 pub mod pool;
 pub mod posture;
-pub mod protocol;
-pub mod restrict;
 pub mod seccomp;
 pub mod spawn;
-pub mod sys;
-pub mod turnpaths;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

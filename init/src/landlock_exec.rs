@@ -131,7 +131,7 @@ fn handshake(outcome: &Value) {
 }
 
 /// This process's posture as the kernel it runs on reports it: what
-/// [`super::posture::check`] verifies from outside, minus the namespace
+/// `turnstile_supervisor::sandbox::posture::check` verifies from outside, minus the namespace
 /// comparison (the supervisor's namespaces are not visible from here).
 fn self_posture() -> Vec<String> {
     let mut failures = Vec::new();

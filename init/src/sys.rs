@@ -204,11 +204,21 @@ pub fn loopback_up() -> std::io::Result<()> {
     }
     // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own.
     unsafe {
-        if nix::libc::ioctl(sock.as_raw_fd(), nix::libc::SIOCGIFFLAGS, &mut req) < 0 {
+        if nix::libc::ioctl(
+            sock.as_raw_fd(),
+            nix::libc::SIOCGIFFLAGS as nix::libc::Ioctl,
+            &mut req,
+        ) < 0
+        {
             return Err(std::io::Error::last_os_error());
         }
         req.ifr_ifru.ifru_flags |= nix::libc::IFF_UP as i16;
-        if nix::libc::ioctl(sock.as_raw_fd(), nix::libc::SIOCSIFFLAGS, &req) < 0 {
+        if nix::libc::ioctl(
+            sock.as_raw_fd(),
+            nix::libc::SIOCSIFFLAGS as nix::libc::Ioctl,
+            &req,
+        ) < 0
+        {
             return Err(std::io::Error::last_os_error());
         }
     }
