@@ -19,6 +19,11 @@ export RUST_BACKTRACE=1
 # niced under the host's own stages, and two probes of a run whose host was
 # busy with its red-team runs stalled past 12 s in both shards at once.
 export TURNSTILE_REDTEAM_TIMEOUT=24
+# And a probe whose outcome is unexpected runs once more (an escape never):
+# the CI run of 3cbdf08 failed on one such probe in the 6.1 guest, never
+# seen on a quiet host. Both outcomes are printed, and the matrix lists
+# the retried probes by name (xtask/src/vm.rs).
+export TURNSTILE_REDTEAM_RETRY=1
 cd "$VM_WORKSPACE" || { echo "TURNSTILE-VM-END status=98"; /run/busybox poweroff -f; }
 
 status=0

@@ -184,7 +184,8 @@ struct SuiteResult {
     seconds: u64,
     /// What failed, by name, with the reason where the suite printed one
     /// (a libtest `test NAME ... FAILED`, a red-team probe's row and its
-    /// `-> why`): printed again in the matrix, the tail of a CI log.
+    /// `-> why`), and the red-team probes run twice: printed again in the
+    /// matrix, the tail of a CI log.
     failures: Vec<String>,
     /// The previous line (a red-team row, before its `-> why`).
     last_line: String,
@@ -1000,12 +1001,16 @@ fn parse_line(line: &str, current: &mut Option<String>, report: &mut Report) {
         // libtest: "test NAME ... FAILED"; red-team: a row, then "    -> why".
         if let Some(t) = line.trim().strip_prefix("test ") {
             if let Some(name) = t.strip_suffix(" ... FAILED") {
-                s.failures.push(name.to_owned());
+                s.failures.push(format!("failed: {name}"));
             }
         }
         if let Some(why) = line.trim_start().strip_prefix("-> ") {
             let probe = s.last_line.split_whitespace().next().unwrap_or("?");
-            s.failures.push(format!("{probe}: {why}"));
+            s.failures.push(format!("failed: {probe}: {why}"));
+        }
+        // red-team: "  retried: NAME: first …; then …".
+        if let Some(r) = line.trim_start().strip_prefix("retried: ") {
+            s.failures.push(format!("retried: {r}"));
         }
         s.last_line = line.to_owned();
         // libtest: "test result: ok. 3 passed; 0 failed; 1 ignored; …"
@@ -1088,7 +1093,7 @@ fn print_summary(reports: &[Report], opts: &Options) {
                 s.seconds
             );
             for f in &s.failures {
-                println!("    failed: {f}");
+                println!("    {f}");
             }
         }
         if !r.leftover_cgroups.is_empty() {
@@ -1162,6 +1167,7 @@ mod tests {
             "TURNSTILE-VM-SUITE-BEGIN redteam",
             "fork_bomb_limited                        resources            exit 13|14                 exit 0                     UNEXPECTED no",
             "    -> exit 0, not 13|14",
+            "  retried: cpu_spin_times_out: first exit 0 (exit 0, not 14); then held",
             "126 probes, 1 escapes, 2 unexpected; 90 recorded in the evidence",
             "TURNSTILE-VM-SUITE-END redteam rc=1 seconds=100",
             "TURNSTILE-VM-END status=1",
@@ -1175,8 +1181,14 @@ mod tests {
         );
         let rt = &r.suites["redteam"];
         assert_eq!((rt.passed, rt.failed, rt.rc), (123, 3, Some(1)));
-        assert_eq!(run.failures, ["run::slow_turn"]);
-        assert_eq!(rt.failures, ["fork_bomb_limited: exit 0, not 13|14"]);
+        assert_eq!(run.failures, ["failed: run::slow_turn"]);
+        assert_eq!(
+            rt.failures,
+            [
+                "failed: fork_bomb_limited: exit 0, not 13|14",
+                "retried: cpu_spin_times_out: first exit 0 (exit 0, not 14); then held"
+            ]
+        );
         assert_eq!(r.end_status, Some(1));
         assert_eq!(r.release, "6.1.0-56-amd64");
         assert!(!r.ok());
