@@ -5,6 +5,12 @@
 
 use std::process::ExitCode;
 
+/// Static for musl, the init allocates with dlmalloc, not musl's mallocng
+/// (see Cargo.toml). The init is single-threaded, its forks too.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     turnstile_init::dispatch(&args).unwrap_or_else(|| {

@@ -224,6 +224,20 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The init's binary needs its feature (init/Cargo.toml), which the
+    // workspace's lint leaves out.
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "turnstile-init",
+        "--features",
+        "standalone",
+        "--bin",
+        "turnstile-init",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // Everything is built before the VM stage starts, so the two stages
     // below never wait on each other's cargo lock.
     run(cargo().args(["test", "--workspace", "--no-run"]))?;
