@@ -56,6 +56,49 @@ pub fn sync_dir(path: &Path) -> Result<()> {
         .map_err(state_io("fsync directory", path))
 }
 
+/// fsyncs every one of `paths` (files or directories) at once, one thread
+/// each, and returns when all are durable: their flushes go to the file
+/// system together and share its journal commits, instead of queueing one
+/// behind the other (~0.25 ms each on the test host's virtio disk). The
+/// first error, in `paths` order.
+pub fn sync_all_at_once(paths: &[&Path]) -> Result<()> {
+    let sync = |p: &Path| -> Result<()> {
+        File::open(p)
+            .and_then(|f| f.sync_all())
+            .map_err(state_io("fsync", p))
+    };
+    if paths.len() < 2 {
+        return paths.iter().try_for_each(|p| sync(p));
+    }
+    std::thread::scope(|s| {
+        let running: Vec<_> = paths.iter().map(|p| s.spawn(move || sync(p))).collect();
+        running
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect::<Vec<_>>()
+    })
+    .into_iter()
+    .collect()
+}
+
+/// Writes `bytes` to a new file `path` (mode 0600, not following a link),
+/// without syncing it: for a directory still being built under a temporary
+/// name, synced as a whole ([`sync_all_at_once`]) before it is renamed
+/// into place.
+pub fn write_new_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(state_io("write", path))
+}
+
 /// Writes `bytes` to `path` atomically and durably: a temporary file in the
 /// same directory, fsync, rename over `path`, fsync the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -165,6 +208,21 @@ pub fn hash_beneath(root: &Path, path: &str) -> std::io::Result<(String, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsynced_writes_refuse_existing_files_and_sync_at_once_names_what_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        write_new_unsynced(&a, b"one").unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"one");
+        // create_new: an existing file (or a link planted there) is refused.
+        assert!(write_new_unsynced(&a, b"two").is_err());
+        assert_eq!(std::fs::read(&a).unwrap(), b"one");
+        sync_all_at_once(&[&a, dir.path()]).unwrap();
+        let missing = dir.path().join("missing");
+        let err = sync_all_at_once(&[&a, &missing, dir.path()]).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
 
     #[test]
     fn open_beneath_refuses_symlinks_and_escapes() {

@@ -440,17 +440,29 @@ impl LedgerFiles {
             .map_err(state_io("write anchor"))
     }
 
-    /// Creates the empty ledger file (it must not exist) and its anchor.
-    pub(crate) fn create(&self, _lock: &SessionLock) -> Result<()> {
+    /// Creates the empty ledger file (it must not exist) and its anchor,
+    /// neither synced: only inside a session being built under temporary
+    /// names (`Session::build`), which syncs them with the rest before the
+    /// rename that makes it a session. The genesis anchor is written whole.
+    pub(crate) fn create_unsynced(&self, _lock: &SessionLock) -> Result<()> {
         OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o644)
             .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
             .open(&self.path)
-            .and_then(|f| f.sync_all())
             .map_err(self.io("create"))?;
-        self.write_anchor(&Anchor {
+        let genesis = self.genesis_anchor();
+        let slot = genesis.to_slot(self.kind, &self.session)?;
+        let index = (genesis.generation % 2) as usize;
+        let mut whole = vec![0u8; 2 * SLOT_BYTES];
+        whole[index * SLOT_BYTES..(index + 1) * SLOT_BYTES].copy_from_slice(&slot);
+        fsx::write_new_unsynced(&self.anchor, &whole)
+    }
+
+    /// The anchor of an empty ledger.
+    fn genesis_anchor(&self) -> Anchor {
+        Anchor {
             seq: 0,
             entry_hash: genesis_hash(self.kind, &self.session),
             len: 0,
@@ -459,7 +471,7 @@ impl LedgerFiles {
             open_turn: None,
             generation: 1,
             pending: None,
-        })
+        }
     }
 
     /// Appends one entry. `body` is the entry's content; the ledger adds

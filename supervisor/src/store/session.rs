@@ -222,7 +222,11 @@ impl Session {
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
         let bytes = canonical::to_vec(&value)
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
-        fsx::write_atomic(&new_state.join("session.json"), &bytes)?;
+        // Durable before anything else is made: a sweep after a power cut
+        // needs it. The file and its directory entry are synced together.
+        let record = new_state.join("session.json");
+        fsx::write_new_unsynced(&record, &bytes)?;
+        fsx::sync_all_at_once(&[&record, new_state])?;
 
         let ledger_dir = self.workspace.ledger_dir(&self.tier, &self.id);
         let session_dir = ledger_dir.parent().unwrap_or(&ledger_dir).to_path_buf();
@@ -242,8 +246,12 @@ impl Session {
                     .join(format!("{}.json", kind.as_str())),
             })
             .collect();
+        // Everything below is made unsynced, then synced at once before
+        // the renames (nothing under a temporary name is a session: a crash
+        // before the last rename leaves debris the sweep removes). The
+        // genesis appends sync the ledgers and anchors themselves.
         for f in &files {
-            f.create(&lock)?;
+            f.create_unsynced(&lock)?;
         }
         crate::store::ledger::append_group(
             &lock,
@@ -257,7 +265,6 @@ impl Session {
                 })
                 .collect(),
         )?;
-        fsx::sync_dir(&new_ws.join("ledger"))?;
         for dir in [
             self.workspace.scratch_dir(&self.id),
             self.workspace.output_dir(&self.id),
@@ -265,7 +272,9 @@ impl Session {
             fsx::create_dir_all(dir.parent().unwrap_or(&dir))?;
             fsx::create_dir_new(&dir, 0o755)?;
         }
-        fsx::sync_dir(new_state)?;
+        let anchors = new_state.join("anchors");
+        let ledgers = new_ws.join("ledger");
+        fsx::sync_all_at_once(&[&anchors, new_state, &ledgers, &new_ws])?;
         rename_durably(&new_ws, &session_dir)?;
         rename_durably(new_state, &self.state.session_dir(&self.id))?;
         drop(lock);
