@@ -148,6 +148,16 @@ pub fn main(turn_dir: &Path) -> ! {
         std::process::exit(SETUP_FAILED)
     };
     let mut report = Report(report_file);
+    if std::env::var_os(crate::BUILD_ENV).is_none_or(|b| b != crate::BUILD_ID) {
+        report.fail(
+            "init build",
+            format!(
+                "this turnstile-init (build {}) is not from the sources of the supervise that started it: \
+                 rebuild both (`cargo xtask build`), or remove turnstile-init to run the init from supervise",
+                crate::BUILD_ID
+            ),
+        );
+    }
     // On timeout the supervisor sends SIGTERM to every process of the turn;
     // the init stages must survive it so the command gets its grace period
     // (S3 restores the default before exec).

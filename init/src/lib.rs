@@ -14,6 +14,14 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
+/// A hash of the sources the init's protocol is made of (init/build.rs):
+/// `supervise` passes its own in [`BUILD_ENV`], and an init built from
+/// other sources refuses the turn (a stale `turnstile-init` beside a
+/// rebuilt `supervise` fails closed, and says how to fix it).
+pub const BUILD_ID: &str = env!("TURNSTILE_INIT_BUILD_ID");
+/// The variable that carries [`BUILD_ID`] to the init.
+pub const BUILD_ENV: &str = "TURNSTILE_INIT_BUILD";
+
 pub mod init;
 pub mod landlock;
 pub mod landlock_exec;

@@ -71,12 +71,23 @@ pub fn sync_all_at_once(paths: &[&Path]) -> Result<()> {
         return paths.iter().try_for_each(|p| sync(p));
     }
     std::thread::scope(|s| {
-        let running: Vec<_> = paths.iter().map(|p| s.spawn(move || sync(p))).collect();
+        // A thread that cannot be made (EAGAIN under a pids limit) syncs
+        // its path here instead: slower, never skipped.
+        let running: Vec<_> = paths
+            .iter()
+            .map(|p| {
+                std::thread::Builder::new()
+                    .spawn_scoped(s, move || sync(p))
+                    .map_err(|_| sync(p))
+            })
+            .collect();
         running
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            .map(|h| match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(inline) => inline,
             })
             .collect::<Vec<_>>()
     })

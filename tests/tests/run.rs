@@ -931,6 +931,50 @@ fn init_exe_of(supervise: u32) -> Option<(u64, u64)> {
     None
 }
 
+/// A `turnstile-init` from other sources than the `supervise` that starts
+/// it (a stale binary left beside a rebuilt one) refuses to run: the build
+/// id `supervise` hands it must be its own. The refusal is reported in the
+/// turn directory with its stage, exit 125 (the init's setup failure,
+/// which fails the turn closed); with the right id it goes on (and here
+/// stops at the missing plan).
+#[test]
+fn issue_29_an_init_from_another_build_refuses_the_turn() {
+    use turnstile_supervisor::sandbox::initbin::{BUILD_ENV, BUILD_ID};
+    let beside = turnstile_tests::supervise_bin()
+        .parent()
+        .unwrap()
+        .join("turnstile-init");
+    assert!(
+        beside.is_file(),
+        "{} is not built (`cargo xtask test` builds it beside supervise)",
+        beside.display()
+    );
+    for (build, stage) in [
+        (Some("0000000000000000"), "init build"),
+        (None, "init build"),
+        (Some(BUILD_ID), "read plan"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new(&beside);
+        cmd.arg("__sandbox-init")
+            .env_clear()
+            .env("TURNSTILE_TURN_DIR", dir.path());
+        if let Some(b) = build {
+            cmd.env(BUILD_ENV, b);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(125), "build {build:?}");
+        let report = std::fs::read_to_string(dir.path().join("report.jsonl")).unwrap();
+        assert!(
+            report.contains(&format!("\"stage\":\"{stage}\"")),
+            "build {build:?}: {report}"
+        );
+        if stage == "init build" {
+            assert!(report.contains("cargo xtask build"), "{report}");
+        }
+    }
+}
+
 /// A cold turn's init runs from `turnstile-init` beside `supervise` (the
 /// smaller binary starts faster: issue 29); a `supervise` copied alone
 /// still runs every turn, its init from itself.

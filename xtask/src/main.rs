@@ -351,6 +351,11 @@ const INIT_TARGET: &str = "x86_64-unknown-linux-musl";
 /// or offline, builds the init for the host instead: the same code, ~1 ms
 /// slower to start per turn; said, not hidden.
 fn ensure_init_target() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(add_init_target)
+}
+
+fn add_init_target() -> bool {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -411,7 +416,10 @@ fn build_init(release: bool) -> Result<()> {
     .join("turnstile-init");
     let dest = target.join(profile).join("turnstile-init");
     if built != dest {
-        let tmp = dest.with_extension("new");
+        // Two xtask stages may build at once (the VM stage beside the
+        // host's): each copies to a name of its own, and the rename is
+        // atomic.
+        let tmp = dest.with_extension(format!("new.{}", std::process::id()));
         std::fs::copy(&built, &tmp)
             .with_context(|| format!("{} -> {}", built.display(), tmp.display()))?;
         std::fs::rename(&tmp, &dest).with_context(|| format!("rename to {}", dest.display()))?;

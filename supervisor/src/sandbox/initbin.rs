@@ -42,3 +42,5 @@ pub fn path() -> std::io::Result<PathBuf> {
 /// Runs the init mode `args` names, if they name one (see
 /// [`turnstile_init::dispatch`]).
 pub use turnstile_init::dispatch;
+/// The init's build id and the variable `supervise` hands it in.
+pub use turnstile_init::{BUILD_ENV, BUILD_ID};

@@ -887,6 +887,15 @@ pub fn park(
     lap("spawn", &mut phases);
     // Egress by name, in the sandbox's own network namespace, set up while
     // its init builds the rest (the shape carries the network policy).
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        cg.kill_all();
+        cg.remove();
+        return Err(sandbox_err("start sandbox init", "no output pipes"));
+    };
+    // Handed on only here, past the last early return (until then the
+    // guard stops it on the way out).
     let egress = early_egress.0.take().or_else(|| {
         (plan.network != "isolated").then(|| {
             let ns = std::fs::File::open(format!("/proc/{}/ns/net", child.id()))
@@ -897,13 +906,6 @@ pub fn park(
             })
         })
     });
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        cg.kill_all();
-        cg.remove();
-        return Err(sandbox_err("start sandbox init", "no output pipes"));
-    };
     Ok(Parked {
         cg,
         child: Some(child),
@@ -1152,10 +1154,6 @@ impl Drop for Parked {
     }
 }
 
-/// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces
-/// (see [`spawn`]), with the handshake pipes: (child, ready's read end,
-/// go's write end, the turn Plan's write end).
-#[allow(clippy::type_complexity)]
 /// The network namespace [`create`] hands the init: still being made (an
 /// `isolated` turn joins it at the last moment), or already joined (a turn
 /// with egress needed it first).
@@ -1176,6 +1174,10 @@ impl Drop for EgressSetup {
     }
 }
 
+/// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces
+/// (see [`spawn`]), with the handshake pipes: (child, ready's read end,
+/// go's write end, the turn Plan's write end).
+#[allow(clippy::type_complexity)]
 fn spawn_parked(
     turn: &TurnDir,
     cg: &Arc<cgroup::TurnCgroup>,

@@ -116,7 +116,8 @@ pub struct Spec<'a> {
     /// argv: `[argv0, arg]`.
     pub argv0: &'a str,
     pub arg: &'a str,
-    /// Its whole environment: one variable.
+    /// Its whole environment: one variable, and the init's build id
+    /// (`turnstile_init::BUILD_ENV`).
     pub env: (&'a str, &'a Path),
     /// Descriptors to place at fixed numbers (dup2 clears close-on-exec).
     pub fds: [(RawFd, RawFd); 3],
@@ -160,7 +161,13 @@ pub fn spawn(spec: &Spec<'_>, joins: &Joins) -> std::io::Result<(InitChild, bool
     env.push(b'=');
     env.extend_from_slice(spec.env.1.as_os_str().as_bytes());
     let env = CString::new(env).map_err(invalid)?;
-    let envp = [env.as_ptr(), std::ptr::null()];
+    let build = CString::new(format!(
+        "{}={}",
+        turnstile_init::BUILD_ENV,
+        turnstile_init::BUILD_ID
+    ))
+    .map_err(invalid)?;
+    let envp = [env.as_ptr(), build.as_ptr(), std::ptr::null()];
     let (stdin_r, stdin_w) = pipe()?;
     drop(stdin_w);
     let (out_r, out_w) = pipe()?;
