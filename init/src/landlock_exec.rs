@@ -1,4 +1,4 @@
-//! `supervise __landlock-exec RULES [--report-stderr [--allow-unenforced]]
+//! `supervise __landlock-exec RULES --init-build=ID [--report-stderr [--allow-unenforced]]
 //! -- CMD…`: turnstile's init inside an OCI container (the runtime already
 //! set namespaces, mounts, uid 65534, no capabilities, no_new_privs and
 //! seccomp; Landlock is not in the OCI spec). It applies the Plan's
@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 
 use serde_json::{Value, json};
-use turnstile_oci::{ALLOW_UNENFORCED_FLAG, REPORT_PREFIX, REPORT_STDERR_FLAG};
+use turnstile_oci::{ALLOW_UNENFORCED_FLAG, INIT_BUILD_FLAG, REPORT_PREFIX, REPORT_STDERR_FLAG};
 use turnstile_policy::plan::LandlockRules;
 
 /// Exit status when the init fails before the command runs.
@@ -39,6 +39,9 @@ fn fail(what: &str) -> ! {
 pub struct Mode {
     pub report_stderr: bool,
     pub allow_unenforced: bool,
+    /// `--init-build=ID` named this init's own build (`crate::BUILD_ID`);
+    /// [`main`] refuses to run without it.
+    pub build_checked: bool,
 }
 
 impl Mode {
@@ -49,6 +52,17 @@ impl Mode {
             match f.to_str() {
                 Some(REPORT_STDERR_FLAG) => m.report_stderr = true,
                 Some(ALLOW_UNENFORCED_FLAG) => m.allow_unenforced = true,
+                Some(b) if b.starts_with(&format!("{INIT_BUILD_FLAG}=")) => {
+                    let id = &b[INIT_BUILD_FLAG.len() + 1..];
+                    if id != crate::BUILD_ID {
+                        return Err(format!(
+                            "init build: this turnstile-init (build {}) is not from the sources of the supervise that made the bundle (build {id}): \
+                             rebuild both (`cargo xtask build`), or remove turnstile-init to run the init from supervise",
+                            crate::BUILD_ID
+                        ));
+                    }
+                    m.build_checked = true;
+                }
                 _ => return Err(format!("unknown init flag {}", f.to_string_lossy())),
             }
         }
@@ -58,6 +72,12 @@ impl Mode {
 
 /// Entry point; never returns.
 pub fn main(rules: &str, mode: Mode, argv: &[std::ffi::OsString]) -> ! {
+    if !mode.build_checked {
+        fail(&format!(
+            "init build: no {INIT_BUILD_FLAG}: the bundle was not made by a supervise of this init's build ({})",
+            crate::BUILD_ID
+        ))
+    }
     let Some(program) = argv.first() else {
         fail("no command")
     };
@@ -186,13 +206,18 @@ mod tests {
     fn init_flags_parse_and_anything_else_is_refused() {
         let os = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(Into::into).collect() };
         assert_eq!(Mode::parse(&[]).unwrap(), Mode::default());
+        let own = format!("--init-build={}", crate::BUILD_ID);
         assert_eq!(
-            Mode::parse(&os(&["--report-stderr", "--allow-unenforced"])).unwrap(),
+            Mode::parse(&os(&[&own, "--report-stderr", "--allow-unenforced"])).unwrap(),
             Mode {
                 report_stderr: true,
-                allow_unenforced: true
+                allow_unenforced: true,
+                build_checked: true,
             }
         );
         assert!(Mode::parse(&os(&["--go"])).is_err());
+        // Another build's bundle: refused, and the message says what to do.
+        let other = Mode::parse(&os(&["--init-build=0000000000000000"])).unwrap_err();
+        assert!(other.contains("cargo xtask build"), "{other}");
     }
 }

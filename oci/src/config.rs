@@ -38,6 +38,8 @@ use crate::vm::{VmConfig, VmKernel};
 pub struct InitBinary {
     /// Host path of the `supervise` binary (bound read-only).
     pub host_path: String,
+    /// The init's build id as the supervisor knows it (`--init-build`).
+    pub build: String,
     /// How the init reports to the supervisor.
     pub report: InitReport,
     /// The host's dynamic loader (its path), whose directory also holds the
@@ -66,6 +68,10 @@ pub enum InitReport {
 /// argv flags of `__landlock-exec` for [`InitReport::Stderr`].
 pub const REPORT_STDERR_FLAG: &str = "--report-stderr";
 pub const ALLOW_UNENFORCED_FLAG: &str = "--allow-unenforced";
+/// argv flag of `__landlock-exec`, `--init-build=ID`: the build id of the
+/// init the supervisor expects ([`InitBinary::build`]); an init built from
+/// other sources refuses to run.
+pub const INIT_BUILD_FLAG: &str = "--init-build";
 /// The first bytes of the init's stderr report line.
 pub const REPORT_PREFIX: &str = "\u{1}turnstile-init ";
 
@@ -272,6 +278,7 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
             INIT_PATH.to_owned(),
             LANDLOCK_EXEC.to_owned(),
             LANDLOCK_RULES_PATH.to_owned(),
+            format!("{INIT_BUILD_FLAG}={}", init.build),
         ]);
         if let InitReport::Stderr { allow_unenforced } = init.report {
             args.push(REPORT_STDERR_FLAG.to_owned());

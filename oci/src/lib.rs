@@ -23,8 +23,8 @@ pub mod seccomp;
 pub mod vm;
 
 pub use config::{
-    ALLOW_UNENFORCED_FLAG, Bundle, BundleOptions, InitBinary, InitReport, MASK_DIR, MASK_FILE,
-    REPORT_PREFIX, REPORT_STDERR_FLAG, build,
+    ALLOW_UNENFORCED_FLAG, Bundle, BundleOptions, INIT_BUILD_FLAG, InitBinary, InitReport,
+    MASK_DIR, MASK_FILE, REPORT_PREFIX, REPORT_STDERR_FLAG, build,
 };
 pub use error::OciError;
 pub use runtime::{Runtime, RuntimeCmd};

@@ -105,16 +105,21 @@ fn issue_10_bundles_for_runc_and_kata_validate_and_carry_the_turn() {
         .iter()
         .map(|a| a.as_str().unwrap())
         .collect();
+    let build = format!(
+        "--init-build={}",
+        turnstile_supervisor::sandbox::initbin::BUILD_ID
+    );
     assert_eq!(
-        &args[..4],
+        &args[..5],
         [
             "/.turnstile/init",
             "__landlock-exec",
             "/.turnstile/landlock.json",
+            build.as_str(),
             "--"
         ]
     );
-    assert_eq!(args[4], "/usr/bin/python3");
+    assert_eq!(args[5], "/usr/bin/python3");
     assert!(runc.join("generated/landlock.json").is_file());
     assert_eq!(c["root"]["readonly"], true);
     assert_eq!(c["hostname"], "turnstile");

@@ -133,6 +133,7 @@ pub fn options(
         declared_outputs,
         init: Some(turnstile_oci::InitBinary {
             host_path: exe.display().to_string(),
+            build: crate::sandbox::initbin::BUILD_ID.to_owned(),
             report: if runsc {
                 turnstile_oci::InitReport::Stderr {
                     allow_unenforced: plan.allow_degraded.iter().any(|l| l == "landlock"),
