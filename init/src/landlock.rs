@@ -7,7 +7,7 @@
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus,
-    PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde_json::{Value, json};
 use turnstile_policy::plan::{LANDLOCK_ABI, LandlockRules};
@@ -195,7 +195,16 @@ pub fn apply(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
     ];
     for (paths, access) in groups {
         for path in paths {
-            let fd = match PathFd::new(path) {
+            // O_PATH opened here, not with the crate's PathFd: that goes
+            // through std's OpenOptions, whose custom flags lose O_PATH on
+            // musl (there O_ACCMODE includes O_PATH, and std masks it out),
+            // so a device was opened for real: /dev/tty refused it (ENXIO)
+            // and lost its rule. The static init is built for musl.
+            let fd = match nix::fcntl::open(
+                path.as_str(),
+                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            ) {
                 Ok(fd) => fd,
                 Err(_) => {
                     skipped.push(path.clone());

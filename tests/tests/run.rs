@@ -931,6 +931,45 @@ fn init_exe_of(supervise: u32) -> Option<(u64, u64)> {
     None
 }
 
+/// Every path of the turn's Landlock rules is opened (O_PATH) and ruled,
+/// devices included: none is skipped. Built for musl, the init once lost
+/// `/dev/tty`'s rule (std's open drops O_PATH there, so the device was
+/// opened for real and refused it); the red team's
+/// `controlling_tty_absent` then saw EACCES instead of ENXIO.
+#[test]
+fn issue_29_the_static_init_rules_every_landlock_path_devices_included() {
+    if !require_root("issue_29_the_static_init_rules_every_landlock_path_devices_included") {
+        return;
+    }
+    let fx = fixture();
+    let out = fx
+        .command(
+            &turnstile_tests::supervise_bin(),
+            &["run"],
+            &[
+                "--package",
+                "t",
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/sleep",
+                "0",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let landlock = &v["enforcement"]["landlock"];
+    assert_eq!(landlock["skipped"], serde_json::json!([]), "{landlock}");
+    assert_eq!(landlock["status"], "fully_enforced", "{landlock}");
+}
+
 /// A `turnstile-init` from other sources than the `supervise` that starts
 /// it (a stale binary left beside a rebuilt one) refuses to run: the build
 /// id `supervise` hands it must be its own. The refusal is reported in the
