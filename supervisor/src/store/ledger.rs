@@ -415,6 +415,12 @@ impl LedgerFiles {
     /// file or a legacy single-object anchor is replaced atomically with the
     /// two-slot layout.
     fn write_anchor(&self, anchor: &Anchor) -> Result<()> {
+        self.write_anchor_as(anchor, Durability::Synced)
+    }
+
+    /// [`Self::write_anchor`], leaving the in-place write unsynced under
+    /// [`Durability::Deferred`].
+    fn write_anchor_as(&self, anchor: &Anchor, durability: Durability) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let slot = anchor.to_slot(self.kind, &self.session)?;
         let index = (anchor.generation % 2) as usize;
@@ -436,7 +442,10 @@ impl LedgerFiles {
             .open(&self.anchor)
             .map_err(state_io("open anchor"))?;
         file.write_all_at(&slot, (index * SLOT_BYTES) as u64)
-            .and_then(|()| file.sync_data())
+            .and_then(|()| match durability {
+                Durability::Synced => file.sync_data(),
+                Durability::Deferred => Ok(()),
+            })
             .map_err(state_io("write anchor"))
     }
 
@@ -1031,6 +1040,35 @@ pub fn append_group(
     append_group_until(lock, parts, AppendStep::Acknowledged)
 }
 
+/// Whether each step of an append is synced before the next starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Every step `fdatasync`'d: the write-ahead protocol above.
+    Synced,
+    /// Nothing synced: for ledgers still under a temporary name, whose
+    /// files and directories the caller syncs as a whole before the rename
+    /// that makes them a session's (a crash before it leaves debris, never
+    /// a ledger). The bytes written are those of a synced append.
+    Deferred,
+}
+
+/// [`append_group`] into ledgers being created under a temporary name
+/// ([`Durability::Deferred`]): the same bytes and anchors, no sync; the
+/// caller syncs the ledgers, anchors and directories at once before
+/// renaming them into place (session creation's genesis entries).
+pub(crate) fn append_group_unsynced(
+    lock: &SessionLock,
+    parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
+) -> Result<Vec<Vec<Appended>>> {
+    append_group_steps(
+        lock,
+        parts,
+        AppendStep::Acknowledged,
+        &mut || {},
+        Durability::Deferred,
+    )
+}
+
 /// How far [`append_group_until`] goes: the crash points of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum AppendStep {
@@ -1050,7 +1088,7 @@ pub fn append_group_until(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
 ) -> Result<Vec<Vec<Appended>>> {
-    append_group_steps(lock, parts, until, &mut || {})
+    append_group_steps(lock, parts, until, &mut || {}, Durability::Synced)
 }
 
 /// [`append_group`], calling `written` as soon as every member's bytes are
@@ -1063,7 +1101,13 @@ pub fn append_group_then(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     written: &mut dyn FnMut(),
 ) -> Result<Vec<Vec<Appended>>> {
-    append_group_steps(lock, parts, AppendStep::Acknowledged, written)
+    append_group_steps(
+        lock,
+        parts,
+        AppendStep::Acknowledged,
+        written,
+        Durability::Synced,
+    )
 }
 
 fn append_group_steps(
@@ -1071,7 +1115,16 @@ fn append_group_steps(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
     written: &mut dyn FnMut(),
+    durability: Durability,
 ) -> Result<Vec<Vec<Appended>>> {
+    // Unsynced steps are a write each: not worth a thread per member.
+    let each = |items: &mut [Prepared<'_>],
+                step: &(dyn Fn(&mut Prepared<'_>) -> Result<()> + Sync)| {
+        match durability {
+            Durability::Synced => all_at_once(items, step),
+            Durability::Deferred => items.iter_mut().map(step).collect(),
+        }
+    };
     // The group's tag ties its announcements together across ledgers. It
     // is derived from what is appended where (each ledger's path and
     // length, and the bodies), not drawn at random: deterministic sessions
@@ -1095,21 +1148,24 @@ fn append_group_steps(
     for p in &mut prepared {
         p.anchor.generation += 1;
     }
-    first_error(all_at_once(&mut prepared, |p| {
+    first_error(each(&mut prepared, &|p| {
         let announced = Anchor {
             pending: Some(p.pending.clone()),
             ..p.anchor.clone()
         };
-        p.files.write_anchor(&announced)
+        p.files.write_anchor_as(&announced, durability)
     }))?;
     if until == AppendStep::Announced {
         return Ok(Vec::new());
     }
     // (2) write the bytes.
-    let failure = first_error(all_at_once(&mut prepared, |p| {
+    let failure = first_error(each(&mut prepared, &|p| {
         p.file
             .write_all(&p.bytes)
-            .and_then(|()| p.file.sync_data())
+            .and_then(|()| match durability {
+                Durability::Synced => p.file.sync_data(),
+                Durability::Deferred => Ok(()),
+            })
             .map_err(p.files.io("append"))
     }))
     .err();
@@ -1132,14 +1188,14 @@ fn append_group_steps(
     }
     written();
     // (3) acknowledge.
-    first_error(all_at_once(&mut prepared, |p| {
+    first_error(each(&mut prepared, &|p| {
         let mut head = Anchor {
             pending: Some(p.pending.clone()),
             ..p.anchor.clone()
         }
         .completed();
         head.generation = p.anchor.generation + 1;
-        p.files.write_anchor(&head)
+        p.files.write_anchor_as(&head, durability)
     }))?;
     Ok(prepared.into_iter().map(|p| p.appended).collect())
 }

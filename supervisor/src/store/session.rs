@@ -246,14 +246,14 @@ impl Session {
                     .join(format!("{}.json", kind.as_str())),
             })
             .collect();
-        // Everything below is made unsynced, then synced at once before
-        // the renames (nothing under a temporary name is a session: a crash
-        // before the last rename leaves debris the sweep removes). The
-        // genesis appends sync the ledgers and anchors themselves.
+        // Everything below is made unsynced, the genesis entries too, then
+        // synced at once before the renames (nothing under a temporary name
+        // is a session: a crash before the last rename leaves debris the
+        // sweep removes).
         for f in &files {
             f.create_unsynced(&lock)?;
         }
-        crate::store::ledger::append_group(
+        crate::store::ledger::append_group_unsynced(
             &lock,
             files
                 .iter()
@@ -274,7 +274,11 @@ impl Session {
         }
         let anchors = new_state.join("anchors");
         let ledgers = new_ws.join("ledger");
-        fsx::sync_all_at_once(&[&anchors, new_state, &ledgers, &new_ws])?;
+        let mut durable: Vec<&Path> = vec![&anchors, new_state, &ledgers, &new_ws];
+        for f in &files {
+            durable.extend([f.path.as_path(), f.anchor.as_path()]);
+        }
+        fsx::sync_all_at_once(&durable)?;
         rename_durably(&new_ws, &session_dir)?;
         rename_durably(new_state, &self.state.session_dir(&self.id))?;
         drop(lock);
