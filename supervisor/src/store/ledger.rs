@@ -484,8 +484,8 @@ impl LedgerFiles {
     }
 
     /// Appends one entry. `body` is the entry's content; the ledger adds
-    /// `seq`, `previous_hash` and `entry_hash`. Returns once the entry and
-    /// the moved anchor are durable.
+    /// `seq`, `previous_hash` and `entry_hash`. Returns once the entry is
+    /// durable and the anchor moved (see [`append_group`]).
     pub fn append(&self, lock: &SessionLock, body: Map<String, Value>) -> Result<Appended> {
         let mut out = append_group(lock, vec![(self, vec![body])])?;
         out.pop()
@@ -1030,9 +1030,12 @@ fn prepare<'a>(
 /// new head. Steps run for every ledger of the group before the next step
 /// starts, so a crash at any instant leaves each ledger either clean, or
 /// with an announced append that recovery completes (every byte of every
-/// member landed) or discards (anything less) — never half a group. Three
-/// `fdatasync`s per ledger, none of them a rename or directory sync; the
-/// members' syncs of one step are issued together ([`all_at_once`]).
+/// member landed) or discards (anything less) — never half a group. Two
+/// `fdatasync`s per ledger on the path, none of them a rename or directory
+/// sync; the members' syncs of one step are issued together
+/// ([`all_at_once`]). Step (3) is written but not synced: losing it to a
+/// power cut is the crash between (2) and (3), which recovery completes;
+/// the next append's step (1) syncs it.
 pub fn append_group(
     lock: &SessionLock,
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
@@ -1187,16 +1190,25 @@ fn append_group_steps(
         return Ok(Vec::new());
     }
     written();
-    // (3) acknowledge.
-    first_error(each(&mut prepared, &|p| {
-        let mut head = Anchor {
-            pending: Some(p.pending.clone()),
-            ..p.anchor.clone()
-        }
-        .completed();
-        head.generation = p.anchor.generation + 1;
-        p.files.write_anchor_as(&head, durability)
-    }))?;
+    // (3) acknowledge: written, not synced (one `pwrite` per member, in
+    // turn). The append is durable since (2); a power cut that loses this
+    // write leaves it announced with every byte landed, which recovery
+    // completes exactly as after a crash between (2) and (3). The next
+    // append's announcement syncs the anchor file, this slot with it.
+    first_error(
+        prepared
+            .iter_mut()
+            .map(|p| {
+                let mut head = Anchor {
+                    pending: Some(p.pending.clone()),
+                    ..p.anchor.clone()
+                }
+                .completed();
+                head.generation = p.anchor.generation + 1;
+                p.files.write_anchor_as(&head, Durability::Deferred)
+            })
+            .collect(),
+    )?;
     Ok(prepared.into_iter().map(|p| p.appended).collect())
 }
 
