@@ -64,10 +64,18 @@ const CI_TESTS: &[&str] = &["run", "health", "doctor_plan", "denials", "backends
 /// test` runs them there) and to the full matrix (`cargo xtask vm-test`):
 /// each repeats many turns on every OCI backend — minutes under TCG — to
 /// prove backend behaviour the guest's older kernel does not change.
+///
+/// And one loop: 100,000 refused `mount` calls, each a seccomp user
+/// notification the supervisor answers (16 s on the host, the most of the
+/// guest's `denials` suite under TCG). The guest still proves a seccomp
+/// refusal's record (`fr_rt_011_a_denied_syscall_is_one_violation_…`) and
+/// the observer's counting and bound over 100,000 denials
+/// (`issue_27_fr_rt_011_100000_denied_opens_…`).
 const CI_HOST_ONLY: &[&str] = &[
     "issue_22_no_backend_changes_a_host_inode_whatever_the_stdin",
     "issue_23_outputs_in_new_directories_commit_and_the_rules_still_block",
     "issue_25_evidence_names_who_applied_each_layer_per_backend",
+    "fr_rt_011_a_loop_of_100000_denials_is_one_counted_violation_and_bounded",
 ];
 
 /// Red-team families the CI's VM run leaves to the host (which runs them on
