@@ -13,6 +13,7 @@ pub mod recover;
 pub mod sandbox;
 pub mod serve;
 pub mod store;
+pub mod syncpool;
 pub mod turn;
 
 pub use error::{Result, SupervisorError};

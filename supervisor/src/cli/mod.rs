@@ -1652,6 +1652,10 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         };
         return crate::serve::client::run(socket, &wire);
     }
+    // The workers of the turn's grouped syncs (a new session's tree, the
+    // ledger appends) are made now, beside admission, not on the turn's
+    // path where its first group needs them.
+    crate::syncpool::warm();
     // The denial observer loads (verifier, attach) while the turn is
     // admitted and planned — in the process that runs the turn (not a
     // `--server` client), and only where a turn can be attributed.

@@ -418,6 +418,15 @@ impl LedgerFiles {
         self.write_anchor_as(anchor, Durability::Synced)
     }
 
+    /// The anchor file, open for syncing what was written to it.
+    fn open_anchor(&self) -> Result<std::fs::File> {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .open(&self.anchor)
+            .map_err(fsx::state_io("open anchor", &self.anchor))
+    }
+
     /// [`Self::write_anchor`], leaving the in-place write unsynced under
     /// [`Durability::Deferred`].
     fn write_anchor_as(&self, anchor: &Anchor, durability: Durability) -> Result<()> {
@@ -1120,14 +1129,6 @@ fn append_group_steps(
     written: &mut dyn FnMut(),
     durability: Durability,
 ) -> Result<Vec<Vec<Appended>>> {
-    // Unsynced steps are a write each: not worth a thread per member.
-    let each = |items: &mut [Prepared<'_>],
-                step: &(dyn Fn(&mut Prepared<'_>) -> Result<()> + Sync)| {
-        match durability {
-            Durability::Synced => all_at_once(items, step),
-            Durability::Deferred => items.iter_mut().map(step).collect(),
-        }
-    };
     // The group's tag ties its announcements together across ledgers. It
     // is derived from what is appended where (each ledger's path and
     // length, and the bodies), not drawn at random: deterministic sessions
@@ -1151,27 +1152,58 @@ fn append_group_steps(
     for p in &mut prepared {
         p.anchor.generation += 1;
     }
-    first_error(each(&mut prepared, &|p| {
-        let announced = Anchor {
-            pending: Some(p.pending.clone()),
-            ..p.anchor.clone()
-        };
-        p.files.write_anchor_as(&announced, durability)
-    }))?;
+    first_error(
+        prepared
+            .iter()
+            .map(|p| {
+                let announced = Anchor {
+                    pending: Some(p.pending.clone()),
+                    ..p.anchor.clone()
+                };
+                p.files.write_anchor_as(&announced, Durability::Deferred)
+            })
+            .collect(),
+    )?;
+    if durability == Durability::Synced {
+        let anchors = prepared
+            .iter()
+            .map(|p| p.files.open_anchor())
+            .collect::<Result<Vec<_>>>()?;
+        first_error(
+            all_at_once(anchors)
+                .into_iter()
+                .zip(&prepared)
+                .map(|(r, p)| r.map_err(fsx::state_io("write anchor", &p.files.anchor)))
+                .collect(),
+        )?;
+    }
     if until == AppendStep::Announced {
         return Ok(Vec::new());
     }
     // (2) write the bytes.
-    let failure = first_error(each(&mut prepared, &|p| {
-        p.file
-            .write_all(&p.bytes)
-            .and_then(|()| match durability {
-                Durability::Synced => p.file.sync_data(),
-                Durability::Deferred => Ok(()),
-            })
-            .map_err(p.files.io("append"))
-    }))
+    let mut failure = first_error(
+        prepared
+            .iter_mut()
+            .map(|p| p.file.write_all(&p.bytes).map_err(p.files.io("append")))
+            .collect(),
+    )
     .err();
+    if failure.is_none() && durability == Durability::Synced {
+        failure = prepared
+            .iter()
+            .map(|p| p.file.try_clone().map_err(p.files.io("append")))
+            .collect::<Result<Vec<_>>>()
+            .and_then(|files| {
+                first_error(
+                    all_at_once(files)
+                        .into_iter()
+                        .zip(&prepared)
+                        .map(|(r, p)| r.map_err(p.files.io("append")))
+                        .collect(),
+                )
+            })
+            .err();
+    }
     if let Some(e) = failure {
         // Leave every ledger as acknowledged (best effort: if this fails
         // too, the next writer's recovery discards the tail).
@@ -1212,29 +1244,22 @@ fn append_group_steps(
     Ok(prepared.into_iter().map(|p| p.appended).collect())
 }
 
-/// Runs one step of the protocol on every member of a group at once and
-/// waits for all of them (group commit): the members' `fdatasync`s go to
-/// the file system together and share its journal commits instead of
-/// queueing one behind the other. Each step stays a barrier: nothing of
-/// the next step starts before every member's step returned.
-fn all_at_once<T: Send, R: Send>(items: &mut [T], step: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
-    if items.len() < 2 {
-        return items.iter_mut().map(&step).collect();
-    }
-    let step = &step;
-    std::thread::scope(|s| {
-        let running: Vec<_> = items
-            .iter_mut()
-            .map(|item| s.spawn(move || step(item)))
-            .collect();
-        running
+/// `fdatasync`s every member's file of one step at once and waits for all
+/// of them (group commit): the members' flushes go to the file system
+/// together and share its journal commits instead of queueing one behind
+/// the other. The first runs on the calling thread, the others on parked
+/// workers ([`crate::syncpool`]): no thread is made per sync. Each step
+/// stays a barrier: nothing of the next step starts before every member's
+/// sync returned.
+fn all_at_once(files: Vec<std::fs::File>) -> Vec<std::io::Result<()>> {
+    crate::syncpool::run_all(
+        files
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            .map(|f| {
+                Box::new(move || f.sync_data()) as Box<dyn FnOnce() -> std::io::Result<()> + Send>
             })
-            .collect()
-    })
+            .collect(),
+    )
 }
 
 /// The first error of a step's results, in member order.
