@@ -320,7 +320,7 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                 reason,
             }
         })?;
-    let config = json!({
+    let mut config = json!({
         // The spec version the runtime implements: only VM runtimes need
         // 1.3 (vm.hwConfig); crun 1.8 refuses versions it does not know,
         // and nothing else emitted here is newer than 1.0.2.
@@ -336,7 +336,6 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
             "noNewPrivileges": true,
             "capabilities": {"bounding": none, "effective": none, "permitted": none, "inheritable": none, "ambient": none},
         },
-        "mounts": mounts,
         "annotations": annotations,
         "linux": {
             "namespaces": namespaces,
@@ -345,11 +344,13 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                 "cpu": {"quota": l.cpu_millis * 100, "period": 100_000u64},
                 "pids": {"limit": l.pids},
             },
-            "seccomp": seccomp,
             "maskedPaths": masked,
             "readonlyPaths": read_only,
         },
     });
+    // The two large parts moved in, not copied value by value by `json!`.
+    config["mounts"] = Value::Array(mounts);
+    config["linux"]["seccomp"] = seccomp;
     // The typed model first: what oci-spec cannot parse is not a bundle.
     let spec: oci_spec::runtime::Spec = serde_json::from_value(config).map_err(OciError::Json)?;
     let mut config = serde_json::to_value(&spec).map_err(OciError::Json)?;

@@ -21,12 +21,17 @@ use turnstile_policy::seccomp::{
     ENOSYS, EPERM, SeccompProfile, allow_conditions, complement_cubes,
 };
 
+fn names_value(names: &[String]) -> Value {
+    Value::Array(names.iter().cloned().map(Value::String).collect())
+}
+
 fn arg(index: u32, mask: u32, value: u32) -> Value {
     json!({"index": index, "value": u64::from(mask), "valueTwo": u64::from(value), "op": "SCMP_CMP_MASKED_EQ"})
 }
 
 fn errno_rule(names: &[String], errno: i32, args: Vec<Value>) -> Value {
-    let mut r = json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno});
+    let mut r = json!({"action": "SCMP_ACT_ERRNO", "errnoRet": errno});
+    r["names"] = names_value(names);
     if !args.is_empty() {
         r["args"] = Value::Array(args);
     }
@@ -34,7 +39,8 @@ fn errno_rule(names: &[String], errno: i32, args: Vec<Value>) -> Value {
 }
 
 fn allow_rule(names: &[String], args: Vec<Value>) -> Value {
-    let mut r = json!({"names": names, "action": "SCMP_ACT_ALLOW"});
+    let mut r = json!({"action": "SCMP_ACT_ALLOW"});
+    r["names"] = names_value(names);
     if !args.is_empty() {
         r["args"] = Value::Array(args);
     }
@@ -106,12 +112,15 @@ pub fn linux_seccomp(profile: &SeccompProfile, arch: &str) -> Result<Value, Stri
             syscalls.push(allow_rule(&one(name), vec![arg(c.arg, c.mask, c.value)]));
         }
     }
-    Ok(json!({
+    let mut section = json!({
         "defaultAction": "SCMP_ACT_ERRNO",
         "defaultErrnoRet": profile.default_errno,
         "architectures": [arch],
-        "syscalls": syscalls,
-    }))
+    });
+    // Moved in, not through `json!`, which would copy the ~240 rules
+    // value by value (most of this function's time, measured).
+    section["syscalls"] = Value::Array(syscalls);
+    Ok(section)
 }
 
 #[cfg(test)]
