@@ -22,6 +22,7 @@ pub const BUILD_ID: &str = env!("TURNSTILE_INIT_BUILD_ID");
 /// The variable that carries [`BUILD_ID`] to the init.
 pub const BUILD_ENV: &str = "TURNSTILE_INIT_BUILD";
 
+pub mod guard;
 pub mod init;
 pub mod landlock;
 pub mod landlock_exec;
@@ -32,12 +33,16 @@ pub mod sys;
 pub mod turnpaths;
 
 /// Runs the init mode `args` names (`__sandbox-init`, `__landlock-exec
-/// RULES [FLAGS] -- CMD…`), which never return; `None` when `args` name
+/// RULES [FLAGS] -- CMD…`, an OCI turn guard's `__turn-guard-wait EXE
+/// ARGV…`), which never return; `None` when `args` name
 /// neither, an exit status when they are malformed.
 pub fn dispatch(args: &[OsString]) -> Option<ExitCode> {
     if args.len() == 2 && args[1] == init::SANDBOX_INIT {
         let dir = std::env::var_os(init::TURN_DIR_ENV).unwrap_or_default();
         init::main(std::path::Path::new(&dir));
+    }
+    if args.len() >= 4 && args[1] == guard::GUARD_WAIT {
+        guard::main(&args[2..]);
     }
     if args.len() >= 4 && args[1] == turnstile_oci::config::LANDLOCK_EXEC {
         let rules = args[2].to_string_lossy().into_owned();

@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     turnstile_init::dispatch(&args).unwrap_or_else(|| {
         eprintln!(
-            "turnstile-init: started by supervise only (`__sandbox-init`, or `__landlock-exec RULES [FLAGS] -- CMD`)"
+            "turnstile-init: started by supervise only (`__sandbox-init`, `__landlock-exec RULES [FLAGS] -- CMD`, or `__turn-guard-wait EXE ARGV…`)"
         );
         ExitCode::from(2)
     })

@@ -193,13 +193,11 @@ pub fn reap(pid: i32, runtime: &str, what: &str) -> crate::sandbox::Ending {
 
 /// argv[1] that makes `supervise` a turn's guard (not a user command).
 pub const GUARD: &str = "__turn-guard";
-/// argv[0] of the guard once it execs.
+/// argv[0] of the guard's cleanup stage.
 const GUARD_NAME: &str = "turnstile-guard";
-/// The waiting guard's name (`comm`, 15 bytes at most).
-const GUARD_COMM: &[u8] = b"turnstile-guard\0";
-/// What the supervisor writes before it lets its guard go: the turn was
-/// torn down by the supervisor itself.
-const DISARM: u8 = b'D';
+// What the supervisor writes before it lets its guard go: the turn was
+// torn down by the supervisor itself.
+use turnstile_init::guard::DISARM;
 
 /// A turn's guard: a process that ends an OCI turn whose supervisor died
 /// — SIGKILL included, which no handler and no drop sees.
@@ -210,25 +208,29 @@ const DISARM: u8 = b'D';
 /// and its runtime record, cgroup directories and the turn's mounts are
 /// host state that no process death removes.
 ///
-/// The guard is a fork of the supervisor that holds only the read end of a
-/// pipe (as fd 0; every other descriptor is closed) whose write end only
-/// the supervisor holds (close-on-exec, so no runtime and no container
-/// inherits it), and blocks reading it. [`DISARM`] (the supervisor tore the
-/// turn down itself) ends it; EOF without it means the supervisor's last
-/// descriptor table is gone, and it execs this binary as
-/// `supervise __turn-guard RUNTIME ID TURN_DIR CGROUP_ROOT` ([`guard_main`]),
-/// which takes the session lock (without waiting for it: a holder is a
-/// later writer, and every writer recovers the session first, under that
-/// lock) and does what recovery would: the runtime's `delete --force`, the
-/// cgroup's kill and removal in every hierarchy, the turn's mounts and
-/// directory. The turn's finish entries stay recovery's (they need the
-/// ledgers' writer).
+/// The guard holds only the read end of a pipe (as fd 0; 1 and 2 are
+/// /dev/null, every other descriptor is closed) whose write end only the
+/// supervisor holds (close-on-exec, so no runtime and no container
+/// inherits it), and blocks reading it ([`turnstile_init::guard`]).
+/// [`DISARM`] (the supervisor tore the turn down itself) ends it; EOF
+/// without it means the supervisor's last descriptor table is gone, and it
+/// execs this binary as `supervise __turn-guard RUNTIME ID TURN_DIR
+/// CGROUP_ROOT BASE` ([`guard_main`]), which takes the session lock
+/// (without waiting for it: a holder is a later writer, and every writer
+/// recovers the session first, under that lock) and does what recovery
+/// would: the runtime's `delete --force`, the cgroup's kill and removal in
+/// every hierarchy, the turn's mounts and directory. The turn's finish
+/// entries stay recovery's (they need the ledgers' writer).
 ///
-/// Why a fork that execs only when needed: a guard that is a fresh exec of
-/// this binary cost every turn ~1.3 ms of CPU (the loader and relocations
-/// of a 38 MB binary) and, on these 2-core hosts under load, ~3-4 ms of
-/// wall time (measured in pairs, release build); the fork's waiting child
-/// runs nothing but a few syscalls.
+/// Why the waiting stage is `turnstile-init`, started by `posix_spawn`: a
+/// fresh `supervise` per turn cost ~1.3 ms of CPU (its loader and
+/// relocations), and a forked child that waits keeps the supervisor's
+/// memory shared for the whole turn, so every page the supervisor writes
+/// after the fork is copied, each copy a fault and a TLB shootdown of its
+/// other threads (5 % of the supervisor's samples in a runc turn's perf
+/// profile). The static init starts in ~0.2 ms and shares nothing. Where
+/// no `turnstile-init` is beside `supervise`, `supervise` waits instead
+/// (it runs the same mode).
 ///
 /// The guard is in its own process group (a SIGKILL to the supervisor's
 /// group spares it), outside the turn's cgroup and namespaces, as root on
@@ -246,58 +248,36 @@ impl Guard {
     /// Starts the guard of container `id` (`runtime`) whose turn directory
     /// is `turn_dir` and cgroup `<cgroup_place>/…/turnstile/<id>`.
     pub fn spawn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Place) -> Result<Self> {
-        use std::ffi::CString;
-        use std::os::fd::AsRawFd;
-        use std::os::unix::ffi::OsStrExt;
-        let cstr =
-            |b: &[u8]| CString::new(b).map_err(|e| err("start the turn's guard", e.to_string()));
-        // Everything the child needs, built before the fork.
-        let exe = cstr(b"/proc/self/exe")?;
-        let argv = [
-            cstr(GUARD_NAME.as_bytes())?,
-            cstr(GUARD.as_bytes())?,
-            cstr(runtime.as_bytes())?,
-            cstr(id.as_bytes())?,
-            cstr(turn_dir.as_os_str().as_bytes())?,
-            cstr(cgroup_place.root.as_os_str().as_bytes())?,
-            cstr(cgroup_place.base().as_os_str().as_bytes())?,
-        ];
-        let mut argv_ptrs: Vec<*const nix::libc::c_char> =
-            argv.iter().map(|a| a.as_ptr()).collect();
-        argv_ptrs.push(std::ptr::null());
-        let envp: [*const nix::libc::c_char; 1] = [std::ptr::null()];
-        let devnull = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/null")
-            .map_err(|e| err("start the turn's guard", format!("/dev/null: {e}")))?;
+        use std::os::unix::process::CommandExt;
+        let fail = |e: std::io::Error| err("start the turn's guard", e.to_string());
+        // The cleanup stage runs this binary, by the path it was started
+        // from (`/proc/self/exe` is gone with this process).
+        let supervise = std::env::current_exe().map_err(fail)?;
+        let waiter = crate::sandbox::initbin::path().map_err(fail)?;
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| err("guard pipe", e.to_string()))?;
-        let (read_fd, null_fd) = (read.as_raw_fd(), devnull.as_raw_fd());
-        // SAFETY: the child runs only async-signal-safe raw syscalls
-        // (setpgid, sigaction, sigprocmask, dup2, close_range/close, read,
-        // execve, _exit) on values prepared above — the CStrings and the
-        // pointer arrays outlive the fork in both processes — and ends in
-        // execve or _exit: no allocation, lock or unwinding after the fork
-        // of this multi-threaded process.
-        match unsafe { nix::unistd::fork() } {
-            // SAFETY: this is the fork's child; `exe`, `argv_ptrs` and
-            // `envp` are the null-terminated C strings and arrays built
-            // above, which its copy of memory still holds.
-            Ok(nix::unistd::ForkResult::Child) => unsafe {
-                guard_child(read_fd, null_fd, &exe, &argv_ptrs, &envp)
-            },
-            Ok(nix::unistd::ForkResult::Parent { child }) => {
-                // The child does it too; either way its group is its own
-                // before anything of the turn exists.
-                let _ = nix::unistd::setpgid(child, child);
-                Ok(Self {
-                    pid: child,
-                    arm: Some(write),
-                })
-            }
-            Err(e) => Err(err("start the turn's guard", e.to_string())),
-        }
+        let child = std::process::Command::new(&waiter)
+            .arg0(GUARD_NAME)
+            .arg(turnstile_init::guard::GUARD_WAIT)
+            .arg(&supervise)
+            .arg(GUARD_NAME)
+            .arg(GUARD)
+            .args([runtime, id])
+            .arg(turn_dir)
+            .arg(&cgroup_place.root)
+            .arg(cgroup_place.base())
+            .env_clear()
+            .stdin(std::process::Stdio::from(read))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            // Its own group before it runs (a SIGKILL to ours spares it).
+            .process_group(0)
+            .spawn()
+            .map_err(fail)?;
+        Ok(Self {
+            pid: nix::unistd::Pid::from_raw(child.id() as i32),
+            arm: Some(write),
+        })
     }
 
     /// Lets the guard go without it doing anything (the supervisor tore
@@ -317,60 +297,6 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.disarm();
-    }
-}
-
-/// The guard's side of the fork: its own process group, default signal
-/// handling, fd 0 the pipe, 1 and 2 /dev/null, nothing else open (no copy
-/// of the supervisor's session lock, pipes or sockets); waits; on EOF,
-/// execs the cleanup.
-///
-/// # Safety
-///
-/// Called only in the child of a fork, with `exe`, `argv` (null-terminated)
-/// and `envp` (null-terminated) valid C strings and arrays.
-unsafe fn guard_child(
-    read_fd: i32,
-    null_fd: i32,
-    exe: &std::ffi::CStr,
-    argv: &[*const nix::libc::c_char],
-    envp: &[*const nix::libc::c_char],
-) -> ! {
-    use nix::libc;
-    // SAFETY: raw syscalls on descriptors and buffers valid in this
-    // process (the caller's contract); none allocates.
-    unsafe {
-        libc::setpgid(0, 0);
-        // Named for `ps` (its argv is still the supervisor's until exec).
-        libc::prctl(libc::PR_SET_NAME, GUARD_COMM.as_ptr());
-        // The supervisor's SIGTERM/SIGINT/SIGHUP handler is not ours.
-        let mut default: libc::sigaction = std::mem::zeroed();
-        default.sa_sigaction = libc::SIG_DFL;
-        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaction(sig, &default, std::ptr::null_mut());
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        if libc::dup2(read_fd, 0) < 0 || libc::dup2(null_fd, 1) < 0 || libc::dup2(null_fd, 2) < 0 {
-            libc::_exit(1);
-        }
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
-            for fd in 3..65536 {
-                libc::close(fd);
-            }
-        }
-        let mut byte = 0u8;
-        loop {
-            match libc::read(0, (&raw mut byte).cast(), 1) {
-                1 if byte == DISARM => libc::_exit(0),
-                0 => break,
-                n if n < 0 && *libc::__errno_location() != libc::EINTR => break,
-                _ => {}
-            }
-        }
-        libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
-        libc::_exit(127)
     }
 }
 

@@ -1,0 +1,57 @@
+//! The waiting stage of an OCI turn's guard (`supervise`'s
+//! `backend::hostview::Guard`): `__turn-guard-wait EXE ARGV…`.
+//!
+//! Started by the supervisor for each OCI turn (a `posix_spawn`: no copy
+//! of the supervisor's memory is made or kept), it names itself
+//! `turnstile-guard`, closes every descriptor but 0–2, and blocks reading
+//! fd 0, a pipe whose write end only the supervisor holds. [`DISARM`] (the
+//! supervisor tore its turn down itself) ends it. EOF without it means the
+//! supervisor is gone — SIGKILL included — and it execs `EXE ARGV…`, the
+//! supervisor's own binary in its guard mode, which ends the dead turn.
+//! Waiting is all it does, so it is this small static binary that waits,
+//! not a second start of `supervise` per turn.
+
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+/// argv[1] of the waiting stage.
+pub const GUARD_WAIT: &str = "__turn-guard-wait";
+/// What the supervisor writes before it lets its guard go.
+pub const DISARM: u8 = b'D';
+/// The waiting guard's name (`comm`: 15 bytes at most).
+const GUARD_COMM: &std::ffi::CStr = c"turnstile-guard";
+
+/// Runs the waiting stage with `args` = `EXE ARGV…`. Never returns.
+pub fn main(args: &[OsString]) -> ! {
+    let cstrings: Option<Vec<CString>> = args
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    let Some(argv) = cstrings.filter(|a| a.len() >= 2) else {
+        std::process::exit(2)
+    };
+    let _ = nix::sys::prctl::set_name(GUARD_COMM);
+    // Nothing of the supervisor's (its session lock, pipes, sockets) is
+    // held here, whatever was not close-on-exec.
+    // SAFETY: close_range(2) on descriptors only; no memory is touched.
+    if unsafe { nix::libc::syscall(nix::libc::SYS_close_range, 3u32, u32::MAX, 0u32) } != 0 {
+        for fd in 3..65536 {
+            // SAFETY: closing a descriptor this process may not hold.
+            unsafe { nix::libc::close(fd) };
+        }
+    }
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(std::io::stdin(), &mut byte) {
+            Ok(1) if byte[0] == DISARM => std::process::exit(0),
+            Ok(0) => break,
+            Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+            // Unreadable: the supervisor cannot be told from here; fail
+            // closed (what the cleanup does is idempotent).
+            Err(_) => break,
+        }
+    }
+    let env: [CString; 0] = [];
+    let _ = nix::unistd::execve(&argv[0], &argv[1..], &env);
+    std::process::exit(127)
+}
