@@ -20,8 +20,9 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 const MAX_WORKERS: usize = 16;
 
 /// How many workers [`warm`] makes: the largest group a turn issues (a new
-/// session's tree: four directories and four files) less the caller.
-const WARM_WORKERS: usize = 7;
+/// session's tree: four directories, four files, and its scratch and
+/// output directories with their parents) less the caller.
+const WARM_WORKERS: usize = 11;
 
 #[derive(Default)]
 struct State {

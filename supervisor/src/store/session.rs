@@ -193,7 +193,11 @@ impl Session {
         // create_dir_new fails if the id was somehow issued before.
         fsx::create_dir_new(&new_state, 0o700)?;
         let built = self.build(&new_state, clock);
-        if built.is_err() {
+        // Only a creation that never reached its commit point (the state
+        // directory's rename) is debris: if the rename happened and the
+        // sync after it failed, the session is whole and stays (its
+        // creation still reports the error).
+        if built.is_err() && !self.state.session_dir(&self.id).exists() {
             self.remove_partial(&new_state);
         }
         let _ = std::fs::remove_file(&creating);
@@ -265,18 +269,27 @@ impl Session {
                 })
                 .collect(),
         )?;
-        for dir in [
+        let scratch_and_output = [
             self.workspace.scratch_dir(&self.id),
             self.workspace.output_dir(&self.id),
-        ] {
-            fsx::create_dir_all(dir.parent().unwrap_or(&dir))?;
-            fsx::create_dir_new(&dir, 0o755)?;
+        ];
+        for dir in &scratch_and_output {
+            fsx::create_dir_all(dir.parent().unwrap_or(dir))?;
+            fsx::create_dir_new(dir, 0o755)?;
         }
         let anchors = new_state.join("anchors");
         let ledgers = new_ws.join("ledger");
         let mut durable: Vec<&Path> = vec![&anchors, new_state, &ledgers, &new_ws];
         for f in &files {
             durable.extend([f.path.as_path(), f.anchor.as_path()]);
+        }
+        // The session's scratch and output directories are made under
+        // their final names: each and its entry in its parent are durable
+        // before the session is (a power cut must not leave a session
+        // whose directories are gone).
+        for dir in &scratch_and_output {
+            durable.push(dir);
+            durable.extend(dir.parent());
         }
         fsx::sync_all_at_once(&durable)?;
         rename_durably(&new_ws, &session_dir)?;
