@@ -18,6 +18,8 @@ use std::os::unix::ffi::OsStrExt;
 pub const GUARD_WAIT: &str = "__turn-guard-wait";
 /// What the supervisor writes before it lets its guard go.
 pub const DISARM: u8 = b'D';
+/// What the waiting guard writes on fd 1 once it is waiting.
+pub const READY: u8 = b'R';
 /// The waiting guard's name (`comm`: 15 bytes at most).
 const GUARD_COMM: &std::ffi::CStr = c"turnstile-guard";
 
@@ -31,6 +33,26 @@ pub fn main(args: &[OsString]) -> ! {
         std::process::exit(2)
     };
     let _ = nix::sys::prctl::set_name(GUARD_COMM);
+    // Ready, said on fd 1 (a pipe the supervisor reads before its runtime
+    // starts the container): an init of another build says nothing and
+    // exits, and the supervisor refuses the turn rather than run it
+    // unguarded. Then fd 1 is /dev/null like fd 2.
+    if std::env::var_os(crate::BUILD_ENV).is_none_or(|b| b != crate::BUILD_ID) {
+        std::process::exit(125)
+    }
+    let said = nix::unistd::write(std::io::stdout(), &[READY]) == Ok(1);
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    let moved = null.is_ok_and(|f| {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        // SAFETY: dup2(2) onto fd 1 of a descriptor this process holds.
+        unsafe { nix::libc::dup2(fd, 1) == 1 }
+    });
+    if !(said && moved) {
+        std::process::exit(125)
+    }
     // Nothing of the supervisor's (its session lock, pipes, sockets) is
     // held here, whatever was not close-on-exec.
     // SAFETY: close_range(2) on descriptors only; no memory is touched.

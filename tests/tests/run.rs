@@ -1022,6 +1022,59 @@ fn issue_29_an_init_from_another_build_refuses_the_turn() {
     }
 }
 
+/// An OCI turn's guard waits as `turnstile-init __turn-guard-wait EXE
+/// ARGV…` (issue 29: no fork of the supervisor stays alive beside the
+/// turn). Of another build, or of none, it says nothing and exits 125 —
+/// the supervisor then refuses the turn before the runtime starts it
+/// (`Guard::confirm`). Of this build it says it is ready on fd 1, ends
+/// on DISARM, and on EOF (its supervisor gone) execs the cleanup it was
+/// given.
+#[test]
+fn issue_29_the_oci_guard_says_it_waits_and_execs_its_cleanup_on_eof() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    use turnstile_supervisor::sandbox::initbin::{BUILD_ENV, BUILD_ID};
+    let beside = turnstile_tests::supervise_bin()
+        .parent()
+        .unwrap()
+        .join("turnstile-init");
+    assert!(beside.is_file(), "{} is not built", beside.display());
+    let guard = |build: Option<&str>| {
+        let mut cmd = Command::new(&beside);
+        cmd.args(["__turn-guard-wait", "/bin/sh", "sh", "-c", "exit 7"])
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(b) = build {
+            cmd.env(BUILD_ENV, b);
+        }
+        cmd.spawn().unwrap()
+    };
+    for build in [Some("0000000000000000"), None] {
+        let mut g = guard(build);
+        let mut said = Vec::new();
+        g.stdout.take().unwrap().read_to_end(&mut said).unwrap();
+        assert_eq!(said, b"", "build {build:?}");
+        assert_eq!(g.wait().unwrap().code(), Some(125), "build {build:?}");
+    }
+    // Disarmed: it ends, running nothing.
+    let mut g = guard(Some(BUILD_ID));
+    let mut out = g.stdout.take().unwrap();
+    let mut byte = [0u8; 1];
+    out.read_exact(&mut byte).unwrap();
+    assert_eq!(&byte, b"R");
+    g.stdin.take().unwrap().write_all(b"D").unwrap();
+    assert_eq!(g.wait().unwrap().code(), Some(0));
+    // Its supervisor gone (EOF): it execs the cleanup (here `exit 7`).
+    let mut g = guard(Some(BUILD_ID));
+    let mut out = g.stdout.take().unwrap();
+    out.read_exact(&mut byte).unwrap();
+    assert_eq!(&byte, b"R");
+    drop(g.stdin.take());
+    assert_eq!(g.wait().unwrap().code(), Some(7));
+}
+
 /// A cold turn's init runs from `turnstile-init` beside `supervise` (the
 /// smaller binary starts faster: issue 29); a `supervise` copied alone
 /// still runs every turn, its init from itself.

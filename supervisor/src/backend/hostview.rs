@@ -242,6 +242,8 @@ pub struct Guard {
     pid: nix::unistd::Pid,
     /// The write end: dropping it without [`DISARM`] fires the guard.
     arm: Option<OwnedFd>,
+    /// Where the guard says it is waiting ([`Guard::confirm`]).
+    ready: Option<OwnedFd>,
 }
 
 impl Guard {
@@ -256,6 +258,8 @@ impl Guard {
         let waiter = crate::sandbox::initbin::path().map_err(fail)?;
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| err("guard pipe", e.to_string()))?;
+        let (ready, said) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| err("guard pipe", e.to_string()))?;
         let child = std::process::Command::new(&waiter)
             .arg0(GUARD_NAME)
             .arg(turnstile_init::guard::GUARD_WAIT)
@@ -267,8 +271,12 @@ impl Guard {
             .arg(&cgroup_place.root)
             .arg(cgroup_place.base())
             .env_clear()
+            .env(
+                crate::sandbox::initbin::BUILD_ENV,
+                crate::sandbox::initbin::BUILD_ID,
+            )
             .stdin(std::process::Stdio::from(read))
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(said))
             .stderr(std::process::Stdio::null())
             // Its own group before it runs (a SIGKILL to ours spares it).
             .process_group(0)
@@ -277,7 +285,31 @@ impl Guard {
         Ok(Self {
             pid: nix::unistd::Pid::from_raw(child.id() as i32),
             arm: Some(write),
+            ready: Some(ready),
         })
+    }
+
+    /// Fails unless the guard said it is waiting (an init of another build,
+    /// or one that died, never does): called before the runtime starts the
+    /// container, so no turn runs unguarded. By then the guard has long
+    /// said it; this read does not wait in practice.
+    pub fn confirm(&mut self) -> Result<()> {
+        let Some(ready) = self.ready.take() else {
+            return Ok(());
+        };
+        let mut byte = [0u8; 1];
+        loop {
+            match nix::unistd::read(&ready, &mut byte) {
+                Ok(1) if byte[0] == turnstile_init::guard::READY => return Ok(()),
+                Err(nix::errno::Errno::EINTR) => {}
+                _ => {
+                    return Err(err(
+                        "start the turn's guard",
+                        "the guard never said it was waiting (is turnstile-init beside supervise from another build? `cargo xtask build` rebuilds both)",
+                    ));
+                }
+            }
+        }
     }
 
     /// Lets the guard go without it doing anything (the supervisor tore

@@ -247,6 +247,10 @@ impl Backend for RuncBackend {
         if plan.network != "isolated" {
             crate::sandbox::egress::preload();
         }
+        // Nothing of the container exists before its guard is waiting.
+        if let Some(g) = sb.guard.as_mut() {
+            g.confirm()?;
+        }
         let mut child = cmd.spawn().map_err(|e| err("start runc", e.to_string()))?;
         drop(ready_w);
         drop(go_r);

@@ -351,6 +351,10 @@ impl Backend for RunscBackend {
         if plan.network != "isolated" {
             crate::sandbox::egress::preload();
         }
+        // Nothing of the container exists before its guard is waiting.
+        if let Some(g) = sb.guard.as_mut() {
+            g.confirm()?;
+        }
         // The sandbox inherits these pipes: the command's stdout and stderr.
         let mut child = backend
             .driver
