@@ -40,7 +40,18 @@ pub fn main(args: &[OsString]) -> ! {
     if std::env::var_os(crate::BUILD_ENV).is_none_or(|b| b != crate::BUILD_ID) {
         std::process::exit(125)
     }
-    let said = nix::unistd::write(std::io::stdout(), &[READY]) == Ok(1);
+    // A supervisor already gone cannot read it: the write fails with
+    // EPIPE (not SIGPIPE, ignored here), and that is the supervisor's
+    // death, which the cleanup below answers at once.
+    // SAFETY: setting SIGPIPE's disposition to SIG_IGN installs no handler.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
+    let said = nix::unistd::write(std::io::stdout(), &[READY]);
+    let gone = said == Err(nix::errno::Errno::EPIPE);
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -50,7 +61,7 @@ pub fn main(args: &[OsString]) -> ! {
         // SAFETY: dup2(2) onto fd 1 of a descriptor this process holds.
         unsafe { nix::libc::dup2(fd, 1) == 1 }
     });
-    if !(said && moved) {
+    if !moved || (said != Ok(1) && !gone) {
         std::process::exit(125)
     }
     // Nothing of the supervisor's (its session lock, pipes, sockets) is
@@ -62,18 +73,26 @@ pub fn main(args: &[OsString]) -> ! {
             unsafe { nix::libc::close(fd) };
         }
     }
-    let mut byte = [0u8; 1];
-    loop {
-        match nix::unistd::read(std::io::stdin(), &mut byte) {
-            Ok(1) if byte[0] == DISARM => std::process::exit(0),
-            Ok(0) => break,
-            Err(nix::errno::Errno::EINTR) | Ok(_) => {}
-            // Unreadable: the supervisor cannot be told from here; fail
-            // closed (what the cleanup does is idempotent).
-            Err(_) => break,
-        }
+    if !gone {
+        wait_for_disarm();
     }
     let env: [CString; 0] = [];
     let _ = nix::unistd::execve(&argv[0], &argv[1..], &env);
     std::process::exit(127)
+}
+
+/// Blocks on fd 0 until the supervisor disarms the guard (exits 0) or is
+/// gone (returns).
+fn wait_for_disarm() {
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(std::io::stdin(), &mut byte) {
+            Ok(1) if byte[0] == DISARM => std::process::exit(0),
+            Ok(0) => return,
+            Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+            // Unreadable: the supervisor cannot be told from here; fail
+            // closed (what the cleanup does is idempotent).
+            Err(_) => return,
+        }
+    }
 }

@@ -1073,6 +1073,21 @@ fn issue_29_the_oci_guard_says_it_waits_and_execs_its_cleanup_on_eof() {
     assert_eq!(&byte, b"R");
     drop(g.stdin.take());
     assert_eq!(g.wait().unwrap().code(), Some(7));
+    // Its supervisor gone before it could say it waits (the pipe's read
+    // end closed, stdin still open): the cleanup runs at once.
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let mut g = Command::new(&beside)
+        .args(["__turn-guard-wait", "/bin/sh", "sh", "-c", "exit 7"])
+        .env_clear()
+        .env(BUILD_ENV, BUILD_ID)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _open = g.stdin.take();
+    assert_eq!(g.wait().unwrap().code(), Some(7));
 }
 
 /// A cold turn's init runs from `turnstile-init` beside `supervise` (the
