@@ -346,17 +346,8 @@ pub fn guard_main(args: &[OsString]) -> ! {
     let (Some(runtime), Some(id)) = (runtime.to_str(), id.to_str()) else {
         std::process::exit(2)
     };
-    let mut byte = [0u8; 1];
-    loop {
-        match nix::unistd::read(std::io::stdin(), &mut byte) {
-            Ok(1) if byte[0] == DISARM => std::process::exit(0),
-            Ok(0) => break,
-            Err(nix::errno::Errno::EINTR) | Ok(_) => {}
-            // The pipe is unreadable: the supervisor cannot be told from
-            // here; fail closed (what follows is idempotent).
-            Err(_) => break,
-        }
-    }
+    // Started only once the waiting stage (turnstile_init::guard) saw its
+    // supervisor gone: nothing is left to wait for.
     let turn_dir = Path::new(turn_dir);
     let Some(_lock) = session_lock(turn_dir) else {
         std::process::exit(0)
