@@ -19,10 +19,17 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// queues the rest behind the first to finish, still all at once in effect.
 const MAX_WORKERS: usize = 16;
 
-/// How many workers [`warm`] makes: the largest group a turn issues (a new
-/// session's tree: four directories, four files, and its scratch and
-/// output directories with their parents) less the caller.
-const WARM_WORKERS: usize = 11;
+/// How many workers [`warm`] makes for a turn that opens a new session: the
+/// largest group a turn issues (the new session's tree: four directories,
+/// four files, and its scratch and output directories with their parents)
+/// less the caller.
+pub const NEW_SESSION_WORKERS: usize = 11;
+
+/// How many [`warm`] makes for a turn of an existing session: its largest
+/// group is a finish append's (two ledgers) less the caller, and one to
+/// spare. Each worker made costs ~60 µs of a core that the turn's own
+/// setup is using; a larger group (a commit's outputs) makes the rest.
+pub const TURN_WORKERS: usize = 2;
 
 #[derive(Default)]
 struct State {
@@ -92,18 +99,19 @@ impl Pool {
     }
 }
 
-/// Makes the workers a turn's largest group needs, on a thread of its own
-/// (the caller goes on at once). Idempotent; a failure to make one is not
+/// Makes `workers` workers (the turn's largest group less the caller: see
+/// [`NEW_SESSION_WORKERS`], [`TURN_WORKERS`]), on a thread of its own (the
+/// caller goes on at once). Once per process; a failure to make one is not
 /// an error (groups then make or run what they need).
-pub fn warm() {
+pub fn warm(workers: usize) {
     static WARMED: OnceLock<()> = OnceLock::new();
     WARMED.get_or_init(|| {
         let _ = std::thread::Builder::new()
             .name("sync-warm".into())
-            .spawn(|| {
+            .spawn(move || {
                 let p = pool();
                 let mut s = p.lock();
-                while s.workers < WARM_WORKERS && p.spawn_worker() {
+                while s.workers < workers.min(MAX_WORKERS) && p.spawn_worker() {
                     s.workers += 1;
                 }
             });
@@ -164,7 +172,7 @@ mod tests {
 
     #[test]
     fn every_job_runs_once_and_results_keep_their_order() {
-        warm();
+        warm(NEW_SESSION_WORKERS);
         for n in [0usize, 1, 2, 8, 40] {
             let jobs: Vec<Box<dyn FnOnce() -> usize + Send>> = (0..n)
                 .map(|i| Box::new(move || i * 10) as Box<dyn FnOnce() -> usize + Send>)

@@ -1654,8 +1654,12 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
     }
     // The workers of the turn's grouped syncs (a new session's tree, the
     // ledger appends) are made now, beside admission, not on the turn's
-    // path where its first group needs them.
-    crate::syncpool::warm();
+    // path where its first group needs them: as many as its largest group.
+    crate::syncpool::warm(if a.session.is_some() {
+        crate::syncpool::TURN_WORKERS
+    } else {
+        crate::syncpool::NEW_SESSION_WORKERS
+    });
     // The denial observer loads (verifier, attach) while the turn is
     // admitted and planned — in the process that runs the turn (not a
     // `--server` client), and only where a turn can be attributed.
