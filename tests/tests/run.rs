@@ -1230,6 +1230,68 @@ fn issue_29_the_sandbox_init_is_pid_1_and_the_supervisors_child() {
     assert_eq!(v["enforcement"]["posture"]["ok"], true, "{v}");
 }
 
+/// Issue 29: the init's child shares the supervisor's memory until it
+/// execs (`clone3` with `CLONE_VM | CLONE_VFORK`). Where `clone3` is
+/// refused (ENOSYS: an older kernel, or a filter around the supervisor),
+/// the spawn falls back to a plain fork and the turn is the same: run
+/// here under a seccomp filter that answers every `clone3` with ENOSYS
+/// (glibc's threads then start through `clone`).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn issue_29_a_supervisor_refused_clone3_still_starts_the_same_sandbox() {
+    if !require_root("issue_29_a_supervisor_refused_clone3_still_starts_the_same_sandbox") {
+        return;
+    }
+    // python3 installs the filter (classic BPF: on x86_64, clone3 = 435 ->
+    // ENOSYS, everything else runs; as root no no_new_privs is needed),
+    // then execs the supervise command line it was given.
+    const WRAP: &str = r#"
+import ctypes, os, struct, sys
+ins = [(0x20, 0, 0, 4), (0x15, 0, 3, 0xC000003E), (0x20, 0, 0, 0),
+       (0x15, 0, 1, 435), (0x06, 0, 0, 0x00050000 | 38), (0x06, 0, 0, 0x7FFF0000)]
+buf = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in ins))
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+prog = Prog(len(ins), ctypes.addressof(buf))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+    sys.exit("PR_SET_SECCOMP: errno %d" % ctypes.get_errno())
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+    let fx = fixture();
+    let supervise = turnstile_tests::supervise_bin();
+    let inner = fx.command(
+        &supervise,
+        &["run"],
+        &[
+            "--package",
+            "t",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 7",
+        ],
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(WRAP)
+        .arg(&supervise)
+        .args(inner.get_args())
+        .env_remove("TURNSTILE_LOG")
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no JSON; stderr: {}", String::from_utf8_lossy(&out.stderr)));
+    // The command ran in a sandbox whose posture was checked, and its own
+    // exit code came back.
+    assert_eq!(v["exit_code"], 7, "{v}");
+    assert_eq!(v["status"], "command_failed", "{v}");
+    assert_eq!(v["enforcement"]["posture"]["ok"], true, "{v}");
+    assert_eq!(out.status.code(), Some(10), "{v}");
+}
+
 /// The sandbox's network namespace is made beside the rest of its start
 /// (a thread of the supervisor, then joined by the init) instead of by the
 /// init: it must still be a fresh one per turn, with `lo` alone and up.
