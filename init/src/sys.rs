@@ -43,13 +43,50 @@ fn check(rc: nix::libc::c_long) -> std::io::Result<nix::libc::c_long> {
 }
 
 /// A user namespace whose only mappings are `host_uid -> uid` and
-/// `host_gid -> gid`, as a descriptor for `MOUNT_ATTR_IDMAP`. A helper child
-/// creates it and exits once the descriptor is open.
+/// `host_gid -> gid`, as a descriptor for `MOUNT_ATTR_IDMAP`: a waiter
+/// process born in it ([`userns_waiter`]) holds it until its maps are
+/// written and its descriptor is open.
 /// `proc` is a procfs of the caller's PID namespace for children (the
-/// helper's pid is looked up there).
+/// waiter's pid is looked up there).
 fn mapping_userns(proc: &Path, host: (u32, u32), turn: (u32, u32)) -> std::io::Result<OwnedFd> {
-    let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
     let (done_r, done_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    // (`_stack`, the waiter's, goes after it was reaped below.)
+    let (child, _stack) = userns_waiter(&done_r, &done_w)?;
+    drop(done_r);
+    let result = (|| {
+        let dir = proc.join(child.to_string());
+        std::fs::write(dir.join("uid_map"), format!("{} {} 1\n", host.0, turn.0))?;
+        std::fs::write(dir.join("gid_map"), format!("{} {} 1\n", host.1, turn.1))?;
+        let ns = std::fs::File::open(dir.join("ns/user"))?;
+        Ok(OwnedFd::from(ns))
+    })();
+    // EOF on its pipe: the waiter exits.
+    drop(done_w);
+    let _ = nix::sys::wait::waitpid(child, None);
+    result
+}
+
+/// Starts a process in a new user namespace that only waits for EOF on
+/// `done_r` (closing its own copy of `done_w` first), then exits.
+///
+/// On x86_64 it is a `clone3` with `CLONE_NEWUSER | CLONE_VM` on a stack of
+/// its own whose child runs three raw syscalls and nothing else: no page
+/// table is copied (the supervisor calls this too, for an OCI turn's
+/// view, where a fork copied the whole of it), and the namespace exists
+/// when the call returns. Signals stay blocked in it (it inherits the mask
+/// set around the clone), so no handler of ours ever runs there.
+/// Elsewhere, or where that clone is refused: a fork whose child unshares
+/// the namespace and says so before the caller writes its maps.
+/// Returns its pid, and the stack it runs on (to drop once it was reaped).
+fn userns_waiter(
+    done_r: &OwnedFd,
+    done_w: &OwnedFd,
+) -> std::io::Result<(nix::unistd::Pid, Option<WaiterStack>)> {
+    #[cfg(target_arch = "x86_64")]
+    if let Ok(started) = waiter_x86_64(done_r, done_w) {
+        return Ok(started);
+    }
+    let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
     // SAFETY: the caller may be multi-threaded (the runc backend calls this
     // from the supervisor), so the child does only async-signal-safe work:
     // close(2) of the unused pipe ends, prctl(2), unshare(2), write(2) and
@@ -58,36 +95,143 @@ fn mapping_userns(proc: &Path, host: (u32, u32), turn: (u32, u32)) -> std::io::R
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
             drop(ready_r);
-            drop(done_w);
+            // SAFETY: closes this process's copy of the write end (the
+            // caller keeps its own); nothing else here uses it.
+            unsafe { nix::libc::close(done_w.as_raw_fd()) };
             let ok = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok()
                 && nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok()
                 && nix::unistd::write(&ready_w, b"u") == Ok(1);
             if ok {
                 let mut b = [0u8; 1];
-                let _ = nix::unistd::read(&done_r, &mut b);
+                let _ = nix::unistd::read(done_r, &mut b);
             }
             // SAFETY: _exit is async-signal-safe and never returns.
             unsafe { nix::libc::_exit(0) }
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(ready_w);
-            drop(done_r);
-            let result = (|| {
-                let mut b = [0u8; 1];
-                if nix::unistd::read(&ready_r, &mut b)? != 1 {
-                    return Err(std::io::Error::other("user namespace helper failed"));
-                }
-                let dir = proc.join(child.to_string());
-                std::fs::write(dir.join("uid_map"), format!("{} {} 1\n", host.0, turn.0))?;
-                std::fs::write(dir.join("gid_map"), format!("{} {} 1\n", host.1, turn.1))?;
-                let ns = std::fs::File::open(dir.join("ns/user"))?;
-                Ok(OwnedFd::from(ns))
-            })();
-            drop(done_w);
-            let _ = nix::sys::wait::waitpid(child, None);
-            result
+            let mut b = [0u8; 1];
+            if nix::unistd::read(&ready_r, &mut b)? != 1 {
+                let _ = nix::sys::wait::waitpid(child, None);
+                return Err(std::io::Error::other("user namespace helper failed"));
+            }
+            Ok((child, None))
         }
     }
+}
+
+/// The mapping a waiter runs on; unmapped when dropped, which must be after
+/// the waiter was reaped.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct WaiterStack(*mut nix::libc::c_void);
+
+/// The waiter's stack: its frames are none (raw syscalls), one byte of
+/// buffer.
+const WAITER_STACK: usize = 4096;
+
+impl Drop for WaiterStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `waiter_x86_64` made; its waiter was reaped
+        // (the owner's contract), so nothing runs on it.
+        unsafe { nix::libc::munmap(self.0, WAITER_STACK) };
+    }
+}
+
+/// [`userns_waiter`]'s `clone3` (see there).
+#[cfg(target_arch = "x86_64")]
+fn waiter_x86_64(
+    done_r: &OwnedFd,
+    done_w: &OwnedFd,
+) -> std::io::Result<(nix::unistd::Pid, Option<WaiterStack>)> {
+    /// `struct clone_args` up to `tls` (CLONE_ARGS_SIZE_VER0).
+    #[repr(C)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+    }
+    const STACK: usize = WAITER_STACK;
+    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+    let stack = unsafe {
+        nix::libc::mmap(
+            std::ptr::null_mut(),
+            STACK,
+            nix::libc::PROT_READ | nix::libc::PROT_WRITE,
+            nix::libc::MAP_PRIVATE | nix::libc::MAP_ANONYMOUS | nix::libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if stack == nix::libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let args = CloneArgs {
+        flags: (nix::libc::CLONE_NEWUSER | nix::libc::CLONE_VM) as u64,
+        pidfd: 0,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: nix::libc::SIGCHLD as u64,
+        stack: stack as u64,
+        stack_size: STACK as u64,
+        tls: 0,
+    };
+    // SAFETY: sigset_t is plain data, filled by sigfillset/pthread_sigmask.
+    let (mut all, mut old): (nix::libc::sigset_t, nix::libc::sigset_t) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: valid sigset pointers.
+    unsafe {
+        nix::libc::sigfillset(&mut all);
+        nix::libc::pthread_sigmask(nix::libc::SIG_SETMASK, &all, &mut old);
+    }
+    let rc: i64;
+    // SAFETY: the child starts on `stack` (page-aligned top) in our memory
+    // with every signal blocked; it runs only the instructions after the
+    // branch: close(done_w), read(done_r, its stack, 1), exit(0), never
+    // returning into this function or touching anything but its own stack
+    // and the two descriptor numbers in r12/r13. The stack stays mapped
+    // until the caller reaped it (it owns the returned `WaiterStack`).
+    // The parent's side clobbers only what `syscall` does (rcx, r11).
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov edi, r13d",
+            "mov eax, 3",
+            "syscall",
+            "mov edi, r12d",
+            "mov rsi, rsp",
+            "sub rsi, 64",
+            "mov edx, 1",
+            "xor eax, eax",
+            "syscall",
+            "xor edi, edi",
+            "mov eax, 60",
+            "syscall",
+            "ud2",
+            "2:",
+            inlateout("rax") nix::libc::SYS_clone3 => rc,
+            in("rdi") &args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") done_r.as_raw_fd(),
+            in("r13") done_w.as_raw_fd(),
+            lateout("rcx") _,
+            lateout("rdx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+        nix::libc::pthread_sigmask(nix::libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    let stack = WaiterStack(stack);
+    if rc < 0 {
+        return Err(std::io::Error::from_raw_os_error((-rc) as i32));
+    }
+    Ok((nix::unistd::Pid::from_raw(rc as i32), Some(stack)))
 }
 
 /// Mounts a read-only, `nosuid,nodev` clone of `source` (its own mount
