@@ -110,16 +110,24 @@ fn sweep_warm(session_dir: &Path, sid: &str, cgroup_place: &Place) -> Result<Vec
     // the directory, by the owner and by this sweep alike): a warm
     // sandbox's id is always found in the session directory, and a run that
     // finds none lists no cgroups (this is on every turn's path).
-    if ids.is_empty() {
+    // A live owner's (a serve worker's own, on each of its turns) is not
+    // a leftover, and the cgroups are listed only for the dead: with a
+    // thousand sessions, listing them reads a thousand entries per
+    // hierarchy. Each dead owner's lock stays held until its sandbox is
+    // gone.
+    let dead: Vec<_> = ids
+        .into_iter()
+        .filter_map(|id| match pool::owner_alive(session_dir, &id) {
+            (true, _) => None,
+            (false, held) => Some((id, held)),
+        })
+        .collect();
+    if dead.is_empty() {
         return Ok(Vec::new());
     }
     let cgroups = TurnCgroup::leftovers(cgroup_place, &pool::cgroup_name(sid, ""));
     let mut removed = Vec::new();
-    for id in ids {
-        let (alive, _held) = pool::owner_alive(session_dir, &id);
-        if alive {
-            continue;
-        }
+    for (id, _held) in dead {
         let name = pool::cgroup_name(sid, &id);
         for cg in cgroups.iter().filter(|cg| {
             cg.dirs()

@@ -194,10 +194,14 @@ fn turn(
         }
     };
     opts.pool = pool.cloned();
-    let trust = turnstile_policy::PackageId::parse(&opts.package)
+    // Loaded once, from the canonical root as admission would (a manifest
+    // that does not load is left to admission, which says why).
+    let manifest = turnstile_policy::PackageId::parse(&opts.package)
         .ok()
-        .and_then(|p| turnstile_policy::Manifest::load(&opts.root, &p).ok())
-        .map(|m| m.trust_level.as_str().to_owned());
+        .zip(std::fs::canonicalize(&opts.root).ok())
+        .and_then(|(p, root)| turnstile_policy::Manifest::load(&root, &p).ok());
+    let trust = manifest.as_ref().map(|m| m.trust_level.as_str().to_owned());
+    opts.manifest = manifest;
     // A plain turn answers as soon as it is durable. A receive turn's
     // output is rendered after it, and a turn with `--events` appends
     // them after it: those answer at the end.
