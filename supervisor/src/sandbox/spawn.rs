@@ -559,7 +559,8 @@ mod shared_vm {
 ///
 /// Only in a child about to exec: it changes the process's dispositions.
 unsafe fn reset_handlers() {
-    /// The kernel's `struct sigaction` (x86_64 and aarch64 layout).
+    /// The kernel's `struct sigaction` on x86_64 (only the x86_64
+    /// shared-memory child calls this: `ChildCtx::shared_vm`).
     #[repr(C)]
     struct KernelSigaction {
         handler: usize,
