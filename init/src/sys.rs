@@ -81,7 +81,7 @@ fn mapping_userns(proc: &Path, host: (u32, u32), turn: (u32, u32)) -> std::io::R
 fn userns_waiter(
     done_r: &OwnedFd,
     done_w: &OwnedFd,
-) -> std::io::Result<(nix::unistd::Pid, Option<WaiterStack>)> {
+) -> std::io::Result<(nix::unistd::Pid, Option<CloneStack>)> {
     #[cfg(target_arch = "x86_64")]
     if let Ok(started) = waiter_x86_64(done_r, done_w) {
         return Ok(started);
@@ -120,20 +120,79 @@ fn userns_waiter(
     }
 }
 
-/// The mapping a waiter runs on; unmapped when dropped, which must be after
-/// the waiter was reaped.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct WaiterStack(*mut nix::libc::c_void);
+/// `struct clone_args` up to `cgroup` (CLONE_ARGS_SIZE_VER2), for the raw
+/// `clone3` calls of this crate and of the supervisor's spawn.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CloneArgs {
+    pub flags: u64,
+    pub pidfd: u64,
+    pub child_tid: u64,
+    pub parent_tid: u64,
+    pub exit_signal: u64,
+    pub stack: u64,
+    pub stack_size: u64,
+    pub tls: u64,
+    pub set_tid: u64,
+    pub set_tid_size: u64,
+    pub cgroup: u64,
+}
 
-/// The waiter's stack: its frames are none (raw syscalls), one byte of
-/// buffer.
-const WAITER_STACK: usize = 4096;
+/// `<linux/sched.h>`; not in the libc crate.
+pub const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-impl Drop for WaiterStack {
+/// The stack of a child that shares our memory (`CLONE_VM`): an anonymous
+/// mapping with a guard page below it, unmapped when dropped — which its
+/// owner does only once the child exec'd, exited or was reaped.
+#[derive(Debug)]
+pub struct CloneStack {
+    base: *mut nix::libc::c_void,
+    len: usize,
+}
+
+impl CloneStack {
+    /// `bytes` of stack (whole pages) above one guard page.
+    pub fn new(bytes: usize) -> std::io::Result<Self> {
+        const PAGE: usize = 4096;
+        let len = bytes.next_multiple_of(PAGE) + PAGE;
+        // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+        let base = unsafe {
+            nix::libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                nix::libc::PROT_READ | nix::libc::PROT_WRITE,
+                nix::libc::MAP_PRIVATE | nix::libc::MAP_ANONYMOUS | nix::libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == nix::libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stack = Self { base, len };
+        // SAFETY: the lowest page of the mapping just made.
+        if unsafe { nix::libc::mprotect(base, PAGE, nix::libc::PROT_NONE) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// `args` with this stack as the child's (the kernel starts it at the
+    /// top: page-aligned, so 16-byte aligned).
+    pub fn for_clone(&self, args: CloneArgs) -> CloneArgs {
+        CloneArgs {
+            stack: self.base as u64,
+            stack_size: self.len as u64,
+            ..args
+        }
+    }
+}
+
+impl Drop for CloneStack {
     fn drop(&mut self) {
-        // SAFETY: the mapping `waiter_x86_64` made; its waiter was reaped
-        // (the owner's contract), so nothing runs on it.
-        unsafe { nix::libc::munmap(self.0, WAITER_STACK) };
+        // SAFETY: the mapping made in `new`; the owner's contract is that no
+        // child runs on it any more.
+        unsafe { nix::libc::munmap(self.base, self.len) };
     }
 }
 
@@ -142,44 +201,14 @@ impl Drop for WaiterStack {
 fn waiter_x86_64(
     done_r: &OwnedFd,
     done_w: &OwnedFd,
-) -> std::io::Result<(nix::unistd::Pid, Option<WaiterStack>)> {
-    /// `struct clone_args` up to `tls` (CLONE_ARGS_SIZE_VER0).
-    #[repr(C)]
-    struct CloneArgs {
-        flags: u64,
-        pidfd: u64,
-        child_tid: u64,
-        parent_tid: u64,
-        exit_signal: u64,
-        stack: u64,
-        stack_size: u64,
-        tls: u64,
-    }
-    const STACK: usize = WAITER_STACK;
-    // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-    let stack = unsafe {
-        nix::libc::mmap(
-            std::ptr::null_mut(),
-            STACK,
-            nix::libc::PROT_READ | nix::libc::PROT_WRITE,
-            nix::libc::MAP_PRIVATE | nix::libc::MAP_ANONYMOUS | nix::libc::MAP_STACK,
-            -1,
-            0,
-        )
-    };
-    if stack == nix::libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let args = CloneArgs {
+) -> std::io::Result<(nix::unistd::Pid, Option<CloneStack>)> {
+    // Its frames are none (raw syscalls), one byte of buffer.
+    let stack = CloneStack::new(4096)?;
+    let args = stack.for_clone(CloneArgs {
         flags: (nix::libc::CLONE_NEWUSER | nix::libc::CLONE_VM) as u64,
-        pidfd: 0,
-        child_tid: 0,
-        parent_tid: 0,
         exit_signal: nix::libc::SIGCHLD as u64,
-        stack: stack as u64,
-        stack_size: STACK as u64,
-        tls: 0,
-    };
+        ..CloneArgs::default()
+    });
     // SAFETY: sigset_t is plain data, filled by sigfillset/pthread_sigmask.
     let (mut all, mut old): (nix::libc::sigset_t, nix::libc::sigset_t) =
         unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
@@ -194,7 +223,7 @@ fn waiter_x86_64(
     // branch: close(done_w), read(done_r, its stack, 1), exit(0), never
     // returning into this function or touching anything but its own stack
     // and the two descriptor numbers in r12/r13. The stack stays mapped
-    // until the caller reaped it (it owns the returned `WaiterStack`).
+    // until the caller reaped it (it owns the returned `CloneStack`).
     // The parent's side clobbers only what `syscall` does (rcx, r11).
     unsafe {
         std::arch::asm!(
@@ -227,7 +256,6 @@ fn waiter_x86_64(
         );
         nix::libc::pthread_sigmask(nix::libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
-    let stack = WaiterStack(stack);
     if rc < 0 {
         return Err(std::io::Error::from_raw_os_error((-rc) as i32));
     }

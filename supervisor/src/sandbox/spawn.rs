@@ -34,25 +34,7 @@ use std::path::Path;
 use nix::libc;
 use nix::sched::CloneFlags;
 
-/// `struct clone_args` up to `cgroup` (CLONE_ARGS_SIZE_VER2).
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
-/// <linux/sched.h>; not in the libc crate.
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+use turnstile_init::sys::{CLONE_INTO_CGROUP, CloneArgs, CloneStack};
 
 /// How the child joins the turn's cgroup (see the module docs).
 #[derive(Debug, Default)]
@@ -405,7 +387,7 @@ fn clone3(args: CloneArgs, ctx: &ChildCtx) -> libc::c_long {
     // Refused (a kernel or filter that will not share the memory or take
     // the stack): the fork-like clone3 below, same child.
     #[cfg(target_arch = "x86_64")]
-    if let Ok(stack) = ChildStack::new() {
+    if let Ok(stack) = CloneStack::new(CHILD_STACK_BYTES) {
         let rc = shared_vm::clone3(&args, ctx, &stack);
         if rc > 0 {
             return rc;
@@ -429,67 +411,24 @@ fn clone3(args: CloneArgs, ctx: &ChildCtx) -> libc::c_long {
     rc
 }
 
-/// The stack a child sharing our memory runs [`child`] on until its
-/// `execve`: mapped for the spawn, with a guard page below it.
-struct ChildStack {
-    base: *mut libc::c_void,
-    len: usize,
-}
-
-/// Far more than [`child`] uses (a few hundred bytes of frames, no
-/// allocation), and the guard page below catches the rest.
+/// The stack of a child sharing our memory: far more than [`child`] uses
+/// (a few hundred bytes of frames, no allocation), and a guard page below.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
-
-impl ChildStack {
-    fn new() -> std::io::Result<Self> {
-        let page = 4096;
-        let len = CHILD_STACK_BYTES + page;
-        // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let stack = Self { base, len };
-        // SAFETY: the lowest page of the mapping just made.
-        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(stack)
-    }
-}
-
-impl Drop for ChildStack {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`; the child that ran on it has
-        // exec'd or exited (CLONE_VFORK) before the spawn drops it.
-        unsafe { libc::munmap(self.base, self.len) };
-    }
-}
 
 #[cfg(target_arch = "x86_64")]
 mod shared_vm {
-    use super::{ChildCtx, ChildStack, CloneArgs, child, libc};
+    use super::{ChildCtx, CloneArgs, CloneStack, child, libc};
 
     /// `clone3` with `CLONE_VM | CLONE_VFORK`: the child runs [`entry`] on
     /// `stack` in our memory; this thread resumes once it exec'd or exited.
     /// Every signal is blocked around it, so no handler of ours runs in the
-    /// child before [`child`] resets them.
-    pub(super) fn clone3(args: &CloneArgs, ctx: &ChildCtx, stack: &ChildStack) -> libc::c_long {
-        let args = CloneArgs {
+    /// child before [`child`] resets them. Returns the pid, or -errno (the
+    /// caller then tries the fork-like clone).
+    pub(super) fn clone3(args: &CloneArgs, ctx: &ChildCtx, stack: &CloneStack) -> libc::c_long {
+        let args = stack.for_clone(CloneArgs {
             flags: args.flags | (libc::CLONE_VM | libc::CLONE_VFORK) as u64,
-            stack: stack.base as u64,
-            stack_size: stack.len as u64,
             ..*args
-        };
+        });
         let ctx = ChildCtx {
             shared_vm: true,
             ..*ctx
@@ -534,12 +473,6 @@ mod shared_vm {
         }
         // SAFETY: restores the mask saved above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-        if rc < 0 {
-            // The raw syscall returns -errno; the caller reads errno.
-            // SAFETY: this thread's errno.
-            unsafe { *libc::__errno_location() = (-rc) as i32 };
-            return -1;
-        }
         rc
     }
 
