@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
+    unwinder_linked_statically();
     let src = "bpf/denials.bpf.c";
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-env-changed=TURNSTILE_CLANG");
@@ -57,4 +58,48 @@ fn main() {
             println!("cargo:rustc-env=TURNSTILE_BPF_UNBUILT={why}");
         }
     }
+}
+
+/// Links GCC's unwinder statically (`libgcc_eh.a`) instead of loading
+/// `libgcc_s.so.1` (issue 29). Shared libgcc runs a constructor at every
+/// start that probes the CPU with `cpuid`, which traps to the hypervisor on
+/// the hosts we measure: 181 µs of every `supervise` start (bpftrace,
+/// `__cpu_indicator_init`, 23 starts), on every turn's path and every
+/// client's. The unwinder is the same code either way (`gcc
+/// -static-libgcc` does this for C programs); rustc asks for `-lgcc_s`
+/// by name, so a linker script of that name, first on the search path,
+/// answers with the static archive. Skipped (shared libgcc, as before)
+/// where the C compiler has no `libgcc_eh.a` or the target is not
+/// glibc's.
+fn unwinder_linked_statically() {
+    let gnu = std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu")
+        && std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
+        && !std::env::var("CARGO_CFG_TARGET_FEATURE")
+            .unwrap_or_default()
+            .split(',')
+            .any(|f| f == "crt-static");
+    if !gnu {
+        return;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let found = Command::new(&cc)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .filter(|p| p.is_absolute() && p.is_file());
+    let Some(archive) = found else {
+        println!("cargo:warning=libgcc_eh.a not found: linking the shared libgcc_s");
+        return;
+    };
+    let dir = PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default()).join("unwinder");
+    let script = format!("INPUT({})\n", archive.display());
+    if std::fs::create_dir_all(&dir).is_err()
+        || std::fs::write(dir.join("libgcc_s.so"), script).is_err()
+    {
+        return;
+    }
+    println!("cargo:rerun-if-env-changed=CC");
+    println!("cargo:rustc-link-search=native={}", dir.display());
 }

@@ -1333,3 +1333,47 @@ fn issue_29_each_turn_joins_a_fresh_network_namespace_with_lo_alone_and_up() {
         "two turns shared a network namespace"
     );
 }
+
+/// Issue 29: `supervise` does not load the shared libgcc, whose
+/// constructor probes the CPU at every start (181 µs here, where `cpuid`
+/// traps to the hypervisor): its unwinder is linked from `libgcc_eh.a`
+/// (supervisor/build.rs). The dynamic loader lists what the binary needs
+/// and exits (`LD_TRACE_LOADED_OBJECTS`, as `ldd` asks it), and a turn
+/// still runs, records its command's own exit code and exits with the
+/// CLI contract's status for a failed command (10).
+#[test]
+fn issue_29_supervise_starts_without_the_shared_libgcc() {
+    let listed = std::process::Command::new(turnstile_tests::supervise_bin())
+        .env("LD_TRACE_LOADED_OBJECTS", "1")
+        .output()
+        .expect("run supervise under the loader's trace");
+    let libs = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{libs}");
+    assert!(libs.contains("libc.so.6"), "not the loader's list: {libs}");
+    assert!(!libs.contains("libgcc_s"), "{libs}");
+    if !require_root("issue_29_supervise_starts_without_the_shared_libgcc") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "t",
+        r#"{"capabilities": {"execute": ["/usr/bin/**", "/bin/**"]}}"#,
+    );
+    let r = fx.supervise(
+        &["run"],
+        &[
+            "--package",
+            "t",
+            "--no-outputs",
+            "--json",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 7",
+        ],
+    );
+    assert_eq!(r.status, 10, "{}{}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["status"], "command_failed", "{}", r.stdout);
+    assert_eq!(v["exit_code"], 7, "{}", r.stdout);
+}
