@@ -346,11 +346,24 @@ impl RuncSandbox {
             return;
         }
         self.torn_down = true;
+        let empty = self.stop();
+        self.release(empty);
+    }
+
+    /// Ends every process of the turn and stops the watch; whether the
+    /// cgroup is empty.
+    fn stop(&mut self) -> bool {
         self.go.take();
         let empty = self.cg.kill_all();
         if let Some(w) = self.watch.as_mut() {
             w.stop();
         }
+        empty
+    }
+
+    /// Removes what the container leaves once its processes are gone: the
+    /// runtime's record, the host view, the cgroups; then lets the guard go.
+    fn release(&mut self, empty: bool) {
         // A container known stopped needs no `delete` process (a runtime
         // starting again, ~10 ms of runc's): its record is removed here.
         let removed = self.reaped
@@ -468,9 +481,10 @@ impl Sandbox for RuncSandbox {
             .map_err(|why| format!("{}: {why}", self.backend.runtime));
         let usage = self.cg.usage();
         let version = self.cg.version;
-        self.teardown();
+        let empty = self.stop() && empty;
         let (stdout, stderr) = self.watch.as_mut().map(Watch::streams).unwrap_or_default();
         if !empty {
+            self.teardown();
             return Err(err("teardown", "processes of the turn survived SIGKILL"));
         }
         let disk_full = crate::sandbox::scratch_full(&self.scratch);
@@ -523,6 +537,10 @@ impl Sandbox for RuncSandbox {
             ],
             warm: false,
             egress,
+            // The runtime's record, the view and the cgroups go after the
+            // turn's finish entries (see `Deferred`): `teardown` as the
+            // sandbox drops.
+            teardown: crate::sandbox::Deferred::new(move || drop(self)),
         })
     }
 

@@ -663,6 +663,7 @@ impl Sandbox for RunscSandbox {
             degraded,
             warm: false,
             egress,
+            teardown: crate::sandbox::Deferred::default(),
         })
     }
 

@@ -147,6 +147,49 @@ pub struct Execution {
     /// What a `restricted` or `allow_egress` turn's network saw (`None`:
     /// `isolated`).
     pub egress: Option<egress::Report>,
+    /// What is left to release once the command and every process of the
+    /// turn are gone (see [`Deferred`]).
+    pub teardown: Deferred,
+}
+
+/// The rest of a sandbox's teardown, once every process of the turn is
+/// gone and everything the turn reports was read: removing the (empty)
+/// cgroups, an OCI runtime's record and the host view, letting the guard
+/// go. Nothing of it is part of the turn's outcome, so the turn hands it
+/// to its directory ([`TurnDir::defer`]), which runs it on the background
+/// thread that removes the directory — beside the finish entries' syncs,
+/// not before them — and always before the directory goes. Dropped
+/// anywhere else, it runs there and then: it never goes undone.
+#[derive(Default)]
+pub struct Deferred(Option<Box<dyn FnOnce() + Send>>);
+
+impl Deferred {
+    pub fn new(f: impl FnOnce() + Send + 'static) -> Self {
+        Self(Some(Box::new(f)))
+    }
+
+    /// Runs it now (once).
+    pub fn run(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Deferred(pending)"
+        } else {
+            "Deferred(done)"
+        })
+    }
 }
 
 /// A turn's private directory in the state dir; its scratch tmpfs holds the
@@ -164,6 +207,9 @@ pub struct TurnDir {
     /// waiting for an RCU grace period: ~2 ms measured, in the turn's
     /// path); it goes with the directory, on the background thread.
     mount_ns: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
+    /// The sandbox's teardown left for after the turn ([`Deferred`]): run
+    /// first when the directory goes, since it may unmount what is in it.
+    teardown: std::sync::Mutex<Deferred>,
 }
 
 impl TurnDir {
@@ -188,6 +234,7 @@ impl TurnDir {
             scratch_mounted: false,
             hold: None,
             mount_ns: std::sync::Mutex::new(None),
+            teardown: std::sync::Mutex::new(Deferred::default()),
         };
         // The turn directory is scratch too (plan, seccomp program, report,
         // mount points): keep it in memory, off the disk's journal. Measured
@@ -330,6 +377,17 @@ impl TurnDir {
     /// background thread, so both overlap the turn's final (fsync-bound)
     /// ledger appends (unmounting waits for an RCU grace period: ~1-4 ms).
     /// Join the handle before exiting.
+    /// Keeps `teardown` until the directory goes, and runs it then, first
+    /// (a teardown already held runs now).
+    pub fn defer(&self, teardown: Deferred) {
+        let previous = match self.teardown.lock() {
+            Ok(mut slot) => std::mem::replace(&mut *slot, teardown),
+            // Poisoned: not kept, so it runs here as it drops.
+            Err(_) => teardown,
+        };
+        drop(previous);
+    }
+
     pub fn remove_in_background(self) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || drop(self))
     }
@@ -354,7 +412,12 @@ impl TurnDir {
 
 impl Drop for TurnDir {
     fn drop(&mut self) {
-        // The sandbox's mounts go first (they hold the directory's).
+        // What the sandbox left to release (an OCI turn's host view is
+        // mounted in this directory), then its mounts (they hold the
+        // directory's).
+        if let Ok(teardown) = self.teardown.get_mut() {
+            teardown.run();
+        }
         if let Ok(ns) = self.mount_ns.get_mut() {
             drop(ns.take());
         }
@@ -667,8 +730,11 @@ impl Created {
             self.lap("egress_finish");
         }
         let usage = self.cg.usage();
-        self.cg.remove();
         self.lap("cgroup_teardown");
+        // Removing the emptied cgroups waits for the turn's finish entries
+        // (see `Deferred`); on the error below it runs as it drops.
+        let cg = Arc::clone(&self.cg);
+        let teardown = Deferred::new(move || cg.remove());
         if !empty {
             return Err(sandbox_err(
                 "teardown",
@@ -699,6 +765,7 @@ impl Created {
             degraded: Vec::new(),
             warm: self.warm,
             egress,
+            teardown,
         })
     }
 }
@@ -1300,6 +1367,34 @@ fn ending_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sandbox's deferred teardown runs exactly once: where it is run,
+    /// or else where it drops (never left undone, never twice).
+    #[test]
+    fn issue_29_a_deferred_teardown_runs_once_wherever_it_ends() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = || {
+            let runs = Arc::clone(&runs);
+            Deferred::new(move || {
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        drop(counted());
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        let mut d = counted();
+        d.run();
+        d.run();
+        drop(d);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        // Taken out of an execution, the default left behind is empty.
+        let mut slot = counted();
+        let taken = std::mem::take(&mut slot);
+        drop(slot);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        drop(taken);
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
 
     /// An init that ended without a word says how it ended and whether the
     /// command had been let go: a PID 1 killed by a signal (relayed by S1

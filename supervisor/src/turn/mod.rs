@@ -797,7 +797,11 @@ impl Turn<'_> {
                 });
             }
             sandbox.start();
-            sandbox.wait()
+            let mut execution = sandbox.wait()?;
+            // What is left of the sandbox goes with the turn's directory,
+            // beside the finish entries (see `Deferred`).
+            turn_dir.defer(std::mem::take(&mut execution.teardown));
+            Ok(execution)
         });
         self.opts.interrupts.register(None);
         executed.map_err(|e| {
