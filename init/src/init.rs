@@ -58,8 +58,8 @@ pub use super::turnpaths::{
 pub const READY_FD: i32 = 3;
 pub const GO_FD: i32 = 4;
 /// Where S3, parked with the turn's root built and its identity taken,
-/// reads the turn's whole Plan (JSON, up to EOF) once the supervisor has
-/// one for it. Before it reads, S3 writes [`PARKED`] on `READY_FD`.
+/// reads its turn (up to EOF: [`SAME_PLAN`], a [`TURN_PART`] or a whole
+/// Plan in JSON) once the supervisor has one for it. Before it reads, S3 writes [`PARKED`] on `READY_FD`.
 pub const TURN_FD: i32 = 5;
 /// S3's first byte on `READY_FD`: the root is built, the sandbox waits for
 /// its turn. (Its second, "restricted, waiting for go", is [`READY`].)
@@ -69,6 +69,12 @@ pub const READY: u8 = b'R';
 /// one the sandbox was built from (`plan.json`: a cold turn's). A Plan in
 /// JSON never starts with `=`.
 pub const SAME_PLAN: &[u8] = b"=";
+/// The first byte of a turn sent as its part alone
+/// ([`turnstile_policy::plan::TurnPart`], JSON after this byte): the
+/// supervisor checked that the turn has the built Plan's shape, and the
+/// stage applies the part to that Plan — a warm turn's Plan is not sent,
+/// read and parsed whole (~11 KB, ~0.4 ms of the turn's path).
+pub const TURN_PART: u8 = b'+';
 
 /// The largest turn Plan S3 accepts on `TURN_FD`.
 const MAX_TURN_PLAN: u64 = 64 << 20;
@@ -686,11 +692,12 @@ fn harden_proc(plan: &Plan, new_root: &Path, report: &mut Report) {
 
 /// S3, parked: the root is built and the command's stage holds the
 /// turn's identity (restriction steps 1–4). Says so on `READY_FD` and waits
-/// for the turn's Plan on `TURN_FD` — for a warm sandbox, a turn that comes
-/// later. The turn's Plan must have the shape this sandbox was built from
-/// ([`Plan::shape`]); what differs (the command, its environment and
-/// execute rules) takes effect in the steps that follow. EOF without a
-/// Plan: the sandbox was discarded; S3 exits, and S2 with it, taking the
+/// for its turn on `TURN_FD` — for a warm sandbox, a turn that comes
+/// later: the built Plan itself ([`SAME_PLAN`]) or the turn's own part
+/// ([`TURN_PART`]) on it, so the turn's Plan has the shape this sandbox was
+/// built from ([`Plan::shape`]); what differs (the command, its
+/// environment and execute rules) takes effect in the steps that follow.
+/// EOF without a turn: the sandbox was discarded; S3 exits, and S2 with it, taking the
 /// namespace along.
 fn await_turn(built: &Plan, report: &mut Report) -> Plan {
     use std::io::Read;
@@ -717,14 +724,19 @@ fn await_turn(built: &Plan, report: &mut Report) -> Plan {
     if bytes == SAME_PLAN {
         return built.clone();
     }
-    let plan: Plan = serde_json::from_slice(&bytes).or_fail(report, "read the turn's plan");
-    if plan.shape() != built.shape() {
-        report.fail(
+    // Only the turn's own part: the rest is the built Plan's, so the
+    // turn's Plan has this sandbox's shape by construction.
+    match bytes.split_first() {
+        Some((&TURN_PART, part)) => {
+            let part: turnstile_policy::plan::TurnPart =
+                serde_json::from_slice(part).or_fail(report, "read the turn's plan");
+            built.with_turn_part(part)
+        }
+        _ => report.fail(
             "park",
-            "the turn's plan does not have the shape this sandbox was built from",
-        );
+            "the turn was sent neither as the built plan nor as its turn part",
+        ),
     }
-    plan
 }
 
 /// S2: PID 1 of the turn.

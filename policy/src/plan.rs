@@ -113,6 +113,25 @@ pub struct PlanLimits {
 }
 
 /// Everything one turn gets.
+/// The part of a [`Plan`] that is the turn's own and not its sandbox's
+/// ([`Plan::shape`] is the Plan with this part empty): the command and
+/// what follows from it alone. A warm sandbox is built from a shape; its
+/// turn is sent this part (a few hundred bytes, not the ~11 KB Plan).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnPart {
+    pub argv: Vec<String>,
+    pub execute_entry: String,
+    pub cwd: String,
+    pub env: Vec<(String, String)>,
+    pub turn_number: u64,
+    /// The Landlock execute rules (`landlock.execute`).
+    pub execute: Vec<String>,
+    pub timeout_seconds: u64,
+    pub output_bytes: u64,
+    pub stdin: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub session_id: String,
@@ -1018,17 +1037,41 @@ impl Plan {
     /// the same mounts, identity, namespaces, scopes, read and write rules,
     /// seccomp profile and cgroup limits.
     pub fn shape(&self) -> Plan {
-        let mut s = self.clone();
-        s.argv.clear();
-        s.execute_entry.clear();
-        s.cwd.clear();
-        s.env.clear();
-        s.turn_number = 0;
-        s.landlock.execute.clear();
-        s.limits.timeout_seconds = 0;
-        s.limits.output_bytes = 0;
-        s.stdin = None;
-        s
+        self.with_turn_part(TurnPart::default())
+    }
+
+    /// What this Plan adds to its [`Plan::shape`]: everything `shape`
+    /// clears, and nothing else.
+    pub fn turn_part(&self) -> TurnPart {
+        TurnPart {
+            argv: self.argv.clone(),
+            execute_entry: self.execute_entry.clone(),
+            cwd: self.cwd.clone(),
+            env: self.env.clone(),
+            turn_number: self.turn_number,
+            execute: self.landlock.execute.clone(),
+            timeout_seconds: self.limits.timeout_seconds,
+            output_bytes: self.limits.output_bytes,
+            stdin: self.stdin.clone(),
+        }
+    }
+
+    /// This Plan with `part` in place of its own turn part: for a plan `p`
+    /// whose shape is this one's, `self.with_turn_part(p.turn_part()) ==
+    /// p` — what a warm sandbox's parked stage rebuilds its turn's Plan
+    /// from, sent only that part.
+    pub fn with_turn_part(&self, part: TurnPart) -> Plan {
+        let mut p = self.clone();
+        p.argv = part.argv;
+        p.execute_entry = part.execute_entry;
+        p.cwd = part.cwd;
+        p.env = part.env;
+        p.turn_number = part.turn_number;
+        p.landlock.execute = part.execute;
+        p.limits.timeout_seconds = part.timeout_seconds;
+        p.limits.output_bytes = part.output_bytes;
+        p.stdin = part.stdin;
+        p
     }
 
     /// Human-readable rendering for `supervise plan`.
@@ -1475,5 +1518,31 @@ mod tests {
         let tight = r#"{"capabilities":{"read":["data/*.csv"],"execute":["/usr/bin/*"]},"limits":{"memory":"64Mi"}}"#;
         let e = compile_for(tight, &["/usr/bin/python3", "-c", "1"], &tree()).unwrap();
         assert_ne!(a.shape(), e.shape());
+    }
+
+    /// Issue 29: a warm sandbox's stage is sent only its turn's part; with
+    /// the Plan it was built from, that part gives back the turn's whole
+    /// Plan, and the shape is exactly the Plan with that part empty.
+    #[test]
+    fn issue_29_a_turn_part_on_the_built_plan_is_the_turns_plan() {
+        let m = r#"{"capabilities":{"read":["data/*.csv"],"execute":["/usr/bin/*"]}}"#;
+        let built = compile_for(m, &["/usr/bin/python3", "-c", "1"], &tree()).unwrap();
+        let mut turn = compile_for(m, &["/usr/bin/python3.11", "-V"], &tree()).unwrap();
+        turn.turn_number = 7;
+        turn.stdin = Some("envelope".into());
+        turn.limits.timeout_seconds = 5;
+        turn.env.push(("X".into(), "1".into()));
+        assert_ne!(built, turn);
+        assert_eq!(built.with_turn_part(turn.turn_part()), turn);
+        assert_eq!(turn.with_turn_part(built.turn_part()), built);
+        assert_eq!(turn.with_turn_part(TurnPart::default()), turn.shape());
+        let sent = serde_json::to_vec(&turn.turn_part()).unwrap();
+        assert!(sent.len() < 1024, "{} bytes", sent.len());
+        let back: TurnPart = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(built.with_turn_part(back), turn);
+        // A field the stage does not know is refused, not dropped.
+        let mut v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+        v["mounts"] = serde_json::json!([]);
+        assert!(serde_json::from_value::<TurnPart>(v).is_err());
     }
 }

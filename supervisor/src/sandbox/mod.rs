@@ -813,7 +813,9 @@ pub struct Parked {
     err: Option<std::fs::File>,
     shape: Plan,
     /// The Plan it was built from (its `plan.json`): a turn with exactly
-    /// this Plan (a cold turn's) is handed over as [`init::SAME_PLAN`].
+    /// this Plan (a cold turn's) is handed over as [`init::SAME_PLAN`],
+    /// another (a warm turn's, of the same shape) as its
+    /// [`init::TURN_PART`].
     built: Plan,
     /// `Some(true)` once PID 1 said it is parked, `Some(false)` if it ended
     /// before that; `None` not asked yet.
@@ -1135,11 +1137,16 @@ impl Parked {
                 }
             }
             // A cold turn's PID 1 has its Plan already (plan.json): it is
-            // not serialized, sent and parsed a second time.
+            // not serialized, sent and parsed a second time. A warm turn's
+            // has the built Plan's shape (checked above): only its own part
+            // is sent, which the stage applies to the built Plan.
             let bytes = if *plan == self.built {
                 init::SAME_PLAN.to_vec()
             } else {
-                serde_json::to_vec(plan).map_err(|e| sandbox_err("send plan", e.to_string()))?
+                let mut bytes = vec![init::TURN_PART];
+                serde_json::to_writer(&mut bytes, &plan.turn_part())
+                    .map_err(|e| sandbox_err("send plan", e.to_string()))?;
+                bytes
             };
             if let Some(turn) = self.turn.take() {
                 // A PID 1 that died meanwhile: EPIPE here, EOF below.
