@@ -898,6 +898,13 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     {
         report.fail(stage, why)
     }
+    // The shape's Landlock rules, before the turn is known (not in force
+    // until the turn's execute rules join them). One that cannot be made
+    // now is made, or fails, with the turn's, as before.
+    let mut kernel = RealKernel {
+        landlock: landlock::prepare(&built.landlock).ok(),
+        ..RealKernel::default()
+    };
     let plan = &await_turn(built, &mut report);
 
     // A receive turn's stdin: the input envelope, from a memory file
@@ -912,7 +919,6 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
         .collect();
-    let mut kernel = RealKernel::default();
     let outcome = match super::restrict::restrict_access(&mut kernel, plan, bpf) {
         Ok(o) => o,
         Err((stage, why)) => report.fail(stage, why),
@@ -966,6 +972,9 @@ fn stdin_from_memory(bytes: &[u8]) -> std::result::Result<(), String> {
 struct RealKernel {
     /// Where the seccomp listener is, once the filter is loaded.
     notify_fd: Option<i32>,
+    /// The shape's Landlock rules, made while the stage waited for its
+    /// turn ([`landlock::prepare`]): the turn adds its execute rules.
+    landlock: Option<landlock::Prepared>,
 }
 
 impl super::restrict::Kernel for RealKernel {
@@ -1023,7 +1032,10 @@ impl super::restrict::Kernel for RealKernel {
         &mut self,
         rules: &turnstile_policy::plan::LandlockRules,
     ) -> Result<landlock::LandlockOutcome, String> {
-        landlock::apply(rules)
+        match self.landlock.take() {
+            Some(prepared) if prepared.holds(rules) => prepared.finish(rules),
+            _ => landlock::apply(rules),
+        }
     }
 
     fn chdir(&mut self, dir: &str) -> Result<(), String> {

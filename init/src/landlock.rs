@@ -164,7 +164,28 @@ fn pinned_abi() -> ABI {
 /// network is `isolated`, its own empty network namespace, where loopback
 /// must work (DESIGN "Network"); `allow_egress` will add port rules.
 pub fn apply(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
-    let abi = pinned_abi();
+    prepare(rules)?.finish(rules)
+}
+
+/// A ruleset with every rule of a Plan's shape (all but the execute
+/// rules, which are its turn's), not yet in force: made while a warm
+/// sandbox's command stage waits for its turn, so the turn adds only its
+/// execute rules before `landlock_restrict_self` (~0.28 ms of a warm
+/// turn's path otherwise, bpftrace). A rule is bound to the inode its path
+/// names when it is added: the same moment the sandbox's view was bound to
+/// the workspace, and a turn of another workspace state has another shape
+/// (`Plan::shape`), so it never gets this sandbox.
+pub struct Prepared {
+    created: landlock::RulesetCreated,
+    skipped: Vec<String>,
+    /// The rules it holds (execute rules left empty).
+    shape: LandlockRules,
+}
+
+/// The rights of each group of rules, in the order list, read,
+/// read-write, execute (read included: an interpreter reads what it runs),
+/// devices.
+fn rights(abi: ABI) -> [BitFlags<AccessFs>; 5] {
     // The crate's `from_read` includes Execute; read rules must not grant
     // it (measured: with it, every binary under /usr ran).
     let read = AccessFs::from_read(abi) & !AccessFs::Execute;
@@ -174,78 +195,187 @@ pub fn apply(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
     // In place: `> /proc/self/comm` opens with O_TRUNC.
     let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
     let list = landlock::BitFlags::from(AccessFs::ReadDir);
+    [list, read, read_write, execute, device]
+}
 
+/// Makes the ruleset of `rules`' shape: handled rights, scopes, and the
+/// list, read, read-write and device rules.
+pub fn prepare(rules: &LandlockRules) -> Result<Prepared, String> {
+    let abi = pinned_abi();
+    let [list, read, read_write, _, device] = rights(abi);
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)
+        .handle_access(AccessFs::from_all(abi))
         .map_err(|e| e.to_string())?;
-    let mut created = ruleset
+    let created = ruleset
         .scope(Scope::from_all(abi))
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-
+    let mut created = created;
     let mut skipped = Vec::new();
-    let groups: [(&Vec<String>, _); 5] = [
+    for (paths, access) in [
         (&rules.list, list),
         (&rules.read, read),
         (&rules.read_write, read_write),
-        (&rules.execute, execute),
         (&rules.devices, device),
-    ];
-    for (paths, access) in groups {
-        for path in paths {
-            // O_PATH opened here, not with the crate's PathFd: that goes
-            // through std's OpenOptions, whose custom flags lose O_PATH on
-            // musl (there O_ACCMODE includes O_PATH, and std masks it out),
-            // so a device was opened for real: /dev/tty refused it (ENXIO)
-            // and lost its rule. The static init is built for musl.
-            let fd = match nix::fcntl::open(
-                path.as_str(),
-                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            ) {
-                Ok(fd) => fd,
-                Err(_) => {
-                    skipped.push(path.clone());
-                    continue;
-                }
-            };
-            // Directory-only rights on a file would make the rule partial;
-            // trim them (what path_beneath_rules does).
-            let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
-            let access = if is_dir {
-                access
-            } else {
-                access & AccessFs::from_file(abi)
-            };
-            created = created
-                .add_rule(PathBeneath::new(fd, access))
-                .map_err(|e| format!("{path}: {e}"))?;
-        }
+    ] {
+        created = add(created, &mut skipped, paths, access, abi)?;
     }
-    let status = created.restrict_self().map_err(|e| e.to_string())?;
-    let (kernel_abi, unenforced) = match status.landlock {
-        LandlockStatus::Available { effective_abi, .. } => {
-            (Some(effective_abi as u32), unenforceable(effective_abi))
-        }
-        _ => (None, unenforceable(ABI::Unsupported)),
-    };
-    Ok(LandlockOutcome {
-        status: match status.ruleset {
-            RulesetStatus::FullyEnforced => "fully_enforced",
-            RulesetStatus::PartiallyEnforced => "partially_enforced",
-            RulesetStatus::NotEnforced => "not_enforced",
-        },
-        kernel_abi,
+    Ok(Prepared {
+        created,
         skipped,
-        unenforced,
+        shape: LandlockRules {
+            execute: Vec::new(),
+            ..rules.clone()
+        },
     })
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("shape", &self.shape)
+            .field("skipped", &self.skipped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// Adds `rules`' execute rules and restricts the calling process.
+    /// `rules` must be those it was prepared from but for the execute
+    /// rules (anything else is an error: [`Prepared::holds`]).
+    pub fn finish(mut self, rules: &LandlockRules) -> Result<LandlockOutcome, String> {
+        if !self.holds(rules) {
+            return Err("the prepared ruleset is not this turn's".into());
+        }
+        let abi = pinned_abi();
+        let [_, _, _, execute, _] = rights(abi);
+        let created = add(
+            self.created,
+            &mut self.skipped,
+            &rules.execute,
+            execute,
+            abi,
+        )?;
+        let status = created.restrict_self().map_err(|e| e.to_string())?;
+        let (kernel_abi, unenforced) = match status.landlock {
+            LandlockStatus::Available { effective_abi, .. } => {
+                (Some(effective_abi as u32), unenforceable(effective_abi))
+            }
+            _ => (None, unenforceable(ABI::Unsupported)),
+        };
+        Ok(LandlockOutcome {
+            status: match status.ruleset {
+                RulesetStatus::FullyEnforced => "fully_enforced",
+                RulesetStatus::PartiallyEnforced => "partially_enforced",
+                RulesetStatus::NotEnforced => "not_enforced",
+            },
+            kernel_abi,
+            skipped: self.skipped,
+            unenforced,
+        })
+    }
+
+    /// Whether `rules` are the ones it was prepared from, execute rules
+    /// aside.
+    pub fn holds(&self, rules: &LandlockRules) -> bool {
+        let LandlockRules {
+            abi,
+            list,
+            read,
+            read_write,
+            execute: _,
+            devices,
+        } = rules;
+        *abi == self.shape.abi
+            && *list == self.shape.list
+            && *read == self.shape.read
+            && *read_write == self.shape.read_write
+            && *devices == self.shape.devices
+    }
+}
+
+/// Adds a rule for each of `paths` with `access` (a path that cannot be
+/// opened is recorded in `skipped`).
+fn add(
+    mut created: landlock::RulesetCreated,
+    skipped: &mut Vec<String>,
+    paths: &[String],
+    access: BitFlags<AccessFs>,
+    abi: ABI,
+) -> Result<landlock::RulesetCreated, String> {
+    for path in paths {
+        // O_PATH opened here, not with the crate's PathFd: that goes
+        // through std's OpenOptions, whose custom flags lose O_PATH on
+        // musl (there O_ACCMODE includes O_PATH, and std masks it out), so
+        // a device was opened for real: /dev/tty refused it (ENXIO) and
+        // lost its rule. The static init is built for musl.
+        let fd = match nix::fcntl::open(
+            path.as_str(),
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(_) => {
+                skipped.push(path.clone());
+                continue;
+            }
+        };
+        // Directory-only rights on a file would make the rule partial;
+        // trim them (what path_beneath_rules does).
+        let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+        let access = if is_dir {
+            access
+        } else {
+            access & AccessFs::from_file(abi)
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(created)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29: a ruleset prepared from a shape serves only a turn of that
+    /// shape — another execute list is the turn's own, any other rule
+    /// change is refused (never silently applied from the prepared set).
+    /// Nothing here restricts the test process: `finish` is only called
+    /// where it must refuse before `landlock_restrict_self`.
+    #[test]
+    fn issue_29_a_prepared_ruleset_serves_only_its_shape() {
+        let shape = LandlockRules {
+            abi: LANDLOCK_ABI,
+            list: vec!["/".into()],
+            read: vec!["/usr".into()],
+            read_write: vec!["/tmp".into()],
+            execute: Vec::new(),
+            devices: vec!["/dev/null".into()],
+        };
+        let prepared = prepare(&shape).unwrap();
+        let turn = LandlockRules {
+            execute: vec!["/usr/bin/true".into()],
+            ..shape.clone()
+        };
+        assert!(prepared.holds(&shape));
+        assert!(prepared.holds(&turn));
+        let wider = LandlockRules {
+            read: vec!["/usr".into(), "/etc".into()],
+            ..turn.clone()
+        };
+        assert!(!prepared.holds(&wider));
+        let writable = LandlockRules {
+            read_write: vec!["/tmp".into(), "/var/tmp".into()],
+            ..turn
+        };
+        assert!(!prepared.holds(&writable));
+        let err = prepared.finish(&wider).unwrap_err();
+        assert!(err.contains("not this turn's"), "{err}");
+    }
 
     #[test]
     fn abi_2_lacks_truncate_ioctl_dev_and_scoping() {
