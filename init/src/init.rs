@@ -58,8 +58,9 @@ pub use super::turnpaths::{
 pub const READY_FD: i32 = 3;
 pub const GO_FD: i32 = 4;
 /// Where S3, parked with the turn's root built and its identity taken,
-/// reads its turn (up to EOF: [`SAME_PLAN`], a [`TURN_PART`] or a whole
-/// Plan in JSON) once the supervisor has one for it. Before it reads, S3 writes [`PARKED`] on `READY_FD`.
+/// reads its turn (up to EOF: [`SAME_PLAN`] or a [`TURN_PART`]) once the
+/// supervisor has one for it. Before it reads, S3 writes [`PARKED`] on
+/// `READY_FD`.
 pub const TURN_FD: i32 = 5;
 /// S3's first byte on `READY_FD`: the root is built, the sandbox waits for
 /// its turn. (Its second, "restricted, waiting for go", is [`READY`].)
@@ -697,8 +698,8 @@ fn harden_proc(plan: &Plan, new_root: &Path, report: &mut Report) {
 /// ([`TURN_PART`]) on it, so the turn's Plan has the shape this sandbox was
 /// built from ([`Plan::shape`]); what differs (the command, its
 /// environment and execute rules) takes effect in the steps that follow.
-/// EOF without a turn: the sandbox was discarded; S3 exits, and S2 with it, taking the
-/// namespace along.
+/// EOF without a turn: the sandbox was discarded; S3 exits, and S2 with
+/// it, taking the namespace along.
 fn await_turn(built: &Plan, report: &mut Report) -> Plan {
     use std::io::Read;
     // SAFETY: READY_FD was placed by the supervisor for this process tree

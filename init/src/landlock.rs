@@ -207,12 +207,11 @@ pub fn prepare(rules: &LandlockRules) -> Result<Prepared, String> {
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| e.to_string())?;
-    let created = ruleset
+    let mut created = ruleset
         .scope(Scope::from_all(abi))
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    let mut created = created;
     let mut skipped = Vec::new();
     for (paths, access) in [
         (&rules.list, list),

@@ -380,11 +380,12 @@ impl TurnDir {
     /// Keeps `teardown` until the directory goes, and runs it then, first
     /// (a teardown already held runs now).
     pub fn defer(&self, teardown: Deferred) {
-        let previous = match self.teardown.lock() {
-            Ok(mut slot) => std::mem::replace(&mut *slot, teardown),
-            // Poisoned: not kept, so it runs here as it drops.
-            Err(_) => teardown,
-        };
+        let mut slot = self
+            .teardown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous = std::mem::replace(&mut *slot, teardown);
+        drop(slot);
         drop(previous);
     }
 
@@ -415,9 +416,10 @@ impl Drop for TurnDir {
         // What the sandbox left to release (an OCI turn's host view is
         // mounted in this directory), then its mounts (they hold the
         // directory's).
-        if let Ok(teardown) = self.teardown.get_mut() {
-            teardown.run();
-        }
+        self.teardown
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .run();
         if let Ok(ns) = self.mount_ns.get_mut() {
             drop(ns.take());
         }
