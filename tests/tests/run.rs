@@ -1230,6 +1230,19 @@ fn issue_29_the_sandbox_init_is_pid_1_and_the_supervisors_child() {
     assert_eq!(v["enforcement"]["posture"]["ok"], true, "{v}");
 }
 
+/// `run`'s arguments for a turn of package `t` whose command exits 7 (the
+/// issue-29 tests read that code back through a changed start-up).
+const EXIT_7_TURN: &[&str] = &[
+    "--package",
+    "t",
+    "--no-outputs",
+    "--json",
+    "--",
+    "/bin/sh",
+    "-c",
+    "exit 7",
+];
+
 /// Issue 29: the init's child shares the supervisor's memory until it
 /// execs (`clone3` with `CLONE_VM | CLONE_VFORK`). Where `clone3` is
 /// refused (ENOSYS: an older kernel, or a filter around the supervisor),
@@ -1260,20 +1273,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 "#;
     let fx = fixture();
     let supervise = turnstile_tests::supervise_bin();
-    let inner = fx.command(
-        &supervise,
-        &["run"],
-        &[
-            "--package",
-            "t",
-            "--no-outputs",
-            "--json",
-            "--",
-            "/bin/sh",
-            "-c",
-            "exit 7",
-        ],
-    );
+    let inner = fx.command(&supervise, &["run"], EXIT_7_TURN);
     let out = std::process::Command::new("python3")
         .arg("-c")
         .arg(WRAP)
@@ -1354,24 +1354,8 @@ fn issue_29_supervise_starts_without_the_shared_libgcc() {
     if !require_root("issue_29_supervise_starts_without_the_shared_libgcc") {
         return;
     }
-    let fx = Fixture::new();
-    fx.install(
-        "t",
-        r#"{"capabilities": {"execute": ["/usr/bin/**", "/bin/**"]}}"#,
-    );
-    let r = fx.supervise(
-        &["run"],
-        &[
-            "--package",
-            "t",
-            "--no-outputs",
-            "--json",
-            "--",
-            "/bin/sh",
-            "-c",
-            "exit 7",
-        ],
-    );
+    let fx = fixture();
+    let r = fx.supervise(&["run"], EXIT_7_TURN);
     assert_eq!(r.status, 10, "{}{}", r.stdout, r.stderr);
     let v = r.json();
     assert_eq!(v["status"], "command_failed", "{}", r.stdout);

@@ -538,9 +538,14 @@ impl Sandbox for RuncSandbox {
             warm: false,
             egress,
             // The runtime's record, the view and the cgroups go after the
-            // turn's finish entries (see `Deferred`): `teardown` as the
-            // sandbox drops.
-            teardown: crate::sandbox::Deferred::new(move || drop(self)),
+            // turn's finish entries (see `Deferred`). Its processes were
+            // stopped above and the cgroup found empty: only the release is
+            // left (the drop that follows finds it torn down).
+            teardown: crate::sandbox::Deferred::new(move || {
+                let mut sandbox = self;
+                sandbox.torn_down = true;
+                sandbox.release(true);
+            }),
         })
     }
 
