@@ -874,9 +874,9 @@ fn issue_26_network_policies_are_validated_and_refused_until_enforced() {
     for (pkg, network) in [("restricted", "restricted"), ("egress", "allow_egress")] {
         fx.install(pkg, &manifest(network, r#"["pypi.org:443/udp"]"#));
         let r = fx.run(pkg, &["--json", "--no-outputs", "--", "/bin/true"]);
-        // A kernel without nftables (the VM's minimal image) refuses it at
-        // the egress setup, before the command runs (exit 20, nft named):
-        // never another network.
+        // A kernel without nftables (the VM's minimal image) refuses it
+        // before the command runs (exit 20, nftables named): never another
+        // network.
         if r.status == 20 {
             assert!(r.stdout.contains("nft"), "{pkg}: {}", r.stdout);
         } else {

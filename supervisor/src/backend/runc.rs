@@ -244,9 +244,6 @@ impl Backend for RuncBackend {
                 Ok(())
             });
         }
-        if plan.network != "isolated" {
-            crate::sandbox::egress::preload();
-        }
         // Nothing of the container exists before its guard is waiting.
         if let Some(g) = sb.guard.as_mut() {
             g.confirm()?;

@@ -348,9 +348,6 @@ impl Backend for RunscBackend {
             pid_file: &pid_file,
             id: &id,
         };
-        if plan.network != "isolated" {
-            crate::sandbox::egress::preload();
-        }
         // Nothing of the container exists before its guard is waiting.
         if let Some(g) = sb.guard.as_mut() {
             g.confirm()?;

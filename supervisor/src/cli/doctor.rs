@@ -192,7 +192,7 @@ pub fn report() -> (String, DoctorReport) {
         })
         .collect();
     let egress = match crate::sandbox::egress::host_support() {
-        Ok(()) => "native, runc, crun: the turn's own network namespace with nftables (nft) and the supervisor's resolver and proxy; runsc too on hostinet (--network=host in the turn's own namespace) when the manifest's allow_degraded lists gvisor_netstack, else refused (TS1070)".to_owned(),
+        Ok(()) => "native, runc, crun: the turn's own network namespace with nftables (loaded by the supervisor over netlink) and the supervisor's resolver and proxy; runsc too on hostinet (--network=host in the turn's own namespace) when the manifest's allow_degraded lists gvisor_netstack, else refused (TS1070)".to_owned(),
         Err(why) => format!("refused on every backend (TS1070): {why}"),
     };
     let status = status_of(&failed, &degraded);

@@ -884,9 +884,6 @@ pub fn park(
     if cgroup::has_v2(&cgroup_place.root) {
         observe::preload();
     }
-    if plan.network != "isolated" {
-        egress::preload();
-    }
     let started = Instant::now();
     // The network namespace the init joins: made while the filter and the
     // cgroup are prepared below, unless the caller started it earlier.

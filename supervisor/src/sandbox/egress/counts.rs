@@ -16,13 +16,16 @@
 //! message that does not parse is an error, never a guess.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_NEWOBJ: u16 = 18;
 const NFT_MSG_GETOBJ: u16 = 19;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFTA_GEN_ID: u16 = 1;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
@@ -66,23 +69,29 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// Opens the socket in the calling thread's network namespace (it
-    /// stays in that namespace whichever thread uses it later).
-    pub fn open() -> std::io::Result<Self> {
-        // SAFETY: socket(2) with constant arguments; owned below.
-        let raw = unsafe {
-            nix::libc::socket(
-                nix::libc::AF_NETLINK,
-                nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
-                nix::libc::NETLINK_NETFILTER,
-            )
-        };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor nothing else owns.
-        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-        Ok(Self { sock })
+    /// Reads through `sock`, a `NETLINK_NETFILTER` socket of the namespace
+    /// ([`super::nfbatch::socket`]: it stays in that namespace whichever
+    /// thread uses it later).
+    pub fn new(sock: OwnedFd) -> Self {
+        Self { sock }
+    }
+
+    /// The ruleset's generation (`NFT_MSG_GETGEN`): the cheapest question
+    /// nf_tables answers, and only nf_tables.
+    pub fn generation(&self) -> Result<u32, String> {
+        let msg = request(NFT_MSG_GETGEN, NLM_F_REQUEST, 1, &[]);
+        let mut id = None;
+        self.exchange(&msg, 1, false, |ty, body| {
+            if ty == msg_type(NFT_MSG_NEWGEN) {
+                let v = find(body, NFTA_GEN_ID)?.ok_or("no generation id")?;
+                let b: [u8; 4] = v
+                    .try_into()
+                    .map_err(|_| "a generation id of the wrong size")?;
+                id = Some(u32::from_be_bytes(b));
+            }
+            Ok(())
+        })?;
+        id.ok_or_else(|| "no answer".to_owned())
     }
 
     /// Reads `sets` and the named counter `counter` of table `inet table`.
@@ -223,10 +232,10 @@ fn request(ty: u16, flags: u16, seq: u32, attrs: &[(u16, &[u8])]) -> Vec<u8> {
 }
 
 /// One netlink message: (type, sequence, payload, the bytes after it).
-type Message<'a> = (u16, u32, &'a [u8], &'a [u8]);
+pub(super) type Message<'a> = (u16, u32, &'a [u8], &'a [u8]);
 
 /// The first netlink message of `b`.
-fn message(b: &[u8]) -> Result<Message<'_>, String> {
+pub(super) fn message(b: &[u8]) -> Result<Message<'_>, String> {
     let h = b.get(..16).ok_or("a short netlink header")?;
     let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
     let ty = u16::from_ne_bytes([h[4], h[5]]);
@@ -376,36 +385,61 @@ mod tests {
     /// turn's end reads them.
     #[test]
     fn issue_26_refusal_counts_are_read_over_nfnetlink() {
-        if !nix::unistd::Uid::effective().is_root() || !super::super::nftlib::available() {
+        if !nix::unistd::Uid::effective().is_root() {
             assert!(
-                std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1")
-                    || !nix::unistd::Uid::effective().is_root(),
-                "libnftables.so.1 is required (apt-get install nftables)"
+                std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+                "root is required (nftables in a network namespace of its own)"
             );
             return;
         }
         let got = std::thread::spawn(|| {
+            use super::super::nfbatch::{
+                Chain, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, Rule, Table,
+            };
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             crate::sandbox::sys::loopback_up().unwrap();
             super::super::rtnl::local_default_routes().unwrap();
-            let rules = "table inet t {
-  set tcp4 { type ipv4_addr . inet_service; size 16; flags dynamic; counter; }
-  set tcp6 { type ipv6_addr . inet_service; size 16; flags dynamic; counter; }
-  set empty { type ipv4_addr . inet_service; size 16; flags dynamic; counter; }
-  counter other { }
-  chain o {
-    type filter hook output priority 0; policy accept;
-    ip daddr 127.0.0.0/8 accept
-    ip6 daddr ::1 accept
-    meta l4proto { icmp, ipv6-icmp } accept
-    tcp flags & (syn | ack) != syn accept
-    meta nfproto ipv4 meta l4proto tcp add @tcp4 { ip daddr . tcp dport } reject with tcp reset
-    meta nfproto ipv6 meta l4proto tcp add @tcp6 { ip6 daddr . tcp dport } reject with tcp reset
-    counter name other reject
-  }
-}";
-            super::super::nftlib::run(rules, false).unwrap().unwrap();
-            let reader = super::Reader::open().unwrap();
+            let loopback = |v6: bool| {
+                if v6 {
+                    Rule::new().daddr(std::net::Ipv6Addr::LOCALHOST.into(), 128)
+                } else {
+                    Rule::new().daddr(std::net::Ipv4Addr::new(127, 0, 0, 0).into(), 8)
+                }
+            };
+            let flow = |set: &str, v6: bool| {
+                Rule::new()
+                    .nfproto(v6)
+                    .l4proto(IPPROTO_TCP)
+                    .add_flow(set, v6, IPPROTO_TCP)
+                    .reset()
+            };
+            let table = Table {
+                name: "t".into(),
+                sets: vec![
+                    ("tcp4".into(), false, 16),
+                    ("tcp6".into(), true, 16),
+                    ("empty".into(), false, 16),
+                ],
+                counters: vec!["other".into()],
+                chains: vec![Chain {
+                    name: "o".into(),
+                    kind: "filter",
+                    priority: 0,
+                    rules: vec![
+                        loopback(false).accept(),
+                        loopback(true).accept(),
+                        Rule::new().l4proto(IPPROTO_ICMP).accept(),
+                        Rule::new().l4proto(IPPROTO_ICMPV6).accept(),
+                        Rule::new().not_a_first_syn().accept(),
+                        flow("tcp4", false),
+                        flow("tcp6", true),
+                        Rule::new().count("other").reject(),
+                    ],
+                }],
+            };
+            let sock = super::super::nfbatch::socket().unwrap();
+            table.load(&sock).unwrap();
+            let reader = super::Reader::new(sock);
             for (addr, times) in [("192.0.2.7:8443", 3), ("[2001:db8::9]:22", 1)] {
                 for _ in 0..times {
                     let e = std::net::TcpStream::connect(addr).unwrap_err();

@@ -50,7 +50,7 @@ mod counts;
 pub mod dns;
 mod http;
 pub mod inspect;
-mod nftlib;
+mod nfbatch;
 mod rtnl;
 mod udp;
 
@@ -134,12 +134,6 @@ pub fn fuzz_one(b: &[u8]) -> bool {
     query | accepted
 }
 
-/// Starts loading what a turn with egress needs (libnftables), in the
-/// background, as its sandbox starts being built.
-pub fn preload() {
-    nftlib::preload();
-}
-
 /// Egress entries this release cannot enforce: `Err(why)` refuses the turn.
 /// `/udp` entries are relayed port by port (see [`udp`]): at most
 /// [`MAX_UDP_PORTS`] ports together (the manifest refuses more at load,
@@ -160,17 +154,22 @@ pub fn supported(entries: &[Egress]) -> Result<(), String> {
     Ok(())
 }
 
-/// What this host lacks for egress by name (`nft`), or `Ok`.
+/// What this host lacks for egress by name (nftables in the kernel), or
+/// `Ok`. Asked once per process: a `NETLINK_NETFILTER` socket, and the
+/// ruleset generation over it (`NFT_MSG_GETGEN`: read-only, and the
+/// kernel loads nf_tables for it where it is a module).
 pub fn host_support() -> Result<(), String> {
-    nft_path().map(|_| ()).ok_or_else(|| {
-        "`nft` (package nftables) is not installed: egress by name needs it inside the turn's network namespace".into()
-    })
-}
-
-fn nft_path() -> Option<&'static str> {
-    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
+    static SUPPORT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            let sock = nfbatch::socket().map_err(|e| {
+                format!("the kernel has no nftables netlink ({e}): egress by name needs nftables in the turn's network namespace")
+            })?;
+            counts::Reader::new(sock).generation().map(drop).map_err(|e| {
+                format!("the kernel's nftables does not answer ({e}): egress by name needs nftables in the turn's network namespace")
+            })
+        })
+        .clone()
 }
 
 /// A turn's egress policy.
@@ -743,129 +742,130 @@ fn in_netns<T: Send + 'static>(
     .map_err(|_| std::io::Error::other("network namespace thread panicked"))?
 }
 
-/// Loads the ruleset `input` in the namespace `ns` from a thread of its
-/// own that enters it (and ends with the load): through libnftables when
-/// it is there (no `nft` process: see `nftlib`), else `nft -f -` spawned
-/// from that thread (a child starts in its parent thread's network
-/// namespace, so no `pre_exec` forces a full fork of the supervisor).
-fn nft_load(
-    ns: &OwnedFd,
-    input: String,
-) -> std::io::Result<std::thread::JoinHandle<Result<(), String>>> {
-    let ns = ns.try_clone()?;
-    Ok(std::thread::spawn(move || {
-        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("nft: entering the namespace: {e}"))?;
-        if let Some(result) = nftlib::run(&input, false) {
-            return result.map(drop);
-        }
-        let path = nft_path().ok_or("`nft` is not installed")?;
-        let run = || {
-            let mut child = std::process::Command::new(path)
-                .args(["-f", "-"])
-                .env_clear()
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()?;
-            if let Some(mut stdin) = child.stdin.take() {
-                let _ = stdin.write_all(input.as_bytes());
-            }
-            child.wait_with_output()
-        };
-        let out = run().map_err(|e| format!("nft: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "nft -f: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(())
-    }))
-}
-
-/// The nftables ruleset of a turn whose proxy listens on `port`.
-fn ruleset(policy: &Policy, port: u16) -> String {
-    let mut nat = String::new();
+/// The nftables ruleset of a turn whose proxy listens on `port`: loaded
+/// as one netlink batch ([`nfbatch`]), its nft text in error messages and
+/// tests.
+fn ruleset(policy: &Policy, port: u16) -> nfbatch::Table {
+    use nfbatch::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Rule};
     let (sn, sl) = SYNTHETIC;
-    nat += &format!("    ip daddr {sn}/{sl} meta l4proto tcp redirect to :{port}\n");
-    nat += "    ip daddr 127.0.0.0/8 return\n    ip6 daddr ::1 return\n";
+    let synthetic = || Rule::new().daddr(IpAddr::V4(sn), sl);
+    let v4_loopback = || Rule::new().daddr(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8);
+    let v6_loopback = || Rule::new().daddr(IpAddr::V6(Ipv6Addr::LOCALHOST), 128);
+    let mut nat = vec![
+        synthetic().l4proto(IPPROTO_TCP).redirect(port),
+        v4_loopback().ret(),
+        v6_loopback().ret(),
+    ];
     for e in policy.tcp() {
         if let EgressHost::Cidr(net, len) = e.host {
-            let fam = if net.is_ipv4() { "ip" } else { "ip6" };
-            nat += &format!(
-                "    {fam} daddr {net}/{len} tcp dport {}-{} redirect to :{port}\n",
-                e.ports.0, e.ports.1
+            nat.push(
+                Rule::new()
+                    .daddr(net, len)
+                    .dport(IPPROTO_TCP, e.ports)
+                    .redirect(port),
             );
         }
     }
     if policy.network == Network::AllowEgress {
         // Anything public; the rest is refused below (the host's own
         // addresses are refused by the proxy).
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for (net, len) in [
-            ("0.0.0.0", 8),
-            ("10.0.0.0", 8),
-            ("100.64.0.0", 10),
-            ("169.254.0.0", 16),
-            ("172.16.0.0", 12),
-            ("192.0.0.0", 24),
-            ("192.168.0.0", 16),
-            ("198.18.0.0", 15),
-            ("224.0.0.0", 4),
-            ("240.0.0.0", 4),
-        ] {
-            v4.push(format!("{net}/{len}"));
-        }
-        for n in [
-            "::/128",
-            "fc00::/7",
-            "fe80::/10",
-            "ff00::/8",
-            "::ffff:0:0/96",
-        ] {
-            v6.push(n.to_owned());
-        }
-        nat += &format!("    ip daddr {{ {} }} return\n", v4.join(", "));
-        nat += &format!("    ip6 daddr {{ {} }} return\n", v6.join(", "));
-        nat += &format!("    meta l4proto tcp redirect to :{port}\n");
+        let private: [(IpAddr, u8); 15] = [
+            (Ipv4Addr::new(0, 0, 0, 0).into(), 8),
+            (Ipv4Addr::new(10, 0, 0, 0).into(), 8),
+            (Ipv4Addr::new(100, 64, 0, 0).into(), 10),
+            (Ipv4Addr::new(169, 254, 0, 0).into(), 16),
+            (Ipv4Addr::new(172, 16, 0, 0).into(), 12),
+            (Ipv4Addr::new(192, 0, 0, 0).into(), 24),
+            (Ipv4Addr::new(192, 168, 0, 0).into(), 16),
+            (Ipv4Addr::new(198, 18, 0, 0).into(), 15),
+            (Ipv4Addr::new(224, 0, 0, 0).into(), 4),
+            (Ipv4Addr::new(240, 0, 0, 0).into(), 4),
+            (Ipv6Addr::UNSPECIFIED.into(), 128),
+            (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0).into(), 7),
+            (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0).into(), 10),
+            (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0).into(), 8),
+            (Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0).into(), 96),
+        ];
+        nat.extend(
+            private
+                .iter()
+                .map(|(net, len)| Rule::new().daddr(*net, *len).ret()),
+        );
+        nat.push(Rule::new().l4proto(IPPROTO_TCP).redirect(port));
     }
     // UDP the relay serves (see [`udp`]): to a synthetic address on a
     // port some `/udp` name entry lists, to a `/udp` network on its ports;
     // the relay's own datagrams (replies, refusals) carry its mark.
-    let mut udp = format!("    meta mark {:#x} accept\n", udp::MARK);
-    let name_ports: Vec<String> = policy
+    let mut filter = vec![Rule::new().mark(udp::MARK).accept()];
+    let name_ports: std::collections::BTreeSet<(u16, u16)> = policy
         .of(Transport::Udp)
         .filter(|e| !matches!(e.host, EgressHost::Cidr(..)))
-        .map(|e| format!("{}-{}", e.ports.0, e.ports.1))
+        .map(|e| e.ports)
         .collect();
-    if !name_ports.is_empty() {
-        udp += &format!(
-            "    ip daddr {sn}/{sl} udp dport {{ {} }} accept\n",
-            name_ports.join(", ")
-        );
+    for ports in name_ports {
+        filter.push(synthetic().dport(IPPROTO_UDP, ports).accept());
     }
     for e in policy.of(Transport::Udp) {
         if let EgressHost::Cidr(net, len) = e.host {
-            let fam = if net.is_ipv4() { "ip" } else { "ip6" };
-            udp += &format!(
-                "    {fam} daddr {net}/{len} udp dport {}-{} accept\n",
-                e.ports.0, e.ports.1
+            filter.push(
+                Rule::new()
+                    .daddr(net, len)
+                    .dport(IPPROTO_UDP, e.ports)
+                    .accept(),
             );
         }
     }
-    let set = |name: &str, ty: &str| {
-        format!(
-            "  set {name} {{ type {ty} . inet_service; size {MAX_FLOWS}; flags dynamic; counter; }}\n"
-        )
-    };
-    format!(
-        "table inet {NFT_TABLE} {{\n{}{}{}{}  counter refused_other {{ }}\n  chain nat_out {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}\n  chain filter_out {{\n    type filter hook output priority 0; policy accept;\n{udp}    ip daddr {sn}/{sl} meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    ip daddr 127.0.0.0/8 accept\n    ip6 daddr ::1 accept\n    ct status dnat accept\n    meta l4proto {{ icmp, ipv6-icmp }} accept\n    tcp flags & (syn | ack) != syn accept\n    meta nfproto ipv4 meta l4proto tcp add @tcp4 {{ ip daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv6 meta l4proto tcp add @tcp6 {{ ip6 daddr . tcp dport }} reject with tcp reset\n    meta nfproto ipv4 meta l4proto udp add @udp4 {{ ip daddr . udp dport }} reject\n    meta nfproto ipv6 meta l4proto udp add @udp6 {{ ip6 daddr . udp dport }} reject\n    counter name refused_other reject\n  }}\n}}\n",
-        set("tcp4", "ipv4_addr"),
-        set("tcp6", "ipv6_addr"),
-        set("udp4", "ipv4_addr"),
-        set("udp6", "ipv6_addr"),
-    )
+    filter.extend([
+        synthetic()
+            .l4proto(IPPROTO_UDP)
+            .add_flow("udp4", false, IPPROTO_UDP)
+            .reject(),
+        v4_loopback().accept(),
+        v6_loopback().accept(),
+        Rule::new().ct_dnat().accept(),
+        Rule::new().l4proto(IPPROTO_ICMP).accept(),
+        Rule::new().l4proto(IPPROTO_ICMPV6).accept(),
+        Rule::new().not_a_first_syn().accept(),
+    ]);
+    for (set, v6, proto) in [
+        ("tcp4", false, IPPROTO_TCP),
+        ("tcp6", true, IPPROTO_TCP),
+        ("udp4", false, IPPROTO_UDP),
+        ("udp6", true, IPPROTO_UDP),
+    ] {
+        let r = Rule::new()
+            .nfproto(v6)
+            .l4proto(proto)
+            .add_flow(set, v6, proto);
+        filter.push(if proto == IPPROTO_TCP {
+            r.reset()
+        } else {
+            r.reject()
+        });
+    }
+    filter.push(Rule::new().count(NFT_OTHER).reject());
+    nfbatch::Table {
+        name: NFT_TABLE.into(),
+        sets: NFT_SETS
+            .iter()
+            .map(|s| ((*s).to_owned(), s.ends_with('6'), MAX_FLOWS as u32))
+            .collect(),
+        counters: vec![NFT_OTHER.into()],
+        chains: vec![
+            nfbatch::Chain {
+                name: "nat_out".into(),
+                kind: "nat",
+                priority: -100,
+                rules: nat,
+            },
+            nfbatch::Chain {
+                name: "filter_out".into(),
+                kind: "filter",
+                priority: 0,
+                rules: filter,
+            },
+        ],
+    }
 }
 
 /// A turn's egress, running: its resolver and proxy threads, and the
@@ -903,12 +903,12 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
     };
     let host = host_addresses();
     let policy = Policy::new(network, egress, host)?;
-    // The ruleset is loaded while the sockets are made: the proxy's port
-    // is fixed (the namespace is new and empty).
-    let loading = nft_load(&ns, ruleset(&policy, PROXY_PORT))
-        .map_err(|e| format!("network namespace: {e}"))?;
+    let table = ruleset(&policy, PROXY_PORT);
+    tracing::debug!(ruleset = %table.text(), "the turn's nftables ruleset");
+    lap("egress_plan", &mut phases);
     let (udp_ports, udp_v6) = policy.udp_ports();
     let sockets = in_netns(&ns, move || {
+        let t = Instant::now();
         crate::sandbox::sys::loopback_up()?;
         rtnl::local_default_routes()?;
         let udp = udp::bound(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 53), 53)), false)?;
@@ -916,23 +916,23 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         let l4 = TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))?;
         let l6 = TcpListener::bind((Ipv6Addr::LOCALHOST, PROXY_PORT))?;
         let relay = udp::sockets(&udp_ports, udp_v6)?;
-        // The first nftables socket of the setup: a kernel without
-        // nf_tables refuses it (EPROTONOSUPPORT), and the turn with it.
-        let counts = counts::Reader::open().map_err(|e| {
+        let made = t.elapsed();
+        // The namespace's nftables socket: a kernel without nf_tables
+        // refuses it (EPROTONOSUPPORT), and the turn with it. The ruleset
+        // goes through it (the proxy's port is fixed: the namespace is new
+        // and empty), and the counts are read through it at the end.
+        let nft = nfbatch::socket().map_err(|e| {
             std::io::Error::other(format!(
                 "nft: this kernel has no nftables netlink ({e}); egress cannot be enforced"
             ))
         })?;
-        Ok((udp, tcp_dns, l4, l6, relay, counts))
+        table.load(&nft).map_err(std::io::Error::other)?;
+        let laps = [("egress_sockets", made), ("egress_nft", t.elapsed() - made)];
+        Ok((udp, tcp_dns, l4, l6, relay, counts::Reader::new(nft), laps))
     })
     .map_err(|e| format!("preparing the turn's network namespace: {e}"));
-    lap("egress_sockets", &mut phases);
-    let loaded = loading
-        .join()
-        .unwrap_or_else(|_| Err("nft: the loading thread panicked".into()));
-    let (udp, tcp_dns, l4, l6, relay, counts) = sockets?;
-    loaded?;
-    lap("egress_nft", &mut phases);
+    let (udp, tcp_dns, l4, l6, relay, counts, laps) = sockets?;
+    phases.extend(laps.map(|(name, d)| (name, d.as_micros() as u64)));
     let shared = Arc::new(Shared {
         policy,
         names: Mutex::new(Names::default()),
@@ -1877,11 +1877,12 @@ mod tests {
         let r = ruleset(
             &policy(Network::Restricted, &["10.20.0.0/16:50051", "pypi.org:443"]),
             4000,
-        );
+        )
+        .text();
         assert!(r.contains("ip daddr 127.64.0.0/10 meta l4proto tcp redirect to :4000"));
-        assert!(r.contains("ip daddr 10.20.0.0/16 tcp dport 50051-50051 redirect to :4000"));
+        assert!(r.contains("ip daddr 10.20.0.0/16 tcp dport 50051 redirect to :4000"));
         assert!(!r.contains("meta l4proto tcp redirect to :4000\n  }"));
-        let r = ruleset(&policy(Network::AllowEgress, &[]), 4000);
+        let r = ruleset(&policy(Network::AllowEgress, &[]), 4000).text();
         assert!(r.contains("169.254.0.0/16"));
         let p = policy(
             Network::Restricted,
@@ -1891,10 +1892,10 @@ mod tests {
                 "[fd00::/8]:53/udp",
             ],
         );
-        let r = ruleset(&p, 4000);
-        assert!(r.contains("ip daddr 127.64.0.0/10 udp dport { 53-53 } accept"));
+        let r = ruleset(&p, 4000).text();
+        assert!(r.contains("ip daddr 127.64.0.0/10 udp dport 53 accept"));
         assert!(r.contains("ip daddr 10.0.0.0/8 udp dport 5000-5001 accept"));
-        assert!(r.contains("ip6 daddr fd00::/8 udp dport 53-53 accept"));
+        assert!(r.contains("ip6 daddr fd00::/8 udp dport 53 accept"));
         assert!(r.contains(&format!("meta mark {:#x} accept", udp::MARK)));
         assert!(p.resolves("dns.internal"));
         assert_eq!(
@@ -1921,5 +1922,113 @@ mod tests {
         assert!(p.udp_ports().1);
         let wide: Vec<String> = vec!["a.test:1000-1100/udp".into()];
         assert!(Policy::new(Network::Restricted, &wide, vec![]).is_err());
+    }
+
+    /// The batch loads, and the kernel holds the same bytecode for it as
+    /// for its nft text compiled by `nft` (root, nftables; each in a
+    /// network namespace of its own): every kind of policy's ruleset.
+    #[test]
+    fn issue_29_the_ruleset_batch_is_what_nft_makes_of_its_text() {
+        if !nix::unistd::Uid::effective().is_root() {
+            assert!(
+                std::env::var("TURNSTILE_REQUIRE_KERNEL").as_deref() != Ok("1"),
+                "root is required (nftables in network namespaces of their own)"
+            );
+            return;
+        }
+        let nft = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("`nft` is required to compare (apt-get install nftables)");
+        // `nft --debug=netlink list` in the calling thread's namespace: the
+        // rules' bytecode as the kernel holds it.
+        let listed = move || {
+            let out = std::process::Command::new(nft)
+                .args(["--debug=netlink", "list", "table", "inet", NFT_TABLE])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .chain(String::from_utf8_lossy(&out.stderr).lines())
+                .filter(|l| l.trim_start().starts_with('[') || l.starts_with("inet "))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let policies = [
+            policy(Network::Restricted, &["pypi.org:443"]),
+            policy(
+                Network::Restricted,
+                &[
+                    "good.test:80",
+                    "203.0.113.11/32:9000",
+                    "10.20.0.0/16:50051-50060",
+                    "[2001:db8:77::/48]:80",
+                    "[2001:db8:80::/41]:443",
+                    "dns.test:53/udp",
+                    "q.test:1000-1020/udp",
+                    "r.test:53/udp",
+                    "10.0.0.0/9:5000-5001/udp",
+                    "[fd00::/8]:9053/udp",
+                ],
+            ),
+            policy(Network::AllowEgress, &[]),
+            policy(Network::AllowEgress, &["dns.test:53/udp", "10.1.2.0/23:22"]),
+        ];
+        for p in &policies {
+            let table = ruleset(p, PROXY_PORT);
+            let text = table.text();
+            let (batch, nft_text) = std::thread::spawn(move || {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let sock = nfbatch::socket().unwrap();
+                table.load(&sock).unwrap();
+                let batch = listed();
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let mut child = std::process::Command::new(nft)
+                    .args(["-f", "-"])
+                    .stdin(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(text.as_bytes())
+                    .unwrap();
+                assert!(child.wait().unwrap().success(), "nft -f:\n{text}");
+                (batch, listed())
+            })
+            .join()
+            .unwrap();
+            assert!(batch.len() > 40, "{batch:#?}");
+            assert_eq!(batch, nft_text, "{}", ruleset(p, PROXY_PORT).text());
+        }
+        // A rule the kernel refuses is named, and nothing of the batch
+        // stays.
+        let mut bad = ruleset(&policies[0], PROXY_PORT);
+        bad.chains[1].rules.push(
+            nfbatch::Rule::new()
+                .add_flow("nope", false, nfbatch::IPPROTO_TCP)
+                .accept(),
+        );
+        let (err, after) = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let sock = nfbatch::socket().unwrap();
+            let err = bad.load(&sock).unwrap_err();
+            let out = std::process::Command::new(nft)
+                .args(["list", "ruleset"])
+                .output()
+                .unwrap();
+            (err, String::from_utf8_lossy(&out.stdout).into_owned())
+        })
+        .join()
+        .unwrap();
+        assert!(err.contains("add @nope"), "{err}");
+        assert!(err.contains("No such file or directory"), "{err}");
+        assert_eq!(after.trim(), "", "the refused batch left a ruleset");
     }
 }
