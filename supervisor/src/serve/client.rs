@@ -89,13 +89,14 @@ impl<'a> Line<'a> {
 /// (paths absolute: the daemon has its own working directory).
 pub fn run(socket: &Path, wire: &RunRequest) -> Result<Outcome> {
     let v = serde_json::to_value(Line::of(Op::Run(wire))).unwrap_or_default();
-    // A signal from here on is forwarded to the turn, not fatal here.
-    let _watching = crate::turn::interrupt::install(&crate::turn::interrupt::Interrupts::default())
-        .map_err(|source| SupervisorError::StateIo {
-            op: "install signal handlers",
-            path: PathBuf::new(),
-            source,
-        })?;
+    // A signal from here on is forwarded to the turn (`wait_reply`), not
+    // fatal here. Nothing here is the turn's to kill: the handlers only
+    // record it.
+    crate::turn::interrupt::record_only().map_err(|source| SupervisorError::StateIo {
+        op: "install signal handlers",
+        path: PathBuf::new(),
+        source,
+    })?;
     exchange(socket, &v, true)
 }
 

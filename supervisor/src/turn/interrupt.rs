@@ -85,6 +85,26 @@ pub fn install(interrupts: &Interrupts) -> std::io::Result<Guard> {
     let (read, write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
+    handle()?;
+    let theirs = interrupts.clone();
+    let watcher = std::thread::Builder::new()
+        .name("interrupt".into())
+        .spawn(move || watch(read, &theirs))?;
+    Ok(Guard {
+        wake: Some(write),
+        watcher: Some(watcher),
+    })
+}
+
+/// Only the handlers: a signal is recorded ([`received`]) and interrupts a
+/// blocking call, and nothing is killed here. For a process that runs no
+/// turn itself and forwards the signal to the one that does (`run
+/// --server`'s client): no watcher thread to start and, at exit, to join.
+pub fn record_only() -> std::io::Result<()> {
+    handle()
+}
+
+fn handle() -> std::io::Result<()> {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_RESTART,
@@ -95,14 +115,7 @@ pub fn install(interrupts: &Interrupts) -> std::io::Result<Guard> {
         // atomic store and write(2)).
         unsafe { sigaction(signal, &action) }.map_err(std::io::Error::from)?;
     }
-    let theirs = interrupts.clone();
-    let watcher = std::thread::Builder::new()
-        .name("interrupt".into())
-        .spawn(move || watch(read, &theirs))?;
-    Ok(Guard {
-        wake: Some(write),
-        watcher: Some(watcher),
-    })
+    Ok(())
 }
 
 impl Drop for Guard {
