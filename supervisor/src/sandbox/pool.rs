@@ -77,6 +77,9 @@ struct Pool {
     last: Option<Last>,
     slot: Slot,
     made: u64,
+    /// The last turn committed: its successor's sandbox is due once the
+    /// reply is delivered ([`WarmPool::build_armed`]).
+    armed: bool,
 }
 
 /// What the pool's owner and its builder thread share.
@@ -127,6 +130,7 @@ impl WarmPool {
                 last: None,
                 slot: Slot::Empty,
                 made: 0,
+                armed: false,
             }),
             built: Condvar::new(),
             cleanups: Mutex::new(Vec::new()),
@@ -205,13 +209,21 @@ impl WarmPool {
         !matches!(self.shared.pool().slot, Slot::Empty)
     }
 
-    /// Has the builder build the warm sandbox for the session's next turn
-    /// from the last Plan's shape, if none is waiting. Call once the
-    /// turn's commit is done (the sandbox shows the workspace as the next
-    /// turn will find it).
+    /// Arms the build of the warm sandbox for the session's next turn,
+    /// from the last Plan's shape: call once the turn's commit is done
+    /// (the sandbox shows the workspace as the next turn will find it).
+    /// The build starts at [`WarmPool::build_armed`], once the daemon has
+    /// delivered the turn's reply.
     pub fn refill(&self) {
+        self.shared.pool().armed = true;
+    }
+
+    /// Builds the armed warm sandbox, if one is armed and none is waiting
+    /// (the daemon delivered the last turn's reply: see
+    /// `serve::worker::DELIVERED`).
+    pub fn build_armed(&self) {
         let mut p = self.shared.pool();
-        if !matches!(p.slot, Slot::Empty) {
+        if !std::mem::take(&mut p.armed) || !matches!(p.slot, Slot::Empty) {
             return;
         }
         let Some(last) = p.last.clone() else {

@@ -250,6 +250,21 @@ impl Daemon {
 
     /// Keeps `w` for the session's next turn (within --pool-size; the
     /// longest idle one makes room), or lets it go.
+    /// Tells the session's waiting worker `pid` that its last reply was
+    /// delivered ([`worker::DELIVERED`]). Under the lock of the waiting
+    /// workers: no job is sent to it meanwhile. A worker taken since (its
+    /// next turn began) or gone is not told.
+    fn delivered(&self, session: &str, pid: Pid) {
+        let Ok(idle) = self.idle.lock() else {
+            return;
+        };
+        if let Some(w) = idle.get(session).filter(|w| w.pid == pid) {
+            let mut line = worker::DELIVERED.to_vec();
+            line.push(b'\n');
+            let _ = (&w.ctl).write_all(&line);
+        }
+    }
+
     fn keep(&self, session: &str, mut w: Worker) {
         if self.pool_size == 0 || self.stopping.load(Ordering::SeqCst) {
             return w.dismiss(self);
@@ -867,6 +882,11 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
                 }
             }
             send_reply(d, &conn, failed.as_ref().unwrap_or(&reply));
+            // The client has its reply: the worker may build the session's
+            // next sandbox.
+            if let Some((s, pid)) = ran.as_ref().and_then(|r| r.kept.as_ref()) {
+                d.delivered(s, *pid);
+            }
             // The daemon's notes of the turn, once its client has the reply.
             if let Some(mut ran) = ran {
                 ran.reply = reply;
@@ -938,6 +958,8 @@ pub(crate) struct Ran {
     pub(crate) reply: Reply,
     root: PathBuf,
     started: Instant,
+    /// The session and worker kept for its next turn, if it was.
+    kept: Option<(String, Pid)>,
 }
 
 impl Ran {
@@ -1078,11 +1100,20 @@ pub(crate) fn run_worker(
     w.package = Some(r.package.clone());
     w.trust_level.clone_from(&reply.trust_level);
     // A worker a signal was forwarded to does not serve another turn.
-    match session {
-        Some(s) if reply.stays && !forwarded => d.keep(s, w),
+    let kept = match session {
+        Some(s) if reply.stays && !forwarded => {
+            d.keep(s, w);
+            Some((s.to_owned(), pid))
+        }
         _ => {
             let _ = w.close();
+            None
         }
+    };
+    // Without a client, the reply is delivered here: the worker may build
+    // the session's next sandbox at once.
+    if let (None, Some((s, pid))) = (conn, &kept) {
+        d.delivered(s, *pid);
     }
     reply.stays = false;
     // A receive's hop, before anyone hears of the turn: a lifecycle
@@ -1095,6 +1126,7 @@ pub(crate) fn run_worker(
         reply,
         root: r.root.clone(),
         started,
+        kept,
     })
 }
 

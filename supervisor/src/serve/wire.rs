@@ -251,35 +251,13 @@ pub type Received = (Vec<u8>, Vec<u8>, Vec<OwnedFd>);
 pub fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<Received> {
     let mut line = Vec::new();
     let mut fds = Vec::new();
-    let mut buf = [0u8; 8192];
     loop {
-        let mut space = nix::cmsg_space!([RawFd; 4]);
-        let (n, got) = {
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = recvmsg::<()>(
-                sock.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .map_err(std::io::Error::from)?;
-            let mut got = Vec::new();
-            for c in msg.cmsgs().map_err(std::io::Error::from)? {
-                if let ControlMessageOwned::ScmRights(list) = c {
-                    got.extend(list);
-                }
-            }
-            (msg.bytes, got)
-        };
-        for fd in got {
-            // SAFETY: the kernel just installed `fd` in this process
-            // (SCM_RIGHTS); nothing else owns it.
-            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        if n == 0 {
+        let (bytes, got) = recv_some_with_fds(sock)?;
+        fds.extend(got);
+        if bytes.is_empty() {
             return Ok((line, Vec::new(), fds));
         }
-        line.extend_from_slice(&buf[..n]);
+        line.extend_from_slice(&bytes);
         if let Some(end) = line.iter().position(|b| *b == b'\n') {
             let rest = line.split_off(end + 1);
             line.truncate(end);
@@ -291,6 +269,37 @@ pub fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<Received> {
             )));
         }
     }
+}
+
+/// One `recvmsg` of `sock`: the bytes it read (none at EOF) and the
+/// descriptors that came with them (`SCM_RIGHTS`, close-on-exec).
+pub fn recv_some_with_fds(sock: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = [0u8; 8192];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let (n, got) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(std::io::Error::from)?;
+        let mut got = Vec::new();
+        for c in msg.cmsgs().map_err(std::io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(list) = c {
+                got.extend(list);
+            }
+        }
+        (msg.bytes, got)
+    };
+    let fds = got
+        .into_iter()
+        // SAFETY: the kernel just installed `fd` in this process
+        // (SCM_RIGHTS); nothing else owns it.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
+    Ok((buf[..n].to_vec(), fds))
 }
 
 /// Reads one line (without its '\n') up to `max` bytes, or to EOF.

@@ -24,7 +24,7 @@ use std::os::unix::net::UnixStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::wire::{Reply, RunRequest, recv_line_with_fds};
+use super::wire::{MAX_REQUEST_LINE, Reply, RunRequest, recv_some_with_fds};
 use crate::error::{Result, SupervisorError};
 use crate::turn::RunOptions;
 
@@ -38,6 +38,51 @@ pub struct Job {
     /// Stay afterwards for the session's next turn, with its sandbox warm.
     pub keep_warm: bool,
     pub run: RunRequest,
+}
+
+/// The line the daemon sends a waiting worker once the client has the
+/// reply to its turn: the worker builds the session's next warm sandbox
+/// now, not while the reply is on its way (the daemon's relay and the
+/// client's exit would share the two cores with the build).
+pub const DELIVERED: &[u8] = b"delivered";
+
+/// The daemon's lines to this worker, in order. Two lines can arrive in
+/// one read (a `delivered` and the next job): what follows a line is kept
+/// for the next. A job's descriptors come with its bytes; `delivered`
+/// carries none, so descriptors read with it wait for the job after it.
+struct Inbox {
+    sock: UnixStream,
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Inbox {
+    /// The next line (without its '\n') and its descriptors; `None` at EOF.
+    fn next(&mut self) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+        loop {
+            if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
+                line.pop();
+                let fds = if line == DELIVERED {
+                    Vec::new()
+                } else {
+                    std::mem::take(&mut self.fds)
+                };
+                return Ok(Some((line, fds)));
+            }
+            if self.buf.len() > MAX_REQUEST_LINE {
+                return Err(std::io::Error::other(format!(
+                    "a line longer than {MAX_REQUEST_LINE} bytes"
+                )));
+            }
+            let (bytes, fds) = recv_some_with_fds(&self.sock)?;
+            if bytes.is_empty() {
+                return Ok(None);
+            }
+            self.buf.extend_from_slice(&bytes);
+            self.fds.extend(fds);
+        }
+    }
 }
 
 /// Runs the worker; returns its process exit status.
@@ -56,9 +101,17 @@ pub fn main() -> u8 {
     let mut status = 0;
     // The worker's warm pool, started by the first job that keeps it.
     let mut pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>> = None;
+    let Ok(inbox_sock) = sock.try_clone() else {
+        return 1;
+    };
+    let mut inbox = Inbox {
+        sock: inbox_sock,
+        buf: Vec::new(),
+        fds: Vec::new(),
+    };
     loop {
-        let (line, _, fds) = match recv_line_with_fds(&sock) {
-            Ok(x) if !x.0.is_empty() => x,
+        let (line, fds) = match inbox.next() {
+            Ok(Some(x)) if !x.0.is_empty() => x,
             // EOF: the daemon let this worker go — or it died, and its
             // sockets closed before its death signal (PDEATHSIG) reached
             // us. Wait for that signal before cleaning up: killed in the
@@ -70,6 +123,13 @@ pub fn main() -> u8 {
                 break;
             }
         };
+        if line == DELIVERED {
+            // The last turn's client has its reply: its warm sandbox now.
+            if let Some(p) = &pool {
+                p.build_armed();
+            }
+            continue;
+        }
         let job: std::result::Result<Job, _> = serde_json::from_slice(&line);
         let mut keep = job.as_ref().is_ok_and(|j| j.keep_warm);
         if keep && pool.is_none() {
@@ -319,4 +379,37 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
         },
         r.events.clone(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd as _;
+
+    /// A `delivered` line and the next job queued before the worker reads:
+    /// one read can return both. Each comes out whole and in order, the
+    /// job with its descriptors; a line split over reads is joined.
+    #[test]
+    fn issue_29_the_inbox_keeps_what_follows_a_line_and_gives_fds_to_the_job() {
+        let (daemon, worker) = UnixStream::pair().unwrap();
+        let file = tempfile::tempfile().unwrap();
+        (&daemon).write_all(b"delivered\n").unwrap();
+        super::super::wire::send_with_fds(&daemon, b"{\"job\":1}\n{\"jo", &[file.as_raw_fd()])
+            .unwrap();
+        let mut inbox = Inbox {
+            sock: worker,
+            buf: Vec::new(),
+            fds: Vec::new(),
+        };
+        let (line, fds) = inbox.next().unwrap().unwrap();
+        assert_eq!((line.as_slice(), fds.len()), (DELIVERED, 0));
+        let (line, fds) = inbox.next().unwrap().unwrap();
+        assert_eq!((line.as_slice(), fds.len()), (&b"{\"job\":1}"[..], 1));
+        (&daemon).write_all(b"b\":2}\n").unwrap();
+        let (line, fds) = inbox.next().unwrap().unwrap();
+        assert_eq!((line.as_slice(), fds.len()), (&b"{\"job\":2}"[..], 0));
+        drop(daemon);
+        assert!(inbox.next().unwrap().is_none());
+    }
 }

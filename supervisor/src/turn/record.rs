@@ -182,9 +182,10 @@ impl Turn<'_> {
                 if let Some(h) = early {
                     h.call(&result_now(&mut report));
                 }
-                // Answered: the next turn's warm sandbox is built now,
-                // while the anchors move — not before, where it would
-                // share the two cores with this turn's last steps.
+                // Answered: the next turn's warm sandbox is due, built
+                // once the daemon has delivered this reply — not before,
+                // where it would share the two cores with this turn's last
+                // steps, the daemon's relay and the client's exit.
                 if o.refill && crate::turn::interrupt::received().is_none() {
                     self.backend.refill();
                 }
