@@ -384,7 +384,6 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write as _;
     use std::os::fd::AsRawFd as _;
 
     /// A `delivered` line and the next job queued before the worker reads:
