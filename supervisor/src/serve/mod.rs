@@ -248,8 +248,6 @@ impl Daemon {
             .map_err(io)
     }
 
-    /// Keeps `w` for the session's next turn (within --pool-size; the
-    /// longest idle one makes room), or lets it go.
     /// Tells the session's waiting worker `pid` that its last reply was
     /// delivered ([`worker::DELIVERED`]). Under the lock of the waiting
     /// workers: no job is sent to it meanwhile. A worker taken since (its
@@ -265,6 +263,8 @@ impl Daemon {
         }
     }
 
+    /// Keeps `w` for the session's next turn (within --pool-size; the
+    /// longest idle one makes room), or lets it go.
     fn keep(&self, session: &str, mut w: Worker) {
         if self.pool_size == 0 || self.stopping.load(Ordering::SeqCst) {
             return w.dismiss(self);

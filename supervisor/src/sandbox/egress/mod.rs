@@ -155,21 +155,23 @@ pub fn supported(entries: &[Egress]) -> Result<(), String> {
 }
 
 /// What this host lacks for egress by name (nftables in the kernel), or
-/// `Ok`. Asked once per process: a `NETLINK_NETFILTER` socket, and the
-/// ruleset generation over it (`NFT_MSG_GETGEN`: read-only, and the
-/// kernel loads nf_tables for it where it is a module).
+/// `Ok`: a `NETLINK_NETFILTER` socket, and the ruleset generation over it
+/// (`NFT_MSG_GETGEN`: read-only, and the kernel loads nf_tables for it
+/// where it is a module). Asked until it answers once, then known for the
+/// process's life (a kernel does not lose nf_tables).
 pub fn host_support() -> Result<(), String> {
-    static SUPPORT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    SUPPORT
-        .get_or_init(|| {
-            let sock = nfbatch::socket().map_err(|e| {
-                format!("the kernel has no nftables netlink ({e}): egress by name needs nftables in the turn's network namespace")
-            })?;
-            counts::Reader::new(sock).generation().map(drop).map_err(|e| {
-                format!("the kernel's nftables does not answer ({e}): egress by name needs nftables in the turn's network namespace")
-            })
-        })
-        .clone()
+    static ANSWERED: AtomicBool = AtomicBool::new(false);
+    if ANSWERED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let sock = nfbatch::socket().map_err(|e| {
+        format!("the kernel has no nftables netlink ({e}): egress by name needs nftables in the turn's network namespace")
+    })?;
+    counts::Reader::new(sock).generation().map_err(|e| {
+        format!("the kernel's nftables does not answer ({e}): egress by name needs nftables in the turn's network namespace")
+    })?;
+    ANSWERED.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
 /// A turn's egress policy.
