@@ -251,24 +251,30 @@ pub fn check_network(
     backend: &dyn Backend,
     manifest: &turnstile_policy::manifest::Manifest,
 ) -> Result<()> {
-    backend
-        .enforces_network(manifest.network)
-        .and_then(|()| crate::sandbox::egress::supported(&manifest.egress))
-        .and_then(|()| match backend.network_degradation(manifest.network) {
-            Some((layer, why))
-                if !manifest.allow_degraded.iter().any(|l| l.as_str() == layer) =>
-            {
-                Err(format!(
-                    "{why}; add \"{layer}\" to the manifest's `allow_degraded` to accept that, or use native, runc or crun"
-                ))
-            }
-            _ => Ok(()),
-        })
-        .map_err(|why| SupervisorError::NetworkUnenforceable {
-            backend: backend.name().to_owned(),
-            network: manifest.network.as_str().to_owned(),
-            why,
-        })
+    // Every reason at once: what the host lacks, and what the manifest
+    // would have to accept (one answer, not one per attempt).
+    let mut why: Vec<String> = [
+        backend.enforces_network(manifest.network),
+        crate::sandbox::egress::supported(&manifest.egress),
+    ]
+    .into_iter()
+    .filter_map(std::result::Result::err)
+    .collect();
+    if let Some((layer, w)) = backend.network_degradation(manifest.network) {
+        if !manifest.allow_degraded.iter().any(|l| l.as_str() == layer) {
+            why.push(format!(
+                "{w}; add \"{layer}\" to the manifest's `allow_degraded` to accept that, or use native, runc or crun"
+            ));
+        }
+    }
+    if why.is_empty() {
+        return Ok(());
+    }
+    Err(SupervisorError::NetworkUnenforceable {
+        backend: backend.name().to_owned(),
+        network: manifest.network.as_str().to_owned(),
+        why: why.join("; "),
+    })
 }
 
 /// Refuses (exit 20, nothing run) a turn on `backend` whose manifest does
@@ -302,5 +308,82 @@ pub(crate) fn egress_in_own_netns(
     match network {
         turnstile_policy::manifest::Network::Isolated => Ok(()),
         _ => crate::sandbox::egress::host_support(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile_policy::manifest::Network;
+
+    /// A backend that cannot enforce egress on this host and would run it
+    /// only degraded.
+    struct Lacking;
+
+    impl Backend for Lacking {
+        fn name(&self) -> &'static str {
+            "lacking"
+        }
+        fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
+            Vec::new()
+        }
+        fn enforces_network(&self, _: Network) -> std::result::Result<(), String> {
+            Err("the kernel has no nftables netlink".into())
+        }
+        fn network_degradation(&self, _: Network) -> Option<(&'static str, String)> {
+            Some(("gvisor_netstack", "only on the host's stack".into()))
+        }
+        fn create(&self, _: &Plan, _: &TurnDir) -> Result<Box<dyn Sandbox>> {
+            Err(SupervisorError::invalid(
+                "backend",
+                "a test backend runs nothing",
+            ))
+        }
+    }
+
+    /// A turn refused for its network names every reason at once: what
+    /// the host lacks and what the manifest would have to accept.
+    #[test]
+    fn issue_29_a_refused_network_names_every_reason() {
+        let pkg = turnstile_policy::PackageId::parse("p").unwrap();
+        let manifest = |doc: &str| {
+            turnstile_policy::Manifest::from_slice(doc.as_bytes(), &pkg, "m.json".into()).unwrap()
+        };
+        let m = manifest(r#"{"capabilities":{"execute":["/bin/true"]},"network":"allow_egress"}"#);
+        let e = check_network(&Lacking, &m).unwrap_err().to_string();
+        assert!(e.contains("no nftables netlink"), "{e}");
+        assert!(
+            e.contains("\"gvisor_netstack\" to the manifest's `allow_degraded`"),
+            "{e}"
+        );
+        let m = manifest(
+            r#"{"capabilities":{"execute":["/bin/true"]},"network":"allow_egress","allow_degraded":["gvisor_netstack"]}"#,
+        );
+        let e = check_network(&Lacking, &m).unwrap_err().to_string();
+        assert!(e.contains("no nftables netlink"), "{e}");
+        assert!(!e.contains("allow_degraded"), "{e}");
+        let m = manifest(r#"{"capabilities":{"execute":["/bin/true"]}}"#);
+        assert!(check_network(&NativeLike, &m).is_ok());
+    }
+
+    /// Enforces every network.
+    struct NativeLike;
+
+    impl Backend for NativeLike {
+        fn name(&self) -> &'static str {
+            "native-like"
+        }
+        fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
+            Vec::new()
+        }
+        fn enforces_network(&self, _: Network) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn create(&self, _: &Plan, _: &TurnDir) -> Result<Box<dyn Sandbox>> {
+            Err(SupervisorError::invalid(
+                "backend",
+                "a test backend runs nothing",
+            ))
+        }
     }
 }
