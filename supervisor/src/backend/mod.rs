@@ -316,22 +316,28 @@ mod tests {
     use super::*;
     use turnstile_policy::manifest::Network;
 
-    /// A backend that cannot enforce egress on this host and would run it
-    /// only degraded.
-    struct Lacking;
+    /// A backend whose host lacks nftables (`lacking`) and that runs
+    /// egress only degraded; or one that enforces every network.
+    struct Fake {
+        lacking: bool,
+    }
 
-    impl Backend for Lacking {
+    impl Backend for Fake {
         fn name(&self) -> &'static str {
-            "lacking"
+            "fake"
         }
         fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
             Vec::new()
         }
         fn enforces_network(&self, _: Network) -> std::result::Result<(), String> {
-            Err("the kernel has no nftables netlink".into())
+            match self.lacking {
+                true => Err("the kernel has no nftables netlink".into()),
+                false => Ok(()),
+            }
         }
         fn network_degradation(&self, _: Network) -> Option<(&'static str, String)> {
-            Some(("gvisor_netstack", "only on the host's stack".into()))
+            self.lacking
+                .then(|| ("gvisor_netstack", "only on the host's stack".into()))
         }
         fn create(&self, _: &Plan, _: &TurnDir) -> Result<Box<dyn Sandbox>> {
             Err(SupervisorError::invalid(
@@ -349,8 +355,9 @@ mod tests {
         let manifest = |doc: &str| {
             turnstile_policy::Manifest::from_slice(doc.as_bytes(), &pkg, "m.json".into()).unwrap()
         };
+        let lacking = Fake { lacking: true };
         let m = manifest(r#"{"capabilities":{"execute":["/bin/true"]},"network":"allow_egress"}"#);
-        let e = check_network(&Lacking, &m).unwrap_err().to_string();
+        let e = check_network(&lacking, &m).unwrap_err().to_string();
         assert!(e.contains("no nftables netlink"), "{e}");
         assert!(
             e.contains("\"gvisor_netstack\" to the manifest's `allow_degraded`"),
@@ -359,31 +366,10 @@ mod tests {
         let m = manifest(
             r#"{"capabilities":{"execute":["/bin/true"]},"network":"allow_egress","allow_degraded":["gvisor_netstack"]}"#,
         );
-        let e = check_network(&Lacking, &m).unwrap_err().to_string();
+        let e = check_network(&lacking, &m).unwrap_err().to_string();
         assert!(e.contains("no nftables netlink"), "{e}");
         assert!(!e.contains("allow_degraded"), "{e}");
         let m = manifest(r#"{"capabilities":{"execute":["/bin/true"]}}"#);
-        assert!(check_network(&NativeLike, &m).is_ok());
-    }
-
-    /// Enforces every network.
-    struct NativeLike;
-
-    impl Backend for NativeLike {
-        fn name(&self) -> &'static str {
-            "native-like"
-        }
-        fn applied_by(&self) -> Vec<(&'static str, &'static str)> {
-            Vec::new()
-        }
-        fn enforces_network(&self, _: Network) -> std::result::Result<(), String> {
-            Ok(())
-        }
-        fn create(&self, _: &Plan, _: &TurnDir) -> Result<Box<dyn Sandbox>> {
-            Err(SupervisorError::invalid(
-                "backend",
-                "a test backend runs nothing",
-            ))
-        }
+        assert!(check_network(&Fake { lacking: false }, &m).is_ok());
     }
 }

@@ -18,7 +18,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+use super::nfbatch::{self, message, nft};
+
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_NEWOBJ: u16 = 18;
@@ -79,10 +80,10 @@ impl Reader {
     /// The ruleset's generation (`NFT_MSG_GETGEN`): the cheapest question
     /// nf_tables answers, and only nf_tables.
     pub fn generation(&self) -> Result<u32, String> {
-        let msg = request(NFT_MSG_GETGEN, NLM_F_REQUEST, 1, &[]);
+        let msg = request(NFT_MSG_GETGEN, NLM_F_REQUEST, 1, &[], &[]);
         let mut id = None;
         self.exchange(&msg, 1, false, |ty, body| {
-            if ty == msg_type(NFT_MSG_NEWGEN) {
+            if ty == nft(NFT_MSG_NEWGEN) {
                 let v = find(body, NFTA_GEN_ID)?.ok_or("no generation id")?;
                 let b: [u8; 4] = v
                     .try_into()
@@ -105,13 +106,14 @@ impl Reader {
                 NLM_F_REQUEST | NLM_F_DUMP,
                 seq,
                 &[
-                    (NFTA_SET_ELEM_LIST_TABLE, &cstr(table)),
-                    (NFTA_SET_ELEM_LIST_SET, &cstr(set)),
+                    (NFTA_SET_ELEM_LIST_TABLE, table),
+                    (NFTA_SET_ELEM_LIST_SET, set),
                 ],
+                &[],
             );
             let mut elems = Vec::new();
             self.exchange(&msg, seq, true, |ty, body| {
-                if ty == msg_type(NFT_MSG_NEWSETELEM) {
+                if ty == nft(NFT_MSG_NEWSETELEM) {
                     elems.extend(set_elements(body)?);
                 }
                 Ok(())
@@ -124,15 +126,12 @@ impl Reader {
             NFT_MSG_GETOBJ,
             NLM_F_REQUEST,
             seq,
-            &[
-                (NFTA_OBJ_TABLE, &cstr(table)),
-                (NFTA_OBJ_NAME, &cstr(counter)),
-                (NFTA_OBJ_TYPE, &NFT_OBJECT_COUNTER.to_be_bytes()),
-            ],
+            &[(NFTA_OBJ_TABLE, table), (NFTA_OBJ_NAME, counter)],
+            &[(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER)],
         );
         let mut packets = None;
         self.exchange(&msg, seq, false, |ty, body| {
-            if ty == msg_type(NFT_MSG_NEWOBJ) {
+            if ty == nft(NFT_MSG_NEWOBJ) {
                 packets = Some(object_packets(body)?);
             }
             Ok(())
@@ -201,51 +200,19 @@ impl Reader {
     }
 }
 
-fn msg_type(ty: u16) -> u16 {
-    (NFNL_SUBSYS_NFTABLES << 8) | ty
-}
-
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
-}
-
-/// An nftables request: nlmsghdr, nfgenmsg (inet), attributes.
-fn request(ty: u16, flags: u16, seq: u32, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+/// An nftables request: nlmsghdr, nfgenmsg (inet), string and other
+/// attributes.
+fn request(ty: u16, flags: u16, seq: u32, strs: &[(u16, &str)], u32s: &[(u16, u32)]) -> Vec<u8> {
     let mut m = Vec::with_capacity(64);
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    m.extend_from_slice(&msg_type(ty).to_ne_bytes());
-    m.extend_from_slice(&flags.to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    m.extend_from_slice(&[NFPROTO_INET, 0, 0, 0]);
-    for (t, v) in attrs {
-        m.extend_from_slice(&((4 + v.len()) as u16).to_ne_bytes());
-        m.extend_from_slice(&t.to_ne_bytes());
-        m.extend_from_slice(v);
-        m.resize(m.len().next_multiple_of(4), 0);
-    }
-    let len = m.len() as u32;
-    m[..4].copy_from_slice(&len.to_ne_bytes());
+    nfbatch::message_into(&mut m, nft(ty), flags, seq, NFPROTO_INET, 0, |m| {
+        for (t, s) in strs {
+            nfbatch::put_str(m, *t, s);
+        }
+        for (t, v) in u32s {
+            nfbatch::put_u32(m, *t, *v);
+        }
+    });
     m
-}
-
-/// One netlink message: (type, sequence, payload, the bytes after it).
-pub(super) type Message<'a> = (u16, u32, &'a [u8], &'a [u8]);
-
-/// The first netlink message of `b`.
-pub(super) fn message(b: &[u8]) -> Result<Message<'_>, String> {
-    let h = b.get(..16).ok_or("a short netlink header")?;
-    let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
-    let ty = u16::from_ne_bytes([h[4], h[5]]);
-    let seq = u32::from_ne_bytes([h[8], h[9], h[10], h[11]]);
-    if len < 16 {
-        return Err(format!("a netlink message of {len} bytes"));
-    }
-    let payload = b.get(16..len).ok_or("a truncated netlink message")?;
-    let rest = b.get(len.next_multiple_of(4)..).unwrap_or_default();
-    Ok((ty, seq, payload, rest))
 }
 
 /// The attributes of `b`: (type without flags, payload).

@@ -20,8 +20,6 @@
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::counts::message;
-
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -657,28 +655,22 @@ impl Table {
 /// Opens a `NETLINK_NETFILTER` socket in the calling thread's network
 /// namespace.
 pub fn socket() -> std::io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: socket(2) with constant arguments; owned below.
-    let raw = unsafe {
-        nix::libc::socket(
-            nix::libc::AF_NETLINK,
-            nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
-            nix::libc::NETLINK_NETFILTER,
-        )
-    };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType};
+    nix::sys::socket::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map_err(std::io::Error::from)
 }
 
-fn nft(ty: u16) -> u16 {
+pub(super) fn nft(ty: u16) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | ty
 }
 
 /// Appends one message: nlmsghdr, nfgenmsg, what `body` puts.
-fn message_into(
+pub(super) fn message_into(
     b: &mut Vec<u8>,
     ty: u16,
     flags: u16,
@@ -708,11 +700,11 @@ fn put(m: &mut Vec<u8>, ty: u16, v: &[u8]) {
     m.resize(m.len().next_multiple_of(4), 0);
 }
 
-fn put_u32(m: &mut Vec<u8>, ty: u16, v: u32) {
+pub(super) fn put_u32(m: &mut Vec<u8>, ty: u16, v: u32) {
     put(m, ty, &v.to_be_bytes());
 }
 
-fn put_str(m: &mut Vec<u8>, ty: u16, s: &str) {
+pub(super) fn put_str(m: &mut Vec<u8>, ty: u16, s: &str) {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
     put(m, ty, &v);
@@ -726,4 +718,21 @@ fn nest(m: &mut Vec<u8>, ty: u16, body: impl FnOnce(&mut Vec<u8>)) {
     body(m);
     let len = (m.len() - start) as u16;
     m[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+/// One netlink message: (type, sequence, payload, the bytes after it).
+pub(super) type Message<'a> = (u16, u32, &'a [u8], &'a [u8]);
+
+/// The first netlink message of `b`.
+pub(super) fn message(b: &[u8]) -> Result<Message<'_>, String> {
+    let h = b.get(..16).ok_or("a short netlink header")?;
+    let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    let ty = u16::from_ne_bytes([h[4], h[5]]);
+    let seq = u32::from_ne_bytes([h[8], h[9], h[10], h[11]]);
+    if len < 16 {
+        return Err(format!("a netlink message of {len} bytes"));
+    }
+    let payload = b.get(16..len).ok_or("a truncated netlink message")?;
+    let rest = b.get(len.next_multiple_of(4)..).unwrap_or_default();
+    Ok((ty, seq, payload, rest))
 }

@@ -3,7 +3,7 @@
 //! `local ::/0 dev lo`), so a turn's connect reaches its namespace's
 //! nftables and never a real interface (there is none).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 const RTM_NEWROUTE: u16 = 24;
 const NLM_F_REQUEST: u16 = 1;
@@ -49,19 +49,13 @@ fn route_msg(family: u8, seq: u32, ifindex: u32) -> Vec<u8> {
 
 /// Adds the two local default routes on `lo`.
 pub fn local_default_routes() -> std::io::Result<()> {
-    // SAFETY: socket(2) with constant arguments; owned below.
-    let raw = unsafe {
-        nix::libc::socket(
-            nix::libc::AF_NETLINK,
-            nix::libc::SOCK_RAW | nix::libc::SOCK_CLOEXEC,
-            nix::libc::NETLINK_ROUTE,
-        )
-    };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType};
+    let sock = nix::sys::socket::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkRoute,
+    )?;
     // `lo` is interface 1 in every network namespace.
     let lo = 1;
     for (seq, family) in [
