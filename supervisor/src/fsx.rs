@@ -129,7 +129,11 @@ pub fn read_small(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
         .read(true)
         .custom_flags(libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
         .open(path)?;
-    let mut out = Vec::new();
+    // Sized from the file's length (`take` hides it from `read_to_end`,
+    // which would otherwise probe with 32 bytes and double: eight reads
+    // for a 2 KB anchor instead of two).
+    let len = f.metadata().map_or(0, |m| m.len()).min(limit);
+    let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0).saturating_add(1));
     f.take(limit + 1).read_to_end(&mut out)?;
     if out.len() as u64 > limit {
         return Err(std::io::Error::new(
