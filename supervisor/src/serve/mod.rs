@@ -264,14 +264,16 @@ impl Daemon {
     }
 
     /// Keeps `w` for the session's next turn (within --pool-size; the
-    /// longest idle one makes room), or lets it go.
-    fn keep(&self, session: &str, mut w: Worker) {
+    /// longest idle one makes room), or lets it go: whether it was kept.
+    fn keep(&self, session: &str, mut w: Worker) -> bool {
         if self.pool_size == 0 || self.stopping.load(Ordering::SeqCst) {
-            return w.dismiss(self);
+            w.dismiss(self);
+            return false;
         }
         w.since = Instant::now();
         let Ok(mut idle) = self.idle.lock() else {
-            return w.dismiss(self);
+            w.dismiss(self);
+            return false;
         };
         if let Some(old) = idle.insert(session.to_owned(), w) {
             old.dismiss(self);
@@ -289,6 +291,8 @@ impl Daemon {
         self.metrics.warm_pool_size.set(idle.len() as i64);
         drop(idle);
         self.refresh_active();
+        // The newest is never the one that made room.
+        true
     }
 
     /// Lets go of workers idle longer than --pool-idle-seconds (all of
@@ -1101,10 +1105,8 @@ pub(crate) fn run_worker(
     w.trust_level.clone_from(&reply.trust_level);
     // A worker a signal was forwarded to does not serve another turn.
     let kept = match session {
-        Some(s) if reply.stays && !forwarded => {
-            d.keep(s, w);
-            Some((s.to_owned(), pid))
-        }
+        // Only a kept worker is told its reply was delivered.
+        Some(s) if reply.stays && !forwarded => d.keep(s, w).then(|| (s.to_owned(), pid)),
         _ => {
             let _ = w.close();
             None

@@ -586,17 +586,15 @@ impl Table {
     /// Loads the table through `sock` (a `NETLINK_NETFILTER` socket of the
     /// namespace it is for): all of it, or nothing and why.
     pub fn load(&self, sock: &OwnedFd) -> Result<(), String> {
+        use nix::sys::socket::{MsgFlags, recv, send};
         let (batch, what) = self.batch();
         let fd = sock.as_raw_fd();
         let timeout = nix::sys::time::TimeVal::new(5, 0);
         nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
             .map_err(|e| format!("nft: {e}"))?;
-        // SAFETY: sending our own buffer; the kernel is the default peer.
-        let n = unsafe { nix::libc::send(fd, batch.as_ptr().cast(), batch.len(), 0) };
-        if n < 0 {
-            return Err(format!("nft: {}", std::io::Error::last_os_error()));
-        }
-        if n as usize != batch.len() {
+        // The kernel is the socket's default peer.
+        let n = send(fd, &batch, MsgFlags::empty()).map_err(|e| format!("nft: {e}"))?;
+        if n != batch.len() {
             return Err(format!("nft: sent {n} of {} bytes", batch.len()));
         }
         // One answer per message (each asks for one); the first refusal is
@@ -605,20 +603,18 @@ impl Table {
         let mut refused: Option<String> = None;
         let mut buf = vec![0u8; 64 * 1024];
         while answered.len() < what.len() {
-            // SAFETY: receiving into our own buffer.
-            let n = unsafe { nix::libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+            let n = match recv(fd, &mut buf, MsgFlags::empty()) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    return Err(format!(
+                        "nft: waiting for the kernel's answers ({} of {}): {e}",
+                        answered.len(),
+                        what.len()
+                    ));
                 }
-                return Err(format!(
-                    "nft: waiting for the kernel's answers ({} of {}): {e}",
-                    answered.len(),
-                    what.len()
-                ));
-            }
-            let mut rest = buf.get(..n as usize).unwrap_or_default();
+            };
+            let mut rest = buf.get(..n).unwrap_or_default();
             while !rest.is_empty() {
                 let (ty, seq, payload, next) = message(rest).map_err(|e| format!("nft: {e}"))?;
                 rest = next;
