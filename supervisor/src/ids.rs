@@ -14,13 +14,38 @@ impl Clock for SystemClock {
     }
 }
 
-/// The kernel CSPRNG (`getrandom(2)`).
+/// The kernel CSPRNG (`getrandom(2)`, called directly).
+///
+/// Not through the `getrandom` crate: its Linux backend finds libc's
+/// `getrandom` with `dlsym`, which a statically linked `supervise` cannot
+/// answer, and then falls back to polling `/dev/random` for readiness — a
+/// poll that never wakes in a guest whose pool nothing fills (the 6.1 VM
+/// stage hung on it: only a blocking `getrandom(2)` starts the kernel's
+/// jitter entropy). The system call blocks until the pool is initialised,
+/// once per boot, and never after.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OsRandom;
 
 impl RandomSource for OsRandom {
     fn next_u64(&self) -> Result<u64, PolicyError> {
-        getrandom::u64().map_err(|e| PolicyError::Random(e.to_string()))
+        let mut buf = [0u8; 8];
+        let mut filled = 0;
+        while filled < buf.len() {
+            let rest = &mut buf[filled..];
+            // SAFETY: the kernel writes at most `rest.len()` bytes into
+            // `rest`, a live exclusive borrow.
+            let n = unsafe { nix::libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+            match usize::try_from(n) {
+                Ok(n) => filled += n,
+                Err(_) => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(PolicyError::Random(format!("getrandom(2): {e}")));
+                    }
+                }
+            }
+        }
+        Ok(u64::from_ne_bytes(buf))
     }
 }
 

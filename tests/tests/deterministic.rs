@@ -151,6 +151,7 @@ fn issue_13_no_direct_clock_or_random_call_outside_the_injected_sources() {
         "now_utc(",
         "SystemTime::now",
         "getrandom::",
+        "libc::getrandom",
         "OffsetDateTime::now_local",
     ];
     let allowed = [ws.join("supervisor/src/ids.rs")];
