@@ -52,8 +52,30 @@ suite() {
 	shift
 	echo "TURNSTILE-VM-SUITE-BEGIN $name"
 	start=$(date +%s)
+	# A suite still running at three quarters of its time prints what
+	# each of the guest's processes waits on, before the timeout kills it.
+	(
+		sleep $((VM_SUITE_TIMEOUT * 3 / 4))
+		echo "TURNSTILE-VM-INFO suite $name still running: processes"
+		for d in /proc/[0-9]*; do
+			[ -r "$d/cmdline" ] || continue
+			echo "pid=${d#/proc/} ppid,state=$(cut -d' ' -f3,4 "$d/stat" 2>/dev/null) wchan=$(cat "$d/wchan" 2>/dev/null) $(tr '\0' ' ' < "$d/cmdline" 2>/dev/null | cut -c1-200)"
+			head -n 4 "$d/stack" 2>/dev/null | sed 's/^/    /'
+		done
+		for d in /proc/[0-9]*; do
+			case "$(cat "$d/comm" 2>/dev/null)" in supervise|turnstile-init|runc|crun|runsc) ;; *) continue ;; esac
+			echo "== ${d#/proc/} threads and descriptors"
+			for t in "$d"/task/*; do
+				echo "  task ${t##*/} $(cat "$t/comm") $(cut -d' ' -f3 "$t/stat")"
+				head -n 6 "$t/stack" 2>/dev/null | sed 's/^/      /'
+			done
+			ls -l "$d/fd" 2>/dev/null | sed 's/^/  /'
+		done
+	) &
+	watch=$!
 	timeout -k 10 "$VM_SUITE_TIMEOUT" "$@" < /dev/null 2>&1
 	rc=$?
+	kill "$watch" 2>/dev/null
 	echo "TURNSTILE-VM-SUITE-END $name rc=$rc seconds=$(($(date +%s) - start))"
 	[ "$rc" -eq 0 ] || status=1
 }
