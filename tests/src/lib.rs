@@ -43,6 +43,41 @@ pub fn supervise_bin() -> PathBuf {
     bin
 }
 
+/// The interpreter an ELF64 little-endian executable names (`PT_INTERP`,
+/// e.g. `/lib64/ld-linux-x86-64.so.2`), or `None` for a static one.
+pub fn elf_interpreter(path: &Path) -> std::io::Result<Option<String>> {
+    let bytes = std::fs::read(path)?;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return Err(bad("not an ELF64 little-endian file"));
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let u64_at = |o: usize| -> std::io::Result<usize> {
+        let b: [u8; 8] = bytes
+            .get(o..o + 8)
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| bad("truncated header"))?;
+        usize::try_from(u64::from_le_bytes(b)).map_err(|_| bad("offset out of range"))
+    };
+    let (phoff, phentsize, phnum) = (u64_at(0x20)?, u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let p_type = bytes
+            .get(ph..ph + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or_else(|| bad("truncated program header"))?;
+        if p_type == 3 {
+            let (off, size) = (u64_at(ph + 8)?, u64_at(ph + 32)?);
+            let name = bytes
+                .get(off..off + size)
+                .ok_or_else(|| bad("truncated interpreter"))?;
+            let name = name.strip_suffix(&[0]).unwrap_or(name);
+            return Ok(Some(String::from_utf8_lossy(name).into_owned()));
+        }
+    }
+    Ok(None)
+}
+
 /// What one `supervise` invocation did.
 #[derive(Debug)]
 pub struct Run {
