@@ -241,12 +241,14 @@ fn test() -> Result<()> {
     // Everything is built before the VM stage starts, so the two stages
     // below never wait on each other's cargo lock.
     run(cargo().args(["test", "--workspace", "--no-run"]))?;
-    // The supervisor package's own tests first: its integration test
-    // (`--help`) links cargo's `supervise`, which `build_bins` then
-    // replaces by the static one every later stage runs (see
-    // `build_supervise`).
-    run(cargo().args(["test", "-p", "turnstile-supervisor", "--no-fail-fast"]))?;
     build_bins(false)?;
+    // The supervisor package's own tests first (the init beside
+    // `supervise` is built by now): its integration test (`--help`) links
+    // cargo's dynamic `supervise`, which the static one every later stage
+    // runs then replaces (see `build_supervise`; a relink, cargo keeps
+    // both).
+    run(cargo().args(["test", "-p", "turnstile-supervisor", "--no-fail-fast"]))?;
+    build_supervise(false)?;
     // The kernel matrix's reduced set (the full one is `cargo xtask
     // vm-test`, about 40 minutes): Debian 6.1 in QEMU, pure cgroup v2,
     // Landlock ABI 2. It runs beside the host's stages (QEMU is niced:
