@@ -240,22 +240,15 @@ fn test() -> Result<()> {
     ]))?;
     // Everything is built before the VM stage starts, so the two stages
     // below never wait on each other's cargo lock.
-    run(cargo().args(["test", "--workspace", "--no-run"]))?;
+    let supervisor_tests = build_tests("turnstile-supervisor")?;
     build_bins(false)?;
-    // The supervisor package's own tests first (the init beside
-    // `supervise` is built by now): its integration test (`--help`) links
-    // cargo's dynamic `supervise`, which the static one every later stage
-    // runs then replaces (see `build_supervise`; a relink, cargo keeps
-    // both).
-    run(cargo().args(["test", "-p", "turnstile-supervisor", "--no-fail-fast"]))?;
-    build_supervise(false)?;
     // The kernel matrix's reduced set (the full one is `cargo xtask
     // vm-test`, about 40 minutes): Debian 6.1 in QEMU, pure cgroup v2,
     // Landlock ABI 2. It runs beside the host's stages (QEMU is niced:
     // the host's tests keep their priority, the guest takes the idle
     // CPU), its output in a log printed when it ends.
     let vm = VmStage::start()?;
-    let host = host_stages();
+    let host = host_stages(&supervisor_tests);
     // Which of the two stages is the critical path, for the next trim.
     eprintln!(
         "xtask: host stages {} at {} s (the VM stage started at {} s)",
@@ -279,19 +272,75 @@ fn test() -> Result<()> {
     Ok(())
 }
 
+/// Builds every test binary of the workspace (`cargo test --workspace
+/// --no-run`) and returns those of `package`, to be run as they are.
+///
+/// `cargo test` of the supervisor package would link cargo's dynamic
+/// `supervise` back over the static one `build_bins` makes (its
+/// integration test needs the binary), and `cargo test -p` of that
+/// package alone resolves features apart from the workspace and rebuilds
+/// half of it: so its test binaries, built here with the rest, are run
+/// directly, and cargo tests the other packages.
+fn build_tests(package: &str) -> Result<Vec<PathBuf>> {
+    eprintln!("xtask: $ cargo test --workspace --no-run --message-format json-render-diagnostics");
+    let out = cargo()
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format",
+            "json-render-diagnostics",
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("cargo test --workspace --no-run failed: {}", out.status);
+    }
+    let suffix = format!("#{package}@");
+    let tests: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["profile"]["test"] == true
+                && m["package_id"]
+                    .as_str()
+                    .is_some_and(|id| id.contains(&suffix))
+        })
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .collect();
+    if tests.is_empty() {
+        bail!("cargo test --no-run named no test binary of {package}");
+    }
+    Ok(tests)
+}
+
 /// The host's stages of `test`: every test binary, then the red team on
 /// each backend.
-fn host_stages() -> Result<()> {
-    // The supervisor's own tests ran before `build_bins` (`test`): its
-    // package left out here, `supervise` stays the static binary built
-    // there.
-    run(cargo().args([
+fn host_stages(supervisor_tests: &[PathBuf]) -> Result<()> {
+    // The supervisor's own test binaries, as cargo runs them (from the
+    // package's directory), against the static `supervise`; then every
+    // other package through cargo (see `build_tests`).
+    let dir = workspace_root().join("supervisor");
+    let mut failed = Vec::new();
+    for t in supervisor_tests {
+        eprintln!("xtask: $ {}", t.display());
+        if !Command::new(t).current_dir(&dir).status()?.success() {
+            failed.push(t.display().to_string());
+        }
+    }
+    let rest = run(cargo().args([
         "test",
         "--workspace",
         "--exclude",
         "turnstile-supervisor",
         "--no-fail-fast",
-    ]))?;
+    ]));
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    rest?;
     redteam(&[])?;
     // The same suite through the runc backend (differences in
     // redteam::DIFFERENCES, each with its reason).
