@@ -552,7 +552,9 @@ impl Watch {
         let armed = Arc::clone(&self.armed);
         // Runs `act` unless the watch was stopped; false when it was.
         let fire = move |act: &dyn Fn()| {
-            let live = armed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let live = armed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if *live {
                 act();
             }
