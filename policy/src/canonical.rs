@@ -117,6 +117,51 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// The canonical form of the object `map`, and — when `map` has `key` —
+/// the byte range of it that, cut out, leaves the canonical form of `map`
+/// without `key`: the member and one comma beside it. One serialization
+/// serves both a check that bytes are canonical and the hash of the object
+/// less one member (a ledger entry less its `entry_hash`).
+pub fn object_to_vec_cutting(
+    map: &Map<String, Value>,
+    key: &str,
+) -> Result<(Vec<u8>, Option<std::ops::Range<usize>>), CanonicalError> {
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut out = Vec::with_capacity(256);
+    let mut cut = None;
+    let last = entries.len().saturating_sub(1);
+    out.push(b'{');
+    for (i, (k, v)) in entries.into_iter().enumerate() {
+        let start = out.len();
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(k, &mut out)?;
+        out.push(b':');
+        write_value(v, &mut out)?;
+        if k == key {
+            // The first member takes the comma after it (if any), every
+            // other one the comma before it.
+            cut = Some(if i == 0 && last > 0 {
+                start..out.len() + 1
+            } else {
+                start..out.len()
+            });
+        }
+    }
+    out.push(b'}');
+    Ok((out, cut))
+}
+
+/// Lowercase hex sha256 of `bytes` less the range `cut`.
+pub fn sha256_hex_cutting(bytes: &[u8], cut: std::ops::Range<usize>) -> String {
+    let mut h = Sha256::new();
+    h.update(&bytes[..cut.start]);
+    h.update(&bytes[cut.end..]);
+    hex::encode(h.finalize())
+}
+
 /// Lowercase hex sha256 of the canonical form of `value`.
 pub fn hash_value(value: &Value) -> Result<String, CanonicalError> {
     Ok(sha256_hex(&to_vec(value)?))
@@ -185,6 +230,44 @@ impl<'de> Visitor<'de> for StrictVisitor {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Cutting the member out of the one serialization gives the bytes of
+    /// the object without it, wherever the key sorts (first, inside, last,
+    /// alone, absent), and a nested member of that name is not it.
+    #[test]
+    fn cutting_a_member_is_serializing_without_it() {
+        let cases = [
+            json!({"entry_hash": "h", "z": 1}),
+            json!({"a": 1, "entry_hash": "h", "z": {"entry_hash": "inner"}}),
+            json!({"a": [1, 2], "b": "entry_hash", "entry_hash": "h"}),
+            json!({"entry_hash": "h"}),
+            json!({"a": {"entry_hash": "x"}}),
+            json!({}),
+        ];
+        for v in cases {
+            let Value::Object(map) = &v else {
+                unreachable!()
+            };
+            let (bytes, cut) = object_to_vec_cutting(map, "entry_hash").unwrap();
+            assert_eq!(bytes, to_vec(&v).unwrap(), "{v}");
+            let mut less = map.clone();
+            let had = less.remove("entry_hash").is_some();
+            assert_eq!(cut.is_some(), had, "{v}");
+            if let Some(cut) = cut {
+                let mut spliced = bytes.clone();
+                spliced.drain(cut.clone());
+                assert_eq!(
+                    spliced,
+                    to_vec(&Value::Object(less.clone())).unwrap(),
+                    "{v}"
+                );
+                assert_eq!(
+                    sha256_hex_cutting(&bytes, cut),
+                    hash_value(&Value::Object(less)).unwrap()
+                );
+            }
+        }
+    }
 
     #[test]
     fn sorts_keys_and_drops_whitespace() {

@@ -664,3 +664,86 @@ fn fr_rt_008_append_refuses_after_a_same_length_edit_of_the_head() {
         "does not match the content",
     );
 }
+
+/// Issue 29: a ledger large enough to be verified on several threads and
+/// in more than one window of lines (4,500 entries of ~1 KB: past the
+/// 256 KiB threshold and the 4,096-line window) verifies intact, and with
+/// two problems planted in parts that different threads examine, the one
+/// reported is the first a line-by-line pass meets — whatever its kind.
+#[test]
+fn issue_29_a_large_ledger_verified_in_parallel_names_its_first_problem() {
+    let fx = Fixture::new();
+    fx.install("hello-agent", HELLO_MANIFEST);
+    let sid = fx.new_session();
+    let session = open(&fx, &sid);
+    let lock = session.lock().unwrap();
+    for i in 0..4500u64 {
+        let Value::Object(m) = json!({
+            "event": "bulk",
+            "session_id": sid,
+            "turn_number": i,
+            "payload": "p".repeat(900),
+        }) else {
+            unreachable!()
+        };
+        session.ledger(LedgerKind::Exec).append(&lock, m).unwrap();
+    }
+    drop(lock);
+    let path = fx.ledger(&sid, "exec");
+    let original = lines(&path);
+    assert_eq!(original.len(), 4501, "session.started and 4,500 entries");
+    assert!(std::fs::metadata(&path).unwrap().len() > 4 << 20);
+    let (status, v) = verify(&fx, &sid);
+    assert_eq!(status, 0, "{v}");
+    let exec = v["ledgers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["ledger"] == "exec")
+        .unwrap();
+    assert_eq!(exec["entries"], 4501, "{v}");
+
+    // Same length, new content, old hash: the hash no longer matches.
+    let edited = |line: usize| {
+        let mut v: Value = serde_json::from_str(&original[line - 1]).unwrap();
+        v["payload"] = json!("q".repeat(900));
+        canonical_line(v, false)
+    };
+    let rehashed = |line: usize| {
+        let mut v: Value = serde_json::from_str(&original[line - 1]).unwrap();
+        v["payload"] = json!("r".repeat(900));
+        canonical_line(v, true)
+    };
+    let spaced = |line: usize| original[line - 1].replacen(",", ", ", 1);
+    type Plant<'a> = (usize, &'a dyn Fn(usize) -> String);
+    let cases: [(&[Plant<'_>], u64, &str); 4] = [
+        // A hash mismatch late in the first window, a non-canonical line
+        // in the second: the mismatch.
+        (
+            &[(3900, &edited), (4300, &spaced)],
+            3900,
+            "does not match the content",
+        ),
+        // A rehashed entry early (its successor no longer links) and a
+        // mismatch in the other thread's half: the link.
+        (
+            &[(10, &rehashed), (3000, &edited)],
+            11,
+            "does not link to the previous entry",
+        ),
+        // A non-canonical line in the second half, a mismatch later.
+        (&[(2500, &spaced), (4400, &edited)], 2500, "not canonical"),
+        // Only in the second window.
+        (&[(4450, &edited)], 4450, "does not match the content"),
+    ];
+    for (plants, line, needle) in cases {
+        let mut ls = original.clone();
+        for (at, plant) in plants {
+            ls[at - 1] = plant(*at);
+        }
+        write_lines(&path, &ls);
+        assert_tampered(&fx, &sid, "exec", Some(line), Some(line), needle);
+    }
+    write_lines(&path, &original);
+    assert_intact(&fx, &sid);
+}

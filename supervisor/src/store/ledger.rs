@@ -861,70 +861,69 @@ impl LedgerFiles {
             .rposition(|&b| b == b'\n')
             .map_or(0, |i| i + 1);
         let mut line_no = 0u64;
-        for piece in content[..complete_len].split_inclusive(|&b| b == b'\n') {
-            line_no += 1;
-            let raw = &piece[..piece.len() - 1];
-            let at = |problem| self.integrity(Some(line_no), None, problem);
-            if raw.is_empty() {
-                return Err(at(Problem::EmptyLine));
+        // Each line is examined on its own (parse, canonical form, hash),
+        // a window of lines at a time across the cores; then the window is
+        // walked in order for what depends on the lines before (the
+        // chain's links, turns, legacy entries), so the first problem
+        // reported is the one a line-by-line pass meets first.
+        let threads = if complete_len >= PARALLEL_VERIFY_BYTES {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+        } else {
+            1
+        };
+        let mut lines = content[..complete_len].split_inclusive(|&b| b == b'\n');
+        loop {
+            let window: Vec<&[u8]> = lines
+                .by_ref()
+                .take(VERIFY_WINDOW_LINES)
+                .map(|piece| &piece[..piece.len() - 1])
+                .collect();
+            if window.is_empty() {
+                break;
             }
-            if raw.len() > MAX_ENTRY_BYTES {
-                return Err(at(Problem::Malformed(format!(
-                    "line longer than {MAX_ENTRY_BYTES} bytes"
-                ))));
-            }
-            let value = match canonical::parse_strict(raw) {
-                Ok(v) => v,
-                Err(e) => return Err(at(Problem::Malformed(e.to_string()))),
-            };
-            let Value::Object(mut map) = value else {
-                return Err(at(Problem::NotObject));
-            };
-            let chain = ChainFields::of(&map);
-            let seq_field = chain.seq.as_ref().and_then(Value::as_u64);
-            let at_seq = |problem| self.integrity(Some(line_no), seq_field, problem);
-            match canonical::to_vec(&Value::Object(map.clone())) {
-                Ok(bytes) if bytes == raw => {}
-                _ => return Err(at_seq(Problem::NotCanonical)),
-            }
-            if let Some(t) = chain.turn() {
-                last_turn = last_turn.max(t);
-                match chain.event() {
-                    Event::TurnStarted => {
-                        open_turns.insert(t);
+            for examined in examine_all(&window, threads) {
+                line_no += 1;
+                let at_seq = |problem| self.integrity(Some(line_no), examined.seq, problem);
+                let line = examined.line.map_err(at_seq)?;
+                if let Some(t) = line.chain.turn() {
+                    last_turn = last_turn.max(t);
+                    match line.chain.event() {
+                        Event::TurnStarted => {
+                            open_turns.insert(t);
+                        }
+                        Event::TurnFinished => {
+                            open_turns.remove(&t);
+                        }
+                        _ => {}
                     }
-                    Event::TurnFinished => {
-                        open_turns.remove(&t);
+                }
+                match line.hash {
+                    LineHash::Legacy => {
+                        if head_seq > 0 {
+                            return Err(at_seq(Problem::LegacyAfterHashed));
+                        }
+                        legacy += 1;
+                        let w = format!(
+                            "ledger {}: line {line_no}: legacy entry without hashes; its content cannot be verified",
+                            self.path.display()
+                        );
+                        tracing::warn!("{w}");
+                        warnings.push(w);
                     }
-                    _ => {}
+                    LineHash::NotString => {
+                        return Err(at_seq(Problem::MissingField("entry_hash")));
+                    }
+                    LineHash::Hashed { recorded, computed } => {
+                        self.check_link(&line.chain, line_no, &expected_prev)
+                            .map_err(at_seq)?;
+                        if computed != recorded {
+                            return Err(at_seq(Problem::HashMismatch { recorded, computed }));
+                        }
+                        expected_prev = recorded;
+                        head_seq = line_no;
+                    }
                 }
             }
-
-            let Some(recorded) = map.remove("entry_hash") else {
-                if head_seq > 0 {
-                    return Err(at_seq(Problem::LegacyAfterHashed));
-                }
-                legacy += 1;
-                let w = format!(
-                    "ledger {}: line {line_no}: legacy entry without hashes; its content cannot be verified",
-                    self.path.display()
-                );
-                tracing::warn!("{w}");
-                warnings.push(w);
-                continue;
-            };
-            let Some(recorded) = recorded.as_str().map(str::to_owned) else {
-                return Err(at_seq(Problem::MissingField("entry_hash")));
-            };
-            self.check_link(&chain, line_no, &expected_prev)
-                .map_err(at_seq)?;
-            let computed = canonical::hash_value(&Value::Object(map))
-                .map_err(|e| at_seq(Problem::Malformed(e.to_string())))?;
-            if computed != recorded {
-                return Err(at_seq(Problem::HashMismatch { recorded, computed }));
-            }
-            expected_prev = recorded;
-            head_seq = line_no;
         }
         if complete_len < content.len() {
             return Err(self.integrity(Some(line_no + 1), None, Problem::TornLine));
@@ -948,6 +947,108 @@ impl LedgerFiles {
             warnings,
         })
     }
+}
+
+/// A ledger at least this large is verified on several threads (below it,
+/// making them costs more than they save).
+const PARALLEL_VERIFY_BYTES: usize = 256 << 10;
+
+/// Lines examined together before they are walked in order (bounds what
+/// verification holds of a large ledger at once).
+const VERIFY_WINDOW_LINES: usize = 4096;
+
+/// One ledger line as far as it can be judged without the lines before it.
+struct Examined {
+    /// Its `seq`, once it parsed as an object (errors name it).
+    seq: Option<u64>,
+    line: std::result::Result<Line, Problem>,
+}
+
+struct Line {
+    chain: ChainFields,
+    hash: LineHash,
+}
+
+enum LineHash {
+    /// No `entry_hash`: an entry from before the chain.
+    Legacy,
+    /// An `entry_hash` that is not a string.
+    NotString,
+    Hashed {
+        recorded: String,
+        /// sha256 of the canonical entry less its `entry_hash`.
+        computed: String,
+    },
+}
+
+/// Parses `raw`, checks it is the canonical form of what it holds, and
+/// hashes it less its `entry_hash` — from the one serialization that the
+/// check makes.
+fn examine(raw: &[u8]) -> Examined {
+    let bad = |problem| Examined {
+        seq: None,
+        line: Err(problem),
+    };
+    if raw.is_empty() {
+        return bad(Problem::EmptyLine);
+    }
+    if raw.len() > MAX_ENTRY_BYTES {
+        return bad(Problem::Malformed(format!(
+            "line longer than {MAX_ENTRY_BYTES} bytes"
+        )));
+    }
+    let map = match canonical::parse_strict(raw) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return bad(Problem::NotObject),
+        Err(e) => return bad(Problem::Malformed(e.to_string())),
+    };
+    let chain = ChainFields::of(&map);
+    let seq = chain.seq.as_ref().and_then(Value::as_u64);
+    let cut = match canonical::object_to_vec_cutting(&map, "entry_hash") {
+        Ok((bytes, cut)) if bytes == raw => cut,
+        _ => {
+            return Examined {
+                seq,
+                line: Err(Problem::NotCanonical),
+            };
+        }
+    };
+    let hash = match (map.get("entry_hash"), cut) {
+        (Some(Value::String(recorded)), Some(cut)) => LineHash::Hashed {
+            recorded: recorded.clone(),
+            computed: canonical::sha256_hex_cutting(raw, cut),
+        },
+        (Some(_), _) => LineHash::NotString,
+        (None, _) => LineHash::Legacy,
+    };
+    Examined {
+        seq,
+        line: Ok(Line { chain, hash }),
+    }
+}
+
+/// [`examine`] of every line, in order, on up to `threads` threads.
+fn examine_all(lines: &[&[u8]], threads: usize) -> Vec<Examined> {
+    if threads <= 1 || lines.len() < 2 {
+        return lines.iter().map(|l| examine(l)).collect();
+    }
+    let per = lines.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut parts = lines.chunks(per);
+        // The calling thread takes the first part itself.
+        let first = parts.next().unwrap_or_default();
+        let others: Vec<_> = parts
+            .map(|part| s.spawn(move || part.iter().map(|l| examine(l)).collect::<Vec<_>>()))
+            .collect();
+        let mut out: Vec<Examined> = first.iter().map(|l| examine(l)).collect();
+        for h in others {
+            match h.join() {
+                Ok(part) => out.extend(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
 }
 
 /// One ledger's part of a group append, rendered and checked.
