@@ -20,9 +20,11 @@
 //!   no_new_privs, the turn's uid) are taken before the turn's Plan
 //!   arrives: a warm sandbox's S3 waits for its turn already holding them.
 //!
-//! When the command (S3) exits, S2 records its status and exits; the kernel
-//! then kills every other process of the PID namespace — nothing a turn
-//! starts outlives it. Every failure is written to the report file (opened
+//! When the command (S3) exits, S2 records its status, kills and reaps
+//! every other process of the PID namespace — nothing a turn starts
+//! outlives it — says so on `DONE_FD`, and exits (the supervisor captures
+//! while that exit runs: [`end_turn`]). If S2 dies any other way, the
+//! kernel kills the rest of the namespace as it goes. Every failure is written to the report file (opened
 //! close-on-exec before the pivot, so the command never sees it) and ends
 //! the stage with a non-zero status: the supervisor fails the turn closed.
 
@@ -62,6 +64,13 @@ pub const GO_FD: i32 = 4;
 /// supervisor has one for it. Before it reads, S3 writes [`PARKED`] on
 /// `READY_FD`.
 pub const TURN_FD: i32 = 5;
+/// Where S2 says the turn is over: one [`DONE`] once the command has
+/// ended, its status is in the report, and every other process of the
+/// turn's PID namespace is killed and reaped. S2 exits right after; the
+/// supervisor need not wait for that exit (its namespaces' teardown) to
+/// capture. Closed with no byte when S2 ends any other way.
+pub const DONE_FD: i32 = 6;
+pub const DONE: u8 = b'D';
 /// S3's first byte on `READY_FD`: the root is built, the sandbox waits for
 /// its turn. (Its second, "restricted, waiting for go", is [`READY`].)
 pub const PARKED: u8 = b'P';
@@ -190,7 +199,7 @@ pub fn main(turn_dir: &Path) -> ! {
     // that has started no threads), so the child may run arbitrary code.
     match unsafe { fork() }.or_fail(&mut report, "fork pid 1") {
         ForkResult::Parent { child } => {
-            close_handshake(&[READY_FD, GO_FD, TURN_FD]);
+            close_handshake(&[READY_FD, GO_FD, TURN_FD, DONE_FD]);
             // S1 only relays: the command's status travels in the report.
             // PID 1 killed by a signal is relayed as 128 + its number (as a
             // shell does), so a PID 1 that never reported can be told from
@@ -767,6 +776,7 @@ fn pid1(built: &Plan, new_root: &Path, bpf: &[u8], mut report: Report) -> ! {
     match unsafe { fork() }.or_fail(&mut report, "fork command") {
         ForkResult::Child => command_stage(built, bpf, report),
         ForkResult::Parent { child } => {
+            // S2 keeps DONE_FD (end_turn).
             close_handshake(&[READY_FD, GO_FD, TURN_FD]);
             // What S2 reports of the turn depends on the shape alone.
             reap(built, child, report)
@@ -848,7 +858,7 @@ fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
             Ok(WaitStatus::Exited(pid, code)) if pid == command => {
                 report_ephemeral(plan, &mut report);
                 report.event(InitEvent::Exit { code });
-                std::process::exit(0)
+                end_turn()
             }
             Ok(WaitStatus::Signaled(pid, signal, core)) if pid == command => {
                 report_ephemeral(plan, &mut report);
@@ -857,13 +867,35 @@ fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
                     name: signal.as_str().to_owned(),
                     core,
                 });
-                std::process::exit(0)
+                end_turn()
             }
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => {}
             Err(e) => report.fail("reap", e),
         }
     }
+}
+
+/// S2 once the command has ended and its status is reported: kills every
+/// other process of the PID namespace (what the kernel does when PID 1
+/// exits) and reaps them all, closes its copies of the turn's stdio (the
+/// supervisor reads the output pipes to EOF), says [`DONE`] on `DONE_FD`
+/// and exits. The supervisor captures from here on, while this process's
+/// exit — its namespaces' teardown — runs beside it; the cgroup tells it
+/// that nothing but this process is left.
+fn end_turn() -> ! {
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
+    // Until ECHILD: no process of the namespace is left.
+    while let Ok(_) | Err(nix::errno::Errno::EINTR) =
+        waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL))
+    {}
+    close_handshake(&[0, 1, 2]);
+    // SAFETY: DONE_FD was placed by the supervisor for this process tree
+    // and is still open in S2 (only S1 and S3 close it); borrowed for one
+    // write.
+    let done = unsafe { std::os::fd::BorrowedFd::borrow_raw(DONE_FD) };
+    let _ = nix::unistd::write(done, &[DONE]);
+    std::process::exit(0)
 }
 
 /// S3. The fixed restriction order (STYLE rule 5), each step relying on the
@@ -884,6 +916,8 @@ fn reap(plan: &Plan, command: Pid, mut report: Report) -> ! {
 /// forked; it then parks ([`await_turn`]), and 5–6 follow with the turn's
 /// own Plan.
 fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
+    // Only S2 says the turn is over.
+    close_handshake(&[DONE_FD]);
     let _ = nix::unistd::setsid();
     set_sigterm(nix::sys::signal::SigHandler::SigDfl).or_fail(&mut report, "restore SIGTERM");
     nix::sys::signal::sigprocmask(

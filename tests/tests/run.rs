@@ -419,6 +419,61 @@ fn background_processes_are_gone_when_run_returns() {
     fx.assert_ledgers_intact(&sid(&r.json()));
 }
 
+/// Issue 29: PID 1 ends the turn itself (kills and reaps every other
+/// process of its namespace, then says so) and the supervisor captures
+/// while PID 1's own exit runs. A writer left in the background, appending
+/// to a declared output as fast as it can, is dead before the capture: the
+/// committed file's bytes are the ones its recorded hash names, and stay
+/// so; no process of the turn is left.
+#[test]
+fn issue_29_a_background_writer_is_gone_before_the_capture() {
+    if !require_root("issue_29_a_background_writer_is_gone_before_the_capture") {
+        return;
+    }
+    let fx = fixture();
+    let marker = format!("late-writer-{}", std::process::id());
+    let r = fx.run(
+        "t",
+        &[
+            "--json",
+            "--output",
+            "output/<session_id>/late.txt:log",
+            "--",
+            "/bin/sh",
+            "-c",
+            "i=0; while :; do echo $i >> output/$TURNSTILE_SESSION_ID/late.txt; i=$((i+1)); done & /bin/sleep 0.2; exit 0",
+            &marker,
+        ],
+    );
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    let v = r.json();
+    assert_eq!(v["status"], "committed", "{v}");
+    let committed = &v["committed"][0];
+    let path = fx.root.join(committed["path"].as_str().unwrap());
+    let hash = || {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(&path).unwrap()))
+    };
+    assert_eq!(hash(), committed["sha256"].as_str().unwrap(), "{v}");
+    assert!(committed["size"].as_u64().unwrap() > 0, "{v}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        hash(),
+        committed["sha256"].as_str().unwrap(),
+        "written after the capture"
+    );
+    let survivors = std::process::Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    assert!(
+        survivors.stdout.is_empty(),
+        "survivors: {}",
+        String::from_utf8_lossy(&survivors.stdout)
+    );
+    fx.assert_ledgers_intact(&sid(&v));
+}
+
 #[test]
 fn timeout_exits_14() {
     if !require_root("timeout_exits_14") {

@@ -434,6 +434,11 @@ impl TurnCgroup {
             .collect()
     }
 
+    /// Whether `pid` is the only process in the cgroup, if any is.
+    pub fn holds_only(&self, pid: u32) -> bool {
+        self.pids().iter().all(|p| *p as u32 == pid)
+    }
+
     /// Sends `signal` to every process in the cgroup.
     pub fn signal_all(&self, signal: nix::sys::signal::Signal) {
         for pid in self.pids() {

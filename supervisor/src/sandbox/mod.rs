@@ -639,6 +639,8 @@ pub struct Created {
     cg: Arc<cgroup::TurnCgroup>,
     child: Option<spawn::InitChild>,
     go: Option<std::os::fd::OwnedFd>,
+    /// Where PID 1 says the turn is over ([`init::DONE_FD`]).
+    done: Option<std::os::fd::OwnedFd>,
     watch: Watch,
     posture: Option<posture::Posture>,
     phases: Vec<(&'static str, u64)>,
@@ -700,13 +702,27 @@ impl Created {
             self.cg.kill_all();
         }
         let mut init_ended = None;
+        // PID 1 that ended the turn itself (DONE: the command's status in
+        // the report, every other process of its namespace reaped) is left
+        // to exit — its namespaces' teardown — beside the capture; the
+        // teardown below reaps it. The cgroup must agree that nothing else
+        // is left. Any other end (EOF: PID 1 died, was killed, failed) is
+        // waited for here, as always.
+        let said_done = self.done.take().is_some_and(|fd| said_done(&fd));
+        let mut exiting = None;
         let status = match self.child.take() {
+            Some(c) if said_done && self.cg.holds_only(c.id()) => {
+                exiting = Some(c);
+                Ok(())
+            }
             Some(mut c) => c.wait().map(|()| init_ended = c.ended()),
             None => Err(std::io::Error::other("no sandbox process")),
         };
         self.watch.stop();
         // The pipes close once every process holding them is gone.
-        self.cg.kill_all();
+        if exiting.is_none() {
+            self.cg.kill_all();
+        }
         let (stdout, stderr) = self.watch.streams();
         status.map_err(|e| sandbox_err("wait for sandbox", e.to_string()))?;
         self.lap("command_and_exit");
@@ -748,8 +764,12 @@ impl Created {
                 _ => {}
             }
         }
-        // Whatever happened: nothing of the turn keeps running.
-        let empty = self.cg.kill_all();
+        // Whatever happened: nothing of the turn keeps running (but an
+        // exiting PID 1, which runs nothing).
+        let empty = match &exiting {
+            Some(init) => self.cg.holds_only(init.id()),
+            None => self.cg.kill_all(),
+        };
         let egress = self.egress.take().map(egress::Running::finish);
         if egress.is_some() {
             self.lap("egress_finish");
@@ -759,7 +779,13 @@ impl Created {
         // Removing the emptied cgroups waits for the turn's finish entries
         // (see `Deferred`); on the error below it runs as it drops.
         let cg = Arc::clone(&self.cg);
-        let teardown = Deferred::new(move || cg.remove());
+        let teardown = Deferred::new(move || {
+            // An exiting PID 1 leaves the cgroup once reaped.
+            if let Some(mut init) = exiting {
+                let _ = init.wait();
+            }
+            cg.remove()
+        });
         if !empty {
             return Err(sandbox_err(
                 "teardown",
@@ -834,6 +860,7 @@ pub struct Parked {
     ready: std::os::fd::OwnedFd,
     go: Option<std::os::fd::OwnedFd>,
     turn: Option<std::os::fd::OwnedFd>,
+    done: Option<std::os::fd::OwnedFd>,
     out: Option<std::fs::File>,
     err: Option<std::fs::File>,
     shape: Plan,
@@ -967,7 +994,13 @@ pub fn park(
         EarlyNetns::Joined(fd) => fd,
     };
     let spawned = spawn_parked(turn, &cg, netns);
-    let (mut child, ready, go, turn_w) = match spawned {
+    let Spawned {
+        mut child,
+        ready,
+        go,
+        turn: turn_w,
+        done,
+    } = match spawned {
         Ok(x) => x,
         Err(e) => {
             cg.kill_all();
@@ -1003,6 +1036,7 @@ pub fn park(
         ready,
         go: Some(go),
         turn: Some(turn_w),
+        done: Some(done),
         out: Some(out),
         err: Some(err),
         shape: plan.shape(),
@@ -1120,6 +1154,7 @@ impl Parked {
             cg: Arc::clone(&self.cg),
             child,
             go: self.go.take(),
+            done: self.done.take(),
             watch,
             posture: None,
             phases: std::mem::take(&mut self.phases),
@@ -1271,19 +1306,12 @@ impl Drop for EgressSetup {
 }
 
 /// Starts `supervise __sandbox-init` in the turn's cgroup and namespaces
-/// (see [`spawn`]), with the handshake pipes: (child, ready's read end,
-/// go's write end, the turn Plan's write end).
-#[allow(clippy::type_complexity)]
+/// (see [`spawn`]), with the handshake pipes.
 fn spawn_parked(
     turn: &TurnDir,
     cg: &Arc<cgroup::TurnCgroup>,
     netns: Option<std::os::fd::OwnedFd>,
-) -> Result<(
-    spawn::InitChild,
-    std::os::fd::OwnedFd,
-    std::os::fd::OwnedFd,
-    std::os::fd::OwnedFd,
-)> {
+) -> Result<Spawned> {
     let exe = initbin::path().map_err(|e| sandbox_err("locate supervise", e.to_string()))?;
     let joins = cg.joins()?;
     // The posture handshake pipes, numbered >= 10 so the dup2 onto 3 and 4
@@ -1292,6 +1320,7 @@ fn spawn_parked(
     let (ready_r, ready_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let (turn_r, turn_w) = pipe()?;
+    let (done_r, done_w) = pipe()?;
     let mut flags = NAMESPACES
         .iter()
         .fold(CloneFlags::empty(), |f, (_, flag)| f | *flag);
@@ -1311,6 +1340,7 @@ fn spawn_parked(
             (std::os::fd::AsRawFd::as_raw_fd(&ready_w), init::READY_FD),
             (std::os::fd::AsRawFd::as_raw_fd(&go_r), init::GO_FD),
             (std::os::fd::AsRawFd::as_raw_fd(&turn_r), init::TURN_FD),
+            (std::os::fd::AsRawFd::as_raw_fd(&done_w), init::DONE_FD),
         ],
         unshare: flags,
         netns: netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd),
@@ -1331,7 +1361,38 @@ fn spawn_parked(
     drop(ready_w);
     drop(go_r);
     drop(turn_r);
-    Ok((child, ready_r, go_w, turn_w))
+    drop(done_w);
+    Ok(Spawned {
+        child,
+        ready: ready_r,
+        go: go_w,
+        turn: turn_w,
+        done: done_r,
+    })
+}
+
+/// The sandbox's PID 1 and the supervisor's ends of its handshake pipes.
+struct Spawned {
+    child: spawn::InitChild,
+    ready: std::os::fd::OwnedFd,
+    go: std::os::fd::OwnedFd,
+    /// Where the turn's Plan is sent.
+    turn: std::os::fd::OwnedFd,
+    /// Where PID 1 says the turn is over ([`init::DONE_FD`]).
+    done: std::os::fd::OwnedFd,
+}
+
+/// Whether PID 1 said [`init::DONE`] on `done` (blocks until it does, or
+/// until every holder of the pipe's other end is gone).
+fn said_done(done: &std::os::fd::OwnedFd) -> bool {
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(done, &mut byte) {
+            Ok(1) => return byte[0] == init::DONE,
+            Err(nix::errno::Errno::EINTR) => {}
+            _ => return false,
+        }
+    }
 }
 
 /// How the turn ended, from the init's report; `init` is how the

@@ -109,7 +109,7 @@ pub struct Spec<'a> {
     /// (`turnstile_init::BUILD_ENV`).
     pub env: (&'a str, &'a Path),
     /// Descriptors to place at fixed numbers (dup2 clears close-on-exec).
-    pub fds: [(RawFd, RawFd); 3],
+    pub fds: [(RawFd, RawFd); 4],
     /// Namespaces unshared after joining the cgroup (so the cgroup
     /// namespace is rooted at the turn's cgroup).
     pub unshare: CloneFlags,
@@ -289,7 +289,7 @@ struct ChildCtx {
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     stdio: [RawFd; 3],
-    fds: [(RawFd, RawFd); 3],
+    fds: [(RawFd, RawFd); 4],
     tasks: [RawFd; 16],
     ntasks: usize,
     v2_procs: RawFd,
