@@ -107,7 +107,9 @@ pub enum MountStep {
         source: PathBuf,
         target: PathBuf,
     },
-    /// Closes the sources and detaches the idmapped clone.
+    /// Closes the sources. The idmapped clone at `target` (in the turn
+    /// directory, outside the new root) is detached with the old root
+    /// after `pivot_root`, in the same unmount.
     DetachWorkspace {
         target: PathBuf,
     },
@@ -383,6 +385,18 @@ mod tests {
         // mount point.
         assert!(matches!(d[d.len() - 2], MountStep::DetachWorkspace { .. }));
         assert!(mask_file < d.len() - 2);
+        // The clone is outside the new root: the old root's detach after
+        // pivot_root takes it (the init does not unmount it on its own).
+        let MountStep::DetachWorkspace { target } = &d[d.len() - 2] else {
+            unreachable!()
+        };
+        let MountStep::RootTmpfs { target: new_root } = &d[2] else {
+            panic!("the new root's tmpfs is the third step: {:?}", d[2])
+        };
+        assert!(
+            !target.starts_with(new_root),
+            "{target:?} under {new_root:?}"
+        );
         assert!(matches!(d[d.len() - 1], MountStep::OldRootDir { .. }));
     }
 
