@@ -24,9 +24,10 @@
 //! every other process of the PID namespace — nothing a turn starts
 //! outlives it — says so on `DONE_FD`, and exits (the supervisor captures
 //! while that exit runs: [`end_turn`]). If S2 dies any other way, the
-//! kernel kills the rest of the namespace as it goes. Every failure is written to the report file (opened
-//! close-on-exec before the pivot, so the command never sees it) and ends
-//! the stage with a non-zero status: the supervisor fails the turn closed.
+//! kernel kills the rest of the namespace as it goes. Every failure is
+//! written to the report file (opened close-on-exec before the pivot, so
+//! the command never sees it) and ends the stage with a non-zero status:
+//! the supervisor fails the turn closed.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
