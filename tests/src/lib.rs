@@ -43,6 +43,18 @@ pub fn supervise_bin() -> PathBuf {
     bin
 }
 
+/// `pgrep -a -f PATTERN`: the matching processes' pids and command lines.
+pub fn pgrep_full(pattern: &str) -> Vec<String> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-a", "-f", pattern])
+        .output()
+        .expect("pgrep (procps) is required");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The interpreter an ELF64 little-endian executable names (`PT_INTERP`,
 /// e.g. `/lib64/ld-linux-x86-64.so.2`), or `None` for a static one.
 pub fn elf_interpreter(path: &Path) -> std::io::Result<Option<String>> {

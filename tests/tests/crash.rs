@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use turnstile_tests::{Fixture, read_entries, require_root, supervise_bin};
+use turnstile_tests::{Fixture, pgrep_full, read_entries, require_root, supervise_bin};
 
 const MANIFEST: &str = r#"{
   "capabilities": {
@@ -1056,18 +1056,6 @@ fn require_runtime(test: &str, runtime: &str) -> bool {
     }
     eprintln!("turnstile-test: SKIPPED {test} on {runtime}: {reason}");
     false
-}
-
-/// `pgrep -f PATTERN`: the matching processes' pids and command lines.
-fn pgrep_full(pattern: &str) -> Vec<String> {
-    let out = Command::new("pgrep")
-        .args(["-a", "-f", pattern])
-        .output()
-        .expect("pgrep (procps) is required");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
 }
 
 /// Everything of the session's OCI turns a dead supervisor could leave on

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use turnstile_tests::{Fixture, read_entries, require_root};
+use turnstile_tests::{Fixture, pgrep_full, read_entries, require_root};
 
 const MANIFEST: &str = r#"{
   "capabilities": {
@@ -407,15 +407,8 @@ fn background_processes_are_gone_when_run_returns() {
         ],
     );
     assert_eq!(r.status, 0, "{}", r.stderr);
-    let survivors = std::process::Command::new("pgrep")
-        .args(["-f", &format!("sleep {marker}")])
-        .output()
-        .unwrap();
-    assert!(
-        survivors.stdout.is_empty(),
-        "survivors: {}",
-        String::from_utf8_lossy(&survivors.stdout)
-    );
+    let survivors = pgrep_full(&format!("sleep {marker}"));
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
     fx.assert_ledgers_intact(&sid(&r.json()));
 }
 
@@ -462,15 +455,8 @@ fn issue_29_a_background_writer_is_gone_before_the_capture() {
         committed["sha256"].as_str().unwrap(),
         "written after the capture"
     );
-    let survivors = std::process::Command::new("pgrep")
-        .args(["-f", &marker])
-        .output()
-        .unwrap();
-    assert!(
-        survivors.stdout.is_empty(),
-        "survivors: {}",
-        String::from_utf8_lossy(&survivors.stdout)
-    );
+    let survivors = pgrep_full(&marker);
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
     fx.assert_ledgers_intact(&sid(&v));
 }
 
