@@ -18,7 +18,9 @@
 //! - **S3**, which drops every privilege in a fixed order (see
 //!   [`command_stage`]) and execs the command. Steps 2–4 (capabilities,
 //!   no_new_privs, the turn's uid) are taken before the turn's Plan
-//!   arrives: a warm sandbox's S3 waits for its turn already holding them.
+//!   arrives: a warm sandbox's S3 waits for its turn already holding them
+//!   — and, sent its built Plan (its last turn's) at once, Landlock and
+//!   seccomp too; its turn then sends only its command ([`LAUNCH`]).
 //!
 //! When the command (S3) exits, S2 records its status, kills and reaps
 //! every other process of the PID namespace — nothing a turn starts
@@ -57,7 +59,8 @@ pub use super::turnpaths::{
 
 /// Descriptors of the posture handshake, placed by the supervisor's
 /// pre_exec hook and marked close-on-exec here: S3 writes one byte on
-/// `READY_FD` when fully restricted and waits for one byte on `GO_FD`.
+/// `READY_FD` when fully restricted and waits for its go on `GO_FD`
+/// ([`GO`] or [`LAUNCH`]).
 pub const READY_FD: i32 = 3;
 pub const GO_FD: i32 = 4;
 /// Where S3, parked with the turn's root built and its identity taken,
@@ -89,6 +92,19 @@ pub const TURN_PART: u8 = b'+';
 
 /// The largest turn Plan S3 accepts on `TURN_FD`.
 const MAX_TURN_PLAN: u64 = 64 << 20;
+
+/// What the supervisor writes on `GO_FD` (then closes it) to let the
+/// command run with the Plan S3 was restricted with.
+pub const GO: &[u8] = b"G";
+/// The first byte of the other answer on `GO_FD`: the turn's own part
+/// ([`turnstile_policy::plan::TurnPart`], JSON after this byte) for a
+/// stage restricted ahead of its turn — a warm sandbox's, sent its built
+/// Plan ([`SAME_PLAN`], its last turn's) as soon as it parked, so Landlock,
+/// seccomp and the posture check are done before the turn arrives. Only
+/// the command and its environment take effect: the part's restrictions
+/// (execute rules, working directory, no stdin) must be the ones in force,
+/// or the stage refuses to exec (the supervisor checks first).
+pub const LAUNCH: u8 = b'L';
 
 /// The report channel: one JSON object per line, one `write` each.
 struct Report(File);
@@ -918,7 +934,8 @@ fn end_turn() -> ! {
 ///
 /// Steps 2–4 depend on the Plan's shape only and run as soon as S3 is
 /// forked; it then parks ([`await_turn`]), and 5–6 follow with the turn's
-/// own Plan.
+/// own Plan — or, for a warm sandbox's stage restricted ahead, with its
+/// built Plan, before the turn, whose command then comes with the go.
 fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     // Only S2 says the turn is over.
     close_handshake(&[DONE_FD]);
@@ -970,12 +987,39 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     });
     // Fully restricted: let the supervisor inspect us from outside before
     // the command's first instruction; exec only on its go.
-    if !handshake(kernel.notify_fd) {
-        report.event(InitEvent::Error {
-            stage: "posture".into(),
-            detail: "the supervisor did not approve the sandbox posture".into(),
-        });
-        std::process::exit(SETUP_FAILED);
+    let (argv, env) = match handshake(kernel.notify_fd) {
+        Some(Go::Plan) => (argv, env),
+        Some(Go::Launch(part)) => {
+            // Restricted ahead of this turn: its command, with the
+            // restrictions already in force — which must be its own.
+            let turn = built.with_turn_part(part);
+            if turn.landlock.execute != plan.landlock.execute
+                || turn.cwd != plan.cwd
+                || turn.stdin.is_some()
+            {
+                report.fail(
+                    "launch",
+                    "the turn's restrictions are not the ones this stage holds",
+                )
+            }
+            let argv: Vec<CString> = turn.argv.iter().map(|a| cstr(a, &mut report)).collect();
+            let env: Vec<CString> = turn
+                .env
+                .iter()
+                .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
+                .collect();
+            (argv, env)
+        }
+        None => {
+            report.event(InitEvent::Error {
+                stage: "posture".into(),
+                detail: "the supervisor did not approve the sandbox posture".into(),
+            });
+            std::process::exit(SETUP_FAILED);
+        }
+    };
+    if argv.is_empty() {
+        report.fail("launch", "the turn has no command")
     }
     let err = nix::unistd::execve(&argv[0], &argv, &env).err();
     // seccomp is in force: only write/exit are certain to work now.
@@ -1099,26 +1143,39 @@ fn close_handshake(fds: &[i32]) {
     }
 }
 
+/// The supervisor's answer on `GO_FD`.
+enum Go {
+    /// [`GO`]: the Plan S3 was restricted with.
+    Plan,
+    /// [`LAUNCH`]: the turn's own part, for a stage restricted ahead.
+    Launch(turnstile_policy::plan::TurnPart),
+}
+
 /// S3's side of the posture handshake: "ready" and the number of the
 /// descriptor that holds the seccomp listener (one byte each, one write),
-/// then wait for "go".
-fn handshake(notify_fd: Option<i32>) -> bool {
-    // SAFETY: the descriptors are open in S3 for its whole life (inherited
-    // from S1 through fork); borrowing them for two calls is sound.
-    let (ready, go) = unsafe {
-        (
-            std::os::fd::BorrowedFd::borrow_raw(READY_FD),
-            std::os::fd::BorrowedFd::borrow_raw(GO_FD),
-        )
-    };
-    let Some(fd) = notify_fd.and_then(|fd| u8::try_from(fd).ok()) else {
-        return false;
-    };
+/// then wait for "go" (read to EOF: the supervisor closes its end once
+/// written). `None`: no go (the supervisor refused or is gone). Runs under
+/// seccomp: it reads, allocates and parses, nothing else.
+fn handshake(notify_fd: Option<i32>) -> Option<Go> {
+    use std::io::Read;
+    // SAFETY: READY_FD is open in S3 for its whole life (inherited from S1
+    // through fork); borrowing it for one write is sound.
+    let ready = unsafe { std::os::fd::BorrowedFd::borrow_raw(READY_FD) };
+    let fd = notify_fd.and_then(|fd| u8::try_from(fd).ok())?;
     if nix::unistd::write(ready, &[READY, fd]) != Ok(2) {
-        return false;
+        return None;
     }
-    let mut answer = [0u8; 1];
-    matches!(nix::unistd::read(go, &mut answer), Ok(1)) && answer[0] == b'G'
+    // SAFETY: GO_FD was placed by the supervisor for this process tree and
+    // S3 is its only reader (S1 and S2 closed their copies); S3 takes
+    // ownership here, reads it once, and it is closed on exec.
+    let go = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(GO_FD) };
+    let mut answer = Vec::new();
+    go.take(MAX_TURN_PLAN).read_to_end(&mut answer).ok()?;
+    match answer.split_first() {
+        _ if answer == GO => Some(Go::Plan),
+        Some((&LAUNCH, part)) => serde_json::from_slice(part).ok().map(Go::Launch),
+        _ => None,
+    }
 }
 
 fn set_sigterm(handler: nix::sys::signal::SigHandler) -> nix::Result<()> {

@@ -1503,19 +1503,21 @@ fn serve_warm_sandbox_serves_only_a_turn_of_the_same_shape_issue_14() {
     assert_nothing_left(&fx, &sid);
 }
 
-/// A warm sandbox waits with its command's stage already forked and
-/// holding the turn's identity (uid and gid 65534, no capability in any
-/// set, no_new_privs); Landlock and seccomp wait for the turn's own Plan.
-/// Then a warm turn runs from it with the posture of a cold one.
+/// A warm sandbox waits with its command's stage already forked, holding
+/// the turn's identity (uid and gid 65534, no capability in any set,
+/// no_new_privs) and restricted as its last turn was (Landlock, seccomp),
+/// its posture checked. A turn with those restrictions runs from it (its
+/// own command and environment) with the posture of a cold one; a turn
+/// with other execute rules does not take it, and runs with its own.
 #[test]
-fn issue_29_a_warm_sandbox_parks_its_command_stage_holding_the_turns_identity() {
-    if !require_root("issue_29_a_warm_sandbox_parks_its_command_stage_holding_the_turns_identity") {
+fn issue_29_a_warm_sandbox_parks_its_command_stage_restricted_ahead() {
+    if !require_root("issue_29_a_warm_sandbox_parks_its_command_stage_restricted_ahead") {
         return;
     }
     let fx = Fixture::new();
     fx.install(
         "s",
-        r#"{"capabilities": {"execute": ["/bin/sh"]}, "limits": {"pids": 32}}"#,
+        r#"{"capabilities": {"execute": ["/bin/sh", "/usr/bin/e*"]}, "limits": {"pids": 32}}"#,
     );
     let sid = fx.new_session();
     let daemon = Daemon::start(&fx, &[]);
@@ -1560,16 +1562,19 @@ fn issue_29_a_warm_sandbox_parks_its_command_stage_holding_the_turns_identity() 
         assert_eq!(field(s, cap), "0000000000000000", "{cap}: {s}");
     }
     assert_eq!(field(s, "NoNewPrivs"), "1", "{s}");
-    // Not yet: seccomp comes last, with the turn.
-    assert_eq!(field(s, "Seccomp"), "0", "{s}");
-    // The turn that takes it is checked and enforced as a cold one is.
-    let warm = served_json(&fx, &daemon.socket, &sid, &cmd);
+    // Already: seccomp's filter, last of the restrictions (and Landlock
+    // before it), in force while it waits for its turn.
+    assert_eq!(field(s, "Seccomp"), "2", "{s}");
+    // The turn that takes it — its own command and environment — is
+    // checked and enforced as a cold one is.
+    let other = ["/bin/sh", "-c", "echo ran again $TURNSTILE_TURN"];
+    let warm = served_json(&fx, &daemon.socket, &sid, &other);
     assert_eq!(sandbox_of(&warm), "warm", "{warm}");
     assert!(
         warm["command_output"]
             .as_str()
             .unwrap()
-            .starts_with("ran\n"),
+            .starts_with("ran again 2\n"),
         "{warm}"
     );
     assert_eq!(warm["enforcement"]["posture"]["ok"], true, "{warm}");
@@ -1580,6 +1585,32 @@ fn issue_29_a_warm_sandbox_parks_its_command_stage_holding_the_turns_identity() 
         cold["enforcement"]["seccomp"]
     );
     assert_eq!(warm["enforcement"]["seccomp"]["mode"], "filter", "{warm}");
+    // A command the glob admits has its own execute rule (the program,
+    // resolved): the stage restricted ahead holds the last turn's, so this
+    // turn builds its own sandbox...
+    wait_for("the warm sandbox", || warm_built(&fx, &sid));
+    let echo = served_json(&fx, &daemon.socket, &sid, &["/usr/bin/echo", "mine"]);
+    assert_eq!(sandbox_of(&echo), "cold", "{echo}");
+    assert!(
+        echo["command_output"]
+            .as_str()
+            .unwrap()
+            .starts_with("mine\n"),
+        "{echo}"
+    );
+    // ... and the next turn like it takes the sandbox restricted after it.
+    wait_for("the warm sandbox", || warm_built(&fx, &sid));
+    let again = served_json(&fx, &daemon.socket, &sid, &["/usr/bin/echo", "again"]);
+    assert_eq!(sandbox_of(&again), "warm", "{again}");
+    assert!(
+        again["command_output"]
+            .as_str()
+            .unwrap()
+            .starts_with("again\n"),
+        "{again}"
+    );
+    assert_eq!(again["enforcement"]["posture"]["ok"], true, "{again}");
+    fx.assert_ledgers_intact(&sid);
 }
 
 /// A daemon serves one turn of `sid`, builds its warm sandbox and is

@@ -655,8 +655,11 @@ pub struct Created {
     observation: std::result::Result<observe::Registration, String>,
     warm: bool,
     egress: Option<egress::Running>,
-    /// The command was let go (`start` wrote its go byte).
+    /// The command was let go (`start` wrote its go).
     released: bool,
+    /// What `start` writes on the go pipe: [`init::GO`], or for a stage
+    /// restricted ahead of its turn, [`init::LAUNCH`] and the turn's part.
+    launch: Vec<u8>,
 }
 
 impl Created {
@@ -680,7 +683,8 @@ impl Created {
         self.last = Instant::now();
         match (&self.posture, self.go.take()) {
             (Some(p), Some(go)) if p.ok() => {
-                self.released = nix::unistd::write(&go, b"G") == Ok(1);
+                // Closed once written: the stage reads its go to EOF.
+                self.released = std::fs::File::from(go).write_all(&self.launch).is_ok();
             }
             _ => {
                 self.cg.kill_all();
@@ -885,6 +889,17 @@ pub struct Parked {
     /// A `restricted` / `allow_egress` sandbox's egress, being set up in
     /// its network namespace while its init builds the rest.
     egress: Option<std::thread::JoinHandle<std::result::Result<egress::Running, String>>>,
+    /// Its command stage, restricted ahead of its turn
+    /// ([`Parked::restrict_ahead`]).
+    ahead: Option<Ahead>,
+}
+
+/// A command stage restricted ahead of its turn, as its turn's would be:
+/// its posture checked from outside, its seccomp listener taken.
+#[derive(Debug)]
+struct Ahead {
+    posture: posture::Posture,
+    listener: std::result::Result<notify::Listener, String>,
 }
 
 /// The host paths a Plan's mounts show, each with the (device, inode) it
@@ -1053,6 +1068,7 @@ pub fn park(
         scratch: turn.path.join(init::SCRATCH_DIR),
         sources,
         egress,
+        ahead: None,
     })
 }
 
@@ -1114,6 +1130,50 @@ impl Parked {
         self.parked == Some(true)
     }
 
+    /// Restricts the parked command stage now, with the Plan the sandbox
+    /// was built from (a warm sandbox's: its last turn's), and checks its
+    /// posture — Landlock, seccomp, the posture check and the listener's
+    /// start leave the next turn's path (~0.8 ms of a served warm turn).
+    /// A turn whose restrictions are those ([`Parked::fits`]) then sends
+    /// only its command and environment with the go; another does not take
+    /// this sandbox. A Plan with stdin (a receive turn's) is left to its
+    /// turn: the stage writes it before it restricts itself. An error: the
+    /// stage is gone (its report says why); the sandbox is of no use.
+    pub fn restrict_ahead(&mut self) -> Result<()> {
+        if self.built.stdin.is_some() {
+            return Ok(());
+        }
+        if !self.parked() {
+            return Err(sandbox_err(
+                "restrict ahead",
+                "the init ended before it parked",
+            ));
+        }
+        let turn = self
+            .turn
+            .take()
+            .ok_or_else(|| sandbox_err("restrict ahead", "the stage was sent a turn before"))?;
+        std::fs::File::from(turn)
+            .write_all(init::SAME_PLAN)
+            .map_err(|e| sandbox_err("restrict ahead", e.to_string()))?;
+        let fd = read_ready(&self.ready)
+            .ok_or_else(|| sandbox_err("restrict ahead", "the stage ended before it was ready"))?;
+        let pid = self.child.as_ref().map_or(0, |c| c.id() as i32);
+        let (posture, listener) = inspect(&self.built, pid, fd);
+        self.ahead = Some(Ahead { posture, listener });
+        Ok(())
+    }
+
+    /// Whether `plan` (of this sandbox's shape) may take it: any turn,
+    /// unless its stage was restricted ahead — then only a turn with the
+    /// same restrictions (execute rules, working directory) and no stdin.
+    pub fn fits(&self, plan: &Plan) -> bool {
+        self.ahead.is_none()
+            || (plan.landlock.execute == self.built.landlock.execute
+                && plan.cwd == self.built.cwd
+                && plan.stdin.is_none())
+    }
+
     /// Hands the sandbox its turn: `plan` must have this sandbox's shape.
     /// Starts the turn's timer and output pumps, sends the Plan, and waits
     /// until the command is restricted and parked before its `execve`, its
@@ -1169,7 +1229,15 @@ impl Parked {
             warm,
             egress: None,
             released: false,
+            launch: init::GO.to_vec(),
         };
+        if !self.fits(plan) {
+            return Err(sandbox_err(
+                "begin turn",
+                "the turn's restrictions are not the ones its stage holds",
+            ));
+        }
+        let ahead = self.ahead.take();
         if self.parked() {
             if warm {
                 created.lap("warm_take");
@@ -1197,7 +1265,16 @@ impl Parked {
             // not serialized, sent and parsed a second time. A warm turn's
             // has the built Plan's shape (checked above): only its own part
             // is sent, which the stage applies to the built Plan.
-            let bytes = if *plan == self.built {
+            let bytes = if ahead.is_some() {
+                // Sent with the go: its stage holds its restrictions.
+                created.launch = [
+                    &[init::LAUNCH][..],
+                    &serde_json::to_vec(&plan.turn_part())
+                        .map_err(|e| sandbox_err("send plan", e.to_string()))?,
+                ]
+                .concat();
+                Vec::new()
+            } else if *plan == self.built {
                 init::SAME_PLAN.to_vec()
             } else {
                 let mut bytes = vec![init::TURN_PART];
@@ -1205,51 +1282,28 @@ impl Parked {
                     .map_err(|e| sandbox_err("send plan", e.to_string()))?;
                 bytes
             };
-            if let Some(turn) = self.turn.take() {
+            if let Some(turn) = self.turn.take().filter(|_| !bytes.is_empty()) {
                 // A PID 1 that died meanwhile: EPIPE here, EOF below.
                 let _ = std::fs::File::from(turn).write_all(&bytes);
             }
         }
         self.turn = None;
-        // Posture: wait for S3's "ready" (or EOF if setup failed or the timer
-        // killed the turn), inspect it from outside.
-        // Two bytes, written at once: READY, and the descriptor that holds
-        // the command stage's seccomp listener.
-        let mut msg = [0u8; 2];
-        let mut got = 0;
-        while got < msg.len() {
-            match nix::unistd::read(&self.ready, &mut msg[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => break,
-            }
-        }
-        if got == msg.len() && msg[0] == init::READY {
+        if let Some(Ahead { posture, listener }) = ahead {
+            // Ready since before the turn, its posture checked then: the
+            // stage cannot change while it waits for its go.
             created.lap("init_until_ready");
-            let proc_root = Path::new("/proc");
-            let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
-            let command = posture::find_command(proc_root, pid);
-            let p = match command {
-                Some(pid) => posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id()),
-                None => posture::Posture {
-                    failures: vec!["the command's process was not found".into()],
-                    ..posture::Posture::default()
-                },
-            };
-            // The deny list's listener, taken out of the parked command.
-            if let Some(pid) = command {
-                created.listener = notify::take_fd(pid, i32::from(msg[1]))
-                    .and_then(|fd| {
-                        notify::Listener::spawn(
-                            fd,
-                            seccomp::notify_errnos(&plan.seccomp),
-                            seccomp::xattr_checked(&plan.seccomp),
-                        )
-                    })
-                    .map_err(|e| format!("taking the seccomp listener: {e}"));
+            created.posture = Some(posture);
+            created.listener = listener;
+        } else {
+            // Posture: wait for S3's "ready" (or EOF if setup failed or the
+            // timer killed the turn), inspect it from outside.
+            if let Some(fd) = read_ready(&self.ready) {
+                created.lap("init_until_ready");
+                let pid = created.child.as_ref().map_or(0, |c| c.id() as i32);
+                let (posture, listener) = inspect(plan, pid, fd);
+                created.posture = Some(posture);
+                created.listener = listener;
             }
-            created.posture = Some(p);
         }
         created.lap("posture");
         if created.posture.is_some() {
@@ -1283,6 +1337,59 @@ impl Drop for Parked {
             self.cg.remove();
         }
     }
+}
+
+/// Waits for the command stage's "ready" on `ready` (or EOF if its setup
+/// failed or the timer killed the turn): two bytes, written at once —
+/// READY, and the number of the descriptor that holds the stage's seccomp
+/// listener (returned). `None`: the stage never became ready.
+fn read_ready(ready: &std::os::fd::OwnedFd) -> Option<u8> {
+    let mut msg = [0u8; 2];
+    let mut got = 0;
+    while got < msg.len() {
+        match nix::unistd::read(ready, &mut msg[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    (got == msg.len() && msg[0] == init::READY).then_some(msg[1])
+}
+
+/// Inspects the ready command stage from outside (`init_pid`: the
+/// sandbox's init) and takes its seccomp listener (descriptor `fd` in it).
+fn inspect(
+    plan: &Plan,
+    init_pid: i32,
+    fd: u8,
+) -> (
+    posture::Posture,
+    std::result::Result<notify::Listener, String>,
+) {
+    let proc_root = Path::new("/proc");
+    let command = posture::find_command(proc_root, init_pid);
+    let p = match command {
+        Some(pid) => posture::check(proc_root, pid, plan.uid, plan.gid, std::process::id()),
+        None => posture::Posture {
+            failures: vec!["the command's process was not found".into()],
+            ..posture::Posture::default()
+        },
+    };
+    // The deny list's listener, taken out of the parked command.
+    let listener = match command {
+        Some(pid) => notify::take_fd(pid, i32::from(fd))
+            .and_then(|fd| {
+                notify::Listener::spawn(
+                    fd,
+                    seccomp::notify_errnos(&plan.seccomp),
+                    seccomp::xattr_checked(&plan.seccomp),
+                )
+            })
+            .map_err(|e| format!("taking the seccomp listener: {e}")),
+        None => Err("the sandbox never became ready".into()),
+    };
+    (p, listener)
 }
 
 /// The network namespace [`create`] hands the init: still being made (an

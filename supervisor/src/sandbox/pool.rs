@@ -1,8 +1,12 @@
 //! Warm sandboxes (`supervise serve`): a session's worker, after a turn,
 //! builds the sandbox of the session's next turn from the shape of the
 //! last Plan ([`Plan::shape`]: cgroup, namespaces, the new root with every
-//! mount) and parks its PID 1 before the command. The next turn takes it
-//! when the Plan compiled for it has exactly that shape; otherwise the warm
+//! mount), parks its PID 1 before the command, and has the command's stage
+//! restrict itself as the last turn's did (Landlock, seccomp; its posture
+//! checked from outside: [`Parked::restrict_ahead`]). The next turn takes
+//! it when the Plan compiled for it has exactly that shape and those
+//! restrictions (the same execute rules and working directory, no stdin)
+//! and sends it only its command and environment; otherwise the warm
 //! sandbox is discarded and the turn builds its own (cold), as `supervise
 //! run` always does. The Plan is compiled for every turn from the manifest
 //! and the workspace as they are then, so a manifest or workspace change
@@ -201,6 +205,12 @@ impl WarmPool {
             tracing::warn!("warm sandbox discarded: its init ended before it was parked");
             return None;
         }
+        if !warm.parked.fits(plan) {
+            tracing::debug!(
+                "warm sandbox discarded: its stage holds other restrictions than the turn's"
+            );
+            return None;
+        }
         Some(*warm)
     }
 
@@ -310,7 +320,10 @@ fn build(shared: &Shared, last: &Last) -> Result<Warm> {
     };
     dir.hold(lock_file, file);
     let cgroup = cgroup_name(&last.plan.session_id, &id);
-    let parked = super::park(&last.plan, &dir, &last.cgroup_place, &cgroup, None)?;
+    let mut parked = super::park(&last.plan, &dir, &last.cgroup_place, &cgroup, None)?;
+    // Its command stage restricted now, as its last turn's was: the next
+    // turn with those restrictions only sends its command.
+    parked.restrict_ahead()?;
     Ok(Warm {
         parked,
         dir,
