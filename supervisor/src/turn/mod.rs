@@ -561,37 +561,48 @@ impl Turn<'_> {
             })
         };
         let plan_us = lap(&mut clock);
-        // The plan's hash does not depend on where the workspace is: its
-        // root is hashed as `<root>` (replay into another directory, and
-        // deterministic sessions, give the same hash).
-        let plan_hash = plan
-            .as_ref()
-            .ok()
-            .and_then(|p| serde_json::to_value(p).ok())
-            .map(|mut v| {
-                root_relative(&mut v, self.workspace.root_str());
-                v
-            })
-            .and_then(|v| canonical::hash_value(&v).ok());
-
         // Intent, before anything runs: a crash from here on is visible.
-        // It is written while the sandbox is built; the command starts only
-        // once it is durable (the gate in `execute_timed`), so no effect of
-        // the turn ever precedes it.
-        let body = crate::store::record::to_object(&crate::store::record::TurnStartedEntry {
-            event: crate::store::record::Event::TurnStarted,
-            schema_version: SCHEMA_VERSION,
-            session_id: sid.to_owned(),
-            turn_number: self.turn_number,
-            query_hash: query_hash.clone(),
-            plan_hash,
-            backend: self.backend.name().to_owned(),
-            ts: rfc3339_micros(self.started_at),
-        });
+        // It is made and written on its own thread while the sandbox is
+        // built (or taken warm) — the Plan's hash too, ~0.2 ms that were
+        // on the turn's path; the command starts only once it is durable
+        // (the gate in `execute_timed`), so no effect of the turn ever
+        // precedes it.
+        let hashed = plan.as_ref().ok().cloned();
+        let root = self.workspace.root_str();
+        let head = (
+            sid.clone(),
+            self.turn_number,
+            query_hash.clone(),
+            self.backend.name().to_owned(),
+            rfc3339_micros(self.started_at),
+        );
         let exec_ledger = self.session.ledger(LedgerKind::Exec);
         let lock = self.lock;
         let mut outcome = std::thread::scope(|scope| -> Result<Outcome> {
             let mut intent = Intent::spawn(scope, move |written| {
+                let (session_id, turn_number, query_hash, backend, ts) = head;
+                // The plan's hash does not depend on where the workspace
+                // is: its root is hashed as `<root>` (replay into another
+                // directory, and deterministic sessions, give the same
+                // hash).
+                let plan_hash = hashed
+                    .and_then(|p| serde_json::to_value(p).ok())
+                    .map(|mut v| {
+                        root_relative(&mut v, root);
+                        v
+                    })
+                    .and_then(|v| canonical::hash_value(&v).ok());
+                let body =
+                    crate::store::record::to_object(&crate::store::record::TurnStartedEntry {
+                        event: crate::store::record::Event::TurnStarted,
+                        schema_version: SCHEMA_VERSION,
+                        session_id,
+                        turn_number,
+                        query_hash,
+                        plan_hash,
+                        backend,
+                        ts,
+                    });
                 crate::store::ledger::append_group_then(
                     lock,
                     vec![(&exec_ledger, vec![body])],
