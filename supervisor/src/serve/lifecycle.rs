@@ -558,15 +558,19 @@ impl super::Daemon {
     /// the sandbox and the worker, and the turn fails with E2024 (in the
     /// session's lifecycle file, as `agent.terminated`).
     pub(crate) fn wake(&self, session: &str, mut w: super::Worker) -> Result<super::Worker> {
+        // Only the daemon freezes a waiting worker's sandbox (`suspend`,
+        // or idle too long), and it marks the worker when it does: an
+        // unmarked one has nothing to thaw — no scan of the session's
+        // sandboxes on a warm turn's path.
+        if !w.suspended {
+            return Ok(w);
+        }
         let Some(dir) = self.session_dir(session) else {
             return Ok(w);
         };
         let pid = w.pid.as_raw() as u32;
         let mine: Vec<Live> = live(&dir).into_iter().filter(|l| l.warm_of(pid)).collect();
-        let frozen: Vec<&Live> = mine
-            .iter()
-            .filter(|l| w.suspended || l.cg.frozen())
-            .collect();
+        let frozen: Vec<&Live> = mine.iter().collect();
         if frozen.is_empty() {
             return Ok(w);
         }
