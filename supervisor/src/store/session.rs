@@ -153,6 +153,22 @@ impl Session {
         deterministic: Option<crate::ids::Deterministic>,
         owner: Owner,
     ) -> Result<Self> {
+        Self::create_owned_locked(workspace, state, tier, ids, deterministic, owner)
+            .map(|(session, _lock)| session)
+    }
+
+    /// [`Session::create_owned`], returning the session's lock still held:
+    /// it was taken before the session existed and never let go, so no
+    /// other writer has touched the session — there is nothing of a dead
+    /// turn to recover before its first turn (`run` without `--session`).
+    pub fn create_owned_locked<C: Clock, R: RandomSource>(
+        workspace: &Workspace,
+        state: &StateDir,
+        tier: &str,
+        ids: &SessionIdGenerator<C, R>,
+        deterministic: Option<crate::ids::Deterministic>,
+        owner: Owner,
+    ) -> Result<(Self, SessionLock)> {
         check_tier(tier)?;
         let id = ids.generate()?;
         let session = Self {
@@ -163,10 +179,10 @@ impl Session {
             deterministic,
             owner: Some(owner),
         };
-        session
+        let lock = session
             .initialize(ids.clock())
             .map_err(|e| SupervisorError::SessionStart(Box::new(e)))?;
-        Ok(session)
+        Ok((session, lock))
     }
 
     /// Builds the session under temporary names — the state side in
@@ -176,7 +192,7 @@ impl Session {
     /// before it leaves only `.new-*` debris, which is not a session
     /// ([`Session::open`] refuses it) and which [`sweep_unfinished`] removes;
     /// a crash after it leaves a complete session.
-    fn initialize(&self, clock: &dyn Clock) -> Result<()> {
+    fn initialize(&self, clock: &dyn Clock) -> Result<SessionLock> {
         let sessions = self.state.path().join("sessions");
         fsx::create_private_dir_all(&sessions)?;
         let new_state = self.state.session_dir_new(&self.id);
@@ -205,7 +221,8 @@ impl Session {
         built
     }
 
-    fn build(&self, new_state: &Path, clock: &dyn Clock) -> Result<()> {
+    /// Returns the session's lock, held since before it existed.
+    fn build(&self, new_state: &Path, clock: &dyn Clock) -> Result<SessionLock> {
         fsx::create_dir_new(&new_state.join("anchors"), 0o700)?;
         let lock = lock_path(&new_state.join("lock"), &self.id)?;
         // The record first: whoever sweeps an unfinished creation learns
@@ -294,8 +311,7 @@ impl Session {
         fsx::sync_all_at_once(&durable)?;
         rename_durably(&new_ws, &session_dir)?;
         rename_durably(new_state, &self.state.session_dir(&self.id))?;
-        drop(lock);
-        Ok(())
+        Ok(lock)
     }
 
     /// Best-effort removal of what an unfinished creation made.
@@ -613,4 +629,33 @@ fn creation_lock_path(new_state: &Path) -> std::path::PathBuf {
     let mut name = new_state.file_name().unwrap_or_default().to_os_string();
     name.push(".lock");
     new_state.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{OsRandom, SystemClock};
+
+    /// A session created for a turn comes with its lock held since before
+    /// it existed (so that turn skips recovery): nobody else can take it
+    /// until the creator lets go.
+    #[test]
+    fn issue_29_a_session_created_locked_stays_locked_until_let_go() {
+        let ws_dir = tempfile::tempdir().unwrap();
+        let state_dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(ws_dir.path()).unwrap();
+        let state = StateDir::open(&state_dir.path().join("s"), &ws, true).unwrap();
+        let ids = SessionIdGenerator::new(SystemClock, OsRandom);
+        let (session, lock) =
+            Session::create_owned_locked(&ws, &state, "ho1", &ids, None, Owner::caller()).unwrap();
+        let try_lock = || {
+            let f = File::open(state.session_lock(&session.id)).unwrap();
+            Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok()
+        };
+        assert!(!try_lock(), "the creator's lock was let go");
+        // The session is whole meanwhile: its ledgers verify.
+        assert_eq!(session.verify().unwrap().len(), 2);
+        drop(lock);
+        assert!(try_lock(), "the lock is still held");
+    }
 }

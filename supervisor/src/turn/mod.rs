@@ -187,11 +187,11 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         opts.tenant.as_deref(),
         admission.manifest.package_id.as_str(),
     );
-    let session = match &given {
+    let (session, created_lock) = match &given {
         Some(id) => {
             let session = Session::open(&admission.workspace, &admission.state, id, None)?;
             session.check_owner(&owner, opts.sources.now())?;
-            session
+            (session, None)
         }
         None => {
             let state = StateDir::open(admission.state.path(), &admission.workspace, true)?;
@@ -200,20 +200,25 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 .deterministic
                 .as_ref()
                 .map_or_else(|| opts.sources.clone(), |d| d.sources(0));
-            Session::create_owned(
+            let (session, lock) = Session::create_owned_locked(
                 &admission.workspace,
                 &state,
                 TURN_TIER,
                 &SessionIdGenerator::new(src.clone(), src),
                 opts.deterministic.clone(),
                 owner,
-            )?
+            )?;
+            (session, Some(lock))
         }
     };
     // Turns of one session are serialized; sessions run concurrently. What
     // a dead supervisor left of this session is settled first.
-    let (lock, recovery) =
-        crate::recover::lock_for_write(&session, &opts.cgroup_place, &opts.sources)?;
+    // A session this turn created is still locked since before it existed:
+    // no other writer has touched it, nothing is left to recover.
+    let (lock, recovery) = match created_lock {
+        Some(lock) => (lock, crate::recover::SessionRecovery::default()),
+        None => crate::recover::lock_for_write(&session, &opts.cgroup_place, &opts.sources)?,
+    };
     if !recovery.is_empty() {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
     }
