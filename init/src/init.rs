@@ -1167,7 +1167,7 @@ fn handshake(notify_fd: Option<i32>) -> Option<Go> {
     }
     // SAFETY: GO_FD was placed by the supervisor for this process tree and
     // S3 is its only reader (S1 and S2 closed their copies); S3 takes
-    // ownership here, reads it once, and it is closed on exec.
+    // ownership here and closes it once read.
     let go = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(GO_FD) };
     let mut answer = Vec::new();
     go.take(MAX_TURN_PLAN).read_to_end(&mut answer).ok()?;
