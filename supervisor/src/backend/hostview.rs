@@ -349,10 +349,22 @@ pub fn guard_main(args: &[OsString]) -> ! {
     // Started only once the waiting stage (turnstile_init::guard) saw its
     // supervisor gone: nothing is left to wait for.
     let turn_dir = Path::new(turn_dir);
-    let Some(_lock) = session_lock(turn_dir) else {
+    let Some(lock) = session_lock(turn_dir) else {
         std::process::exit(0)
     };
-    end_dead_turn(runtime, id, turn_dir, &place);
+    if !end_dead_turn(runtime, id, turn_dir, &place) {
+        // The runtime was still creating the container after 5 s (`runsc
+        // create` on a loaded host, once in CI): its record lands after the
+        // deletes. Without holding the session (its next writer would wait
+        // for this), wait for it, bounded, then end the turn again unless a
+        // writer has the session now (and recovers it).
+        drop(lock);
+        if wait_runtime_gone(runtime, id, Duration::from_secs(120)) {
+            if let Some(_lock) = session_lock(turn_dir) {
+                end_dead_turn(runtime, id, turn_dir, &place);
+            }
+        }
+    }
     std::process::exit(0)
 }
 
@@ -389,8 +401,9 @@ fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::Fil
 
 /// Waits up to `limit` until no `runtime` process (its argv[0] ends with
 /// the runtime's name; the container's own processes, `runsc-sandbox` and
-/// the like, do not) names container `id` in its arguments.
-fn wait_runtime_gone(runtime: &str, id: &str, limit: Duration) {
+/// the like, do not) names container `id` in its arguments; whether none
+/// does.
+fn wait_runtime_gone(runtime: &str, id: &str, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     let running = || {
         std::fs::read_dir("/proc")
@@ -406,7 +419,13 @@ fn wait_runtime_gone(runtime: &str, id: &str, limit: Duration) {
                 })
             })
     };
-    while running() && Instant::now() < deadline {
+    loop {
+        if !running() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -416,14 +435,16 @@ fn wait_runtime_gone(runtime: &str, id: &str, limit: Duration) {
 /// container; runsc's needs its gofer alive, so it goes before the
 /// cgroup's kill), every process in the turn's cgroup, its directories
 /// in every hierarchy, and every mount at or under `turn_dir`, then the
-/// directory. The caller holds the session lock. Idempotent.
-pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Place) {
+/// directory. The caller holds the session lock. Idempotent. Returns
+/// whether the runtime had let go of the container by then (`false`: a
+/// runtime still creating it may write its record after the delete).
+pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Place) -> bool {
     use crate::sandbox::cgroup::TurnCgroup;
     // A runtime still creating the container when its supervisor died
     // (`crun run --detach`, `runsc create`: host processes, not in the
     // turn's cgroup) writes its record after a delete that came first:
     // wait for it (bounded), and delete again once the cgroup is empty.
-    wait_runtime_gone(runtime, id, Duration::from_secs(5));
+    let gone = wait_runtime_gone(runtime, id, Duration::from_secs(5));
     super::runtime::forget(id);
     for cg in TurnCgroup::leftovers(cgroup_place, id)
         .into_iter()
@@ -435,4 +456,39 @@ pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Pl
     super::runtime::forget(id);
     TurnCgroup::sweep_unmanaged(cgroup_place, id);
     let _ = crate::sandbox::remove_turn_dir(turn_dir);
+    gone
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// The guard's wait for a runtime still creating a container says
+    /// whether it ended within the limit: a `false` sends the guard into
+    /// its longer wait and second delete (a runtime's record written after
+    /// the first).
+    #[test]
+    fn issue_25_the_guard_tells_a_runtime_still_running_from_one_gone() {
+        let id = format!("TURN-{}-t1", std::process::id());
+        let mut runtime = std::process::Command::new("/bin/sh")
+            .arg0("/usr/local/bin/fake-rt")
+            .args(["-c", "sleep 0.6; true", "create", &id])
+            .spawn()
+            .unwrap();
+        assert!(!wait_runtime_gone(
+            "fake-rt",
+            &id,
+            Duration::from_millis(100)
+        ));
+        // Another container's id, or another runtime's name, is not it.
+        assert!(wait_runtime_gone(
+            "fake-rt",
+            "TURN-other-t1",
+            Duration::ZERO
+        ));
+        assert!(wait_runtime_gone("runsc", &id, Duration::ZERO));
+        assert!(wait_runtime_gone("fake-rt", &id, Duration::from_secs(10)));
+        runtime.wait().unwrap();
+    }
 }
