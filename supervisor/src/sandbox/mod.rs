@@ -1177,8 +1177,10 @@ impl Parked {
     /// Hands the sandbox its turn: `plan` must have this sandbox's shape.
     /// Starts the turn's timer and output pumps, sends the Plan, and waits
     /// until the command is restricted and parked before its `execve`, its
-    /// posture checked from outside (see [`Created`]). `warm`: built before
-    /// this turn was known (its build time is not this turn's).
+    /// posture checked from outside (see [`Created`]) — at once for a stage
+    /// restricted ahead ([`Parked::restrict_ahead`]), whose turn's part goes
+    /// with the go instead. `warm`: built before this turn was known (its
+    /// build time is not this turn's).
     pub fn begin(mut self, plan: &Plan, json_mode: bool) -> Result<Created> {
         if plan.shape() != self.shape {
             return Err(sandbox_err(
