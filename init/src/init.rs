@@ -969,12 +969,7 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
         stdin_from_memory(text.as_bytes()).or_fail(&mut report, "stdin");
     }
     // 5.-7. the rest of the restriction order, seccomp last.
-    let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a, &mut report)).collect();
-    let env: Vec<CString> = plan
-        .env
-        .iter()
-        .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
-        .collect();
+    let (argv, env) = command_line(plan, &mut report);
     let outcome = match super::restrict::restrict_access(&mut kernel, plan, bpf) {
         Ok(o) => o,
         Err((stage, why)) => report.fail(stage, why),
@@ -1002,13 +997,7 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
                     "the turn's restrictions are not the ones this stage holds",
                 )
             }
-            let argv: Vec<CString> = turn.argv.iter().map(|a| cstr(a, &mut report)).collect();
-            let env: Vec<CString> = turn
-                .env
-                .iter()
-                .map(|(k, v)| cstr(&format!("{k}={v}"), &mut report))
-                .collect();
-            (argv, env)
+            command_line(&turn, &mut report)
         }
         None => {
             report.event(InitEvent::Error {
@@ -1032,6 +1021,17 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     } else {
         126
     })
+}
+
+/// `plan`'s command and environment as `execve` takes them.
+fn command_line(plan: &Plan, report: &mut Report) -> (Vec<CString>, Vec<CString>) {
+    let argv = plan.argv.iter().map(|a| cstr(a, report)).collect();
+    let env = plan
+        .env
+        .iter()
+        .map(|(k, v)| cstr(&format!("{k}={v}"), report))
+        .collect();
+    (argv, env)
 }
 
 /// Makes `bytes` this process's standard input: a sealed-size memory file,

@@ -443,10 +443,7 @@ fn issue_29_a_background_writer_is_gone_before_the_capture() {
     assert_eq!(v["status"], "committed", "{v}");
     let committed = &v["committed"][0];
     let path = fx.root.join(committed["path"].as_str().unwrap());
-    let hash = || {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(std::fs::read(&path).unwrap()))
-    };
+    let hash = || hex::encode(Sha256::digest(std::fs::read(&path).unwrap()));
     assert_eq!(hash(), committed["sha256"].as_str().unwrap(), "{v}");
     assert!(committed["size"].as_u64().unwrap() > 0, "{v}");
     std::thread::sleep(std::time::Duration::from_millis(200));

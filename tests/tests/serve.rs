@@ -1565,19 +1565,21 @@ fn issue_29_a_warm_sandbox_parks_its_command_stage_restricted_ahead() {
     // Already: seccomp's filter, last of the restrictions (and Landlock
     // before it), in force while it waits for its turn.
     assert_eq!(field(s, "Seccomp"), "2", "{s}");
+    // One turn, once the session's next sandbox is built: the sandbox it
+    // got must be `sandbox`, its output start with `out`, its posture hold.
+    let turn = |cmd: &[&str], sandbox: &str, out: &str| -> Value {
+        wait_for("the warm sandbox", || warm_built(&fx, &sid));
+        let v = served_json(&fx, &daemon.socket, &sid, cmd);
+        assert_eq!(sandbox_of(&v), sandbox, "{v}");
+        let printed = v["command_output"].as_str().unwrap();
+        assert!(printed.starts_with(out), "{v}");
+        assert_eq!(v["enforcement"]["posture"]["ok"], true, "{v}");
+        v
+    };
     // The turn that takes it — its own command and environment — is
     // checked and enforced as a cold one is.
     let other = ["/bin/sh", "-c", "echo ran again $TURNSTILE_TURN"];
-    let warm = served_json(&fx, &daemon.socket, &sid, &other);
-    assert_eq!(sandbox_of(&warm), "warm", "{warm}");
-    assert!(
-        warm["command_output"]
-            .as_str()
-            .unwrap()
-            .starts_with("ran again 2\n"),
-        "{warm}"
-    );
-    assert_eq!(warm["enforcement"]["posture"]["ok"], true, "{warm}");
+    let warm = turn(&other, "warm", "ran again 2\n");
     let landlock = |v: &Value| v["enforcement"]["landlock"].clone();
     assert_eq!(landlock(&warm), landlock(&cold));
     assert_eq!(
@@ -1588,28 +1590,9 @@ fn issue_29_a_warm_sandbox_parks_its_command_stage_restricted_ahead() {
     // A command the glob admits has its own execute rule (the program,
     // resolved): the stage restricted ahead holds the last turn's, so this
     // turn builds its own sandbox...
-    wait_for("the warm sandbox", || warm_built(&fx, &sid));
-    let echo = served_json(&fx, &daemon.socket, &sid, &["/usr/bin/echo", "mine"]);
-    assert_eq!(sandbox_of(&echo), "cold", "{echo}");
-    assert!(
-        echo["command_output"]
-            .as_str()
-            .unwrap()
-            .starts_with("mine\n"),
-        "{echo}"
-    );
+    turn(&["/usr/bin/echo", "mine"], "cold", "mine\n");
     // ... and the next turn like it takes the sandbox restricted after it.
-    wait_for("the warm sandbox", || warm_built(&fx, &sid));
-    let again = served_json(&fx, &daemon.socket, &sid, &["/usr/bin/echo", "again"]);
-    assert_eq!(sandbox_of(&again), "warm", "{again}");
-    assert!(
-        again["command_output"]
-            .as_str()
-            .unwrap()
-            .starts_with("again\n"),
-        "{again}"
-    );
-    assert_eq!(again["enforcement"]["posture"]["ok"], true, "{again}");
+    turn(&["/usr/bin/echo", "again"], "warm", "again\n");
     fx.assert_ledgers_intact(&sid);
 }
 

@@ -1267,26 +1267,25 @@ impl Parked {
             // not serialized, sent and parsed a second time. A warm turn's
             // has the built Plan's shape (checked above): only its own part
             // is sent, which the stage applies to the built Plan.
-            let bytes = if ahead.is_some() {
-                // Sent with the go: its stage holds its restrictions.
-                created.launch = [
-                    &[init::LAUNCH][..],
-                    &serde_json::to_vec(&plan.turn_part())
-                        .map_err(|e| sandbox_err("send plan", e.to_string()))?,
-                ]
-                .concat();
-                Vec::new()
-            } else if *plan == self.built {
-                init::SAME_PLAN.to_vec()
-            } else {
-                let mut bytes = vec![init::TURN_PART];
+            let part = |first: u8| {
+                let mut bytes = vec![first];
                 serde_json::to_writer(&mut bytes, &plan.turn_part())
                     .map_err(|e| sandbox_err("send plan", e.to_string()))?;
-                bytes
+                Ok::<_, SupervisorError>(bytes)
             };
-            if let Some(turn) = self.turn.take().filter(|_| !bytes.is_empty()) {
-                // A PID 1 that died meanwhile: EPIPE here, EOF below.
-                let _ = std::fs::File::from(turn).write_all(&bytes);
+            if ahead.is_some() {
+                // Sent with the go: its stage holds its restrictions.
+                created.launch = part(init::LAUNCH)?;
+            } else {
+                let bytes = if *plan == self.built {
+                    init::SAME_PLAN.to_vec()
+                } else {
+                    part(init::TURN_PART)?
+                };
+                if let Some(turn) = self.turn.take() {
+                    // A PID 1 that died meanwhile: EPIPE here, EOF below.
+                    let _ = std::fs::File::from(turn).write_all(&bytes);
+                }
             }
         }
         self.turn = None;

@@ -569,14 +569,13 @@ impl super::Daemon {
             return Ok(w);
         };
         let pid = w.pid.as_raw() as u32;
-        let mine: Vec<Live> = live(&dir).into_iter().filter(|l| l.warm_of(pid)).collect();
-        let frozen: Vec<&Live> = mine.iter().collect();
+        let frozen: Vec<Live> = live(&dir).into_iter().filter(|l| l.warm_of(pid)).collect();
         if frozen.is_empty() {
             return Ok(w);
         }
-        let names: Vec<String> = frozen.iter().map(|l| dir_name(l)).collect();
+        let names: Vec<String> = frozen.iter().map(dir_name).collect();
         let mut failed = None;
-        for l in frozen {
+        for l in &frozen {
             if let Err(e) = thaw(session, l, Some("turn")) {
                 failed.get_or_insert(e);
             }

@@ -129,6 +129,7 @@ impl Session {
         deterministic: Option<crate::ids::Deterministic>,
     ) -> Result<Self> {
         Self::create_owned(workspace, state, tier, ids, deterministic, Owner::caller())
+            .map(|(session, _lock)| session)
     }
 
     /// A new session of the turn tier with the system's clock and
@@ -144,24 +145,12 @@ impl Session {
         )
     }
 
-    /// [`Session::create`] for `owner`.
+    /// [`Session::create`] for `owner`, returning the session's lock still
+    /// held: it was taken before the session existed and never let go, so
+    /// no other writer has touched the session — there is nothing of a
+    /// dead turn to recover before its first turn (`run` without
+    /// `--session`).
     pub fn create_owned<C: Clock, R: RandomSource>(
-        workspace: &Workspace,
-        state: &StateDir,
-        tier: &str,
-        ids: &SessionIdGenerator<C, R>,
-        deterministic: Option<crate::ids::Deterministic>,
-        owner: Owner,
-    ) -> Result<Self> {
-        Self::create_owned_locked(workspace, state, tier, ids, deterministic, owner)
-            .map(|(session, _lock)| session)
-    }
-
-    /// [`Session::create_owned`], returning the session's lock still held:
-    /// it was taken before the session existed and never let go, so no
-    /// other writer has touched the session — there is nothing of a dead
-    /// turn to recover before its first turn (`run` without `--session`).
-    pub fn create_owned_locked<C: Clock, R: RandomSource>(
         workspace: &Workspace,
         state: &StateDir,
         tier: &str,
@@ -640,14 +629,14 @@ mod tests {
     /// it existed (so that turn skips recovery): nobody else can take it
     /// until the creator lets go.
     #[test]
-    fn issue_29_a_session_created_locked_stays_locked_until_let_go() {
+    fn issue_29_a_session_created_for_its_owner_stays_locked_until_let_go() {
         let ws_dir = tempfile::tempdir().unwrap();
         let state_dir = tempfile::tempdir().unwrap();
         let ws = Workspace::open(ws_dir.path()).unwrap();
         let state = StateDir::open(&state_dir.path().join("s"), &ws, true).unwrap();
         let ids = SessionIdGenerator::new(SystemClock, OsRandom);
         let (session, lock) =
-            Session::create_owned_locked(&ws, &state, "ho1", &ids, None, Owner::caller()).unwrap();
+            Session::create_owned(&ws, &state, "ho1", &ids, None, Owner::caller()).unwrap();
         let try_lock = || {
             let f = File::open(state.session_lock(&session.id)).unwrap();
             Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok()

@@ -200,7 +200,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 .deterministic
                 .as_ref()
                 .map_or_else(|| opts.sources.clone(), |d| d.sources(0));
-            let (session, lock) = Session::create_owned_locked(
+            let (session, lock) = Session::create_owned(
                 &admission.workspace,
                 &state,
                 TURN_TIER,
@@ -574,40 +574,32 @@ impl Turn<'_> {
         // precedes it.
         let hashed = plan.as_ref().ok().cloned();
         let root = self.workspace.root_str();
-        let head = (
-            sid.clone(),
-            self.turn_number,
-            query_hash.clone(),
-            self.backend.name().to_owned(),
-            rfc3339_micros(self.started_at),
-        );
+        let mut entry = crate::store::record::TurnStartedEntry {
+            event: crate::store::record::Event::TurnStarted,
+            schema_version: SCHEMA_VERSION,
+            session_id: sid.clone(),
+            turn_number: self.turn_number,
+            query_hash: query_hash.clone(),
+            plan_hash: None,
+            backend: self.backend.name().to_owned(),
+            ts: rfc3339_micros(self.started_at),
+        };
         let exec_ledger = self.session.ledger(LedgerKind::Exec);
         let lock = self.lock;
         let mut outcome = std::thread::scope(|scope| -> Result<Outcome> {
             let mut intent = Intent::spawn(scope, move |written| {
-                let (session_id, turn_number, query_hash, backend, ts) = head;
                 // The plan's hash does not depend on where the workspace
                 // is: its root is hashed as `<root>` (replay into another
                 // directory, and deterministic sessions, give the same
                 // hash).
-                let plan_hash = hashed
+                entry.plan_hash = hashed
                     .and_then(|p| serde_json::to_value(p).ok())
                     .map(|mut v| {
                         root_relative(&mut v, root);
                         v
                     })
                     .and_then(|v| canonical::hash_value(&v).ok());
-                let body =
-                    crate::store::record::to_object(&crate::store::record::TurnStartedEntry {
-                        event: crate::store::record::Event::TurnStarted,
-                        schema_version: SCHEMA_VERSION,
-                        session_id,
-                        turn_number,
-                        query_hash,
-                        plan_hash,
-                        backend,
-                        ts,
-                    });
+                let body = crate::store::record::to_object(&entry);
                 crate::store::ledger::append_group_then(
                     lock,
                     vec![(&exec_ledger, vec![body])],
