@@ -471,9 +471,13 @@ mod tests {
     #[test]
     fn issue_25_the_guard_tells_a_runtime_still_running_from_one_gone() {
         let id = format!("TURN-{}-t1", std::process::id());
+        // It lives until killed (a short sleep could end before a loaded
+        // host's first scan of /proc, as it once did in CI): the shell waits
+        // in its own `read`, no child of its own left behind.
         let mut runtime = std::process::Command::new("/bin/sh")
             .arg0("/usr/local/bin/fake-rt")
-            .args(["-c", "sleep 0.6; true", "create", &id])
+            .args(["-c", "read line", "create", &id])
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         assert!(!wait_runtime_gone(
@@ -488,7 +492,8 @@ mod tests {
             Duration::ZERO
         ));
         assert!(wait_runtime_gone("runsc", &id, Duration::ZERO));
-        assert!(wait_runtime_gone("fake-rt", &id, Duration::from_secs(10)));
+        runtime.kill().unwrap();
         runtime.wait().unwrap();
+        assert!(wait_runtime_gone("fake-rt", &id, Duration::from_secs(10)));
     }
 }
