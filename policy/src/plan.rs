@@ -1040,6 +1040,85 @@ impl Plan {
         self.with_turn_part(TurnPart::default())
     }
 
+    /// Whether `self.shape() == *shape`, without building the shape: a
+    /// warm sandbox is matched against its turn twice per turn, and a
+    /// shape is a copy of the whole Plan (its seccomp lists alone are
+    /// hundreds of strings). Every field is named below, the turn part's as
+    /// ignored, so a field added to the Plan does not compile until it is
+    /// sorted into one or the other (keep it in step with
+    /// [`Plan::with_turn_part`]).
+    pub fn has_shape(&self, shape: &Plan) -> bool {
+        let Plan {
+            session_id,
+            turn_number: _,
+            package_id,
+            root,
+            argv: _,
+            execute_entry: _,
+            cwd: _,
+            env: _,
+            uid,
+            gid,
+            workspace_owner,
+            hostname,
+            namespaces,
+            read_baseline,
+            mounts,
+            writable_scopes,
+            landlock,
+            seccomp,
+            limits,
+            network,
+            egress,
+            allow_degraded,
+            system_root,
+            stdin: _,
+            forward_all_output,
+        } = self;
+        let LandlockRules {
+            abi,
+            list,
+            read,
+            read_write,
+            execute: _,
+            devices,
+        } = landlock;
+        let PlanLimits {
+            memory_bytes,
+            cpu_millis,
+            pids,
+            timeout_seconds: _,
+            disk_bytes,
+            files,
+            output_bytes: _,
+        } = limits;
+        let (l, m) = (&shape.landlock, &shape.limits);
+        // A shape's own turn part is empty (nothing to allocate: its
+        // vectors and strings are).
+        shape.turn_part() == TurnPart::default()
+            && *session_id == shape.session_id
+            && *package_id == shape.package_id
+            && *root == shape.root
+            && *uid == shape.uid
+            && *gid == shape.gid
+            && *workspace_owner == shape.workspace_owner
+            && *hostname == shape.hostname
+            && *namespaces == shape.namespaces
+            && *read_baseline == shape.read_baseline
+            && *mounts == shape.mounts
+            && *writable_scopes == shape.writable_scopes
+            && (*abi, list, read, read_write, devices)
+                == (l.abi, &l.list, &l.read, &l.read_write, &l.devices)
+            && *seccomp == shape.seccomp
+            && (*memory_bytes, *cpu_millis, *pids, *disk_bytes, *files)
+                == (m.memory_bytes, m.cpu_millis, m.pids, m.disk_bytes, m.files)
+            && *network == shape.network
+            && *egress == shape.egress
+            && *allow_degraded == shape.allow_degraded
+            && *system_root == shape.system_root
+            && *forward_all_output == shape.forward_all_output
+    }
+
     /// What this Plan adds to its [`Plan::shape`]: everything `shape`
     /// clears, and nothing else.
     pub fn turn_part(&self) -> TurnPart {
@@ -1544,5 +1623,59 @@ mod tests {
         let mut v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
         v["mounts"] = serde_json::json!([]);
         assert!(serde_json::from_value::<TurnPart>(v).is_err());
+    }
+
+    /// Issue 29: `has_shape` answers what comparing shapes answers, for a
+    /// change to any one field of the Plan (each field of the JSON form,
+    /// and of its nested objects, changed in turn).
+    #[test]
+    fn issue_29_has_shape_is_comparing_shapes_for_every_field() {
+        fn changed(v: &serde_json::Value) -> Option<serde_json::Value> {
+            use serde_json::Value;
+            Some(match v {
+                Value::String(s) => Value::String(format!("{s}x")),
+                Value::Number(n) => serde_json::json!(n.as_u64()? + 1),
+                Value::Bool(b) => Value::Bool(!b),
+                Value::Null => Value::String("x".into()),
+                Value::Array(a) if a.is_empty() => serde_json::json!(["x"]),
+                Value::Array(a) => Value::Array(a[..a.len() - 1].to_vec()),
+                Value::Object(_) => return None,
+            })
+        }
+        let m = r#"{"capabilities":{"read":["data/*.csv"],"write":["out/*"],"execute":["/usr/bin/*"]}}"#;
+        let mut a = compile_for(m, &["/usr/bin/python3", "-c", "1"], &tree()).unwrap();
+        a.stdin = Some("in".into());
+        let base = serde_json::to_value(&a).unwrap();
+        let shape = a.shape();
+        assert!(a.has_shape(&shape));
+        assert!(shape.has_shape(&shape));
+        assert!(!a.has_shape(&a), "a Plan with a command is not a shape");
+        let mut tried = 0;
+        let obj = base.as_object().unwrap();
+        for (k, v) in obj {
+            let nested: Vec<(Option<&String>, &serde_json::Value)> = match v.as_object() {
+                Some(o) => o.iter().map(|(n, x)| (Some(n), x)).collect(),
+                None => vec![(None, v)],
+            };
+            for (inner, x) in nested {
+                let Some(new) = changed(x) else { continue };
+                let mut w = base.clone();
+                match inner {
+                    Some(n) => w[k][n] = new,
+                    None => w[k] = new,
+                }
+                let Ok(b) = serde_json::from_value::<Plan>(w) else {
+                    continue;
+                };
+                tried += 1;
+                assert_eq!(
+                    b.has_shape(&shape),
+                    b.shape() == shape,
+                    "field {k}{}",
+                    inner.map_or(String::new(), |n| format!(".{n}"))
+                );
+            }
+        }
+        assert!(tried > 30, "{tried} fields changed");
     }
 }

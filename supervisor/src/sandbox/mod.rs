@@ -1182,7 +1182,7 @@ impl Parked {
     /// with the go instead. `warm`: built before this turn was known (its
     /// build time is not this turn's).
     pub fn begin(mut self, plan: &Plan, json_mode: bool) -> Result<Created> {
-        if plan.shape() != self.shape {
+        if !plan.has_shape(&self.shape) {
             return Err(sandbox_err(
                 "begin turn",
                 "the turn's plan does not have the shape this sandbox was built from",

@@ -61,7 +61,7 @@ impl Warm {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Last {
     plan: Plan,
     session_dir: PathBuf,
@@ -78,7 +78,9 @@ enum Slot {
 
 #[derive(Debug)]
 struct Pool {
-    last: Option<Last>,
+    /// Shared with the builder (not copied: a Plan is hundreds of
+    /// strings).
+    last: Option<Arc<Last>>,
     slot: Slot,
     made: u64,
     /// The last turn committed: its successor's sandbox is due once the
@@ -122,7 +124,7 @@ impl Shared {
 pub struct WarmPool {
     shared: Arc<Shared>,
     /// The builder thread's queue.
-    builder: std::sync::mpsc::Sender<Last>,
+    builder: std::sync::mpsc::Sender<Arc<Last>>,
 }
 
 impl WarmPool {
@@ -139,7 +141,7 @@ impl WarmPool {
             built: Condvar::new(),
             cleanups: Mutex::new(Vec::new()),
         });
-        let (tx, rx) = std::sync::mpsc::channel::<Last>();
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<Last>>();
         let theirs = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("warm-pool".into())
@@ -173,11 +175,11 @@ impl WarmPool {
     /// session's state directory).
     pub fn remember(&self, plan: &Plan, turn_dir: &Path, cgroup_place: &Place) {
         if let Some(session_dir) = turn_dir.parent() {
-            self.shared.pool().last = Some(Last {
+            self.shared.pool().last = Some(Arc::new(Last {
                 plan: plan.clone(),
                 session_dir: session_dir.to_path_buf(),
                 cgroup_place: cgroup_place.clone(),
-            });
+            }));
         }
     }
 
@@ -191,7 +193,7 @@ impl WarmPool {
         let Slot::Ready(mut warm) = slot else {
             return None;
         };
-        if warm.parked.shape() != &plan.shape() {
+        if !plan.has_shape(warm.parked.shape()) {
             tracing::debug!("warm sandbox discarded: the turn's plan has another shape");
             return None;
         }
