@@ -480,6 +480,14 @@ mod tests {
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // Until its execve, the child's command line is this test's: wait
+        // for the runtime's own (as a runtime is found running).
+        let cmdline = format!("/proc/{}/cmdline", runtime.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(&cmdline).is_ok_and(|c| c.starts_with(b"/usr/local/bin/fake-rt\0")) {
+            assert!(Instant::now() < deadline, "the fake runtime never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert!(!wait_runtime_gone(
             "fake-rt",
             &id,
