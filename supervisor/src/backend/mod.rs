@@ -19,6 +19,9 @@ pub mod runsc;
 pub mod runtime;
 pub mod select;
 
+use std::path::Path;
+use std::sync::Arc;
+
 use nix::sys::signal::Signal;
 use turnstile_policy::plan::Plan;
 
@@ -98,9 +101,10 @@ pub trait Backend {
         let _ = cleanup.join();
     }
 
-    /// The turn committed: build the next turn's sandbox, if this backend
-    /// keeps one.
-    fn refill(&self) {}
+    /// The turn of `plan` committed (its session's state directory is
+    /// `session_dir`): build the next turn's sandbox from its shape, if
+    /// this backend keeps one.
+    fn refill(&self, _plan: &Arc<Plan>, _session_dir: &Path) {}
 }
 
 /// Hands a warm sandbox its turn (what `create` does for a cold one).

@@ -1,6 +1,7 @@
 //! The native backend: `supervise` builds the sandbox itself (see
 //! [`crate::sandbox`]).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use nix::sys::signal::Signal;
@@ -103,9 +104,6 @@ impl Backend for NativeBackend {
     }
 
     fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
-        if let Some(pool) = &self.pool {
-            pool.remember(plan, &turn.path, &self.cgroup_place);
-        }
         let netns = self.netns.lock().ok().and_then(|mut slot| slot.take());
         Ok(Box::new(sandbox::create(
             plan,
@@ -119,7 +117,6 @@ impl Backend for NativeBackend {
     fn take_warm(&self, plan: &Plan) -> Option<Warm> {
         let pool = self.pool.as_ref()?;
         let (dir, parked, cgroup) = pool.take(plan)?.into_parts();
-        pool.remember(plan, &dir.path, &self.cgroup_place);
         let json_mode = self.json_mode;
         Some(Warm {
             dir,
@@ -139,9 +136,9 @@ impl Backend for NativeBackend {
         }
     }
 
-    fn refill(&self) {
+    fn refill(&self, plan: &Arc<Plan>, session_dir: &Path) {
         if let Some(pool) = &self.pool {
-            pool.refill();
+            pool.refill(plan, session_dir, &self.cgroup_place);
         }
     }
 }

@@ -63,7 +63,7 @@ impl Warm {
 
 #[derive(Debug)]
 struct Last {
-    plan: Plan,
+    plan: Arc<Plan>,
     session_dir: PathBuf,
     cgroup_place: Place,
 }
@@ -170,19 +170,6 @@ impl WarmPool {
         })
     }
 
-    /// Records the Plan a native turn runs with: the next warm sandbox is
-    /// built from its shape. `turn_dir` is the turn's directory (in the
-    /// session's state directory).
-    pub fn remember(&self, plan: &Plan, turn_dir: &Path, cgroup_place: &Place) {
-        if let Some(session_dir) = turn_dir.parent() {
-            self.shared.pool().last = Some(Arc::new(Last {
-                plan: plan.clone(),
-                session_dir: session_dir.to_path_buf(),
-                cgroup_place: cgroup_place.clone(),
-            }));
-        }
-    }
-
     /// The warm sandbox, when it was built from exactly `plan`'s shape (the
     /// same session, mounts, limits…), every host path it shows is still
     /// the file or directory it was built with, and its PID 1 is parked;
@@ -222,12 +209,19 @@ impl WarmPool {
     }
 
     /// Arms the build of the warm sandbox for the session's next turn,
-    /// from the last Plan's shape: call once the turn's commit is done
-    /// (the sandbox shows the workspace as the next turn will find it).
-    /// The build starts at [`WarmPool::build_armed`], once the daemon has
-    /// delivered the turn's reply.
-    pub fn refill(&self) {
-        self.shared.pool().armed = true;
+    /// from the shape of `plan`, the turn's: call once the turn's commit
+    /// is done (the sandbox shows the workspace as the next turn will find
+    /// it). `session_dir` is the session's state directory. The build
+    /// starts at [`WarmPool::build_armed`], once the daemon has delivered
+    /// the turn's reply.
+    pub fn refill(&self, plan: &Arc<Plan>, session_dir: &Path, cgroup_place: &Place) {
+        let mut p = self.shared.pool();
+        p.last = Some(Arc::new(Last {
+            plan: Arc::clone(plan),
+            session_dir: session_dir.to_path_buf(),
+            cgroup_place: cgroup_place.clone(),
+        }));
+        p.armed = true;
     }
 
     /// Builds the armed warm sandbox, if one is armed and none is waiting

@@ -8,6 +8,7 @@
 //! commit — ends in one exec and one evidence entry (FR-RT-007, FR-RT-018).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -562,7 +563,8 @@ impl Turn<'_> {
                     p.stdin = Some(r.stdin_text());
                     p.limits.output_bytes = p.limits.output_bytes.min(receive::MAX_OUTPUT_BYTES);
                 }
-                p
+                // Shared from here (intent, pool, outcome), never copied.
+                Arc::new(p)
             })
         };
         let plan_us = lap(&mut clock);
@@ -572,7 +574,7 @@ impl Turn<'_> {
         // on the turn's path; the command starts only once it is durable
         // (the gate in `execute_timed`), so no effect of the turn ever
         // precedes it.
-        let hashed = plan.as_ref().ok().cloned();
+        let hashed = plan.as_ref().ok().map(Arc::clone);
         let root = self.workspace.root_str();
         let mut entry = crate::store::record::TurnStartedEntry {
             event: crate::store::record::Event::TurnStarted,
@@ -593,7 +595,7 @@ impl Turn<'_> {
                 // directory, and deterministic sessions, give the same
                 // hash).
                 entry.plan_hash = hashed
-                    .and_then(|p| serde_json::to_value(p).ok())
+                    .and_then(|p| serde_json::to_value(&*p).ok())
                     .map(|mut v| {
                         root_relative(&mut v, root);
                         v
@@ -658,7 +660,7 @@ impl Turn<'_> {
         result
     }
 
-    fn execute(&self, plan: Plan, intent: &mut Intent<'_>) -> Outcome {
+    fn execute(&self, plan: Arc<Plan>, intent: &mut Intent<'_>) -> Outcome {
         let mut clock = Instant::now();
         let mut phases = Phases::new();
         let mut stage = Stage::default();
@@ -676,7 +678,7 @@ impl Turn<'_> {
     /// outcome as its error.
     fn execute_timed(
         &self,
-        plan: Plan,
+        plan: Arc<Plan>,
         intent: &mut Intent<'_>,
         clock: &mut Instant,
         phases: &mut Phases,
@@ -978,11 +980,11 @@ impl Failed {
         Self { status, message }
     }
 
-    fn with(self, plan: &Plan) -> Box<Outcome> {
+    fn with(self, plan: &Arc<Plan>) -> Box<Outcome> {
         Box::new(Outcome::failed(
             self.status,
             self.message,
-            Some(plan.clone()),
+            Some(Arc::clone(plan)),
         ))
     }
 }

@@ -2,6 +2,8 @@
 //! both or neither), the `--json` object derived from the same values, and
 //! the entries of a turn refused before execution.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use turnstile_policy::Violations;
 use turnstile_policy::canonical;
@@ -74,7 +76,7 @@ pub(super) struct Outcome {
     pub(super) writes: Vec<capture::RealizedWrite>,
     pub(super) verdict: Verdict,
     pub(super) committed: Vec<Committed>,
-    pub(super) plan: Option<Plan>,
+    pub(super) plan: Option<Arc<Plan>>,
     /// Where the time went, in order.
     pub(super) phases: Phases,
     /// The turn directory's removal, running while the ledgers are written.
@@ -186,8 +188,11 @@ impl Turn<'_> {
                 // once the daemon has delivered this reply — not before,
                 // where it would share the two cores with this turn's last
                 // steps, the daemon's relay and the client's exit.
-                if o.refill && crate::turn::interrupt::received().is_none() {
-                    self.backend.refill();
+                if let Some(plan) = o.plan.as_ref().filter(|_| o.refill)
+                    && crate::turn::interrupt::received().is_none()
+                {
+                    self.backend
+                        .refill(plan, &self.session.state().session_dir(&self.session.id));
                 }
             },
         )?;
@@ -599,7 +604,7 @@ fn landlock_degradation(l: &Value) -> String {
 }
 
 impl Outcome {
-    pub(super) fn failed(status: TurnStatus, message: String, plan: Option<Plan>) -> Self {
+    pub(super) fn failed(status: TurnStatus, message: String, plan: Option<Arc<Plan>>) -> Self {
         Self {
             status,
             message,
@@ -617,7 +622,7 @@ impl Outcome {
         }
     }
 
-    pub(super) fn interrupted(plan: Option<Plan>) -> Self {
+    pub(super) fn interrupted(plan: Option<Arc<Plan>>) -> Self {
         Self::failed(TurnStatus::Interrupted, interrupted_message(), plan)
     }
 
