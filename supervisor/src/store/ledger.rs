@@ -28,6 +28,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use turnstile_policy::SessionId;
 use turnstile_policy::canonical::{self, CanonicalError};
@@ -238,7 +239,7 @@ impl Anchor {
     }
 
     fn from_value(v: &Value, kind: LedgerKind, session: &SessionId) -> Result<Self, String> {
-        let d: AnchorDoc = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+        let d = AnchorDoc::deserialize(v).map_err(|e| e.to_string())?;
         if d.ledger != kind.as_str() || d.session_id != session.as_str() {
             return Err("belongs to another ledger or session".into());
         }
