@@ -89,9 +89,55 @@ pub struct Observer {
 
 /// This process's ring buffer, drained by a thread of its own as events
 /// arrive and by a finishing turn (which then sees everything sent before
-/// it).
+/// it). Mapped into this process (libbpf's ring buffer) only once it first
+/// holds something: mapping a 1 MiB ring maps its 256 data pages twice,
+/// ~0.2 ms of a cold `supervise run` whose turn, like most, is refused
+/// nothing. Until then its readiness is polled on the map itself (a ring
+/// buffer map is readable while it holds unread records).
 struct Ring {
-    rb: Mutex<libbpf_rs::RingBuffer<'static>>,
+    map: MapHandle,
+    tables: Arc<Mutex<HashMap<u64, Table>>>,
+    rb: Mutex<Option<libbpf_rs::RingBuffer<'static>>>,
+}
+
+impl Ring {
+    /// Whether the ring holds unread records, waiting up to `wait` for
+    /// one.
+    fn readable(&self, wait: nix::poll::PollTimeout) -> bool {
+        use nix::poll::{PollFd, PollFlags, poll};
+        use std::os::fd::AsFd;
+        let mut fds = [PollFd::new(self.map.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, wait).is_ok_and(|n| n > 0)
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLIN))
+    }
+
+    /// Reads every record the ring holds (mapping it the first time it
+    /// holds one).
+    fn drain(&self) -> Result<(), String> {
+        let Ok(mut rb) = self.rb.lock() else {
+            return Err("the ring buffer's lock is poisoned".into());
+        };
+        if rb.is_none() {
+            if !self.readable(nix::poll::PollTimeout::ZERO) {
+                return Ok(());
+            }
+            let t = Arc::clone(&self.tables);
+            let mut builder = libbpf_rs::RingBufferBuilder::new();
+            builder
+                .add(&self.map, move |data: &[u8]| {
+                    on_event(&t, data);
+                    0
+                })
+                .map_err(|e| format!("ring buffer: {e}"))?;
+            *rb = Some(builder.build().map_err(|e| format!("ring buffer: {e}"))?);
+        }
+        if let Some(rb) = rb.as_ref() {
+            let _ = rb.consume();
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Ring {
@@ -375,32 +421,25 @@ fn ring_in(
             m
         }
     };
-    let t = Arc::clone(tables);
-    let mut builder = libbpf_rs::RingBufferBuilder::new();
-    builder
-        .add(&map, move |data: &[u8]| {
-            on_event(&t, data);
-            0
-        })
-        .map_err(|e| format!("ring buffer: {e}"))?;
-    let rb = builder.build().map_err(|e| format!("ring buffer: {e}"))?;
+    let ring = Arc::new(Ring {
+        map,
+        tables: Arc::clone(tables),
+        rb: Mutex::new(None),
+    });
     // What an earlier holder of the slot left: no turn of ours is
-    // registered yet, so it is dropped.
-    let _ = rb.consume();
-    let epfd = rb.epoll_fd();
-    let ring = Arc::new(Ring { rb: Mutex::new(rb) });
+    // registered yet, so it is dropped (the ring is mapped only if there
+    // is any).
+    ring.drain()?;
     let r = Arc::clone(&ring);
     std::thread::Builder::new()
         .name("denials".into())
         .spawn(move || {
-            // SAFETY: the epoll fd is owned by `r.rb`, which this thread
-            // keeps for the rest of the process.
-            let epfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(epfd) };
             loop {
-                let mut fds = [nix::poll::PollFd::new(epfd, nix::poll::PollFlags::POLLIN)];
-                let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(1000u16));
-                if let Ok(rb) = r.rb.lock() {
-                    let _ = rb.consume();
+                if r.readable(nix::poll::PollTimeout::from(1000u16)) {
+                    if let Err(why) = r.drain() {
+                        tracing::warn!(%why, "cannot read the denial observer's ring buffer");
+                        return;
+                    }
                 }
             }
         })
@@ -899,8 +938,8 @@ impl Registration {
             o.learners.add(-1);
         }
         // Nothing of the turn runs: everything it sent is in the ring.
-        if let Ok(rb) = o.ring.rb.lock() {
-            let _ = rb.consume();
+        if let Err(why) = o.ring.drain() {
+            tracing::warn!(%why, "cannot read the denial observer's ring buffer");
         }
         let table = o
             .tables
