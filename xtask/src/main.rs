@@ -21,6 +21,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+mod bench_ab;
 mod bench_outputs;
 mod readme_check;
 mod vm;
@@ -94,6 +95,7 @@ fn main() -> Result<()> {
         Some("bench-shim") => bench_shim(&args[1..]),
         Some("package" | "deb") => package(&args[1..]),
         Some("bench-serve") => bench_serve(&args[1..]),
+        Some("bench-ab") => bench_ab::bench_ab(&args[1..]),
         Some("bench-outputs") => bench_outputs::bench_outputs(&workspace_root(), &args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("vm-test") => {
@@ -102,7 +104,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|demo|build [--release]|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|bench-outputs [N] [ROUNDS]|soak [--sessions N] [--threads T] [--minutes M]|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
+                "usage: cargo xtask <setup|demo|build [--release]|test|redteam [--backend NAME] [FILTER]|realsw [MODULE…]|vm-test [--kernel NAME] [--ci]|bench|bench-shim [ROUNDS]|bench-serve|bench-ab [--rounds N] DIR…|bench-ab --save DIR|bench-outputs [N] [ROUNDS]|soak [--sessions N] [--threads T] [--minutes M]|package [--debug] [--no-build]|fr-coverage|readme-check|fuzz [--minutes M|--seconds N] [TARGET…]>\n\
                  \n  setup        install missing system packages ({})\
                  \n  demo         run the example session end to end\
                  \n  build        supervise, its static turnstile-init beside it, the shim and the test binaries (--release: release build)\
@@ -114,6 +116,7 @@ fn main() -> Result<()> {
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
                  \n  package      build target/debian/turnstile_<version>_<arch>.deb (alias: deb): supervise, the containerd shim, the systemd unit, the default config, man page, completion (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
+                 \n  bench-ab [--rounds N] DIR…  builds side by side (each DIR from bench-ab --save DIR: the current release build's supervise and turnstile-init): bare /bin/true, each build's cold and served warm turn, interleaved, order rotated; medians and ratios to bare and to the first build (root)\
                  \n  bench-outputs [N] [ROUNDS]  a turn writing N declared outputs (default 100,000, one tree output) vs cp -a + sync; writes bench/OUTPUTS.md (root)\
                  \n  soak [--sessions N] [--threads T] [--minutes M] [--pool-size P]  N sessions (default 1,000) on one serve daemon, T client threads (8), M minutes (10): every turn as expected, every ledger verifies, descriptors and RSS flat, nothing left; writes bench/SOAK.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\

@@ -1,0 +1,236 @@
+//! `cargo xtask bench-ab [--rounds N] DIR…` and `bench-ab --save DIR`:
+//! the before/after of a change, in one interleaved run.
+//!
+//! A change's effect is smaller than the drift between two host hours
+//! (bare `/bin/true` took 0.68 to 1.37 ms on the same machine within a
+//! day), so two builds are compared only side by side: each `DIR` holds one
+//! build's `supervise` and `turnstile-init` (`--save DIR` copies the
+//! current release build there), each gets its own workspace, state
+//! directory and `supervise serve` daemon, and every round runs bare
+//! `/bin/true` and, for each build, a cold turn (`supervise run`) and a
+//! served warm one (`supervise run --server`), the order rotated each
+//! round. Prints medians, p90s, ratios to bare and to the first build.
+//! Root (the native sandbox); nothing is written to the repository.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{BenchDaemon, is_root, percentile, timed, workspace_root};
+
+/// The package every build's turns run (the bench manifest's limits).
+const MANIFEST: &str = r#"{"capabilities":{"execute":["/bin/true"]},"limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#;
+
+/// One build under comparison: its binaries, workspace, daemon, sessions.
+struct Build {
+    label: String,
+    sup: PathBuf,
+    ws: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    cold_session: String,
+    served_session: String,
+    _daemon: BenchDaemon,
+}
+
+impl Build {
+    fn start(dir: &Path, n: usize) -> Result<Self> {
+        let sup = dir.join("supervise");
+        for bin in [&sup, &dir.join("turnstile-init")] {
+            if !bin.is_file() {
+                bail!(
+                    "{} is missing: a build directory holds supervise and turnstile-init (make one with `cargo xtask bench-ab --save {}`)",
+                    bin.display(),
+                    dir.display()
+                );
+            }
+        }
+        let label = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| format!("build{n}"));
+        let scratch = std::env::temp_dir().join(format!("ts-bench-ab-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        let (ws, state, socket) = (
+            scratch.join("ws"),
+            scratch.join("state"),
+            scratch.join("serve.sock"),
+        );
+        std::fs::create_dir_all(ws.join("installed/ab"))?;
+        std::fs::write(ws.join("installed/ab/manifest.json"), MANIFEST)?;
+        let child = Command::new(&sup)
+            .args(["serve", "--state-dir"])
+            .arg(&state)
+            .arg("--socket")
+            .arg(&socket)
+            .stderr(std::fs::File::create(scratch.join("daemon.log"))?)
+            .spawn()
+            .with_context(|| format!("start {} serve", sup.display()))?;
+        let daemon = BenchDaemon {
+            child,
+            dir: scratch.clone(),
+        };
+        let t0 = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if t0.elapsed() > std::time::Duration::from_secs(10) {
+                bail!(
+                    "the daemon of {label} did not start (see {})",
+                    scratch.join("daemon.log").display()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let session = || -> Result<String> {
+            let o = Command::new(&sup)
+                .args(["session", "new", "--root"])
+                .arg(&ws)
+                .arg("--state-dir")
+                .arg(&state)
+                .output()?;
+            if !o.status.success() {
+                bail!("session new: {}", String::from_utf8_lossy(&o.stderr));
+            }
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        };
+        let (cold_session, served_session) = (session()?, session()?);
+        Ok(Self {
+            label,
+            sup,
+            ws,
+            state,
+            socket,
+            cold_session,
+            served_session,
+            _daemon: daemon,
+        })
+    }
+
+    fn turn(&self, served: bool) -> Command {
+        let mut c = Command::new(&self.sup);
+        c.args(["run", "--root"])
+            .arg(&self.ws)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(["--package", "ab", "--no-outputs", "--session"])
+            .arg(if served {
+                &self.served_session
+            } else {
+                &self.cold_session
+            });
+        if served {
+            c.arg("--server").arg(&self.socket);
+        }
+        c.args(["--", "/bin/true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    }
+}
+
+pub fn bench_ab(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("bench-ab needs root (the native sandbox)");
+    }
+    let mut rounds = 150usize;
+    let mut dirs = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--rounds" => {
+                rounds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| *n > 0)
+                    .context("--rounds takes a positive number")?;
+            }
+            "--save" => {
+                let dir = PathBuf::from(it.next().context("--save takes a directory")?);
+                return save(&dir);
+            }
+            other if other.starts_with('-') => bail!("bench-ab: unknown option `{other}`"),
+            dir => dirs.push(PathBuf::from(dir)),
+        }
+    }
+    if dirs.is_empty() {
+        bail!(
+            "usage: cargo xtask bench-ab [--rounds N] DIR… (each DIR from `cargo xtask bench-ab --save DIR`)"
+        );
+    }
+    let builds: Vec<Build> = dirs
+        .iter()
+        .enumerate()
+        .map(|(n, d)| Build::start(d, n))
+        .collect::<Result<_>>()?;
+    // Warm-up: page cache, each session's first (cold) served turn.
+    for _ in 0..5 {
+        for b in &builds {
+            timed(&mut b.turn(false))?;
+            timed(&mut b.turn(true))?;
+        }
+    }
+    // Slot 0 is bare; then cold and served of each build.
+    let slots = 1 + 2 * builds.len();
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); slots];
+    for round in 0..rounds {
+        for k in 0..slots {
+            let slot = (round + k) % slots;
+            let ms = match slot {
+                0 => timed(&mut Command::new("/bin/true"))?,
+                s => {
+                    let b = &builds[(s - 1) / 2];
+                    timed(&mut b.turn((s - 1) % 2 == 1))?
+                }
+            };
+            times[slot].push(ms);
+        }
+    }
+    let mut med = Vec::with_capacity(slots);
+    let mut p90 = Vec::with_capacity(slots);
+    for t in &mut times {
+        med.push(percentile(t, 0.5));
+        p90.push(percentile(t, 0.9));
+    }
+    println!(
+        "\n{rounds} interleaved rounds, order rotated each round (whole-process wall time, ms)\n"
+    );
+    println!(
+        "| build | turn | median ms | p90 ms | × bare | × {} |",
+        builds[0].label
+    );
+    println!("|---|---|---:|---:|---:|---:|");
+    println!(
+        "| bare `/bin/true` | | {:.3} | {:.3} | 1.00 | |",
+        med[0], p90[0]
+    );
+    for (i, b) in builds.iter().enumerate() {
+        for (j, kind) in ["cold", "served warm"].iter().enumerate() {
+            let s = 1 + 2 * i + j;
+            println!(
+                "| {} | {kind} | {:.3} | {:.3} | {:.2} | {:.3} |",
+                b.label,
+                med[s],
+                p90[s],
+                med[s] / med[0],
+                med[s] / med[1 + j]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Copies the release build (built now) into `dir`.
+fn save(dir: &Path) -> Result<()> {
+    crate::build_bins(true)?;
+    let root = workspace_root();
+    std::fs::create_dir_all(dir)?;
+    for (from, name) in [
+        (root.join("target/release/supervise"), "supervise"),
+        (root.join("target/release/turnstile-init"), "turnstile-init"),
+    ] {
+        std::fs::copy(&from, dir.join(name))
+            .with_context(|| format!("copy {} into {}", from.display(), dir.display()))?;
+    }
+    println!("xtask: release build saved in {}", dir.display());
+    Ok(())
+}
