@@ -102,15 +102,23 @@ struct Ring {
 
 impl Ring {
     /// Whether the ring holds unread records, waiting up to `wait` for
-    /// one.
-    fn readable(&self, wait: nix::poll::PollTimeout) -> bool {
+    /// one; an error if it cannot be polled (the draining thread stops
+    /// rather than spin).
+    fn readable(&self, wait: nix::poll::PollTimeout) -> Result<bool, String> {
         use nix::poll::{PollFd, PollFlags, poll};
         use std::os::fd::AsFd;
         let mut fds = [PollFd::new(self.map.as_fd(), PollFlags::POLLIN)];
-        poll(&mut fds, wait).is_ok_and(|n| n > 0)
-            && fds[0]
-                .revents()
-                .is_some_and(|r| r.contains(PollFlags::POLLIN))
+        match poll(&mut fds, wait) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => Ok(false),
+            Ok(_) => {
+                let r = fds[0].revents().unwrap_or(PollFlags::empty());
+                if r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL) {
+                    return Err(format!("polling the ring buffer: {r:?}"));
+                }
+                Ok(r.contains(PollFlags::POLLIN))
+            }
+            Err(e) => Err(format!("polling the ring buffer: {e}")),
+        }
     }
 
     /// Reads every record the ring holds (mapping it the first time it
@@ -120,7 +128,7 @@ impl Ring {
             return Err("the ring buffer's lock is poisoned".into());
         };
         if rb.is_none() {
-            if !self.readable(nix::poll::PollTimeout::ZERO) {
+            if !self.readable(nix::poll::PollTimeout::ZERO)? {
                 return Ok(());
             }
             let t = Arc::clone(&self.tables);
@@ -434,12 +442,14 @@ fn ring_in(
     std::thread::Builder::new()
         .name("denials".into())
         .spawn(move || {
+            // A finishing turn still drains what this thread could not.
             loop {
-                if r.readable(nix::poll::PollTimeout::from(1000u16)) {
-                    if let Err(why) = r.drain() {
-                        tracing::warn!(%why, "cannot read the denial observer's ring buffer");
-                        return;
-                    }
+                let read = r
+                    .readable(nix::poll::PollTimeout::from(1000u16))
+                    .and_then(|ready| if ready { r.drain() } else { Ok(()) });
+                if let Err(why) = read {
+                    tracing::warn!(%why, "cannot read the denial observer's ring buffer");
+                    return;
                 }
             }
         })
