@@ -279,19 +279,7 @@ impl Prepared {
     /// Whether `rules` are the ones it was prepared from, execute rules
     /// aside.
     pub fn holds(&self, rules: &LandlockRules) -> bool {
-        let LandlockRules {
-            abi,
-            list,
-            read,
-            read_write,
-            execute: _,
-            devices,
-        } = rules;
-        *abi == self.shape.abi
-            && *list == self.shape.list
-            && *read == self.shape.read
-            && *read_write == self.shape.read_write
-            && *devices == self.shape.devices
+        rules.same_but_execute(&self.shape)
     }
 }
 

@@ -100,6 +100,27 @@ pub struct LandlockRules {
     pub devices: Vec<String>,
 }
 
+impl LandlockRules {
+    /// Whether `other` holds the same rules but, perhaps, its execute
+    /// rules (which follow from a turn's command; the rest from the view).
+    /// Every field is named, so a new one does not compile until sorted.
+    pub fn same_but_execute(&self, other: &LandlockRules) -> bool {
+        let LandlockRules {
+            abi,
+            list,
+            read,
+            read_write,
+            execute: _,
+            devices,
+        } = self;
+        *abi == other.abi
+            && *list == other.list
+            && *read == other.read
+            && *read_write == other.read_write
+            && *devices == other.devices
+    }
+}
+
 /// Resource limits, in plain numbers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanLimits {
@@ -1075,14 +1096,6 @@ impl Plan {
             stdin: _,
             forward_all_output,
         } = self;
-        let LandlockRules {
-            abi,
-            list,
-            read,
-            read_write,
-            execute: _,
-            devices,
-        } = landlock;
         let PlanLimits {
             memory_bytes,
             cpu_millis,
@@ -1092,7 +1105,7 @@ impl Plan {
             files,
             output_bytes: _,
         } = limits;
-        let (l, m) = (&shape.landlock, &shape.limits);
+        let m = &shape.limits;
         // A shape's own turn part is empty (nothing to allocate: its
         // vectors and strings are).
         shape.turn_part() == TurnPart::default()
@@ -1107,8 +1120,7 @@ impl Plan {
             && *read_baseline == shape.read_baseline
             && *mounts == shape.mounts
             && *writable_scopes == shape.writable_scopes
-            && (*abi, list, read, read_write, devices)
-                == (l.abi, &l.list, &l.read, &l.read_write, &l.devices)
+            && landlock.same_but_execute(&shape.landlock)
             && *seccomp == shape.seccomp
             && (*memory_bytes, *cpu_millis, *pids, *disk_bytes, *files)
                 == (m.memory_bytes, m.cpu_millis, m.pids, m.disk_bytes, m.files)

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{BenchDaemon, is_root, percentile, timed, workspace_root};
+use crate::{BenchDaemon, is_root, new_session, percentile, timed, workspace_root};
 
 /// The package every build's turns run (the bench manifest's limits).
 const MANIFEST: &str = r#"{"capabilities":{"execute":["/bin/true"]},"limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#;
@@ -59,40 +59,9 @@ impl Build {
         );
         std::fs::create_dir_all(ws.join("installed/ab"))?;
         std::fs::write(ws.join("installed/ab/manifest.json"), MANIFEST)?;
-        let child = Command::new(&sup)
-            .args(["serve", "--state-dir"])
-            .arg(&state)
-            .arg("--socket")
-            .arg(&socket)
-            .stderr(std::fs::File::create(scratch.join("daemon.log"))?)
-            .spawn()
-            .with_context(|| format!("start {} serve", sup.display()))?;
-        let daemon = BenchDaemon {
-            child,
-            dir: scratch.clone(),
-        };
-        let t0 = std::time::Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if t0.elapsed() > std::time::Duration::from_secs(10) {
-                bail!(
-                    "the daemon of {label} did not start (see {})",
-                    scratch.join("daemon.log").display()
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let session = || -> Result<String> {
-            let o = Command::new(&sup)
-                .args(["session", "new", "--root"])
-                .arg(&ws)
-                .arg("--state-dir")
-                .arg(&state)
-                .output()?;
-            if !o.status.success() {
-                bail!("session new: {}", String::from_utf8_lossy(&o.stderr));
-            }
-            Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        };
+        let daemon = BenchDaemon::start(&sup, &scratch, &state, &socket)
+            .with_context(|| format!("the daemon of {label}"))?;
+        let session = || new_session(&sup, &ws, &state);
         let (cold_session, served_session) = (session()?, session()?);
         Ok(Self {
             label,

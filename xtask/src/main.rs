@@ -1105,6 +1105,49 @@ struct BenchDaemon {
     dir: PathBuf,
 }
 
+impl BenchDaemon {
+    /// Starts `sup serve` on `state` and `socket` (its log in
+    /// `dir/daemon.log`; `dir` is removed with it) and waits until it
+    /// answers.
+    fn start(sup: &Path, dir: &Path, state: &Path, socket: &Path) -> Result<Self> {
+        let log = dir.join("daemon.log");
+        let child = Command::new(sup)
+            .args(["serve", "--state-dir"])
+            .arg(state)
+            .arg("--socket")
+            .arg(socket)
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("start {} serve", sup.display()))?;
+        let daemon = Self {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let t0 = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            if t0.elapsed() > std::time::Duration::from_secs(10) {
+                bail!("the daemon did not start (see {})", log.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(daemon)
+    }
+}
+
+/// `sup session new` in workspace `ws`: the new session's id.
+fn new_session(sup: &Path, ws: &Path, state: &Path) -> Result<String> {
+    let o = Command::new(sup)
+        .args(["session", "new", "--root"])
+        .arg(ws)
+        .arg("--state-dir")
+        .arg(state)
+        .output()?;
+    if !o.status.success() {
+        bail!("session new: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+}
+
 impl Drop for BenchDaemon {
     fn drop(&mut self) {
         let _ = Command::new("kill")
@@ -1167,42 +1210,10 @@ fn bench_serve(args: &[String]) -> Result<()> {
         ws.join("installed/b/manifest.json"),
         r#"{"capabilities": {"execute": ["/bin/true"]}}"#,
     )?;
-    let child = Command::new(&sup)
-        .args(["serve", "--state-dir"])
-        .arg(&state)
-        .arg("--socket")
-        .arg(&socket)
-        .stderr(std::fs::File::create(dir.join("daemon.log"))?)
-        .spawn()
-        .context("start supervise serve")?;
-    let daemon = BenchDaemon {
-        child,
-        dir: dir.clone(),
-    };
-    let t0 = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if t0.elapsed() > std::time::Duration::from_secs(10) {
-            bail!(
-                "the daemon did not start (see {})",
-                dir.join("daemon.log").display()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let daemon = BenchDaemon::start(&sup, &dir, &state, &socket)?;
     std::thread::sleep(std::time::Duration::from_millis(500));
     let idle_rss = rss_kib(daemon.child.id());
-    let session = |sup: &Path| -> Result<String> {
-        let o = Command::new(sup)
-            .args(["session", "new", "--root"])
-            .arg(&ws)
-            .arg("--state-dir")
-            .arg(&state)
-            .output()?;
-        if !o.status.success() {
-            bail!("session new: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
+    let session = |sup: &Path| new_session(sup, &ws, &state);
     let turn = |sid: &str, server: bool| {
         let mut c = Command::new(&sup);
         c.args(["run", "--root"])
