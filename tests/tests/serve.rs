@@ -1356,6 +1356,11 @@ fn warm_cgroups(sid: &str) -> Vec<PathBuf> {
 
 /// Whether a warm sandbox of the session has its whole root built (its
 /// init reported its laps: every mount is made, bind sources pinned).
+/// Whether a warm sandbox of `sid` is built and waits for its turn: its
+/// init reported its laps (its root is made) and no command of it ended.
+/// A sandbox a turn took keeps its `warm-` directory until that turn's
+/// cleanup removes it, its laps and its command's end in its report: it
+/// is not the next turn's (waiting on it raced the next build).
 fn warm_built(fx: &Fixture, sid: &str) -> bool {
     warm_entries(fx, sid)
         .iter()
@@ -1367,7 +1372,11 @@ fn warm_built(fx: &Fixture, sid: &str) -> bool {
                 .join(sid)
                 .join(n)
                 .join("report.jsonl");
-            std::fs::read_to_string(report).is_ok_and(|r| r.contains("\"init_laps\""))
+            std::fs::read_to_string(report).is_ok_and(|r| {
+                r.contains("\"init_laps\"")
+                    && !r.contains("\"event\":\"exit\"")
+                    && !r.contains("\"event\":\"signal\"")
+            })
         })
 }
 
