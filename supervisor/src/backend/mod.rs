@@ -86,7 +86,7 @@ pub trait Backend {
 
     /// Builds the sandbox for `plan` in `turn` and parks it before the
     /// command runs.
-    fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>>;
+    fn create(&self, plan: &Arc<Plan>, turn: &TurnDir) -> Result<Box<dyn Sandbox>>;
 
     /// A sandbox built before this turn from `plan`'s exact shape, if the
     /// backend keeps one (the native backend in a `serve` worker: see
@@ -343,7 +343,7 @@ mod tests {
             self.lacking
                 .then(|| ("gvisor_netstack", "only on the host's stack".into()))
         }
-        fn create(&self, _: &Plan, _: &TurnDir) -> Result<Box<dyn Sandbox>> {
+        fn create(&self, _: &Arc<Plan>, _: &TurnDir) -> Result<Box<dyn Sandbox>> {
             Err(SupervisorError::invalid(
                 "backend",
                 "a test backend runs nothing",

@@ -103,7 +103,7 @@ impl Backend for NativeBackend {
         ]
     }
 
-    fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
+    fn create(&self, plan: &Arc<Plan>, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         let netns = self.netns.lock().ok().and_then(|mut slot| slot.take());
         Ok(Box::new(sandbox::create(
             plan,

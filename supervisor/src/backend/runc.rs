@@ -169,7 +169,7 @@ impl Backend for RuncBackend {
         super::egress_in_own_netns(network)
     }
 
-    fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
+    fn create(&self, plan: &Arc<Plan>, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         // The container's processes become ours when runc exits.
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;

@@ -253,7 +253,7 @@ impl Backend for RunscBackend {
         )]
     }
 
-    fn create(&self, plan: &Plan, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
+    fn create(&self, plan: &Arc<Plan>, turn: &TurnDir) -> Result<Box<dyn Sandbox>> {
         // The sandbox process becomes ours when `runsc create` exits.
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| err("become subreaper", e.to_string()))?;

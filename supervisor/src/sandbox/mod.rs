@@ -843,7 +843,7 @@ impl Drop for Created {
 /// `netns`: its network namespace, if the caller started making it
 /// earlier ([`spawn::new_netns`]).
 pub fn create(
-    plan: &Plan,
+    plan: &Arc<Plan>,
     turn: &TurnDir,
     cgroup_place: &cgroup::Place,
     json_mode: bool,
@@ -867,12 +867,11 @@ pub struct Parked {
     done: Option<std::os::fd::OwnedFd>,
     out: Option<std::fs::File>,
     err: Option<std::fs::File>,
-    shape: Plan,
-    /// The Plan it was built from (its `plan.json`): a turn with exactly
-    /// this Plan (a cold turn's) is handed over as [`init::SAME_PLAN`],
-    /// another (a warm turn's, of the same shape) as its
-    /// [`init::TURN_PART`].
-    built: Plan,
+    /// The Plan it was built from (its `plan.json`; shared, not copied):
+    /// its shape is the sandbox's. A turn with exactly this Plan (a cold
+    /// turn's) is handed over as [`init::SAME_PLAN`], another (a warm
+    /// turn's, of the same shape) as its [`init::TURN_PART`].
+    built: Arc<Plan>,
     /// `Some(true)` once PID 1 said it is parked, `Some(false)` if it ended
     /// before that; `None` not asked yet.
     parked: Option<bool>,
@@ -938,7 +937,7 @@ fn mount_sources(plan: &Plan) -> Vec<(PathBuf, Option<(u64, u64)>)> {
 /// `cg_name`, up to the point where it waits for its turn (`netns`: as
 /// for [`create`]; `None` starts making it here).
 pub fn park(
-    plan: &Plan,
+    plan: &Arc<Plan>,
     turn: &TurnDir,
     cgroup_place: &cgroup::Place,
     cg_name: &str,
@@ -988,7 +987,7 @@ pub fn park(
         None => seccomp::compile_to(&plan.seccomp, &bpf_path)?,
     };
     let plan_bytes =
-        serde_json::to_vec(plan).map_err(|e| sandbox_err("write plan", e.to_string()))?;
+        serde_json::to_vec(&**plan).map_err(|e| sandbox_err("write plan", e.to_string()))?;
     let plan_path = turn.path.join(init::PLAN_FILE);
     std::fs::write(&plan_path, plan_bytes).map_err(sandbox_io("write plan", &plan_path))?;
     lap("seccomp_compile", &mut phases);
@@ -1054,8 +1053,7 @@ pub fn park(
         done: Some(done),
         out: Some(out),
         err: Some(err),
-        shape: plan.shape(),
-        built: plan.clone(),
+        built: Arc::clone(plan),
         parked: None,
         started,
         phases,
@@ -1073,9 +1071,9 @@ pub fn park(
 }
 
 impl Parked {
-    /// The shape this sandbox was built from.
-    pub fn shape(&self) -> &Plan {
-        &self.shape
+    /// The Plan this sandbox was built from (its shape is the sandbox's).
+    pub fn built(&self) -> &Plan {
+        &self.built
     }
 
     /// The cgroup the sandbox runs in.
@@ -1182,7 +1180,7 @@ impl Parked {
     /// with the go instead. `warm`: built before this turn was known (its
     /// build time is not this turn's).
     pub fn begin(mut self, plan: &Plan, json_mode: bool) -> Result<Created> {
-        if !plan.has_shape(&self.shape) {
+        if !plan.same_shape(&self.built) {
             return Err(sandbox_err(
                 "begin turn",
                 "the turn's plan does not have the shape this sandbox was built from",
@@ -1277,7 +1275,7 @@ impl Parked {
                 // Sent with the go: its stage holds its restrictions.
                 created.launch = part(init::LAUNCH)?;
             } else {
-                let bytes = if *plan == self.built {
+                let bytes = if *plan == *self.built {
                     init::SAME_PLAN.to_vec()
                 } else {
                     part(init::TURN_PART)?

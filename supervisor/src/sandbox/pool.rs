@@ -180,7 +180,7 @@ impl WarmPool {
         let Slot::Ready(mut warm) = slot else {
             return None;
         };
-        if !plan.has_shape(warm.parked.shape()) {
+        if !plan.same_shape(warm.parked.built()) {
             tracing::debug!("warm sandbox discarded: the turn's plan has another shape");
             return None;
         }

@@ -780,7 +780,7 @@ impl Turn<'_> {
     /// intent entry is durable, and waits for every process of the turn.
     fn run_sandbox(
         &self,
-        plan: &Plan,
+        plan: &Arc<Plan>,
         intent: &mut Intent<'_>,
         begin: Option<crate::backend::Begin>,
         turn_dir: &TurnDir,
