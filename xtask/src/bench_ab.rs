@@ -8,16 +8,16 @@
 //! current release build there), each gets its own workspace, state
 //! directory and `supervise serve` daemon, and every round runs bare
 //! `/bin/true` and, for each build, a cold turn (`supervise run`) and a
-//! served warm one (`supervise run --server`), the order rotated each
-//! round. Prints medians, p90s, ratios to bare and to the first build.
-//! Root (the native sandbox); nothing is written to the repository.
+//! served warm one (`supervise run --server`), in an order drawn anew
+//! each round ([`crate::round_order`]). Prints medians, p90s, ratios to
+//! bare and to the first build. Root (the native sandbox); nothing is written to the repository.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{BenchDaemon, is_root, new_session, percentile, timed, workspace_root};
+use crate::{BenchDaemon, is_root, new_session, percentile, round_order, timed, workspace_root};
 
 /// The package every build's turns run (the bench manifest's limits).
 const MANIFEST: &str = r#"{"capabilities":{"execute":["/bin/true"]},"limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#;
@@ -142,8 +142,7 @@ pub fn bench_ab(args: &[String]) -> Result<()> {
     let slots = 1 + 2 * builds.len();
     let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); slots];
     for round in 0..rounds {
-        for k in 0..slots {
-            let slot = (round + k) % slots;
+        for slot in round_order(round, slots) {
             let ms = match slot {
                 0 => timed(&mut Command::new("/bin/true"))?,
                 s => {
@@ -161,7 +160,7 @@ pub fn bench_ab(args: &[String]) -> Result<()> {
         p90.push(percentile(t, 0.9));
     }
     println!(
-        "\n{rounds} interleaved rounds, order rotated each round (whole-process wall time, ms)\n"
+        "\n{rounds} interleaved rounds, order drawn anew each round (whole-process wall time, ms)\n"
     );
     println!(
         "| build | turn | median ms | p90 ms | × bare | × {} |",
@@ -202,4 +201,36 @@ fn save(dir: &Path) -> Result<()> {
     }
     println!("xtask: release build saved in {}", dir.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::round_order;
+
+    /// Every round is a permutation of the slots, and no slot always runs
+    /// right after the same one (what a rotation did).
+    #[test]
+    fn rounds_are_permutations_whose_neighbours_change() {
+        let slots = 5;
+        let mut after = vec![std::collections::BTreeSet::new(); slots];
+        for round in 0..200 {
+            let order = round_order(round, slots);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(
+                sorted,
+                (0..slots).collect::<Vec<_>>(),
+                "round {round}: {order:?}"
+            );
+            for w in order.windows(2) {
+                after[w[1]].insert(w[0]);
+            }
+        }
+        for (slot, before) in after.iter().enumerate() {
+            assert!(
+                before.len() >= slots - 1,
+                "slot {slot} only ever follows {before:?}"
+            );
+        }
+    }
 }

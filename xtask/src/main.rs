@@ -116,7 +116,7 @@ fn main() -> Result<()> {
                  \n  bench-shim [ROUNDS]  ctr run via the turnstile shim vs the runc v2 shim; its section of bench/RESULTS.md (root)\
                  \n  package      build target/debian/turnstile_<version>_<arch>.deb (alias: deb): supervise, the containerd shim, the systemd unit, the default config, man page, completion (--debug: debug binaries)\
                  \n  bench-serve  supervise run --server vs supervise run vs bare /bin/true (interleaved medians), 8-session throughput, daemon RSS, health latency; writes bench/SERVE.md (root)\
-                 \n  bench-ab [--rounds N] DIR…  builds side by side (each DIR from bench-ab --save DIR: the current release build's supervise and turnstile-init): bare /bin/true, each build's cold and served warm turn, interleaved, order rotated; medians and ratios to bare and to the first build (root)\
+                 \n  bench-ab [--rounds N] DIR…  builds side by side (each DIR from bench-ab --save DIR: the current release build's supervise and turnstile-init): bare /bin/true, each build's cold and served warm turn, interleaved, in an order drawn anew each round; medians and ratios to bare and to the first build (root)\
                  \n  bench-outputs [N] [ROUNDS]  a turn writing N declared outputs (default 100,000, one tree output) vs cp -a + sync; writes bench/OUTPUTS.md (root)\
                  \n  soak [--sessions N] [--threads T] [--minutes M] [--pool-size P]  N sessions (default 1,000) on one serve daemon, T client threads (8), M minutes (10): every turn as expected, every ledger verifies, descriptors and RSS flat, nothing left; writes bench/SOAK.md (root)\
                  \n  fr-coverage  check every in-scope FR-RT-0xx has a test naming it\
@@ -1179,6 +1179,25 @@ fn timed(cmd: &mut Command) -> Result<f64> {
     Ok(ms)
 }
 
+/// The order of `slots` measurements in round `round`: a permutation
+/// that changes every round (xorshift from the round number; the same
+/// every run). A plain rotation keeps each measurement right after the
+/// same other one: a served turn's warm sandbox, built in the background
+/// after its reply, then always weighs on the same neighbour (3.7 % on the
+/// cold turn after it, measured: the build compared second lost either
+/// way round).
+fn round_order(round: usize, slots: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..slots).collect();
+    let mut x = (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for i in (1..slots).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -1237,8 +1256,8 @@ fn bench_serve(args: &[String]) -> Result<()> {
     }
     let (mut bare, mut local, mut served) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds {
-        for k in 0..3 {
-            match (i + k) % 3 {
+        for k in round_order(i, 3) {
+            match k {
                 0 => bare.push(timed(&mut Command::new("/bin/true"))?),
                 1 => local.push(timed(&mut turn(&local_sid, false))?),
                 _ => served.push(timed(&mut turn(&served_sid, true))?),
