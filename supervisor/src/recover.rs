@@ -191,6 +191,95 @@ pub fn lock_for_write(
     Ok((lock, recovery))
 }
 
+/// A `serve` worker's recovery of its session between turns, off the
+/// turns' path. Recovery settles what a writer of the session left when it
+/// died; a worker's own turn leaves its cleanup to after its reply (see
+/// `sandbox::pool`). So the worker recovers the session once that cleanup
+/// is done ([`Between::recover`], under the lock, exactly as a turn would
+/// before it starts), keeping the stamp of that holding; its next turn
+/// skips recovery when the lock it takes follows that holding — no
+/// process, live or dead, held the session in between
+/// ([`SessionLock::follows`]), so there is nothing new to settle. Any other
+/// holder in between, a failed recovery, or a turn that never armed it,
+/// and the turn recovers first, as every writer does.
+#[derive(Debug, Default)]
+pub struct Between {
+    state: std::sync::Mutex<BetweenState>,
+}
+
+#[derive(Debug, Default)]
+struct BetweenState {
+    /// The session of the last turn, to recover once its cleanup is done.
+    armed: Option<(Session, Place, crate::ids::Sources)>,
+    /// The holding in which the session was last recovered.
+    recovered: Option<crate::store::lock::Stamp>,
+}
+
+impl Between {
+    fn state(&self) -> std::sync::MutexGuard<'_, BetweenState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// [`lock_for_write`], for a turn of the worker: recovery is skipped
+    /// when no process held the session since the worker last recovered
+    /// it. Either way, the session is recovered again after this turn.
+    pub fn lock_for_turn(
+        &self,
+        session: &Session,
+        cgroup_place: &Place,
+        sources: &crate::ids::Sources,
+    ) -> Result<(SessionLock, SessionRecovery)> {
+        let lock = session.lock()?;
+        if self
+            .arm(session, cgroup_place, sources)
+            .is_some_and(|s| lock.follows(s))
+        {
+            let r = SessionRecovery {
+                session_id: session.id.as_str().to_owned(),
+                ..SessionRecovery::default()
+            };
+            return Ok((lock, r));
+        }
+        let recovery = recover_session(session, &lock, cgroup_place, sources)?;
+        Ok((lock, recovery))
+    }
+
+    /// Arms the recovery of `session` after the turn that holds its lock
+    /// now; returns the holding in which it was last recovered.
+    pub fn arm(
+        &self,
+        session: &Session,
+        cgroup_place: &Place,
+        sources: &crate::ids::Sources,
+    ) -> Option<crate::store::lock::Stamp> {
+        let mut st = self.state();
+        st.armed = Some((session.clone(), cgroup_place.clone(), sources.clone()));
+        st.recovered.take()
+    }
+
+    /// Recovers the session of the last turn, if one was armed: call once
+    /// that turn's cleanup is done. A failure is logged; the next turn
+    /// then recovers first, and reports it.
+    pub fn recover(&self) {
+        let Some((session, place, sources)) = self.state().armed.take() else {
+            return;
+        };
+        match lock_for_write(&session, &place, &sources) {
+            Ok((lock, r)) => {
+                if !r.is_empty() {
+                    tracing::warn!(session_id = %session.id, recovery = %r.to_value(), "recovered what the last turn left");
+                }
+                self.state().recovered = Some(lock.stamp());
+            }
+            Err(e) => {
+                tracing::warn!(session_id = %session.id, error = %e, "recovery after the turn failed; the next turn recovers first");
+            }
+        }
+    }
+}
+
 /// Recovers one session (see the module docs). The caller holds its lock.
 pub fn recover_session(
     session: &Session,
@@ -524,7 +613,63 @@ pub fn sweep_dead_warm_cgroups(cgroup_place: &Place) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::warm_owner;
+    use super::{Between, warm_owner};
+    use crate::ids::{OsRandom, Sources, SystemClock};
+    use crate::sandbox::cgroup::Place;
+    use crate::store::layout::{StateDir, Workspace};
+    use crate::store::session::Session;
+    use turnstile_policy::session::SessionIdGenerator;
+
+    /// A worker's turn skips recovery only when the worker recovered the
+    /// session after its last turn and no process held the lock since. A
+    /// leftover planted without the lock (which no writer does) shows
+    /// which: a skipped recovery leaves it, a recovery removes it.
+    #[test]
+    fn issue_29_a_worker_skips_recovery_only_after_its_own_with_no_holder_between() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, state_path, cgroups) = (
+            dir.path().join("ws"),
+            dir.path().join("state"),
+            dir.path().join("cgroup"),
+        );
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&cgroups).unwrap();
+        let ws = Workspace::open(&root).unwrap();
+        let state = StateDir::open(&state_path, &ws, true).unwrap();
+        let ids = SessionIdGenerator::new(SystemClock, OsRandom);
+        let session = Session::create(&ws, &state, "ho1", &ids, None).unwrap();
+        let (place, sources) = (Place::new(cgroups), Sources::system());
+        let leftover = state.turn_dir(&session.id, 7);
+        let between = Between::default();
+        // Never recovered by the worker: the turn recovers.
+        std::fs::create_dir(&leftover).unwrap();
+        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
+        assert_eq!(r.turn_dirs, vec![leftover.clone()]);
+        drop(lock);
+        // Recovered after the turn, nobody since: the next turn skips it.
+        between.recover();
+        std::fs::create_dir(&leftover).unwrap();
+        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
+        assert!(r.is_empty() && leftover.is_dir(), "{:?}", r.to_value());
+        drop(lock);
+        // Recovered after that turn (which removes the plant), then another
+        // holder: the next turn recovers.
+        between.recover();
+        assert!(!leftover.exists());
+        let other = session.lock().unwrap();
+        std::fs::create_dir(&leftover).unwrap();
+        drop(other);
+        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
+        assert_eq!(r.turn_dirs, vec![leftover.clone()]);
+        drop(lock);
+        // A turn that did not recover after it (none armed): the next
+        // recovers even with no other holder.
+        let _ = between.state().armed.take();
+        between.recover();
+        std::fs::create_dir(&leftover).unwrap();
+        let (_lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
+        assert_eq!(r.turn_dirs, vec![leftover]);
+    }
 
     #[test]
     fn a_warm_cgroup_name_gives_its_owner_pid() {

@@ -587,6 +587,79 @@ fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
     assert_eq!(again.stop(), Some(0));
 }
 
+/// Issue 29: a worker recovers its session after each turn, off the next
+/// turn's path, and its next turn skips recovery only if no process held
+/// the session since. Here another process does, between two served
+/// turns: a local `supervise run` of the same session, killed with -9
+/// mid-command. The next served turn must still settle what it left — its
+/// turn closed `aborted`, its command dead, its directory and cgroups gone
+/// — before it runs, exactly as after a daemon's own crash.
+#[test]
+fn issue_29_a_served_turn_recovers_what_a_killed_local_turn_left_between() {
+    if !require_root("issue_29_a_served_turn_recovers_what_a_killed_local_turn_left_between") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let v = served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
+    assert_eq!(v["status"], "committed", "{v}");
+    // The worker is idle, its session recovered and its sandbox warm.
+    wait_for("the warm sandbox", || warm_built(&fx, &sid));
+    let mut local = Command::new(supervise_bin())
+        .arg("run")
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            &sid,
+            "--output",
+            "output/<session_id>/k.txt:k",
+            "--",
+            "/bin/sh",
+            "-c",
+            "d=${TMPDIR%/}; echo k > output/${d##*/}/k.txt; exec /bin/sleep 1029",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the local turn's command", || {
+        !processes_with("/bin/sleep 1029").is_empty()
+    });
+    signal(local.id() as i32, 9);
+    let _ = local.wait();
+    assert!(
+        finished(&fx, &sid, 2).is_empty(),
+        "the killed turn finished"
+    );
+    let v = served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
+    assert_eq!(
+        (v["status"].as_str(), v["turn_number"].as_u64()),
+        (Some("committed"), Some(3)),
+        "{v}"
+    );
+    let f = finished(&fx, &sid, 2);
+    assert_eq!(f.len(), 1, "turn 2 finished {} times", f.len());
+    assert_eq!(f[0]["status"], "aborted", "{}", f[0]);
+    assert!(
+        processes_with("/bin/sleep 1029").is_empty(),
+        "the killed turn's command outlived the next turn"
+    );
+    assert!(
+        !fx.root.join("output").join(&sid).join("k.txt").exists(),
+        "a killed turn committed"
+    );
+    fx.assert_ledgers_intact(&sid);
+    assert_eq!(daemon.stop(), Some(0));
+    assert_nothing_left(&fx, &sid);
+}
+
 #[test]
 fn serve_refuses_a_peer_of_another_uid() {
     if !require_root("serve_refuses_a_peer_of_another_uid") {

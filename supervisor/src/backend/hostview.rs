@@ -378,6 +378,7 @@ fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::Fil
     let path = turn_dir.parent()?.join("lock");
     let Ok(mut file) = std::fs::OpenOptions::new()
         .read(true)
+        .write(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(&path)
     else {
@@ -387,7 +388,11 @@ fn session_lock(turn_dir: &Path) -> Option<Option<nix::fcntl::Flock<std::fs::Fil
     let deadline = Instant::now() + Duration::from_millis(500);
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Some(Some(lock)),
+            Ok(lock) => {
+                // A holder like any other: the next finds another's stamp.
+                crate::store::lock::Stamp::renew(&lock);
+                return Some(Some(lock));
+            }
             Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR))
                 if Instant::now() < deadline =>
             {

@@ -249,6 +249,7 @@ pub fn learn(a: &LearnArgs) -> Result<Outcome> {
         backend: Some("native".into()),
         tenant: None,
         pool: None,
+        between: None,
         interrupts: crate::turn::interrupt::Interrupts::default(),
         config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
         deterministic: None,

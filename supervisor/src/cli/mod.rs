@@ -1680,6 +1680,7 @@ fn run_cmd(a: &RunArgs) -> Result<Outcome> {
         backend: a.backend.clone(),
         tenant: a.tenant.clone(),
         pool: None,
+        between: None,
         interrupts: crate::turn::interrupt::Interrupts::default(),
         config: a.config.clone(),
         deterministic,

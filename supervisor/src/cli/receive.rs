@@ -120,6 +120,7 @@ pub fn receive(a: &ReceiveArgs) -> Result<Outcome> {
         backend: Some("native".into()),
         tenant: None,
         pool: None,
+        between: None,
         interrupts: crate::turn::interrupt::Interrupts::default(),
         config: a.config.clone(),
         deterministic,

@@ -101,6 +101,8 @@ pub fn main() -> u8 {
     let mut status = 0;
     // The worker's warm pool, started by the first job that keeps it.
     let mut pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>> = None;
+    // Its session recovered between turns, off their path.
+    let between = std::sync::Arc::new(crate::recover::Between::default());
     let Ok(inbox_sock) = sock.try_clone() else {
         return 1;
     };
@@ -157,19 +159,21 @@ pub fn main() -> u8 {
             break;
         };
         let replier = std::sync::Arc::new(replier);
-        turn(job, pool.as_ref().filter(|_| keep), &replier);
+        turn(job, pool.as_ref().filter(|_| keep), &between, &replier);
         let (sent, homed) = replier.sent().unwrap_or((false, false));
         if !homed {
             status = 1;
             break;
         }
-        // The turn's directory goes before the next turn begins.
-        if let Some(p) = &pool {
-            p.settle();
-        }
         if !sent || !keep {
             break;
         }
+        // The turn's directory goes before the next turn begins; then the
+        // session is recovered, which the next turn need not do.
+        if let Some(p) = &pool {
+            p.settle();
+        }
+        between.recover();
     }
     if let Some(p) = &pool {
         p.drain();
@@ -238,6 +242,7 @@ impl Replier {
 fn turn(
     job: std::result::Result<Job, serde_json::Error>,
     pool: Option<&std::sync::Arc<crate::sandbox::pool::WarmPool>>,
+    between: &std::sync::Arc<crate::recover::Between>,
     replier: &std::sync::Arc<Replier>,
 ) {
     let parsed = job
@@ -254,6 +259,8 @@ fn turn(
         }
     };
     opts.pool = pool.cloned();
+    // Only a worker that stays recovers after the turn.
+    opts.between = pool.map(|_| std::sync::Arc::clone(between));
     // Loaded once, from the canonical root as admission would (a manifest
     // that does not load is left to admission, which says why).
     let manifest = turnstile_policy::PackageId::parse(&opts.package)
@@ -368,6 +375,7 @@ pub fn to_options(r: &RunRequest) -> Result<(RunOptions, Option<std::path::PathB
             backend: r.backend.clone(),
             tenant: r.tenant.clone(),
             pool: None,
+            between: None,
             interrupts: crate::turn::interrupt::Interrupts::default(),
             config: r
                 .config

@@ -70,6 +70,9 @@ pub struct RunOptions {
     pub interrupts: crate::turn::interrupt::Interrupts,
     /// A serve worker's warm pool (`None` for `supervise run`).
     pub pool: Option<std::sync::Arc<crate::sandbox::pool::WarmPool>>,
+    /// A serve worker's recovery of its session between turns (`None` for
+    /// `supervise run`: it recovers before the turn).
+    pub between: Option<std::sync::Arc<crate::recover::Between>>,
     /// The system configuration file (`--config`).
     pub config: PathBuf,
     /// Deterministic mode for the session `run` starts (without --session).
@@ -217,8 +220,16 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
     // A session this turn created is still locked since before it existed:
     // no other writer has touched it, nothing is left to recover.
     let (lock, recovery) = match created_lock {
-        Some(lock) => (lock, crate::recover::SessionRecovery::default()),
-        None => crate::recover::lock_for_write(&session, &opts.cgroup_place, &opts.sources)?,
+        Some(lock) => {
+            if let Some(b) = &opts.between {
+                b.arm(&session, &opts.cgroup_place, &opts.sources);
+            }
+            (lock, crate::recover::SessionRecovery::default())
+        }
+        None => match &opts.between {
+            Some(b) => b.lock_for_turn(&session, &opts.cgroup_place, &opts.sources)?,
+            None => crate::recover::lock_for_write(&session, &opts.cgroup_place, &opts.sources)?,
+        },
     };
     if !recovery.is_empty() {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");

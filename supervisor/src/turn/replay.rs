@@ -414,6 +414,7 @@ fn replay_session(
             },
             tenant: None,
             pool: None,
+            between: None,
             interrupts: crate::turn::interrupt::Interrupts::default(),
             config: PathBuf::from(crate::backend::select::DEFAULT_CONFIG),
             deterministic: None,
