@@ -471,8 +471,13 @@ impl<'scope> Intent<'scope> {
 /// to start with `<root>` instead.
 fn root_relative(v: &mut Value, root: &str) {
     match v {
-        Value::String(s) if s == root || s.starts_with(&format!("{root}/")) => {
-            *s = format!("<root>{}", &s[root.len()..]);
+        // (No string made to compare: this runs over every string of a
+        // Plan, on the intent entry's path.)
+        Value::String(s)
+            if s.strip_prefix(root)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')) =>
+        {
+            s.replace_range(..root.len(), "<root>");
         }
         Value::Array(a) => a.iter_mut().for_each(|x| root_relative(x, root)),
         Value::Object(m) => m.values_mut().for_each(|x| root_relative(x, root)),
@@ -1172,5 +1177,25 @@ mod ended_tests {
             detail: "x".into(),
         };
         assert_eq!(ended_of(&said, 1), Ended::SetupFailed);
+    }
+
+    /// The workspace root, and only it or a path below it, becomes
+    /// `<root>`, at any depth.
+    #[test]
+    fn root_relative_rewrites_the_root_and_paths_below_it_only() {
+        let mut v = serde_json::json!({
+            "a": "/ws",
+            "b": ["/ws/x", "/wsx", "x/ws", {"c": "/ws/"}],
+            "d": 1,
+        });
+        root_relative(&mut v, "/ws");
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "a": "<root>",
+                "b": ["<root>/x", "/wsx", "x/ws", {"c": "<root>/"}],
+                "d": 1,
+            })
+        );
     }
 }
