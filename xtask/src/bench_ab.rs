@@ -9,7 +9,7 @@
 //! directory and `supervise serve` daemon, and every round runs bare
 //! `/bin/true` and, for each build, a cold turn (`supervise run`) and a
 //! served warm one (`supervise run --server`), in an order drawn anew
-//! each round ([`crate::round_order`]). Prints medians, p90s, ratios to
+//! each round ([`crate::order::round_order`]). Prints medians, p90s, ratios to
 //! bare and to the first build. Root (the native sandbox); nothing is written to the repository.
 
 use std::path::{Path, PathBuf};
@@ -17,7 +17,8 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{BenchDaemon, is_root, new_session, percentile, round_order, timed, workspace_root};
+use crate::order::round_order;
+use crate::{BenchDaemon, is_root, new_session, percentile, timed, workspace_root};
 
 /// The package every build's turns run (the bench manifest's limits).
 const MANIFEST: &str = r#"{"capabilities":{"execute":["/bin/true"]},"limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#;
@@ -201,36 +202,4 @@ fn save(dir: &Path) -> Result<()> {
     }
     println!("xtask: release build saved in {}", dir.display());
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::round_order;
-
-    /// Every round is a permutation of the slots, and no slot always runs
-    /// right after the same one (what a rotation did).
-    #[test]
-    fn rounds_are_permutations_whose_neighbours_change() {
-        let slots = 5;
-        let mut after = vec![std::collections::BTreeSet::new(); slots];
-        for round in 0..200 {
-            let order = round_order(round, slots);
-            let mut sorted = order.clone();
-            sorted.sort_unstable();
-            assert_eq!(
-                sorted,
-                (0..slots).collect::<Vec<_>>(),
-                "round {round}: {order:?}"
-            );
-            for w in order.windows(2) {
-                after[w[1]].insert(w[0]);
-            }
-        }
-        for (slot, before) in after.iter().enumerate() {
-            assert!(
-                before.len() >= slots - 1,
-                "slot {slot} only ever follows {before:?}"
-            );
-        }
-    }
 }

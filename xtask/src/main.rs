@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 
 mod bench_ab;
 mod bench_outputs;
+mod order;
 mod readme_check;
 mod vm;
 
@@ -1179,25 +1180,6 @@ fn timed(cmd: &mut Command) -> Result<f64> {
     Ok(ms)
 }
 
-/// The order of `slots` measurements in round `round`: a permutation
-/// that changes every round (xorshift from the round number; the same
-/// every run). A plain rotation keeps each measurement right after the
-/// same other one: a served turn's warm sandbox, built in the background
-/// after its reply, then always weighs on the same neighbour (3.7 % on the
-/// cold turn after it, measured: the build compared second lost either
-/// way round).
-fn round_order(round: usize, slots: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..slots).collect();
-    let mut x = (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..slots).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    order
-}
-
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -1256,7 +1238,7 @@ fn bench_serve(args: &[String]) -> Result<()> {
     }
     let (mut bare, mut local, mut served) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds {
-        for k in round_order(i, 3) {
+        for k in order::round_order(i, 3) {
             match k {
                 0 => bare.push(timed(&mut Command::new("/bin/true"))?),
                 1 => local.push(timed(&mut turn(&local_sid, false))?),

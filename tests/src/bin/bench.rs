@@ -5,6 +5,11 @@
 //! Whole-process wall times are measured interleaved (one run of each
 //! system per round) so machine drift hits every system alike.
 
+// The rounds' order, shared with the xtask benchmarks (one file, two
+// crates that do not depend on each other).
+#[path = "../../../xtask/src/order.rs"]
+mod order;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -356,10 +361,10 @@ fn main() {
     let mut phases: Phases = Phases::new();
     let mut net_phases: Phases = Phases::new();
     for round in 0..(rounds + 5) {
-        // Rotate the order every round: a system's asynchronous teardown
-        // (runsc's, above all) must not always land on the same neighbour.
-        for k in 0..systems.len() {
-            let i = (k + round) % systems.len();
+        // A new order every round: a system's asynchronous teardown
+        // (runsc's, above all) must not always land on the same neighbour
+        // (a rotation put turnstile right after runsc in every round).
+        for i in order::round_order(round, systems.len()) {
             let s = &systems[i];
             if s.missing.is_some() {
                 continue;
@@ -399,7 +404,7 @@ fn main() {
     );
     writeln!(
         report,
-        "## Whole-process wall time of `/bin/true` ({rounds} interleaved rounds, order rotated each round, 5 warm-up)\n"
+        "## Whole-process wall time of `/bin/true` ({rounds} interleaved rounds, order drawn anew each round, 5 warm-up)\n"
     )
     .unwrap();
     writeln!(report, "| system | median ms | p95 ms | min–max ms | × bare | × turnstile |\n|---|---:|---:|---|---:|---:|").unwrap();
@@ -685,7 +690,7 @@ fn same_bundle(env: &Env, sid: &str, runtime: &str, argv: &[&str]) -> Result<Pat
 
 /// `/bin/true` as a turn through `supervise run --backend R` and as
 /// `R run` of the same bundle, for runc and crun, interleaved (order
-/// rotated each round); appends the table and the runc turn's phases.
+/// drawn anew each round); appends the table and the runc turn's phases.
 fn oci_backends(env: &Env, rounds: usize, report: &mut String) -> OciRatios {
     eprintln!("bench: {rounds} interleaved rounds, OCI backends vs the bare runtime");
     let sid = env.new_session();
@@ -744,8 +749,7 @@ fn oci_backends(env: &Env, rounds: usize, report: &mut String) -> OciRatios {
     let mut failures = vec![0usize; systems.len()];
     let mut phases: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for round in 0..(rounds + 5) {
-        for k in 0..systems.len() {
-            let i = (k + round) % systems.len();
+        for i in order::round_order(round, systems.len()) {
             let s = &systems[i];
             if s.missing.is_some() {
                 continue;
@@ -773,7 +777,7 @@ fn oci_backends(env: &Env, rounds: usize, report: &mut String) -> OciRatios {
     }
     writeln!(
         report,
-        "\n## OCI backends: a turn against the bare runtime running the same bundle ({rounds} interleaved rounds, order rotated, 5 warm-up)\n\n\
+        "\n## OCI backends: a turn against the bare runtime running the same bundle ({rounds} interleaved rounds, order drawn anew each round, 5 warm-up)\n\n\
          The bare run is `R run` of the bundle `supervise bundle --backend R` writes for the same turn (rootfs skeleton, mounts, namespaces, seccomp, resources, uid 65534), \
          with the process replaced by the command itself; the turn adds the idmapped workspace, the scope overlays, turnstile's init (Landlock, posture handshake), capture, verify and the ledger entries.\n\n\
          | system | median ms | p95 ms | min–max ms | failed runs | × bare runtime |\n|---|---:|---:|---|---:|---:|"
@@ -937,7 +941,7 @@ fn network_cost(
          The restricted turn sends nothing; its cost is making the turn's resolver, proxy and nftables ruleset and removing them.\n\n\
          | turn | median ms | p95 ms | min–max ms |\n|---|---:|---:|---|",
         if network_only {
-            format!("{rounds} interleaved rounds of these two alone (order rotated each round, 5 warm-up)")
+            format!("{rounds} interleaved rounds of these two alone (order drawn anew each round, 5 warm-up)")
         } else {
             "the two turnstile rows of the rounds above".to_owned()
         }
