@@ -183,6 +183,37 @@ impl Target {
 }
 
 /// Patterns bound to one session and compiled for matching.
+/// How many compiled sets [`PatternSet::compile_checked`] keeps.
+const COMPILED_KEPT: usize = 16;
+
+/// The sets this process compiled last, most recent first, with the
+/// session each was compiled for (a pure function of the two: nothing
+/// else reaches the matcher).
+mod compiled {
+    use super::{COMPILED_KEPT, Pattern, PatternSet, SessionId};
+    use std::collections::VecDeque;
+    use std::sync::{Mutex, MutexGuard, PoisonError};
+
+    static KEPT: Mutex<VecDeque<(SessionId, PatternSet)>> = Mutex::new(VecDeque::new());
+
+    fn kept() -> MutexGuard<'static, VecDeque<(SessionId, PatternSet)>> {
+        KEPT.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn find(patterns: &[Pattern], session: &SessionId) -> Option<PatternSet> {
+        kept()
+            .iter()
+            .find(|(s, set)| s == session && set.patterns == patterns)
+            .map(|(_, set)| set.clone())
+    }
+
+    pub(super) fn keep(session: &SessionId, set: &PatternSet) {
+        let mut kept = kept();
+        kept.push_front((session.clone(), set.clone()));
+        kept.truncate(COMPILED_KEPT);
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct PatternSet {
     patterns: Vec<Pattern>,
@@ -201,7 +232,24 @@ impl PatternSet {
     }
 
     /// [`PatternSet::compile`] with the offending pattern's index.
+    ///
+    /// A compiled set depends on the patterns and the session alone, and
+    /// building its matcher (globset's regexes) is most of a manifest's
+    /// load and of a plan's compile: one turn compiles the same lists
+    /// several times (the manifest's check, the request's check, the plan,
+    /// the forbidden list of the record), and a serve worker every turn.
+    /// The last [`COMPILED_KEPT`] sets built in this process are kept and
+    /// handed out as clones.
     pub fn compile_checked(patterns: &[Pattern], session: &SessionId) -> Result<Self, SetError> {
+        if let Some(set) = compiled::find(patterns, session) {
+            return Ok(set);
+        }
+        let set = Self::build_checked(patterns, session)?;
+        compiled::keep(session, &set);
+        Ok(set)
+    }
+
+    fn build_checked(patterns: &[Pattern], session: &SessionId) -> Result<Self, SetError> {
         if patterns.len() > MAX_PATTERNS {
             return Err(SetError {
                 index: None,
@@ -342,6 +390,26 @@ mod tests {
     fn matches(set: &PatternSet, path: &str) -> Option<String> {
         set.matching(&Target::new("/ws", path))
             .map(|p| p.to_string())
+    }
+
+    /// A kept set is the one its patterns and session compile to: another
+    /// session's expansion of `<session_id>` is never handed out for it.
+    #[test]
+    fn issue_29_a_kept_set_is_only_handed_out_for_its_patterns_and_session() {
+        let other = SessionId::parse("SES-20261121T093700123456Z-00000000cafef00d").unwrap();
+        let ps = vec![Pattern::parse("output/<session_id>/**").unwrap()];
+        let mine = PatternSet::compile(&ps, &sid()).unwrap();
+        let theirs = PatternSet::compile(&ps, &other).unwrap();
+        let again = PatternSet::compile(&ps, &sid()).unwrap();
+        let path = |s: &SessionId| format!("output/{s}/x");
+        for (set, yes, no) in [
+            (&mine, sid(), other.clone()),
+            (&again, sid(), other.clone()),
+            (&theirs, other.clone(), sid()),
+        ] {
+            assert!(matches(set, &path(&yes)).is_some());
+            assert!(matches(set, &path(&no)).is_none());
+        }
     }
 
     #[test]
