@@ -229,7 +229,7 @@ pub fn build(profile: &SeccompProfile) -> Result<(ScmpFilterContext, Vec<String>
 const COMPILER_VERSION: u32 = 6;
 
 /// The compiled program for `profile`, from `cache_dir` when this exact
-/// profile (by the sha256 of its canonical JSON) was compiled before —
+/// profile (by the sha256 of its JSON) was compiled before —
 /// compiling costs ~2.3 ms per turn here, loading the cached copy ~0.05 ms.
 /// The cache lives in the supervisor's private state dir; entries are
 /// written atomically and named by content hash, so a stale or partial
@@ -239,10 +239,14 @@ pub fn compile_cached(
     cache_dir: &std::path::Path,
     out: &std::path::Path,
 ) -> Result<CompiledFilter> {
-    let value = serde_json::to_value(profile).map_err(|e| err(e.to_string()))?;
-    // The key covers how the profile is compiled, too.
-    let value = serde_json::json!({"compiler": COMPILER_VERSION, "profile": value});
-    let key = turnstile_policy::canonical::hash_value(&value).map_err(|e| err(e.to_string()))?;
+    // The key covers how the profile is compiled, too. The profile's own
+    // serialization is deterministic (lists only, fields in declaration
+    // order), so its bytes are hashed as they come: no JSON value built
+    // and canonicalized (~400 strings) at every sandbox's build. Another
+    // serialization (a field added) only misses the cache.
+    let mut bytes = format!("compiler {COMPILER_VERSION}\n").into_bytes();
+    serde_json::to_writer(&mut bytes, profile).map_err(|e| err(e.to_string()))?;
+    let key = turnstile_policy::canonical::sha256_hex(&bytes);
     let cached = cache_dir.join(format!("seccomp-{key}.bpf"));
     let unknown = cache_dir.join(format!("seccomp-{key}.unknown"));
     if let (Ok(bpf), Ok(names)) = (std::fs::read(&cached), std::fs::read_to_string(&unknown)) {
@@ -275,6 +279,30 @@ pub fn compile_to(profile: &SeccompProfile, out: &std::path::Path) -> Result<Com
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A profile's program comes from the cache the second time (the same
+    /// bytes), and another profile gets its own entry: the key tells them
+    /// apart.
+    #[test]
+    fn issue_29_the_cache_gives_each_profile_its_own_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let entries = || std::fs::read_dir(&cache).unwrap().count();
+        let p = SeccompProfile::default_profile();
+        let (a, b) = (dir.path().join("a.bpf"), dir.path().join("b.bpf"));
+        compile_cached(&p, &cache, &a).unwrap();
+        assert_eq!(entries(), 2, "the program and its unknown names");
+        compile_cached(&p, &cache, &b).unwrap();
+        assert_eq!(entries(), 2);
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let mut q = p.clone();
+        q.deny.retain(|n| n != "ptrace");
+        assert_ne!(p, q);
+        let c = dir.path().join("c.bpf");
+        compile_cached(&q, &cache, &c).unwrap();
+        assert_eq!(entries(), 4);
+        assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+    }
 
     /// Every name of the default profile compiles to a rule on this
     /// machine's architecture: a name libseccomp does not know (and that has
