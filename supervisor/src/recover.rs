@@ -188,6 +188,9 @@ pub fn lock_for_write(
 ) -> Result<(SessionLock, SessionRecovery)> {
     let lock = session.lock()?;
     let recovery = recover_session(session, &lock, cgroup_place, clock)?;
+    if !recovery.is_empty() {
+        lock.mark_changed();
+    }
     Ok((lock, recovery))
 }
 
@@ -271,7 +274,8 @@ impl Between {
                 if !r.is_empty() {
                     tracing::warn!(session_id = %session.id, recovery = %r.to_value(), "recovered what the last turn left");
                 }
-                self.state().recovered = Some(lock.stamp());
+                // The stamp stays, so the next turn can know this holding.
+                self.state().recovered = lock.mark_changed();
             }
             Err(e) => {
                 tracing::warn!(session_id = %session.id, error = %e, "recovery after the turn failed; the next turn recovers first");
@@ -658,12 +662,24 @@ mod tests {
         assert!(!leftover.exists());
         let other = session.lock().unwrap();
         std::fs::create_dir(&leftover).unwrap();
+        other.mark_changed();
         drop(other);
         let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
         assert_eq!(r.turn_dirs, vec![leftover.clone()]);
         drop(lock);
-        // A turn that did not recover after it (none armed): the next
-        // recovers even with no other holder.
+        // A holder that changed nothing (a refused request) does not count.
+        between.recover();
+        drop(session.lock().unwrap());
+        std::fs::create_dir(&leftover).unwrap();
+        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
+        assert!(r.is_empty() && leftover.is_dir(), "{:?}", r.to_value());
+        drop(lock);
+        between.recover();
+        assert!(!leftover.exists());
+        // A turn that did not arm the recovery after it: the next recovers
+        // even with no other holder.
+        let (lock, _) = between.lock_for_turn(&session, &place, &sources).unwrap();
+        drop(lock);
         let _ = between.state().armed.take();
         between.recover();
         std::fs::create_dir(&leftover).unwrap();

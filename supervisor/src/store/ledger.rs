@@ -1225,7 +1225,23 @@ pub fn append_group_then(
 }
 
 fn append_group_steps(
-    _lock: &SessionLock,
+    lock: &SessionLock,
+    parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
+    until: AppendStep,
+    written: &mut dyn FnMut(),
+    durability: Durability,
+) -> Result<Vec<Vec<Appended>>> {
+    let appended = append_group_protocol(parts, until, written, durability);
+    // An append that failed, or stopped as if the process died, may leave
+    // a tail for recovery: this holding's stamp stays (see `store::lock`).
+    // A whole append leaves nothing to settle.
+    if appended.is_err() || until != AppendStep::Acknowledged {
+        lock.mark_changed();
+    }
+    appended
+}
+
+fn append_group_protocol(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
     written: &mut dyn FnMut(),

@@ -320,6 +320,9 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         }
     };
     let turn_number = session.next_turn_number(&lock)?;
+    // Admitted: the session changes from here (its turn directory is made
+    // beside the intent entry's append), so this holding's stamp stays.
+    lock.mark_changed();
     // Durable before the intent entry, so before any effect of the turn.
     if let Some(key) = &key {
         crate::store::idempotency::begin(&session, &lock, key, &request_hash, turn_number)?;

@@ -178,6 +178,8 @@ pub fn revert(req: &RevertRequest<'_>, clock: &dyn Clock) -> Result<Reverted> {
     }
 
     let turn_number = session.next_turn_number(&lock)?;
+    // It writes from here (its journal, the workspace): see `store::lock`.
+    lock.mark_changed();
     let command = vec![
         "supervise".to_owned(),
         "revert".to_owned(),
