@@ -570,11 +570,13 @@ impl Turn<'_> {
             Some(r) => r,
             None => &HostFs,
         };
+        // Each question about the host asked once per compile.
+        let view = turnstile_policy::fsview::Memo::new(view);
         let plan = {
             let _phase =
                 tracing::info_span!("phase", phase = "plan", "otel.name" = otel_phase("plan"))
                     .entered();
-            plan::compile(&ctx, self.manifest, self.request, allowed, view).map(|mut p| {
+            plan::compile(&ctx, self.manifest, self.request, allowed, &view).map(|mut p| {
                 p.forward_all_output = self.opts.forward_all_output;
                 if let Some(r) = &self.opts.receive {
                     // Its stdout is held in memory: bounded whatever the
@@ -1136,7 +1138,7 @@ pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan>
         &admission.manifest,
         &admission.request,
         &allowed,
-        view,
+        &turnstile_policy::fsview::Memo::new(view),
     )
     .map_err(|e| SupervisorError::Sandbox {
         step: "compile plan",
