@@ -645,46 +645,43 @@ mod tests {
         let (place, sources) = (Place::new(cgroups), Sources::system());
         let leftover = state.turn_dir(&session.id, 7);
         let between = Between::default();
+        // A worker's turn, with the leftover planted (without the lock)
+        // just before: whether its recovery ran (and removed it).
+        let turn = || {
+            std::fs::create_dir(&leftover).unwrap();
+            let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
+            drop(lock);
+            let recovered = r.turn_dirs == vec![leftover.clone()];
+            assert!(
+                recovered || (r.is_empty() && leftover.is_dir()),
+                "{:?}",
+                r.to_value()
+            );
+            recovered
+        };
         // Never recovered by the worker: the turn recovers.
-        std::fs::create_dir(&leftover).unwrap();
-        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
-        assert_eq!(r.turn_dirs, vec![leftover.clone()]);
-        drop(lock);
+        assert!(turn());
         // Recovered after the turn, nobody since: the next turn skips it.
         between.recover();
-        std::fs::create_dir(&leftover).unwrap();
-        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
-        assert!(r.is_empty() && leftover.is_dir(), "{:?}", r.to_value());
-        drop(lock);
-        // Recovered after that turn (which removes the plant), then another
-        // holder: the next turn recovers.
+        assert!(!turn());
+        // Recovered after that turn (which removes the plant), then a holder
+        // that changed the session: the next turn recovers.
         between.recover();
         assert!(!leftover.exists());
-        let other = session.lock().unwrap();
-        std::fs::create_dir(&leftover).unwrap();
-        other.mark_changed();
-        drop(other);
-        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
-        assert_eq!(r.turn_dirs, vec![leftover.clone()]);
-        drop(lock);
+        session.lock().unwrap().mark_changed();
+        assert!(turn());
         // A holder that changed nothing (a refused request) does not count.
         between.recover();
         drop(session.lock().unwrap());
-        std::fs::create_dir(&leftover).unwrap();
-        let (lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
-        assert!(r.is_empty() && leftover.is_dir(), "{:?}", r.to_value());
-        drop(lock);
+        assert!(!turn());
         between.recover();
         assert!(!leftover.exists());
         // A turn that did not arm the recovery after it: the next recovers
         // even with no other holder.
-        let (lock, _) = between.lock_for_turn(&session, &place, &sources).unwrap();
-        drop(lock);
+        drop(between.lock_for_turn(&session, &place, &sources).unwrap());
         let _ = between.state().armed.take();
         between.recover();
-        std::fs::create_dir(&leftover).unwrap();
-        let (_lock, r) = between.lock_for_turn(&session, &place, &sources).unwrap();
-        assert_eq!(r.turn_dirs, vec![leftover]);
+        assert!(turn());
     }
 
     #[test]

@@ -516,6 +516,36 @@ fn serve_bad_request_is_exit_2_naming_the_field_and_creates_nothing_fr_rt_013() 
     assert_eq!(before, fx.snapshot(), "a bad request created something");
 }
 
+/// A turn of `sid` (through `server`, or local) that writes its declared
+/// output `k.txt` and then sleeps `secs` (a number no other test sleeps,
+/// to find its command): stdin and stdout null, stderr for the caller.
+fn writer_then_sleep(fx: &Fixture, server: Option<&Path>, sid: &str, secs: &str) -> Command {
+    let mut c = Command::new(supervise_bin());
+    c.arg("run");
+    if let Some(s) = server {
+        c.arg("--server").arg(s);
+    }
+    c.arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args([
+            "--package",
+            "s",
+            "--session",
+            sid,
+            "--output",
+            "output/<session_id>/k.txt:k",
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!("d=${{TMPDIR%/}}; echo k > output/${{d##*/}}/k.txt; exec /bin/sleep {secs}"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    c
+}
+
 #[test]
 fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
     if !require_root("serve_kill9_mid_turn_then_restart_recovers_fr_rt_007") {
@@ -525,27 +555,7 @@ fn serve_kill9_mid_turn_then_restart_recovers_fr_rt_007() {
     let sid = fx.new_session();
     let mut daemon = Daemon::start(&fx, &[]);
     let dir = daemon.socket.parent().unwrap().to_path_buf();
-    let client = Command::new(supervise_bin())
-        .args(["run", "--server"])
-        .arg(&daemon.socket)
-        .arg("--root")
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args([
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--output",
-            "output/<session_id>/k.txt:k",
-            "--",
-            "/bin/sh",
-            "-c",
-            "d=${TMPDIR%/}; echo k > output/${d##*/}/k.txt; exec /bin/sleep 1003",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+    let client = writer_then_sleep(&fx, Some(&daemon.socket), &sid, "1003")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -606,26 +616,7 @@ fn issue_29_a_served_turn_recovers_what_a_killed_local_turn_left_between() {
     assert_eq!(v["status"], "committed", "{v}");
     // The worker is idle, its session recovered and its sandbox warm.
     wait_for("the warm sandbox", || warm_built(&fx, &sid));
-    let mut local = Command::new(supervise_bin())
-        .arg("run")
-        .arg("--root")
-        .arg(&fx.root)
-        .arg("--state-dir")
-        .arg(&fx.state)
-        .args([
-            "--package",
-            "s",
-            "--session",
-            &sid,
-            "--output",
-            "output/<session_id>/k.txt:k",
-            "--",
-            "/bin/sh",
-            "-c",
-            "d=${TMPDIR%/}; echo k > output/${d##*/}/k.txt; exec /bin/sleep 1029",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+    let mut local = writer_then_sleep(&fx, None, &sid, "1029")
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
