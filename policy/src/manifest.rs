@@ -336,6 +336,45 @@ pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 
 pub use crate::capabilities::{Capabilities, ExecEntry};
 
+/// The manifests this process loaded last, with the file and bytes each
+/// was parsed from: [`Manifest::from_slice`] is a function of the bytes,
+/// the package and the path alone, and a serve worker loads its
+/// package's manifest at every turn. [`Manifest::load`] still reads the
+/// file each time; only bytes seen before skip the parse and validation.
+mod loaded {
+    use super::{Manifest, PackageId};
+    use std::collections::VecDeque;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, MutexGuard, PoisonError};
+
+    /// How many are kept (a worker serves one package; a daemon's own
+    /// process few).
+    const KEPT: usize = 4;
+
+    type Kept = VecDeque<(PathBuf, PackageId, Vec<u8>, Manifest)>;
+
+    static KEPT_MANIFESTS: Mutex<Kept> = Mutex::new(VecDeque::new());
+
+    fn kept() -> MutexGuard<'static, Kept> {
+        KEPT_MANIFESTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn find(path: &Path, package: &PackageId, bytes: &[u8]) -> Option<Manifest> {
+        kept()
+            .iter()
+            .find(|(p, id, b, _)| p == path && id == package && b.as_slice() == bytes)
+            .map(|(_, _, _, m)| m.clone())
+    }
+
+    pub(super) fn keep(path: PathBuf, package: &PackageId, bytes: Vec<u8>, m: &Manifest) {
+        let mut kept = kept();
+        kept.push_front((path, package.clone(), bytes, m.clone()));
+        kept.truncate(KEPT);
+    }
+}
+
 /// A loaded, validated manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
@@ -441,7 +480,12 @@ impl Manifest {
                 });
             }
         };
-        Self::from_slice(&bytes, package, path)
+        if let Some(m) = loaded::find(&path, package, &bytes) {
+            return Ok(m);
+        }
+        let m = Self::from_slice(&bytes, package, path.clone())?;
+        loaded::keep(path, package, bytes, &m);
+        Ok(m)
     }
 
     /// Parses and validates manifest bytes for `package`; `source` is used in
@@ -763,6 +807,32 @@ mod tests {
             &PackageId::parse("hello-agent").unwrap(),
             PathBuf::from("installed/hello-agent/manifest.json"),
         )
+    }
+
+    /// A manifest loaded again from the same bytes is the one parsed
+    /// before; changed bytes are parsed anew (never a stale manifest), and
+    /// a bad file is refused even after a good one of the same path.
+    #[test]
+    fn issue_29_load_parses_again_only_bytes_it_has_not_seen() {
+        let root = tempfile::tempdir().unwrap();
+        let id = PackageId::parse("memo").unwrap();
+        let path = Manifest::path(root.path(), &id);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let with = |exec: &str| format!(r#"{{"capabilities":{{"execute":["{exec}"]}}}}"#);
+        let program = |m: &Manifest| m.capabilities.execute[0].program.as_str().to_owned();
+        std::fs::write(&path, with("/bin/true")).unwrap();
+        let a = Manifest::load(root.path(), &id).unwrap();
+        assert_eq!(program(&a), "/bin/true");
+        assert_eq!(Manifest::load(root.path(), &id).unwrap(), a);
+        std::fs::write(&path, with("/bin/echo")).unwrap();
+        assert_eq!(
+            program(&Manifest::load(root.path(), &id).unwrap()),
+            "/bin/echo"
+        );
+        std::fs::write(&path, with("/bin/true")).unwrap();
+        assert_eq!(Manifest::load(root.path(), &id).unwrap(), a);
+        std::fs::write(&path, r#"{"capabilities":{"execute":[""]}}"#).unwrap();
+        assert!(Manifest::load(root.path(), &id).is_err());
     }
 
     #[test]
