@@ -187,11 +187,23 @@ pub fn lock_for_write(
     clock: &dyn Clock,
 ) -> Result<(SessionLock, SessionRecovery)> {
     let lock = session.lock()?;
-    let recovery = recover_session(session, &lock, cgroup_place, clock)?;
+    let recovery = recover_held(session, &lock, cgroup_place, clock)?;
+    Ok((lock, recovery))
+}
+
+/// [`recover_session`] under a lock just taken; a recovery that settled
+/// something keeps the holding's stamp (see `store::lock`).
+fn recover_held(
+    session: &Session,
+    lock: &SessionLock,
+    cgroup_place: &Place,
+    clock: &dyn Clock,
+) -> Result<SessionRecovery> {
+    let recovery = recover_session(session, lock, cgroup_place, clock)?;
     if !recovery.is_empty() {
         lock.mark_changed();
     }
-    Ok((lock, recovery))
+    Ok(recovery)
 }
 
 /// A `serve` worker's recovery of its session between turns, off the
@@ -200,11 +212,12 @@ pub fn lock_for_write(
 /// `sandbox::pool`). So the worker recovers the session once that cleanup
 /// is done ([`Between::recover`], under the lock, exactly as a turn would
 /// before it starts), keeping the stamp of that holding; its next turn
-/// skips recovery when the lock it takes follows that holding — no
-/// process, live or dead, held the session in between
-/// ([`SessionLock::follows`]), so there is nothing new to settle. Any other
-/// holder in between, a failed recovery, or a turn that never armed it,
-/// and the turn recovers first, as every writer does.
+/// skips recovery when the lock it takes follows that holding — no holder
+/// since kept a stamp, so none can have left anything to settle (one that
+/// may, or that died holding the lock, keeps its stamp: see `store::lock`
+/// and [`SessionLock::follows`]). Any such holder in between, a failed
+/// recovery, or a turn that never armed it, and the turn recovers first,
+/// as every writer does.
 #[derive(Debug, Default)]
 pub struct Between {
     state: std::sync::Mutex<BetweenState>,
@@ -226,8 +239,8 @@ impl Between {
     }
 
     /// [`lock_for_write`], for a turn of the worker: recovery is skipped
-    /// when no process held the session since the worker last recovered
-    /// it. Either way, the session is recovered again after this turn.
+    /// when no holder kept a stamp since the worker last recovered the
+    /// session. Either way, the session is recovered again after this turn.
     pub fn lock_for_turn(
         &self,
         session: &Session,
@@ -245,7 +258,7 @@ impl Between {
             };
             return Ok((lock, r));
         }
-        let recovery = recover_session(session, &lock, cgroup_place, sources)?;
+        let recovery = recover_held(session, &lock, cgroup_place, sources)?;
         Ok((lock, recovery))
     }
 

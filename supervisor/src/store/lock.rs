@@ -34,15 +34,11 @@ pub struct Stamp([u8; 16]);
 impl Stamp {
     fn new() -> Self {
         static HOLDINGS: AtomicU32 = AtomicU32::new(0);
-        let mut ts = nix::libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec for the call.
-        unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
-        let nanos = (ts.tv_sec as u64)
-            .wrapping_mul(1_000_000_000)
-            .wrapping_add(ts.tv_nsec as u64);
+        let nanos = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+            (ts.tv_sec() as u64)
+                .wrapping_mul(1_000_000_000)
+                .wrapping_add(ts.tv_nsec() as u64)
+        });
         let mut b = [0u8; 16];
         b[..4].copy_from_slice(&std::process::id().to_le_bytes());
         b[4..8].copy_from_slice(&HOLDINGS.fetch_add(1, Ordering::Relaxed).to_le_bytes());
