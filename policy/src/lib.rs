@@ -26,6 +26,7 @@ pub mod path;
 pub mod pattern;
 pub mod plan;
 pub mod prompt;
+mod recent;
 pub mod request;
 pub mod seccomp;
 pub mod session;

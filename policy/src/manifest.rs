@@ -341,39 +341,9 @@ pub use crate::capabilities::{Capabilities, ExecEntry};
 /// the package and the path alone, and a serve worker loads its
 /// package's manifest at every turn. [`Manifest::load`] still reads the
 /// file each time; only bytes seen before skip the parse and validation.
-mod loaded {
-    use super::{Manifest, PackageId};
-    use std::collections::VecDeque;
-    use std::path::{Path, PathBuf};
-    use std::sync::{Mutex, MutexGuard, PoisonError};
-
-    /// How many are kept (a worker serves one package; a daemon's own
-    /// process few).
-    const KEPT: usize = 4;
-
-    type Kept = VecDeque<(PathBuf, PackageId, Vec<u8>, Manifest)>;
-
-    static KEPT_MANIFESTS: Mutex<Kept> = Mutex::new(VecDeque::new());
-
-    fn kept() -> MutexGuard<'static, Kept> {
-        KEPT_MANIFESTS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) fn find(path: &Path, package: &PackageId, bytes: &[u8]) -> Option<Manifest> {
-        kept()
-            .iter()
-            .find(|(p, id, b, _)| p == path && id == package && b.as_slice() == bytes)
-            .map(|(_, _, _, m)| m.clone())
-    }
-
-    pub(super) fn keep(path: PathBuf, package: &PackageId, bytes: Vec<u8>, m: &Manifest) {
-        let mut kept = kept();
-        kept.push_front((path, package.clone(), bytes, m.clone()));
-        kept.truncate(KEPT);
-    }
-}
+/// Four are kept (a worker serves one package, a daemon's process few).
+static LOADED: crate::recent::Recent<(PathBuf, PackageId, Vec<u8>, Manifest)> =
+    crate::recent::Recent::new(4);
 
 /// A loaded, validated manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -480,11 +450,13 @@ impl Manifest {
                 });
             }
         };
-        if let Some(m) = loaded::find(&path, package, &bytes) {
+        let kept = LOADED
+            .find(|(p, id, b, m)| (*p == path && id == package && *b == bytes).then(|| m.clone()));
+        if let Some(m) = kept {
             return Ok(m);
         }
         let m = Self::from_slice(&bytes, package, path.clone())?;
-        loaded::keep(path, package, bytes, &m);
+        LOADED.keep((path, package.clone(), bytes, m.clone()));
         Ok(m)
     }
 

@@ -183,36 +183,10 @@ impl Target {
 }
 
 /// Patterns bound to one session and compiled for matching.
-/// How many compiled sets [`PatternSet::compile_checked`] keeps.
-const COMPILED_KEPT: usize = 16;
-
-/// The sets this process compiled last, most recent first, with the
-/// session each was compiled for (a pure function of the two: nothing
-/// else reaches the matcher).
-mod compiled {
-    use super::{COMPILED_KEPT, Pattern, PatternSet, SessionId};
-    use std::collections::VecDeque;
-    use std::sync::{Mutex, MutexGuard, PoisonError};
-
-    static KEPT: Mutex<VecDeque<(SessionId, PatternSet)>> = Mutex::new(VecDeque::new());
-
-    fn kept() -> MutexGuard<'static, VecDeque<(SessionId, PatternSet)>> {
-        KEPT.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) fn find(patterns: &[Pattern], session: &SessionId) -> Option<PatternSet> {
-        kept()
-            .iter()
-            .find(|(s, set)| s == session && set.patterns == patterns)
-            .map(|(_, set)| set.clone())
-    }
-
-    pub(super) fn keep(session: &SessionId, set: &PatternSet) {
-        let mut kept = kept();
-        kept.push_front((session.clone(), set.clone()));
-        kept.truncate(COMPILED_KEPT);
-    }
-}
+/// The sets this process compiled last (see
+/// [`PatternSet::compile_checked`]), with the session each was compiled
+/// for: a pure function of the two, nothing else reaches the matcher.
+static COMPILED: crate::recent::Recent<(SessionId, PatternSet)> = crate::recent::Recent::new(16);
 
 #[derive(Debug, Clone)]
 pub struct PatternSet {
@@ -238,14 +212,16 @@ impl PatternSet {
     /// load and of a plan's compile: one turn compiles the same lists
     /// several times (the manifest's check, the request's check, the plan,
     /// the forbidden list of the record), and a serve worker every turn.
-    /// The last [`COMPILED_KEPT`] sets built in this process are kept and
-    /// handed out as clones.
+    /// The last 16 sets built in this process are kept and handed out as
+    /// clones.
     pub fn compile_checked(patterns: &[Pattern], session: &SessionId) -> Result<Self, SetError> {
-        if let Some(set) = compiled::find(patterns, session) {
+        let kept = COMPILED
+            .find(|(s, set)| (s == session && set.patterns == patterns).then(|| set.clone()));
+        if let Some(set) = kept {
             return Ok(set);
         }
         let set = Self::build_checked(patterns, session)?;
-        compiled::keep(session, &set);
+        COMPILED.keep((session.clone(), set.clone()));
         Ok(set)
     }
 
