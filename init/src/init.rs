@@ -729,7 +729,7 @@ fn harden_proc(plan: &Plan, new_root: &Path, report: &mut Report) {
 /// environment and execute rules) takes effect in the steps that follow.
 /// EOF without a turn: the sandbox was discarded; S3 exits, and S2 with
 /// it, taking the namespace along.
-fn await_turn(built: &Plan, report: &mut Report) -> Plan {
+fn await_turn<'a>(built: &'a Plan, report: &mut Report) -> std::borrow::Cow<'a, Plan> {
     use std::io::Read;
     // SAFETY: READY_FD was placed by the supervisor for this process tree
     // and stays open in S2; it is borrowed for one write.
@@ -752,7 +752,7 @@ fn await_turn(built: &Plan, report: &mut Report) -> Plan {
         std::process::exit(0)
     }
     if bytes == SAME_PLAN {
-        return built.clone();
+        return std::borrow::Cow::Borrowed(built);
     }
     // Only the turn's own part: the rest is the built Plan's, so the
     // turn's Plan has this sandbox's shape by construction.
@@ -760,7 +760,7 @@ fn await_turn(built: &Plan, report: &mut Report) -> Plan {
         Some((&TURN_PART, part)) => {
             let part: turnstile_policy::plan::TurnPart =
                 serde_json::from_slice(part).or_fail(report, "read the turn's plan");
-            built.with_turn_part(part)
+            std::borrow::Cow::Owned(built.with_turn_part(part))
         }
         _ => report.fail(
             "park",
@@ -969,7 +969,7 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
         stdin_from_memory(text.as_bytes()).or_fail(&mut report, "stdin");
     }
     // 5.-7. the rest of the restriction order, seccomp last.
-    let (argv, env) = command_line(plan, &mut report);
+    let (argv, env) = command_line(&plan.argv, &plan.env, &mut report);
     let outcome = match super::restrict::restrict_access(&mut kernel, plan, bpf) {
         Ok(o) => o,
         Err((stage, why)) => report.fail(stage, why),
@@ -986,18 +986,17 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
         Some(Go::Plan) => (argv, env),
         Some(Go::Launch(part)) => {
             // Restricted ahead of this turn: its command, with the
-            // restrictions already in force — which must be its own.
-            let turn = built.with_turn_part(part);
-            if turn.landlock.execute != plan.landlock.execute
-                || turn.cwd != plan.cwd
-                || turn.stdin.is_some()
+            // restrictions already in force — which must be its own. (Its
+            // Plan would be the built one with this part: only the part's
+            // fields are compared and used, nothing is rebuilt.)
+            if part.execute != plan.landlock.execute || part.cwd != plan.cwd || part.stdin.is_some()
             {
                 report.fail(
                     "launch",
                     "the turn's restrictions are not the ones this stage holds",
                 )
             }
-            command_line(&turn, &mut report)
+            command_line(&part.argv, &part.env, &mut report)
         }
         None => {
             report.event(InitEvent::Error {
@@ -1023,11 +1022,14 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     })
 }
 
-/// `plan`'s command and environment as `execve` takes them.
-fn command_line(plan: &Plan, report: &mut Report) -> (Vec<CString>, Vec<CString>) {
-    let argv = plan.argv.iter().map(|a| cstr(a, report)).collect();
-    let env = plan
-        .env
+/// A command and environment as `execve` takes them.
+fn command_line(
+    argv: &[String],
+    env: &[(String, String)],
+    report: &mut Report,
+) -> (Vec<CString>, Vec<CString>) {
+    let argv = argv.iter().map(|a| cstr(a, report)).collect();
+    let env = env
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}"), report))
         .collect();
