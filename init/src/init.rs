@@ -265,12 +265,24 @@ fn ensure_dir(p: &Path, report: &mut Report) {
     std::fs::create_dir_all(p).or_fail(report, "create mount point");
 }
 
+/// A file's mount point: an empty regular file at `p`, made by one
+/// `mknod` (its parent directories only when missing: the view binds
+/// ~20 files into directories it made once). An entry already there is
+/// left as it is (binding over a directory fails and says so).
 fn ensure_file(p: &Path, report: &mut Report) {
-    if let Some(parent) = p.parent() {
-        ensure_dir(parent, report);
-    }
-    if !p.exists() {
-        File::create(p).or_fail(report, "create mount point");
+    use nix::sys::stat::{Mode, SFlag, mknod};
+    let make = || match mknod(p, SFlag::S_IFREG, Mode::from_bits_truncate(0o644), 0) {
+        Err(nix::errno::Errno::EEXIST) => Ok(()),
+        r => r,
+    };
+    match make() {
+        Err(nix::errno::Errno::ENOENT) => {
+            if let Some(parent) = p.parent() {
+                ensure_dir(parent, report);
+            }
+            make().or_fail(report, "create mount point");
+        }
+        r => r.or_fail(report, "create mount point"),
     }
 }
 
