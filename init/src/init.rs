@@ -195,6 +195,15 @@ pub fn main(turn_dir: &Path) -> ! {
     // the init stages must survive it so the command gets its grace period
     // (S3 restores the default before exec).
     set_sigterm(nix::sys::signal::SigHandler::SigIgn).or_fail(&mut report, "ignore SIGTERM");
+    // The supervisor's child shared its memory and so exec'd this with
+    // every signal blocked (no handler of the supervisor's may run there;
+    // exec reset them all): the init's own handling starts here.
+    nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    )
+    .or_fail(&mut report, "clear signal mask");
 
     let plan: Plan = std::fs::read(turn_dir.join(PLAN_FILE))
         .map_err(|e| e.to_string())
@@ -953,6 +962,15 @@ fn command_stage(built: &Plan, bpf: &[u8], mut report: Report) -> ! {
     close_handshake(&[DONE_FD]);
     let _ = nix::unistd::setsid();
     set_sigterm(nix::sys::signal::SigHandler::SigDfl).or_fail(&mut report, "restore SIGTERM");
+    // The Rust runtime ignores SIGPIPE in this process, and an ignored
+    // disposition survives exec: the command gets the default, as it
+    // would outside (`seq 100000 | head -1` ends quietly, not with EPIPE
+    // errors), and as std's Command gives the OCI path's command.
+    set_disposition(
+        nix::sys::signal::Signal::SIGPIPE,
+        nix::sys::signal::SigHandler::SigDfl,
+    )
+    .or_fail(&mut report, "restore SIGPIPE");
     nix::sys::signal::sigprocmask(
         nix::sys::signal::SigmaskHow::SIG_SETMASK,
         Some(&nix::sys::signal::SigSet::empty()),
@@ -1193,14 +1211,26 @@ fn handshake(notify_fd: Option<i32>) -> Option<Go> {
 }
 
 fn set_sigterm(handler: nix::sys::signal::SigHandler) -> nix::Result<()> {
+    set_disposition(nix::sys::signal::Signal::SIGTERM, handler)
+}
+
+/// `signal`'s disposition: [`SigHandler::SigIgn`] or
+/// [`SigHandler::SigDfl`] (no handler function).
+///
+/// [`SigHandler::SigIgn`]: nix::sys::signal::SigHandler::SigIgn
+/// [`SigHandler::SigDfl`]: nix::sys::signal::SigHandler::SigDfl
+fn set_disposition(
+    signal: nix::sys::signal::Signal,
+    handler: nix::sys::signal::SigHandler,
+) -> nix::Result<()> {
     let action = nix::sys::signal::SigAction::new(
         handler,
         nix::sys::signal::SaFlags::empty(),
         nix::sys::signal::SigSet::empty(),
     );
-    // SAFETY: SIG_IGN and SIG_DFL are not functions; installing them cannot
-    // run code in signal context.
-    unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGTERM, &action) }.map(|_| ())
+    // SAFETY: callers pass SIG_IGN or SIG_DFL, which are not functions;
+    // installing them cannot run code in signal context.
+    unsafe { nix::sys::signal::sigaction(signal, &action) }.map(|_| ())
 }
 
 /// Loads a BPF program compiled by libseccomp in the supervisor.

@@ -1421,3 +1421,53 @@ fn issue_29_supervise_starts_without_the_shared_libgcc() {
     assert_eq!(v["status"], "command_failed", "{}", r.stdout);
     assert_eq!(v["exit_code"], 7, "{}", r.stdout);
 }
+
+/// The command starts with the signal state it would have outside: no
+/// signal blocked, and ignored only what its caller ignores (an ignored
+/// disposition survives exec; the same shell started by this test shows
+/// the same). The init is a Rust program, which ignores SIGPIPE itself:
+/// until this was fixed a turn's `seq 100000 | head -1` printed EPIPE
+/// errors and failed where outside it ends quietly. Read by the shell's
+/// own builtins from /proc/self/status, so nothing else is exec'd.
+#[test]
+fn the_command_starts_with_the_signal_state_it_has_outside() {
+    if !require_root("the_command_starts_with_the_signal_state_it_has_outside") {
+        return;
+    }
+    const SCRIPT: &str = "while read -r k v; do case $k in SigBlk:|SigIgn:) echo $k $v;; esac; done < /proc/self/status";
+    let outside = std::process::Command::new("/bin/sh")
+        .args(["-c", SCRIPT])
+        .output()
+        .unwrap();
+    let outside = String::from_utf8(outside.stdout).unwrap();
+    let fx = fixture();
+    let r = fx.run("t", &["--no-outputs", "--", "/bin/sh", "-c", SCRIPT]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    // (blocked, ignored), but signals 32 and 33: glibc reserves them for
+    // its threads and the supervisor's own libc installs handlers for
+    // them at its start, which exec resets — not a disposition of ours.
+    let state = |text: &str| -> (u64, u64) {
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+                .unwrap_or_else(|| panic!("no {name} in {text:?}"))
+        };
+        let glibc = 0b11 << 31;
+        (field("SigBlk:") & !glibc, field("SigIgn:") & !glibc)
+    };
+    let (blocked, ignored) = state(&outside);
+    assert_eq!(blocked, 0, "{outside}");
+    assert_eq!(
+        ignored & (1 << (13 - 1)),
+        0,
+        "SIGPIPE is ignored outside: {outside}"
+    );
+    assert_eq!(
+        state(&r.stdout),
+        (blocked, ignored),
+        "{} {}",
+        r.stdout,
+        r.stderr
+    );
+}

@@ -298,7 +298,7 @@ struct ChildCtx {
     parent: libc::pid_t,
     fail: RawFd,
     /// The child shares our memory (and inherited our signal handlers):
-    /// it resets every handled signal to its default before unblocking.
+    /// it execs with every signal still blocked (see [`child`]).
     shared_vm: bool,
 }
 
@@ -332,16 +332,17 @@ unsafe fn child(ctx: &ChildCtx) -> ! {
             fail(ctx.fail);
         }
         // Sharing our memory, a handler of ours must never run here: every
-        // signal is still blocked (see `clone3`); those handled go back to
-        // their default first.
-        if ctx.shared_vm {
-            reset_handlers();
+        // signal stays blocked (see `clone3`) through the execve, which
+        // puts every handled signal back to its default; the init clears
+        // its mask first thing (`turnstile_init::init::main`). Forked, the
+        // mask is cleared here, as std's Command does. Either way SIGPIPE
+        // (ignored by the Rust runtime; an ignored disposition survives
+        // exec) goes back to its default.
+        if !ctx.shared_vm {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         }
-        // As std's Command does: no blocked signal, SIGPIPE (ignored by the
-        // Rust runtime) back to default.
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         // Join the turn's cgroup(s): "0" is the writing thread (v1 tasks)
         // or process (v2 cgroup.procs, the fallback).
@@ -422,7 +423,8 @@ mod shared_vm {
     /// `clone3` with `CLONE_VM | CLONE_VFORK`: the child runs [`entry`] on
     /// `stack` in our memory; this thread resumes once it exec'd or exited.
     /// Every signal is blocked around it, so no handler of ours runs in the
-    /// child before [`child`] resets them. Returns the pid, or -errno (the
+    /// child: it execs with them blocked (see [`child`]). Returns the pid,
+    /// or -errno (the
     /// caller then tries the fork-like clone).
     pub(super) fn clone3(args: &CloneArgs, ctx: &ChildCtx, stack: &CloneStack) -> libc::c_long {
         let args = stack.for_clone(CloneArgs {
@@ -482,63 +484,5 @@ mod shared_vm {
         // memory: `ctx` is the parent's, valid until the child exec'd or
         // exited (CLONE_VFORK); `child` only makes raw syscalls on it.
         unsafe { child(&*ctx) }
-    }
-}
-
-/// Every signal with a handler of ours back to its default, by the raw
-/// syscall (glibc's wrapper refuses its own two real-time signals).
-///
-/// # Safety
-///
-/// Only in a child about to exec: it changes the process's dispositions.
-unsafe fn reset_handlers() {
-    /// The kernel's `struct sigaction` on x86_64 (only the x86_64
-    /// shared-memory child calls this: `ChildCtx::shared_vm`).
-    #[repr(C)]
-    struct KernelSigaction {
-        handler: usize,
-        flags: u64,
-        restorer: usize,
-        mask: u64,
-    }
-    for sig in 1..=64 {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        let mut old = KernelSigaction {
-            handler: 0,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
-        };
-        // SAFETY: a query into a buffer of the kernel's layout and size.
-        let got = unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                std::ptr::null::<KernelSigaction>(),
-                &mut old as *mut KernelSigaction,
-                8usize,
-            )
-        };
-        if got != 0 || old.handler == libc::SIG_DFL || old.handler == libc::SIG_IGN {
-            continue;
-        }
-        let default = KernelSigaction {
-            handler: libc::SIG_DFL,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
-        };
-        // SAFETY: sets the default disposition, no handler.
-        unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                &default as *const KernelSigaction,
-                std::ptr::null_mut::<KernelSigaction>(),
-                8usize,
-            )
-        };
     }
 }
