@@ -95,6 +95,13 @@ pub trait Backend {
         None
     }
 
+    /// Whether a finished turn's directory removal waits until its finish
+    /// entries are durable (a `serve` worker's, whose reply waits for
+    /// them) instead of running beside them (see `turn::record::Cleanup`).
+    fn cleans_up_after_reply(&self) -> bool {
+        false
+    }
+
     /// A finished turn's directory removal (running on its own thread):
     /// joined now, or — with a warm pool — after the reply.
     fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {

@@ -127,6 +127,10 @@ impl Backend for NativeBackend {
         })
     }
 
+    fn cleans_up_after_reply(&self) -> bool {
+        self.pool.is_some()
+    }
+
     fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
         match &self.pool {
             Some(pool) => pool.after_turn(cleanup),

@@ -655,7 +655,7 @@ impl Turn<'_> {
                     // intent that is not whole. A durable one is settled
                     // by recovery, as after a crash at that instant.
                     if let Some(c) = outcome.cleanup.take() {
-                        let _ = c.join();
+                        c.finish();
                     }
                     Err(e)
                 }
@@ -676,7 +676,7 @@ impl Turn<'_> {
         }
         if let Some(c) = cleanup {
             // A serve worker joins it after its reply (see sandbox::pool).
-            self.backend.after_turn(c);
+            self.backend.after_turn(c.start());
         }
         result
     }
@@ -754,7 +754,11 @@ impl Turn<'_> {
         outcome.execution = Some(execution);
         outcome.plan = Some(plan);
         outcome.suspensions = crate::store::record::read_suspensions(&prepared.turn_dir.path);
-        outcome.cleanup = Some(prepared.turn_dir.remove_in_background());
+        outcome.cleanup = Some(if self.backend.cleans_up_after_reply() {
+            record::Cleanup::Held(prepared.turn_dir)
+        } else {
+            record::Cleanup::Started(prepared.turn_dir.remove_in_background())
+        });
         Ok(outcome)
     }
 

@@ -79,8 +79,9 @@ pub(super) struct Outcome {
     pub(super) plan: Option<Arc<Plan>>,
     /// Where the time went, in order.
     pub(super) phases: Phases,
-    /// The turn directory's removal, running while the ledgers are written.
-    pub(super) cleanup: Option<std::thread::JoinHandle<()>>,
+    /// The turn directory's removal: running while the ledgers are
+    /// written, or held until they are durable (see [`Cleanup`]).
+    pub(super) cleanup: Option<Cleanup>,
     /// `supervise suspend`/`resume` facts, read from the turn directory
     /// before it goes.
     pub(super) suspensions: Vec<crate::store::record::SuspensionFact>,
@@ -91,6 +92,39 @@ pub(super) struct Outcome {
     /// The turn ran to its commit step: the backend may build the next
     /// turn's sandbox (serve's warm pool) once this one is durable.
     pub(super) refill: bool,
+}
+
+/// A finished turn's directory removal (its mounts, its cgroups once the
+/// init is reaped, the directory). A CLI turn starts it at once, beside
+/// its finish entries (the process waits for both); a `serve` worker holds
+/// it until the entries are durable ([`crate::backend::Backend::cleans_up_after_reply`]):
+/// its unmounts and directory removals on the state directory's file
+/// system joined the journal commit the ledgers' `fdatasync` waited for,
+/// on the reply's path.
+#[derive(Debug)]
+pub(crate) enum Cleanup {
+    Started(std::thread::JoinHandle<()>),
+    Held(crate::sandbox::TurnDir),
+}
+
+impl Cleanup {
+    /// The removal, running (started now if it was held).
+    pub(crate) fn start(self) -> std::thread::JoinHandle<()> {
+        match self {
+            Self::Started(h) => h,
+            Self::Held(dir) => dir.remove_in_background(),
+        }
+    }
+
+    /// The removal, done.
+    pub(crate) fn finish(self) {
+        match self {
+            Self::Started(h) => {
+                let _ = h.join();
+            }
+            Self::Held(dir) => drop(dir),
+        }
+    }
 }
 
 /// The facts of one finished turn, typed: both ledger entries and the
