@@ -334,10 +334,13 @@ unsafe fn child(ctx: &ChildCtx) -> ! {
         // Sharing our memory, a handler of ours must never run here: every
         // signal stays blocked (see `clone3`) through the execve, which
         // puts every handled signal back to its default; the init clears
-        // its mask first thing (`turnstile_init::init::main`). Forked, the
-        // mask is cleared here, as std's Command does. Either way SIGPIPE
-        // (ignored by the Rust runtime; an ignored disposition survives
-        // exec) goes back to its default.
+        // its mask first thing (`turnstile_init::init::main`). (glibc
+        // leaves its own two, 32 and 33, unblocked: their handlers return
+        // at once for a signal the process did not send itself, and
+        // nothing of ours sends them.) Forked, the mask is cleared here,
+        // as std's Command does. Either way SIGPIPE (ignored by the Rust
+        // runtime; an ignored disposition survives exec) goes back to its
+        // default.
         if !ctx.shared_vm {
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
