@@ -11,6 +11,21 @@ pub enum FileKind {
     Other,
 }
 
+impl FileKind {
+    /// The kind of a file type as `lstat` reports it.
+    pub fn of(t: std::fs::FileType) -> Self {
+        if t.is_symlink() {
+            Self::Symlink
+        } else if t.is_dir() {
+            Self::Dir
+        } else if t.is_file() {
+            Self::File
+        } else {
+            Self::Other
+        }
+    }
+}
+
 /// Read-only questions the compiler asks about the host's file system.
 pub trait FsView {
     /// `lstat` kind of an absolute path, `None` if it does not exist.
@@ -312,16 +327,9 @@ mod tests {
 
     impl FsView for Real {
         fn kind(&self, path: &str) -> Option<FileKind> {
-            let t = std::fs::symlink_metadata(path).ok()?.file_type();
-            Some(if t.is_symlink() {
-                FileKind::Symlink
-            } else if t.is_dir() {
-                FileKind::Dir
-            } else if t.is_file() {
-                FileKind::File
-            } else {
-                FileKind::Other
-            })
+            Some(FileKind::of(
+                std::fs::symlink_metadata(path).ok()?.file_type(),
+            ))
         }
         fn list(&self, _: &str) -> Vec<String> {
             Vec::new()

@@ -10,17 +10,9 @@ pub struct HostFs;
 
 impl FsView for HostFs {
     fn kind(&self, path: &str) -> Option<FileKind> {
-        let m = std::fs::symlink_metadata(path).ok()?;
-        let t = m.file_type();
-        Some(if t.is_symlink() {
-            FileKind::Symlink
-        } else if t.is_dir() {
-            FileKind::Dir
-        } else if t.is_file() {
-            FileKind::File
-        } else {
-            FileKind::Other
-        })
+        Some(FileKind::of(
+            std::fs::symlink_metadata(path).ok()?.file_type(),
+        ))
     }
 
     fn list(&self, path: &str) -> Vec<String> {
