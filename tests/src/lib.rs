@@ -55,6 +55,34 @@ pub fn pgrep_full(pattern: &str) -> Vec<String> {
         .collect()
 }
 
+/// SIGKILLs a `supervise serve` (no goodbye) and waits until it and its
+/// turn workers are gone. A worker dies with its daemon (PDEATHSIG) but a
+/// moment later, holding its warm sandbox's lock until it has: a daemon
+/// restarted in between takes that sandbox for a live worker's and leaves
+/// it to the session's next turn, which a test may never run — its mounts
+/// would outlive the test.
+pub fn kill9_daemon(child: &mut std::process::Child) {
+    let pid = child.id();
+    let workers: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while workers
+        .iter()
+        .any(|w| std::path::Path::new(&format!("/proc/{w}")).exists())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workers {workers:?} of the killed daemon {pid} outlived it by 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// The interpreter an ELF64 little-endian executable names (`PT_INTERP`,
 /// e.g. `/lib64/ld-linux-x86-64.so.2`), or `None` for a static one.
 pub fn elf_interpreter(path: &Path) -> std::io::Result<Option<String>> {

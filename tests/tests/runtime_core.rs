@@ -391,8 +391,7 @@ impl Daemon {
     /// SIGKILL, no goodbye.
     fn kill9(mut self) -> tempfile::TempDir {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            turnstile_tests::kill9_daemon(&mut c);
         }
         let _ = std::fs::remove_file(&self.socket);
         let dir = tempfile::Builder::new().prefix("ts-rc-").tempdir().unwrap();

@@ -162,8 +162,7 @@ impl Daemon {
 
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            turnstile_tests::kill9_daemon(&mut c);
         }
     }
 }
