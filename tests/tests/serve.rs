@@ -165,6 +165,15 @@ impl Daemon {
             turnstile_tests::kill9_daemon(&mut c);
         }
     }
+
+    /// SIGKILL and reap the daemon alone: its workers are still dying
+    /// when this returns.
+    pub fn kill9_now(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 impl Drop for Daemon {
@@ -1727,6 +1736,39 @@ fn serve_kill9_with_a_warm_sandbox_then_restart_removes_it_issue_14() {
     fx.assert_ledgers_intact(&sid);
     assert_eq!(again.stop(), Some(0));
     assert_nothing_left(&fx, &sid);
+}
+
+/// Issue 29, nothing left behind when a daemon is restarted at once after
+/// a SIGKILL (`Restart=always`): its worker dies with it a moment later
+/// and holds its warm sandbox's lock until it has, so the new daemon's
+/// start-up recovery waits for an orphaned worker's lock instead of taking
+/// the sandbox for a live worker's (and leaving it to a next turn that
+/// may never come). Three times, each restart right after the kill.
+#[test]
+fn serve_kill9_and_immediate_restart_removes_the_warm_sandbox_issue_29() {
+    if !require_root("serve_kill9_and_immediate_restart_removes_the_warm_sandbox_issue_29") {
+        return;
+    }
+    let fx = fixture();
+    let sid = fx.new_session();
+    for round in 0..3 {
+        let mut daemon = Daemon::start(&fx, &[]);
+        served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
+        wait_for("the warm sandbox", || {
+            warm_entries(&fx, &sid).len() == 2 && warm_built(&fx, &sid)
+        });
+        daemon.kill9_now();
+        let mut again = Daemon::start(&fx, &["--pool-size", "0"]);
+        assert!(
+            warm_entries(&fx, &sid).is_empty(),
+            "round {round}: {:?}\n{}",
+            warm_entries(&fx, &sid),
+            std::fs::read_to_string(&again.log).unwrap_or_default()
+        );
+        assert_eq!(again.stop(), Some(0));
+        assert_nothing_left(&fx, &sid);
+    }
+    fx.assert_ledgers_intact(&sid);
 }
 
 /// Issue 14, nothing left behind: a SIGKILLed daemon's warm sandbox dies

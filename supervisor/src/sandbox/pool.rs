@@ -339,13 +339,98 @@ fn lock_exclusive(file: File, path: &Path) -> Result<Flock<File>> {
 
 /// Whether the owner of warm sandbox `id` is alive (holds its lock). When
 /// it is not, the lock comes back held, so nobody else sweeps it meanwhile.
+///
+/// A worker dies with its daemon (PDEATHSIG), but a moment later: it
+/// holds the lock until its exit has unmapped its memory and closed its
+/// files. A daemon restarted at once (`Restart=always`) would take it for
+/// a live worker's and leave its sandbox to the session's next turn. So a
+/// held lock whose owner is orphaned — its parent is no longer a
+/// `supervise serve` — is waited for, [`ORPHAN_EXIT_WAIT`] at most.
 pub(crate) fn owner_alive(session_dir: &Path, id: &str) -> (bool, Option<Flock<File>>) {
-    let Ok(file) = File::open(lock_path(session_dir, id)) else {
+    let Ok(mut file) = File::open(lock_path(session_dir, id)) else {
         return (false, None);
     };
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(f) => (false, Some(f)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => (true, None),
-        Err(_) => (false, None),
+    let mut deadline = None;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(f) => return (false, Some(f)),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) => {
+                let waited = *deadline.get_or_insert_with(|| {
+                    owner_pid(id)
+                        .filter(|pid| orphaned(Path::new("/proc"), *pid))
+                        .map(|_| std::time::Instant::now() + ORPHAN_EXIT_WAIT)
+                });
+                match waited {
+                    Some(until) if std::time::Instant::now() < until => {
+                        file = back;
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    _ => return (true, None),
+                }
+            }
+            Err(_) => return (false, None),
+        }
+    }
+}
+
+/// How long [`owner_alive`] waits for an orphaned worker's exit.
+const ORPHAN_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The pid in a warm sandbox's id (`<pid>-<n>`, see `build`).
+fn owner_pid(id: &str) -> Option<u32> {
+    id.split_once('-')?.0.parse().ok()
+}
+
+/// Whether `pid` (under `proc`) is alive but no longer the child of a
+/// `supervise serve`: a worker whose daemon died (it is on its way out).
+fn orphaned(proc: &Path, pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")) else {
+        return false;
+    };
+    // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+    let Some(ppid) = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    let cmdline = std::fs::read(proc.join(ppid.to_string()).join("cmdline")).unwrap_or_default();
+    !cmdline
+        .split(|b| *b == 0)
+        .skip(1)
+        .any(|a| a == b"serve".as_slice())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker is orphaned once its parent is no longer a `supervise
+    /// serve` (its daemon died: init, or a subreaper, took it); a missing
+    /// process is not (its lock is free, or it is not ours).
+    #[test]
+    fn issue_29_a_worker_whose_daemon_died_is_orphaned() {
+        let proc = tempfile::tempdir().unwrap();
+        let put = |pid: u32, stat_ppid: Option<u32>, cmdline: &[u8]| {
+            let d = proc.path().join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            if let Some(pp) = stat_ppid {
+                std::fs::write(d.join("stat"), format!("{pid} (exe (x) y) S {pp} 1 1 0")).unwrap();
+            }
+            std::fs::write(d.join("cmdline"), cmdline).unwrap();
+        };
+        put(10, None, b"/x/supervise\0serve\0--state-dir\0/s\0");
+        put(11, Some(10), b"/proc/self/exe\0__serve-worker\0");
+        put(1, None, b"/sbin/init\0");
+        put(12, Some(1), b"/proc/self/exe\0__serve-worker\0");
+        put(21, None, b"/x/supervise\0--log-format\0json\0serve\0");
+        put(14, Some(21), b"/proc/self/exe\0__serve-worker\0");
+        assert!(!orphaned(proc.path(), 11), "its daemon lives");
+        assert!(orphaned(proc.path(), 12), "init took it");
+        assert!(!orphaned(proc.path(), 14), "a daemon with options first");
+        assert!(!orphaned(proc.path(), 99), "no such process");
+        assert_eq!(owner_pid("4242-7"), Some(4242));
+        assert_eq!(owner_pid("junk"), None);
     }
 }
