@@ -63,10 +63,14 @@ pub fn pgrep_full(pattern: &str) -> Vec<String> {
 /// would outlive the test.
 pub fn kill9_daemon(child: &mut std::process::Child) {
     let pid = child.id();
-    let workers: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(str::to_owned)
+    // Children of every thread (the daemon starts its workers from a
+    // thread of their own: they are listed under that thread).
+    let workers: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
         .collect();
     let _ = child.kill();
     let _ = child.wait();
