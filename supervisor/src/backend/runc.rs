@@ -82,14 +82,6 @@ impl RuncBackend {
     }
 }
 
-/// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
-/// command name, which may itself contain `)`).
-fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
-    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// A runc container parked before the command (see the module doc).
 struct RuncSandbox {
     /// The turn's registration with the denial observer (the container's
@@ -307,7 +299,9 @@ impl Backend for RuncBackend {
         // command may run, or another process reaps its exit status. Our
         // init is parked on fd 4, so it is alive while we wait here.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while parent_of(Path::new("/proc"), sb.pid) != Some(std::process::id()) {
+        while crate::sandbox::posture::parent_of(Path::new("/proc"), sb.pid)
+            != Some(std::process::id())
+        {
             if Instant::now() > deadline {
                 return Err(err(
                     "runc run",
@@ -548,23 +542,5 @@ impl Sandbox for RuncSandbox {
 
     fn delete(mut self: Box<Self>) {
         self.teardown();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_parent_pid_is_read_past_a_command_name_with_parentheses() {
-        let proc = tempfile::tempdir().unwrap();
-        std::fs::create_dir(proc.path().join("42")).unwrap();
-        std::fs::write(
-            proc.path().join("42/stat"),
-            "42 (a) b (c)) S 7 42 42 0 -1 4194560 0 0 0 0\n",
-        )
-        .unwrap();
-        assert_eq!(parent_of(proc.path(), 42), Some(7));
-        assert_eq!(parent_of(proc.path(), 43), None);
     }
 }

@@ -377,22 +377,14 @@ pub(crate) fn owner_alive(session_dir: &Path, id: &str) -> (bool, Option<Flock<F
 const ORPHAN_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The pid in a warm sandbox's id (`<pid>-<n>`, see `build`).
-fn owner_pid(id: &str) -> Option<u32> {
+fn owner_pid(id: &str) -> Option<i32> {
     id.split_once('-')?.0.parse().ok()
 }
 
 /// Whether `pid` (under `proc`) is alive but no longer the child of a
 /// `supervise serve`: a worker whose daemon died (it is on its way out).
-fn orphaned(proc: &Path, pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")) else {
-        return false;
-    };
-    // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
-    let Some(ppid) = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-        .and_then(|p| p.parse::<u32>().ok())
-    else {
+fn orphaned(proc: &Path, pid: i32) -> bool {
+    let Some(ppid) = super::posture::parent_of(proc, pid) else {
         return false;
     };
     let cmdline = std::fs::read(proc.join(ppid.to_string()).join("cmdline")).unwrap_or_default();

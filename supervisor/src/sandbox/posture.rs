@@ -51,6 +51,14 @@ pub fn find_command(proc_root: &Path, init_pid: i32) -> Option<i32> {
     Some(children(first).unwrap_or(first))
 }
 
+/// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
+/// command name, which may itself contain `)`).
+pub fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
     status
         .lines()
@@ -147,6 +155,19 @@ pub fn check(proc_root: &Path, pid: i32, uid: u32, gid: u32, supervisor_pid: u32
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_parent_pid_is_read_past_a_command_name_with_parentheses() {
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc.path().join("42")).unwrap();
+        std::fs::write(
+            proc.path().join("42/stat"),
+            "42 (a) b (c)) S 7 42 42 0 -1 4194560 0 0 0 0\n",
+        )
+        .unwrap();
+        assert_eq!(parent_of(proc.path(), 42), Some(7));
+        assert_eq!(parent_of(proc.path(), 43), None);
+    }
+
     use super::*;
 
     fn fake(root: &Path, pid: i32, status: &str, fds: &[(i32, &str)]) {
