@@ -111,6 +111,9 @@ pub fn main() -> u8 {
         buf: Vec::new(),
         fds: Vec::new(),
     };
+    // The last turn's directory removal and the session's recovery, due
+    // before the next turn begins (see `between_turns`).
+    let mut between_due = false;
     loop {
         let (line, fds) = match inbox.next() {
             Ok(Some(x)) if !x.0.is_empty() => x,
@@ -126,11 +129,21 @@ pub fn main() -> u8 {
             }
         };
         if line == DELIVERED {
-            // The last turn's client has its reply: its warm sandbox now.
+            // The last turn's client has its reply: its warm sandbox now,
+            // built beside the last turn's cleanup and the session's
+            // recovery (a session's next turn arriving at once waits for
+            // the build, not for those first).
             if let Some(p) = &pool {
                 p.build_armed();
             }
+            if std::mem::take(&mut between_due) {
+                between_turns(pool.as_deref(), &between);
+            }
             continue;
+        }
+        // A job before the daemon said DELIVERED (the next turn came first).
+        if std::mem::take(&mut between_due) {
+            between_turns(pool.as_deref(), &between);
         }
         let job: std::result::Result<Job, _> = serde_json::from_slice(&line);
         let mut keep = job.as_ref().is_ok_and(|j| j.keep_warm);
@@ -168,17 +181,25 @@ pub fn main() -> u8 {
         if !sent || !keep {
             break;
         }
-        // The turn's directory goes before the next turn begins; then the
-        // session is recovered, which the next turn need not do.
-        if let Some(p) = &pool {
-            p.settle();
-        }
-        between.recover();
+        between_due = true;
     }
     if let Some(p) = &pool {
         p.drain();
     }
     status
+}
+
+/// What runs between a worker's turns, before the next one begins: the
+/// last turn's directory goes, then the session is recovered (which the
+/// next turn then need not do). A warm sandbox the pool builds meanwhile
+/// is no leftover: its lock, held by this live worker, is linked into
+/// place before its directory and its cgroup exist, and recovery passes
+/// over a held one.
+fn between_turns(pool: Option<&crate::sandbox::pool::WarmPool>, between: &crate::recover::Between) {
+    if let Some(p) = pool {
+        p.settle();
+    }
+    between.recover();
 }
 
 /// Answers a job once: the turn's output to the client's descriptors,
