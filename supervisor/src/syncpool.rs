@@ -1,4 +1,5 @@
-//! Parked threads that run a turn's concurrent `fsync`s.
+//! Parked threads that run a turn's concurrent `fsync`s, and its
+//! long-lived helpers.
 //!
 //! A group of syncs issued together (two ledgers' appends, a new session's
 //! tree) shares the file system's flushes instead of queueing one behind
@@ -9,6 +10,13 @@
 //! per process ([`warm`], off that path, or on first need) and park between
 //! groups. A worker that cannot be made never loses a sync: the caller
 //! runs it itself ([`run_all`]).
+//!
+//! A turn's helpers that live as long as its command — the output pumps,
+//! the timer, the seccomp listener, the interrupt watcher — run on the same
+//! workers ([`spawn`]): a `serve` worker's turns then make no thread at
+//! all. Such a job never waits in the queue (it could wait for ever behind
+//! another that waits for it): it goes to an idle worker, or to one made
+//! for it, or to a thread of its own.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -97,6 +105,84 @@ impl Pool {
         self.ready.notify_one();
         Ok(())
     }
+
+    /// Hands `job` to a worker that takes it at once — an idle one, or
+    /// one made for it —, or gives it back.
+    fn start(&'static self, job: Job) -> Result<(), Job> {
+        let mut s = self.lock();
+        // Every job queued before it has a worker too: idle ones, and
+        // those made here (each takes a job as soon as it starts).
+        let mut made = 0;
+        while s.idle + made <= s.queue.len() {
+            if s.workers >= MAX_WORKERS || !self.spawn_worker() {
+                return Err(job);
+            }
+            s.workers += 1;
+            made += 1;
+        }
+        s.queue.push_back(job);
+        drop(s);
+        self.ready.notify_one();
+        Ok(())
+    }
+}
+
+/// A job started by [`spawn`]: joined like a thread.
+#[derive(Debug)]
+pub struct Task<T>(std::sync::mpsc::Receiver<std::thread::Result<T>>);
+
+impl<T> Task<T> {
+    /// Waits for the job; `Err` carries its panic, as a joined thread's.
+    pub fn join(self) -> std::thread::Result<T> {
+        self.0
+            .recv()
+            .unwrap_or_else(|_| Err(Box::new("a pooled job was lost")))
+    }
+}
+
+/// Runs `f` at once on a parked worker (see the module docs), or on a new
+/// thread named `name` when none can take it; fails only when no thread
+/// can be made at all (as [`std::thread::Builder::spawn`]).
+pub fn try_spawn<T, F>(name: &str, f: F) -> std::io::Result<Task<T>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (task, job) = task(f);
+    if let Err(job) = pool().start(job) {
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(job)?;
+    }
+    Ok(task)
+}
+
+/// [`try_spawn`] for a job that, like [`std::thread::spawn`]'s, cannot do
+/// without its thread.
+pub fn spawn<T, F>(f: F) -> Task<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (task, job) = task(f);
+    if let Err(job) = pool().start(job) {
+        std::thread::spawn(job);
+    }
+    task
+}
+
+/// `f` as a job that sends its result (or its panic: the worker lives on)
+/// to the returned task.
+fn task<T, F>(f: F) -> (Task<T>, Job)
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let job: Job = Box::new(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    (Task(rx), job)
 }
 
 /// Makes `workers` workers (the turn's largest group less the caller: see
@@ -204,5 +290,39 @@ mod tests {
             h.join().unwrap();
         }
         assert!(pool().lock().workers <= MAX_WORKERS);
+    }
+
+    #[test]
+    fn a_spawned_job_never_waits_behind_another() {
+        // Every job waits until all have started: one queued behind a
+        // waiting job would never start. More of them than workers can be
+        // made: the rest get threads of their own.
+        let n = MAX_WORKERS * 2 + 3;
+        let started = std::sync::Arc::new((Mutex::new(0usize), Condvar::new()));
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let started = std::sync::Arc::clone(&started);
+                spawn(move || {
+                    let (count, all) = &*started;
+                    let mut c = count.lock().unwrap();
+                    *c += 1;
+                    all.notify_all();
+                    let (c, _) = all
+                        .wait_timeout_while(c, std::time::Duration::from_secs(20), |c| *c < n)
+                        .unwrap();
+                    *c
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.join().unwrap(), n, "a job waited behind another");
+        }
+    }
+
+    #[test]
+    fn a_spawned_jobs_panic_reaches_its_joiner_and_the_worker_lives_on() {
+        let t = try_spawn("test", || -> usize { panic!("on purpose") }).unwrap();
+        assert!(t.join().is_err());
+        assert_eq!(spawn(|| 7).join().unwrap(), 7);
     }
 }

@@ -104,7 +104,7 @@ pub trait Backend {
 
     /// A finished turn's directory removal (running on its own thread):
     /// joined now, or — with a warm pool — after the reply.
-    fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
+    fn after_turn(&self, cleanup: crate::syncpool::Task<()>) {
         let _ = cleanup.join();
     }
 

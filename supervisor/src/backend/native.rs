@@ -131,7 +131,7 @@ impl Backend for NativeBackend {
         self.pool.is_some()
     }
 
-    fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
+    fn after_turn(&self, cleanup: crate::syncpool::Task<()>) {
         match &self.pool {
             Some(pool) => pool.after_turn(cleanup),
             None => {

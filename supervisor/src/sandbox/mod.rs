@@ -389,8 +389,8 @@ impl TurnDir {
         drop(previous);
     }
 
-    pub fn remove_in_background(self) -> std::thread::JoinHandle<()> {
-        std::thread::spawn(move || drop(self))
+    pub fn remove_in_background(self) -> crate::syncpool::Task<()> {
+        crate::syncpool::spawn(move || drop(self))
     }
 
     /// Keeps `lock` (a locked file at `path`) until the directory is gone,
@@ -489,8 +489,8 @@ pub(crate) fn pump(
 #[derive(Debug)]
 pub struct Watch {
     streams: Option<(
-        std::thread::JoinHandle<StreamRecord>,
-        std::thread::JoinHandle<StreamRecord>,
+        crate::syncpool::Task<StreamRecord>,
+        crate::syncpool::Task<StreamRecord>,
     )>,
     truncated: Arc<AtomicBool>,
     timed_out: Arc<AtomicBool>,
@@ -518,7 +518,7 @@ impl Watch {
         let truncated = Arc::new(AtomicBool::new(false));
         let out_thread = {
             let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
-            std::thread::spawn(move || {
+            crate::syncpool::spawn(move || {
                 if capture {
                     let mut kept = Vec::new();
                     let mut record = pump(out, &mut kept, budget, truncated);
@@ -533,7 +533,7 @@ impl Watch {
         };
         let err_thread = {
             let (budget, truncated) = (Arc::clone(&budget), Arc::clone(&truncated));
-            std::thread::spawn(move || pump(err, std::io::stderr(), budget, truncated))
+            crate::syncpool::spawn(move || pump(err, std::io::stderr(), budget, truncated))
         };
         Self {
             streams: Some((out_thread, err_thread)),
@@ -560,7 +560,8 @@ impl Watch {
             }
             *live
         };
-        std::thread::spawn(move || {
+        // Ends once cancelled (or its watch dropped): never joined.
+        drop(crate::syncpool::spawn(move || {
             // The clock runs only while the turn is not frozen (`supervise
             // suspend`, the shim's Pause): checked every 50 ms.
             let mut left = timeout;
@@ -595,7 +596,7 @@ impl Watch {
                     cg.kill_all();
                 });
             }
-        });
+        }));
         self.cancel = Some(cancel);
     }
 

@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::thread::JoinHandle;
 
 use std::time::Instant;
 
@@ -73,7 +72,7 @@ pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<OwnedFd> {
 #[derive(Debug)]
 pub struct Listener {
     stop: Option<OwnedFd>,
-    thread: Option<JoinHandle<Denials>>,
+    thread: Option<crate::syncpool::Task<Denials>>,
 }
 
 impl Listener {
@@ -90,9 +89,9 @@ impl Listener {
         xattr: Vec<(i32, u32)>,
     ) -> std::io::Result<Self> {
         let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let thread = std::thread::Builder::new()
-            .name("seccomp-notify".into())
-            .spawn(move || serve(&notify, &stop_r, &errnos, &xattr))?;
+        let thread = crate::syncpool::try_spawn("seccomp-notify", move || {
+            serve(&notify, &stop_r, &errnos, &xattr)
+        })?;
         Ok(Self {
             stop: Some(stop_w),
             thread: Some(thread),

@@ -94,7 +94,7 @@ struct Shared {
     pool: Mutex<Pool>,
     built: Condvar,
     /// Turn directories being removed (see [`WarmPool::after_turn`]).
-    cleanups: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    cleanups: Mutex<Vec<crate::syncpool::Task<()>>>,
 }
 
 impl Shared {
@@ -243,7 +243,7 @@ impl WarmPool {
     /// A finished turn's directory removal, joined by [`WarmPool::settle`]
     /// once the reply is sent, so the client does not wait for the
     /// unmounts.
-    pub fn after_turn(&self, cleanup: std::thread::JoinHandle<()>) {
+    pub fn after_turn(&self, cleanup: crate::syncpool::Task<()>) {
         self.shared
             .cleanups
             .lock()

@@ -76,7 +76,7 @@ impl Interrupts {
 #[derive(Debug)]
 pub struct Guard {
     wake: Option<OwnedFd>,
-    watcher: Option<std::thread::JoinHandle<()>>,
+    watcher: Option<crate::syncpool::Task<()>>,
 }
 
 /// Installs the handlers and starts a watcher that kills what `interrupts`
@@ -87,9 +87,7 @@ pub fn install(interrupts: &Interrupts) -> std::io::Result<Guard> {
     WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
     handle()?;
     let theirs = interrupts.clone();
-    let watcher = std::thread::Builder::new()
-        .name("interrupt".into())
-        .spawn(move || watch(read, &theirs))?;
+    let watcher = crate::syncpool::try_spawn("interrupt", move || watch(read, &theirs))?;
     Ok(Guard {
         wake: Some(write),
         watcher: Some(watcher),

@@ -103,13 +103,13 @@ pub(super) struct Outcome {
 /// on the reply's path.
 #[derive(Debug)]
 pub(crate) enum Cleanup {
-    Started(std::thread::JoinHandle<()>),
+    Started(crate::syncpool::Task<()>),
     Held(crate::sandbox::TurnDir),
 }
 
 impl Cleanup {
     /// The removal, running (started now if it was held).
-    pub(crate) fn start(self) -> std::thread::JoinHandle<()> {
+    pub(crate) fn start(self) -> crate::syncpool::Task<()> {
         match self {
             Self::Started(h) => h,
             Self::Held(dir) => dir.remove_in_background(),
