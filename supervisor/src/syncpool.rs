@@ -13,10 +13,13 @@
 //!
 //! A turn's helpers that live as long as its command — the output pumps,
 //! the timer, the seccomp listener, the interrupt watcher — run on the same
-//! workers ([`spawn`]): a `serve` worker's turns then make no thread at
-//! all. Such a job never waits in the queue (it could wait for ever behind
-//! another that waits for it): it goes to an idle worker, or to one made
-//! for it, or to a thread of its own.
+//! workers ([`spawn`]), and so do the daemon's connections: a `serve`
+//! worker's turns then make no thread at all. Such a job never waits in the
+//! queue behind another long one (it could wait for ever behind one that
+//! waits for it): it goes to an idle worker, or to one made for it, or to a
+//! thread of its own. Only a sync may wait there, for a sync ahead of it to
+//! finish; and the long jobs running never count against the syncs'
+//! [`MAX_WORKERS`].
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -26,6 +29,11 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// At most this many workers: a group larger than this (+ the caller)
 /// queues the rest behind the first to finish, still all at once in effect.
 const MAX_WORKERS: usize = 16;
+
+/// At most this many workers more while long jobs run (past them, a long
+/// job gets a thread of its own that ends with it): parked workers are
+/// never given back, and a burst of connections must not leave hundreds.
+const MAX_LONG_WORKERS: usize = 48;
 
 /// How many workers [`warm`] makes for a turn that opens a new session: the
 /// largest group a turn issues (the new session's tree: four directories,
@@ -44,6 +52,8 @@ struct State {
     queue: VecDeque<Job>,
     idle: usize,
     workers: usize,
+    /// Long jobs ([`spawn`]) queued or running.
+    long: usize,
 }
 
 #[derive(Default)]
@@ -92,8 +102,9 @@ impl Pool {
     /// job back when no worker exists or can be made (the caller runs it).
     fn submit(&'static self, job: Job) -> Result<(), Job> {
         let mut s = self.lock();
-        // Jobs already queued are waiting for the idle workers too.
-        if s.idle <= s.queue.len() && s.workers < MAX_WORKERS {
+        // Jobs already queued are waiting for the idle workers too; the
+        // workers a long job holds are not the syncs'.
+        if s.idle <= s.queue.len() && s.workers - s.long.min(s.workers) < MAX_WORKERS {
             if self.spawn_worker() {
                 s.workers += 1;
             } else if s.workers == 0 {
@@ -106,21 +117,22 @@ impl Pool {
         Ok(())
     }
 
-    /// Hands `job` to a worker that takes it at once — an idle one, or
-    /// one made for it —, or gives it back.
+    /// Hands the long job `job` to a worker that takes it once the jobs
+    /// queued ahead of it (syncs) are taken — an idle one, or one made for
+    /// it —, or gives it back.
     fn start(&'static self, job: Job) -> Result<(), Job> {
         let mut s = self.lock();
-        // Every job queued before it has a worker too: idle ones, and
-        // those made here (each takes a job as soon as it starts).
-        let mut made = 0;
-        while s.idle + made <= s.queue.len() {
-            if s.workers >= MAX_WORKERS || !self.spawn_worker() {
+        if s.idle <= s.queue.len() {
+            if s.workers >= MAX_WORKERS + MAX_LONG_WORKERS || !self.spawn_worker() {
                 return Err(job);
             }
             s.workers += 1;
-            made += 1;
         }
-        s.queue.push_back(job);
+        s.long += 1;
+        s.queue.push_back(Box::new(move || {
+            job();
+            pool().lock().long -= 1;
+        }));
         drop(s);
         self.ready.notify_one();
         Ok(())
@@ -129,14 +141,36 @@ impl Pool {
 
 /// A job started by [`spawn`]: joined like a thread.
 #[derive(Debug)]
-pub struct Task<T>(std::sync::mpsc::Receiver<std::thread::Result<T>>);
+pub struct Task<T> {
+    rx: std::sync::mpsc::Receiver<std::thread::Result<T>>,
+    /// Its result, once [`Task::is_finished`] saw it.
+    done: Option<std::thread::Result<T>>,
+}
 
 impl<T> Task<T> {
     /// Waits for the job; `Err` carries its panic, as a joined thread's.
     pub fn join(self) -> std::thread::Result<T> {
-        self.0
-            .recv()
-            .unwrap_or_else(|_| Err(Box::new("a pooled job was lost")))
+        match self.done {
+            Some(r) => r,
+            None => self
+                .rx
+                .recv()
+                .unwrap_or_else(|_| Err(Box::new("a pooled job was lost"))),
+        }
+    }
+
+    /// Whether the job has returned (or was lost), without waiting.
+    pub fn is_finished(&mut self) -> bool {
+        if self.done.is_none() {
+            match self.rx.try_recv() {
+                Ok(r) => self.done = Some(r),
+                Err(std::sync::mpsc::TryRecvError::Empty) => return false,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.done = Some(Err(Box::new("a pooled job was lost")));
+                }
+            }
+        }
+        true
     }
 }
 
@@ -182,7 +216,7 @@ where
     let job: Job = Box::new(move || {
         let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
     });
-    (Task(rx), job)
+    (Task { rx, done: None }, job)
 }
 
 /// Makes `workers` workers (the turn's largest group less the caller: see
@@ -273,7 +307,7 @@ mod tests {
             .map(|t| {
                 std::thread::spawn(move || {
                     for _ in 0..50 {
-                        let jobs: Vec<Box<dyn FnOnce() -> usize + Send>> = (0..5)
+                        let jobs: Vec<Box<dyn FnOnce() -> usize + Send>> = (0..5usize)
                             .map(|i| {
                                 Box::new(move || t * 100 + i) as Box<dyn FnOnce() -> usize + Send>
                             })
@@ -289,15 +323,16 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
-        assert!(pool().lock().workers <= MAX_WORKERS);
+        // Other tests of this process start long jobs meanwhile.
+        assert!(pool().lock().workers <= MAX_WORKERS + MAX_LONG_WORKERS);
     }
 
     #[test]
     fn a_spawned_job_never_waits_behind_another() {
         // Every job waits until all have started: one queued behind a
         // waiting job would never start. More of them than workers can be
-        // made: the rest get threads of their own.
-        let n = MAX_WORKERS * 2 + 3;
+        // made for long jobs: the rest get threads of their own.
+        let n = MAX_WORKERS + MAX_LONG_WORKERS + 5;
         let started = std::sync::Arc::new((Mutex::new(0usize), Condvar::new()));
         let tasks: Vec<_> = (0..n)
             .map(|_| {
@@ -317,6 +352,39 @@ mod tests {
         for t in tasks {
             assert_eq!(t.join().unwrap(), n, "a job waited behind another");
         }
+    }
+
+    #[test]
+    fn syncs_run_while_long_jobs_hold_every_worker() {
+        // More long jobs than MAX_WORKERS, each held until a group of syncs
+        // issued meanwhile has returned.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Arc::new(Mutex::new(held));
+        let long: Vec<_> = (0..MAX_WORKERS + 2)
+            .map(|_| {
+                let held = std::sync::Arc::clone(&held);
+                spawn(move || {
+                    let _ = held.lock().unwrap().recv();
+                })
+            })
+            .collect();
+        let (done, group) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let jobs: Vec<Box<dyn FnOnce() -> usize + Send>> = (0..5usize)
+                .map(|i| Box::new(move || i) as Box<dyn FnOnce() -> usize + Send>)
+                .collect();
+            let _ = done.send(run_all(jobs));
+        });
+        let got = group.recv_timeout(std::time::Duration::from_secs(20));
+        drop(release);
+        for t in long {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            got.ok(),
+            Some(vec![0, 1, 2, 3, 4]),
+            "the syncs waited behind long jobs"
+        );
     }
 
     #[test]

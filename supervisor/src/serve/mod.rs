@@ -407,7 +407,7 @@ impl Daemon {
 fn accept_all(
     daemon: &Arc<Daemon>,
     l: &UnixListener,
-    threads: &mut Vec<std::thread::JoinHandle<()>>,
+    threads: &mut Vec<crate::syncpool::Task<()>>,
     state_dir: &Path,
 ) -> Result<()> {
     loop {
@@ -415,10 +415,11 @@ fn accept_all(
             Ok((conn, _)) => {
                 let d = Arc::clone(daemon);
                 let n = d.next_conn.fetch_add(1, Ordering::SeqCst);
-                let t = std::thread::Builder::new()
-                    .name(format!("conn-{n}"))
-                    .spawn(move || connection(&d, n, conn))
-                    .map_err(state_io("spawn connection thread", state_dir))?;
+                // On a parked thread: no thread made on the turn's path.
+                let t = crate::syncpool::try_spawn(&format!("conn-{n}"), move || {
+                    connection(&d, n, conn)
+                })
+                .map_err(state_io("spawn connection thread", state_dir))?;
                 threads.push(t);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
@@ -592,7 +593,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         verified: Mutex::new(health::VerifiedLedgers::new()),
     });
     tracing::info!(socket = ?o.socket, pid = std::process::id(), "serving");
-    let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut threads: Vec<crate::syncpool::Task<()>> = Vec::new();
     let bus_thread = match bus {
         Some(b) => {
             let d = Arc::clone(&daemon);
@@ -634,7 +635,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         if let Some(l) = &listener {
             accept_all(&daemon, l, &mut threads, &state_dir)?;
         }
-        threads.retain(|t| !t.is_finished());
+        threads.retain_mut(|t| !t.is_finished());
         daemon.expire_idle(false);
         daemon.suspend_idle();
     }
@@ -653,7 +654,10 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
         std::thread::sleep(Duration::from_millis(20));
     }
     daemon.signal_all(Signal::SIGKILL);
-    for t in threads.into_iter().chain(bus_thread).chain(router_thread) {
+    for t in threads {
+        let _ = t.join();
+    }
+    for t in bus_thread.into_iter().chain(router_thread) {
         let _ = t.join();
     }
     // Waiting workers discard their warm sandboxes and exit.
