@@ -298,11 +298,16 @@ fn add(
         // musl (there O_ACCMODE includes O_PATH, and std masks it out), so
         // a device was opened for real: /dev/tty refused it (ENXIO) and
         // lost its rule. The static init is built for musl.
-        let fd = match nix::fcntl::open(
-            path.as_str(),
-            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        ) {
+        //
+        // Never through a magic link (`/proc/PID/root`, `cwd`, `fd/N`…):
+        // resolved here, in the sandbox, such a path names the view's root
+        // or the workspace, and a rule there would grant all of it. Such a
+        // rule is not made (ELOOP: recorded in `skipped`); the manifest
+        // check refuses those patterns before any turn.
+        let how = nix::fcntl::OpenHow::new()
+            .flags(nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC)
+            .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path.as_str(), how) {
             Ok(fd) => fd,
             Err(_) => {
                 skipped.push(path.clone());
@@ -327,6 +332,37 @@ fn add(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Red-team finding (wave 3): a rule is never made through a magic
+    /// link — in the sandbox `/proc/self/root` or `cwd` names the whole
+    /// view — whatever reaches the init; an ordinary path, and the plain
+    /// `/proc/self` link, still get theirs. Nothing restricts the test
+    /// process (the ruleset is only created).
+    #[test]
+    fn rules_are_never_made_through_a_magic_link() {
+        let rules = LandlockRules {
+            abi: LANDLOCK_ABI,
+            list: Vec::new(),
+            read: vec![
+                "/proc/self/root".into(),
+                "/proc/self/cwd".into(),
+                "/proc/thread-self/root/usr".into(),
+                "/usr".into(),
+            ],
+            read_write: Vec::new(),
+            execute: Vec::new(),
+            devices: vec!["/proc/self/comm".into()],
+        };
+        let prepared = prepare(&rules).expect("a ruleset is created unprivileged");
+        assert_eq!(
+            prepared.skipped,
+            [
+                "/proc/self/root",
+                "/proc/self/cwd",
+                "/proc/thread-self/root/usr"
+            ]
+        );
+    }
 
     /// Issue 29: a ruleset prepared from a shape serves only a turn of that
     /// shape — another execute list is the turn's own, any other rule

@@ -161,12 +161,26 @@ pub(crate) fn check_pure(caps: &Capabilities, source: &Path) -> Result<(), Polic
                 .map(|(i, e)| (format!("capabilities.execute[{i}]"), &e.program)),
         );
     for (field, p) in shown {
-        if p.is_absolute() && p.static_prefix(&sid) == "/" {
+        let prefix = p.static_prefix(&sid);
+        if p.is_absolute() && prefix == "/" {
             return Err(PolicyError::InvalidManifest {
                 path: source.to_path_buf(),
                 field,
                 reason: format!(
                     "`{p}` would show the whole host file system to every turn; grant the directories the package needs (e.g. `/usr/**`, `/etc/**`)"
+                ),
+            });
+        }
+        // The turn's /proc is its own, readable in every turn; a grant
+        // beneath it adds nothing — except through a process's `root`,
+        // `cwd` or `fd/N` links, which in the sandbox name its whole view
+        // or the workspace.
+        if p.is_absolute() && (prefix == "/proc" || prefix.starts_with("/proc/")) {
+            return Err(PolicyError::InvalidManifest {
+                path: source.to_path_buf(),
+                field,
+                reason: format!(
+                    "`{p}` is beneath /proc, the turn's own procfs: every turn reads it already, and through a process's root, cwd or fd links it would name the turn's whole view; remove the entry"
                 ),
             });
         }
@@ -391,6 +405,46 @@ mod tests {
             &PackageId::parse("p").unwrap(),
             PathBuf::from("installed/p/manifest.json"),
         )
+    }
+
+    /// Red-team finding (wave 3): a read or execute pattern beneath /proc
+    /// grants nothing every turn does not read already — and through a
+    /// process's root, cwd or fd links it would name the whole view.
+    #[test]
+    fn patterns_beneath_proc_are_refused_naming_the_entry() {
+        for (caps, field) in [
+            (
+                r#"{"read":["data/*.csv","/proc/self/root/**"]}"#,
+                "capabilities.read[1]",
+            ),
+            (r#"{"read":["/proc/self/cwd/**"]}"#, "capabilities.read[0]"),
+            (
+                r#"{"read":["/proc/thread-self/root/etc/**"]}"#,
+                "capabilities.read[0]",
+            ),
+            (r#"{"read":["/proc/1/root"]}"#, "capabilities.read[0]"),
+            (r#"{"read":["/proc/**"]}"#, "capabilities.read[0]"),
+            (
+                r#"{"execute":["/proc/self/root/bin/sh"]}"#,
+                "capabilities.execute[0]",
+            ),
+            (
+                r#"{"execute":["/proc/self/exe"]}"#,
+                "capabilities.execute[0]",
+            ),
+        ] {
+            match load(caps) {
+                Err(PolicyError::InvalidManifest {
+                    field: f, reason, ..
+                }) => {
+                    assert_eq!(f, field, "{caps}");
+                    assert!(reason.contains("/proc"), "{caps}: {reason}");
+                }
+                other => panic!("{caps}: {other:?}"),
+            }
+        }
+        // A name that merely starts so is not beneath /proc.
+        assert!(load(r#"{"read":["/procedures/**"]}"#).is_ok());
     }
 
     /// Each row: capabilities, the field named, a word of the reason.

@@ -225,6 +225,14 @@ pub enum PlanError {
         "pattern `{0}` would show the whole host file system to the turn; grant the directories it needs"
     )]
     HostRoot(String),
+    #[error(
+        "pattern `{pattern}` reaches `{path}`, a symbolic link to `{target}`: a rule there would grant the turn's whole view or workspace; grant the directories it needs instead"
+    )]
+    LinkWidens {
+        pattern: String,
+        path: String,
+        target: String,
+    },
 }
 
 /// Host paths shown read-only in every sandbox, when they exist. Symlinks
@@ -856,6 +864,19 @@ impl<'a> Compiler<'a> {
                 join(root, &p.static_prefix(session))
             };
             for hit in enumerate(fs, root, &start, &read_set)? {
+                // Landlock resolves a rule's path where it is made, in the
+                // sandbox: a link there to `/` or above the workspace would
+                // grant all of the view, whatever the pattern narrowed.
+                if let Some(target) = fs
+                    .canonical(&hit)
+                    .filter(|c| *c != hit && (c == "/" || within(root, c)))
+                {
+                    return Err(PlanError::LinkWidens {
+                        pattern: p.to_string(),
+                        path: hit,
+                        target,
+                    });
+                }
                 grant_excluding(fs, root, &hit, forbidden, masked, &mut read);
             }
         }
@@ -1455,6 +1476,46 @@ mod tests {
         assert!(!shown(&plan).iter().any(|s| s.contains("shadow")));
         // `/**` is refused at manifest load (grants::check_pure); the plan
         // compiler refuses it again (PlanError::HostRoot) as defense in depth.
+    }
+
+    /// Red-team finding (wave 3): a read hit that is a link to `/` or to
+    /// the workspace (or above it) is refused, naming the pattern: its
+    /// rule, resolved in the sandbox, would grant the whole view. A link
+    /// to a directory beside the workspace is still recreated and granted.
+    #[test]
+    fn a_read_through_a_link_to_the_root_or_the_workspace_is_refused() {
+        // (The fake file system resolves one link, to an absolute target.)
+        for target in ["/", "/ws"] {
+            let mut fs = tree();
+            fs.kinds.insert("/opt".into(), FileKind::Dir);
+            fs.kinds.insert("/opt/up".into(), FileKind::Symlink);
+            fs.links.insert("/opt/up".into(), target.into());
+            fs.kinds.insert("/ws/data/up".into(), FileKind::Symlink);
+            fs.links.insert("/ws/data/up".into(), target.into());
+            // A link inside a granted directory is harmless (Landlock checks
+            // the path it resolves to); one that is itself a hit is not.
+            for (pattern, path) in [
+                ("/opt/up/**", "/opt/up"),
+                ("data/*", "/ws/data/up"),
+                ("data/up", "/ws/data/up"),
+            ] {
+                let m = format!(
+                    r#"{{"capabilities":{{"read":["{pattern}"],"execute":["installed/p/run.sh"]}}}}"#
+                );
+                let err = compile_for(&m, &["installed/p/run.sh"], &fs).unwrap_err();
+                let text = err.to_string();
+                assert!(
+                    text.contains(pattern) && text.contains(path),
+                    "{target} {pattern}: {text}"
+                );
+            }
+        }
+        let mut fs = tree();
+        fs.kinds.insert("/ws/data/etc".into(), FileKind::Symlink);
+        fs.links.insert("/ws/data/etc".into(), "/etc".into());
+        let m = r#"{"capabilities":{"read":["data/*"],"execute":["installed/p/run.sh"]}}"#;
+        let plan = compile_for(m, &["installed/p/run.sh"], &fs).unwrap();
+        assert!(plan.landlock.read.contains(&"/ws/data/etc".to_owned()));
     }
 
     #[test]

@@ -117,3 +117,78 @@ fn issue_25_a_session_belongs_to_its_tenant_and_package() {
         assert_eq!(before, fx.snapshot(), "{bad:?}: something was created");
     }
 }
+
+/// Red-team finding (wave 3): a grant cannot be widened to the turn's whole
+/// view — through /proc's per-process links (`root`, `cwd`: refused at the
+/// manifest, TS1002, exit 2) or through a host symbolic link to `/` or to
+/// the workspace named by a read pattern (refused when the plan is built,
+/// naming the pattern). Either way the file the grants leave out is not
+/// read.
+#[test]
+fn a_grant_cannot_be_widened_to_the_whole_view() {
+    if !require_root("a_grant_cannot_be_widened_to_the_whole_view") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.write("data/ok.csv", b"a,b\n");
+    fx.write("data/secret.txt", b"SECRET-not-granted\n");
+    let read_secret = [
+        "--json",
+        "--no-outputs",
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        "print(open('data/secret.txt').read())",
+    ];
+    for (i, pattern) in [
+        "/proc/self/root/**",
+        "/proc/self/cwd/**",
+        "/proc/thread-self/root/**",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let pkg = format!("p{i}");
+        fx.install(
+            &pkg,
+            &format!(
+                r#"{{"capabilities":{{"read":["data/*.csv","{pattern}"],"execute":["/usr/bin/python3"]}}}}"#
+            ),
+        );
+        let r = fx.run(&pkg, &read_secret);
+        assert_eq!(r.status, 2, "{pattern}: {}{}", r.stdout, r.stderr);
+        assert!(!r.stdout.contains("SECRET") && !r.stderr.contains("SECRET-not"));
+        let text = format!("{}{}", r.stdout, r.stderr);
+        assert!(
+            text.contains("TS1002") && text.contains("capabilities.read[1]"),
+            "{pattern}: {text}"
+        );
+    }
+    // A host link to `/` and one to the workspace root, each named by a
+    // read pattern.
+    let links = tempfile::tempdir().unwrap();
+    for (i, target) in [std::path::Path::new("/"), fx.root.as_path()]
+        .iter()
+        .enumerate()
+    {
+        let link = links.path().join(format!("up{i}"));
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        let pattern = format!("{}/**", link.display());
+        let pkg = format!("l{i}");
+        fx.install(
+            &pkg,
+            &format!(
+                r#"{{"capabilities":{{"read":["data/*.csv","{pattern}"],"execute":["/usr/bin/python3"]}}}}"#
+            ),
+        );
+        let r = fx.run(&pkg, &read_secret);
+        assert_eq!(r.status, 20, "{pattern}: {}{}", r.stdout, r.stderr);
+        assert!(!r.stdout.contains("SECRET-not") && !r.stderr.contains("SECRET-not"));
+        let v = r.json();
+        let text = v.to_string();
+        assert!(
+            text.contains("symbolic link") && text.contains(&pattern),
+            "{pattern}: {text}"
+        );
+    }
+}
