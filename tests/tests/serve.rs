@@ -2296,3 +2296,88 @@ fn issue_29_daemon_health_skips_unchanged_ledgers_and_still_sees_tampering() {
     );
     assert!(h.to_string().contains(&sid), "{h}");
 }
+
+/// Red-team finding (wave 3): a run request's descriptors are checked
+/// before any turn begins — too many (past what one message can bring, the
+/// kernel truncates: those it installed in the daemon are closed, never
+/// leaked), read-only, or a directory — each answered TS1006 naming
+/// `fds`; the daemon holds no more descriptors afterwards and stays READY.
+#[test]
+fn serve_a_requests_descriptors_are_checked_and_never_leaked() {
+    if !require_root("serve_a_requests_descriptors_are_checked_and_never_leaked") {
+        return;
+    }
+    use std::io::IoSlice;
+    use std::os::fd::{AsRawFd, RawFd};
+    let fx = fixture();
+    let daemon = Daemon::start(&fx, &[]);
+    let pid = daemon.child.as_ref().unwrap().id();
+    let open_fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let root = fx.root.display().to_string();
+    let line = format!(
+        "{{\"op\":\"run\",\"root\":\"{root}\",\"package\":\"s\",\"request\":{{\"command\":[\"/bin/true\"],\"declared_outputs\":[]}}}}\n"
+    );
+    let send = |fds: &[RawFd]| -> Value {
+        let s = UnixStream::connect(&daemon.socket).unwrap();
+        let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
+        nix::sys::socket::sendmsg::<()>(
+            s.as_raw_fd(),
+            &[IoSlice::new(line.as_bytes())],
+            &cmsg,
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        let mut out = String::new();
+        (&s).read_to_string(&mut out).unwrap();
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let null_w = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let null_r = std::fs::File::open("/dev/null").unwrap();
+    let dir = std::fs::File::open(&fx.root).unwrap();
+    // Warm the daemon's own descriptors (pool threads, logs) first.
+    let _ = send(&[null_w.as_raw_fd(); 3]);
+    let before = open_fds();
+    let many: Vec<RawFd> = vec![null_w.as_raw_fd(); 250];
+    for (fds, word) in [
+        (many.clone(), "more than"),
+        (vec![null_w.as_raw_fd(); 20], "more than"),
+        (vec![null_w.as_raw_fd(); 3], "got 3"),
+        (
+            vec![null_r.as_raw_fd(), null_w.as_raw_fd()],
+            "not open for writing",
+        ),
+        (vec![null_w.as_raw_fd(), dir.as_raw_fd()], "stderr descriptor"),
+    ] {
+        for _ in 0..3 {
+            let v = send(&fds);
+            assert_eq!(v["exit_status"], 2, "{} fds: {v}", fds.len());
+            assert_eq!(
+                v["value"]["error"]["code"],
+                "TS1006",
+                "{} fds: {v}",
+                fds.len()
+            );
+            assert_eq!(
+                v["value"]["error"]["field"],
+                "fds",
+                "{} fds: {v}",
+                fds.len()
+            );
+            assert!(v.to_string().contains(word), "{} fds: {v}", fds.len());
+        }
+    }
+    assert_eq!(
+        open_fds(),
+        before,
+        "the daemon kept descriptors it was sent"
+    );
+    assert_eq!(daemon.health().0, Some(0));
+}

@@ -788,10 +788,17 @@ fn connection(d: &Daemon, n: u64, conn: UnixStream) {
     let (line, rest, fds) = match wire::recv_line_with_fds(&conn) {
         Ok(x) => x,
         Err(e) => {
+            // Too many descriptors (wire::recv_some_with_fds) is the
+            // request's `fds`; anything else, the request itself.
+            let field = if e.kind() == std::io::ErrorKind::InvalidInput {
+                "fds"
+            } else {
+                "request"
+            };
             send_reply(
                 d,
                 &conn,
-                &error_reply(&SupervisorError::invalid("request", e.to_string()), false),
+                &error_reply(&SupervisorError::invalid(field, e.to_string()), false),
             );
             return;
         }
@@ -957,7 +964,28 @@ fn run_request(
             format!("a run request carries exactly 2 descriptors (stdout, stderr) with SCM_RIGHTS; got {}", v.len()),
         )
     })?;
+    for (fd, name) in [(&out, "stdout"), (&err, "stderr")] {
+        writable(fd).map_err(|why| {
+            SupervisorError::invalid("fds", format!("the request's {name} descriptor {why}"))
+        })?;
+    }
     run_worker(d, n, &r, out, err, Some(conn), early)
+}
+
+/// Whether `fd` can take a turn's output: open for writing, and not a
+/// directory (the worker would fail on it, after the turn began).
+fn writable(fd: &OwnedFd) -> std::result::Result<(), String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(|e| format!("cannot be read ({e})"))?;
+    let mode = OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE;
+    if mode != OFlag::O_WRONLY && mode != OFlag::O_RDWR {
+        return Err("is not open for writing".into());
+    }
+    let st = nix::sys::stat::fstat(fd).map_err(|e| format!("cannot be examined ({e})"))?;
+    if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR {
+        return Err("is a directory".into());
+    }
+    Ok(())
 }
 
 /// A turn a worker answered: its reply, and what the daemon notes of it

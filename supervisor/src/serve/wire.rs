@@ -10,12 +10,12 @@
 //! that hangs up mid-turn counts as SIGHUP. The daemon answers with one
 //! JSON line ([`Reply`]) and closes.
 
-use std::io::{IoSlice, IoSliceMut, Read};
+use std::io::{IoSlice, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -271,34 +271,73 @@ pub fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<Received> {
     }
 }
 
+/// Descriptors one message may bring before the kernel truncates its
+/// control data: more than the 2 a request carries, so a request with a
+/// few too many is answered with how many it had.
+const FD_ROOM: usize = 16;
+
 /// One `recvmsg` of `sock`: the bytes it read (none at EOF) and the
-/// descriptors that came with them (`SCM_RIGHTS`, close-on-exec).
+/// descriptors that came with them (`SCM_RIGHTS`, close-on-exec). A
+/// message with more than [`FD_ROOM`] descriptors is an `InvalidInput`
+/// error — and those the kernel installed before truncating its control
+/// data are closed, never leaked.
 pub fn recv_some_with_fds(sock: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    use nix::libc;
     let mut buf = [0u8; 8192];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let (n, got) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(std::io::Error::from)?;
-        let mut got = Vec::new();
-        for c in msg.cmsgs().map_err(std::io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(list) = c {
-                got.extend(list);
-            }
-        }
-        (msg.bytes, got)
+    let room = (FD_ROOM * std::mem::size_of::<RawFd>()) as u32;
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE(room) } as usize];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
     };
-    let fds = got
-        .into_iter()
-        // SAFETY: the kernel just installed `fd` in this process
-        // (SCM_RIGHTS); nothing else owns it.
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
+    // SAFETY: msghdr is plain old data; zeroed is its empty value.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = control.as_mut_ptr().cast();
+    hdr.msg_controllen = control.len() as _;
+    let n = loop {
+        // SAFETY: `hdr` points at `iov` (into `buf`) and `control`, both
+        // alive and as long as it says.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut hdr, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the CMSG_* macros walk the control data the kernel wrote
+    // within `hdr.msg_controllen`; each SCM_RIGHTS entry holds descriptors
+    // the kernel just installed in this process, owned by nothing else.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&hdr);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let header = data as usize - c as usize;
+                let count =
+                    ((*c).cmsg_len as usize).saturating_sub(header) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&hdr, c);
+        }
+    }
+    if hdr.msg_flags & libc::MSG_CTRUNC != 0 {
+        drop(fds);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "more than {FD_ROOM} descriptors came with the request (SCM_RIGHTS); a run request carries exactly 2 (stdout, stderr)"
+            ),
+        ));
+    }
     Ok((buf[..n].to_vec(), fds))
 }
 
