@@ -33,6 +33,7 @@ for p in json.loads(sys.argv[1]):
         elif k == "tcp":
             fam = socket.AF_INET6 if ":" in p["host"] else socket.AF_INET
             c = socket.socket(fam); c.settimeout(5); c.connect((p["host"], p["port"]))
+            if p.get("delay"): time.sleep(p["delay"])
             c.sendall(bytes.fromhex(p.get("send", "")) or b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % p["host"].encode())
             if p.get("send2"):
                 time.sleep(0.1); c.sendall(bytes.fromhex(p["send2"]))
@@ -77,6 +78,20 @@ for p in json.loads(sys.argv[1]):
             except OSError as e:
                 end = __import__("errno").errorcode.get(e.errno, str(e)) if e.errno else type(e).__name__
             r = "got=%s end=%s" % (got.decode("latin1").replace("\r\n", "|").replace("\n", "|"), end)
+        elif k == "serverfirst":
+            # Reads the server's banner line first, then sends, then reads
+            # to the end.
+            c = socket.create_connection((p["host"], p["port"]), timeout=5); data = b""
+            while not data.endswith(b"\n"):
+                d = c.recv(200)
+                if not d: break
+                data += d
+            c.sendall(bytes.fromhex(p["send"]))
+            while True:
+                d = c.recv(65536)
+                if not d: break
+                data += d
+            r = "ok:" + data.decode("latin1").strip().replace("\r\n", "|").replace("\n", "|")
         elif k == "dnsudp":
             q = struct.pack("!HHHHHH", 9, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["name"].split(".")) + b"\0\0\1\0\1"
             fam = socket.AF_INET6 if ":" in p["host"] else socket.AF_INET
@@ -136,6 +151,17 @@ fn probe_full(
     extra: &[&str],
     probes: &Value,
 ) -> (Vec<Value>, Value, Value) {
+    probe_via(fx, pkg, extra, UPSTREAM, probes)
+}
+
+/// [`probe_full`] with the supervisor's upstream resolver at `upstream`.
+fn probe_via(
+    fx: &Fixture,
+    pkg: &str,
+    extra: &[&str],
+    upstream: &str,
+    probes: &Value,
+) -> (Vec<Value>, Value, Value) {
     let out = Command::new(supervise_bin())
         .args(["run", "--root"])
         .arg(&fx.root)
@@ -153,7 +179,7 @@ fn probe_full(
             PROBES,
         ])
         .arg(probes.to_string())
-        .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+        .env("TURNSTILE_DNS_UPSTREAM", upstream)
         .env_remove("TURNSTILE_LOG")
         .output()
         .unwrap();
@@ -1888,4 +1914,232 @@ fn issue_26_port_80_checks_every_request_keep_alive_pipelined_and_h2c() {
         "{:#}",
         ev["violations"]
     );
+}
+
+// ---- the red-team's network-policy escapes (issue 26) ----------------------
+//
+// These tests add to the test internet services of their own: a resolver
+// on the host's loopback (so a name may answer with any address the test
+// chooses, the host's own ones included), a server that speaks first, in
+// the internet's namespace, and services on the host side of its veth
+// (the host's own addresses). Nothing is sent anywhere else.
+
+/// A resolver for `TURNSTILE_DNS_UPSTREAM`: argv[1] is JSON `{name:
+/// [addresses]}` (A and AAAA answered from it, other names NXDOMAIN);
+/// prints its port on 127.0.0.1.
+const LOCAL_DNS: &str = r#"
+import socket, struct, sys, json
+names = json.loads(sys.argv[1])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
+print(u.getsockname()[1], flush=True)
+while True:
+    q, src = u.recvfrom(1500)
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i+1:i+1+q[i]].decode()); i += 1 + q[i]
+    name = ".".join(labels).lower(); qtype = struct.unpack("!H", q[i+1:i+3])[0]
+    addrs = names.get(name)
+    ans, n = b"", 0
+    for a in addrs or []:
+        fam = socket.AF_INET6 if ":" in a else socket.AF_INET
+        if (qtype, fam) in ((1, socket.AF_INET), (28, socket.AF_INET6)):
+            raw = socket.inet_pton(fam, a)
+            ans += b"\xc0\x0c" + struct.pack("!HHIH", qtype, 1, 60, len(raw)) + raw; n += 1
+    head = q[:2] + (b"\x81\x80" if addrs is not None else b"\x81\x83")
+    u.sendto(head + q[4:6] + struct.pack("!H", n) + b"\x00\x00\x00\x00" + q[12:i+5] + ans, src)
+"#;
+
+/// A service on argv[1] port argv[2] that speaks first: TCP sends the line
+/// argv[3], reads the client's line and answers `GOT <line>`; with argv[4]
+/// `udp`, every datagram is answered with argv[3]. Prints `ready`.
+const BANNER_SERVER: &str = r#"
+import socket, threading, sys
+addr, port, banner = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+if len(sys.argv) > 4 and sys.argv[4] == "udp":
+    u = socket.socket(fam, socket.SOCK_DGRAM); u.bind((addr, port)); print("ready", flush=True)
+    while True:
+        d, src = u.recvfrom(65536); u.sendto(banner, src)
+l = socket.socket(fam); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((addr, port)); l.listen(64); print("ready", flush=True)
+def one(c):
+    try:
+        c.settimeout(5); c.sendall(banner + b"\r\n"); line = b""
+        while not line.endswith(b"\n"):
+            d = c.recv(200)
+            if not d: break
+            line += d
+        c.sendall(b"GOT " + line.strip() + b"\n")
+    except Exception: pass
+    finally: c.close()
+while True:
+    c, _ = l.accept(); threading.Thread(target=one, args=(c,), daemon=True).start()
+"#;
+
+/// The test's own services beside the test internet; killed on drop.
+struct Services {
+    children: Vec<Child>,
+    /// The local resolver's `ADDR:PORT`, once started.
+    dns: Option<String>,
+}
+
+impl Services {
+    fn new() -> Self {
+        Self {
+            children: Vec::new(),
+            dns: None,
+        }
+    }
+
+    /// Starts `script` (in the network namespace `ns`, if given) and
+    /// returns its first output line.
+    fn start(&mut self, ns: Option<&str>, script: &str, args: &[&str]) -> String {
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "python3"]);
+                c
+            }
+            None => Command::new("python3"),
+        };
+        let mut child = cmd
+            .args(["-c", script])
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        self.children.push(child);
+        line.trim().to_owned()
+    }
+
+    /// A resolver on 127.0.0.1 answering `names` (name, addresses).
+    fn dns(&mut self, names: &[(&str, &[&str])]) -> String {
+        let map: serde_json::Map<String, Value> = names
+            .iter()
+            .map(|(n, a)| ((*n).to_owned(), serde_json::json!(a)))
+            .collect();
+        let port = self.start(None, LOCAL_DNS, &[&Value::Object(map).to_string()]);
+        let addr = format!("127.0.0.1:{port}");
+        self.dns = Some(addr.clone());
+        addr
+    }
+
+    /// A service that speaks first (see [`BANNER_SERVER`]).
+    fn banner(&mut self, ns: Option<&str>, addr: &str, port: u16, banner: &str, udp: bool) {
+        let port = port.to_string();
+        let mut args = vec![addr, port.as_str(), banner];
+        if udp {
+            args.push("udp");
+        }
+        assert_eq!(self.start(ns, BANNER_SERVER, &args), "ready");
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Whether `ev` has a denied flow for `name` whose rule contains `needle`,
+/// and a `network` violation for it.
+fn denied_and_recorded(ev: &Value, name: &str, needle: &str) -> bool {
+    let flow = !calls(ev, |c| {
+        c["allowed"] == false
+            && c["name"] == name
+            && c["decided_by"].as_str().unwrap_or("").contains(needle)
+    })
+    .is_empty();
+    let violation =
+        ev["violations"].as_array().unwrap().iter().any(|v| {
+            v["layer"] == "network" && v["target"].as_str().unwrap_or("").starts_with(name)
+        });
+    flow && violation
+}
+
+/// Red-team F1 (FR-RT-007 evidence): a client that sends its first
+/// message only after the proxy's 1.5 s first-message window (a TLS
+/// ClientHello or an HTTP request naming another host, on 443 and 80) is
+/// still checked: reset and recorded like the undelayed case. The same
+/// delay with the right name goes through, and a service whose server
+/// speaks first (SSH-like, on 443) still works: no over-block.
+#[test]
+fn issue_26_a_first_message_sent_after_the_window_is_still_checked() {
+    if !root_and_tools("issue_26_a_first_message_sent_after_the_window_is_still_checked") {
+        return;
+    }
+    let net = Internet::up();
+    let mut svc = Services::new();
+    let dns = svc.dns(&[
+        ("good.test", &["203.0.113.10"]),
+        ("ssh.test", &["203.0.113.53"]),
+    ]);
+    svc.banner(
+        Some(&net.ns),
+        "203.0.113.53",
+        443,
+        "SSH-2.0-turnstile-test",
+        false,
+    );
+    let fx = Fixture::new();
+    fx.install(
+        "d",
+        &manifest(
+            "restricted",
+            &["good.test:443", "good.test:80", "ssh.test:443"],
+        ),
+    );
+    let http = |host: &str| hex(&format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n"));
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 443, "delay": 1.8, "send": client_hello("other.test")}, // 0
+        {"kind": "tcp", "host": "good.test", "port": 443, "delay": 1.8, "send": http("other.test")},         // 1
+        {"kind": "tcp", "host": "good.test", "port": 80, "delay": 1.8, "send": http("second.test")},         // 2
+        {"kind": "tcp", "host": "good.test", "port": 443, "delay": 1.8, "send": client_hello("good.test")},  // 3
+        {"kind": "tcp", "host": "good.test", "port": 443, "delay": 1.8, "send": http("good.test")},          // 4
+        {"kind": "serverfirst", "host": "ssh.test", "port": 443, "send": hex("SSH-2.0-client\r\n")},         // 5
+    ]);
+    let (r, ev, _) = probe_via(&fx, "d", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in [0, 1, 2] {
+        let got = result(&r, i).0;
+        assert!(
+            matches!(got, "err:ECONNRESET" | "ok:"),
+            "probe {i} must be refused: {got}"
+        );
+    }
+    assert_eq!(result(&r, 3).0, "ok:OK 203.0.113.10 443 tls");
+    assert_eq!(result(&r, 4).0, "ok:OK 203.0.113.10 443 GET / HTTP/1.1");
+    assert_eq!(
+        result(&r, 5).0,
+        "ok:SSH-2.0-turnstile-test|GOT SSH-2.0-client",
+        "a server-first service on an allowed name:port works"
+    );
+    for needle in [
+        "TLS server name `other.test`",
+        "HTTP Host `other.test`",
+        "HTTP Host `second.test`",
+    ] {
+        assert!(
+            denied_and_recorded(&ev, "good.test", needle),
+            "{needle}: {:#}\n{:#}",
+            ev["external_calls"],
+            ev["violations"]
+        );
+    }
+    assert!(
+        calls(&ev, |c| c["name"] == "ssh.test" && c["allowed"] == true).len() == 1,
+        "{:#}",
+        ev["external_calls"]
+    );
+    drop(svc);
+    drop(net);
 }

@@ -12,8 +12,11 @@
 
 /// The HTTP/2 connection preface.
 pub(super) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// The most bytes looked at.
+/// The longest message looked at (an HTTP/1 request head).
 pub const MAX_INSPECT: usize = 16 * 1024;
+/// The most bytes of a connection peeked at before its first message is
+/// complete.
+pub const MAX_PEEK: usize = MAX_INSPECT;
 
 /// What the first bytes say.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1377,42 +1377,154 @@ pub fn named_host(b: &[u8]) -> Option<String> {
     }
 }
 
+/// What [`inspect_first`] found.
+#[derive(Debug)]
+enum First {
+    /// The client's first message (or its end of stream: no names).
+    Message(inspect::Seen),
+    /// Nothing from the client within [`PEEK_WAIT`]: either a protocol
+    /// whose server speaks first, or a client that waits. Decided once the
+    /// upstream is connected: see [`first_speaker`].
+    Silent,
+}
+
 /// Waits up to [`PEEK_WAIT`] for the client's first bytes, until they are
-/// a complete message (see [`inspect`]); what they say. Nothing sent in
-/// that time (a protocol where the server speaks first): no names.
-fn inspect_first(s: &TcpStream) -> inspect::Seen {
+/// a complete message (see [`inspect`]); what they say. The window starts
+/// at the call: a second call after [`first_speaker`] saw the client's
+/// first byte gives that message a full window of its own.
+fn inspect_first(s: &TcpStream) -> First {
     let deadline = Instant::now() + PEEK_WAIT;
-    let mut buf = vec![0u8; inspect::MAX_INSPECT];
-    loop {
+    let mut buf = vec![0u8; inspect::MAX_PEEK];
+    let seen = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return inspect::Seen::Unreadable(format!(
+            break inspect::Seen::Unreadable(format!(
                 "the client's first message was not complete within {} ms",
                 PEEK_WAIT.as_millis()
             ));
         }
         let _ = s.set_read_timeout(Some(left));
-        let n = s.peek(&mut buf).unwrap_or_default();
+        let n = match s.peek(&mut buf) {
+            Ok(n) => n,
+            // The timeout (EAGAIN) with nothing sent: not "no names" —
+            // the client may still send a message naming another host.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let _ = s.set_read_timeout(None);
+                return First::Silent;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // Reset by the client: it can send nothing more; the splice
+            // ends at once.
+            Err(_) => break inspect::Seen::Names(Vec::new()),
+        };
         if n == 0 {
-            let _ = s.set_read_timeout(None);
-            return inspect::Seen::Names(Vec::new());
+            // The client's end of stream before any byte: nothing it sends
+            // can follow.
+            break inspect::Seen::Names(Vec::new());
         }
         match inspect::first_bytes(&buf[..n]) {
             inspect::Seen::More if n < buf.len() => {
                 std::thread::sleep(Duration::from_millis(2));
             }
             inspect::Seen::More => {
-                let _ = s.set_read_timeout(None);
-                return inspect::Seen::Unreadable(format!(
+                break inspect::Seen::Unreadable(format!(
                     "the client's first message is longer than {} bytes",
                     buf.len()
                 ));
             }
-            seen => {
-                let _ = s.set_read_timeout(None);
-                return seen;
-            }
+            seen => break seen,
         }
+    };
+    let _ = s.set_read_timeout(None);
+    First::Message(seen)
+}
+
+/// Who sent first on a connection whose client was silent for
+/// [`PEEK_WAIT`].
+#[derive(Debug, PartialEq, Eq)]
+enum Speaker {
+    /// The client (or both at once: the client's message is inspected,
+    /// fail closed).
+    Client,
+    /// The upstream server (SSH, SMTP, …): what the client sends after it
+    /// answers the server is not a first message.
+    Server,
+    /// The turn's egress stopped.
+    Stopped,
+}
+
+/// Waits, without a deadline (an idle connection may stay open), until
+/// the client or the upstream has something to read: their end of
+/// stream counts.
+fn first_speaker(shared: &Shared, client: &TcpStream, up: &TcpStream) -> Speaker {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Speaker::Stopped;
+        }
+        let mut fds = [
+            PollFd::new(client.as_fd(), PollFlags::POLLIN),
+            PollFd::new(up.as_fd(), PollFlags::POLLIN),
+            PollFd::new(shared.wake.0.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {
+                let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+                if ready(2) {
+                    return Speaker::Stopped;
+                }
+                if ready(0) {
+                    return Speaker::Client;
+                }
+                if ready(1) {
+                    return Speaker::Server;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            // Cannot wait: inspect the client (it blocks at most
+            // PEEK_WAIT, then refuses).
+            Err(_) => return Speaker::Client,
+        }
+    }
+}
+
+/// Whether the client's first message on `port` must name the host the
+/// connection was opened for (TLS server name, HTTP Host).
+fn names_checked(port: u16) -> bool {
+    port == 443 || port == 80
+}
+
+/// The refusal a client's first message earns on a connection opened for
+/// `name` on `port`, if any.
+fn first_message_refusal(seen: inspect::Seen, name: &str, port: u16) -> Option<Decision> {
+    match seen {
+        inspect::Seen::Names(names) => {
+            names
+                .into_iter()
+                .find(|(_, h)| h != name)
+                .map(|(what, h)| Decision::Denied {
+                    rule: format!(
+                        "{what} `{h}` is not `{name}`, the name the connection was opened for"
+                    ),
+                    hint: Some(format!("{h}:{port}")),
+                })
+        }
+        inspect::Seen::Unreadable(why) => Some(Decision::Denied {
+            rule: format!("{why}: the server name it asks for cannot be checked against `{name}`"),
+            hint: None,
+        }),
+        // Not produced by inspect_first (it waits, then refuses).
+        inspect::Seen::More => Some(Decision::Denied {
+            rule: format!(
+                "an incomplete first message: the server name it asks for cannot be checked against `{name}`"
+            ),
+            hint: None,
+        }),
     }
 }
 
@@ -1451,29 +1563,20 @@ fn proxy(shared: &Shared, client: TcpStream) {
     if let Decision::Denied { .. } = decision {
         return deny(&decision, dst.ip().to_string(), client);
     }
-    // By name: the server name the client sends must be that name.
+    // By name: the server name the client sends must be that name. A
+    // client silent for PEEK_WAIT has its first message checked after the
+    // connect, unless the server speaks first.
+    let mut deferred = false;
     let targets: Vec<SocketAddr> = match &name {
         Some(n) => {
-            if port == 443 || port == 80 {
-                let d = match inspect_first(&client) {
-                    inspect::Seen::Names(names) => names.into_iter().find(|(_, h)| h != n).map(
-                        |(what, h)| Decision::Denied {
-                            rule: format!(
-                                "{what} `{h}` is not `{n}`, the name the connection was opened for"
-                            ),
-                            hint: Some(format!("{h}:{port}")),
-                        },
-                    ),
-                    inspect::Seen::Unreadable(why) => Some(Decision::Denied {
-                        rule: format!(
-                            "{why}: the server name it asks for cannot be checked against `{n}`"
-                        ),
-                        hint: None,
-                    }),
-                    inspect::Seen::More => None,
-                };
-                if let Some(d) = d {
-                    return deny(&d, dst.ip().to_string(), client);
+            if names_checked(port) {
+                match inspect_first(&client) {
+                    First::Message(seen) => {
+                        if let Some(d) = first_message_refusal(seen, n, port) {
+                            return deny(&d, dst.ip().to_string(), client);
+                        }
+                    }
+                    First::Silent => deferred = true,
                 }
             }
             let listed = shared.policy.name_entry(n, Some(port)).is_some();
@@ -1535,6 +1638,23 @@ fn proxy(shared: &Shared, client: TcpStream) {
     let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
     if let (Ok(c), Ok(u), Ok(mut open)) = (client.try_clone(), up.try_clone(), shared.open.lock()) {
         open.insert(conn, [c, u]);
+    }
+    if let (true, Some(n)) = (deferred, &name) {
+        let refusal = match first_speaker(shared, &client, &up) {
+            Speaker::Server | Speaker::Stopped => None,
+            Speaker::Client => match inspect_first(&client) {
+                First::Message(seen) => first_message_refusal(seen, n, port),
+                // Readable a moment ago: its bytes cannot have gone.
+                First::Silent => first_message_refusal(inspect::Seen::More, n, port),
+            },
+        };
+        if let Some(d) = refusal {
+            if let Ok(mut open) = shared.open.lock() {
+                open.remove(&conn);
+            }
+            let _ = up.shutdown(Shutdown::Both);
+            return deny(&d, addr.ip().to_string(), client);
+        }
     }
     // Cleartext HTTP: every request checked, not only the first.
     let guard = match (&name, port) {
@@ -1839,6 +1959,37 @@ mod tests {
             p.address_ok(true, "169.254.169.254".parse().unwrap(), 443)
                 .is_err()
         );
+    }
+
+    /// Red-team F1: a client silent through the first-message window is
+    /// `Silent` (checked later), not a message naming no host; once it
+    /// sends, its message gets a window of its own and is checked.
+    #[test]
+    fn issue_26_a_silent_client_is_not_a_message_without_names() {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert!(matches!(inspect_first(&s), First::Silent));
+        c.write_all(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+            .unwrap();
+        let First::Message(seen) = inspect_first(&s) else {
+            panic!("the client has sent")
+        };
+        let d = first_message_refusal(seen, "good.test", 443);
+        assert!(
+            matches!(&d, Some(Decision::Denied { rule, .. }) if rule.contains("`evil.test`")),
+            "{d:?}"
+        );
+        // A client that closes without sending: nothing can follow.
+        drop(c);
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        assert!(matches!(
+            inspect_first(&s),
+            First::Message(inspect::Seen::Names(n)) if n.is_empty()
+        ));
+        let _ = c.flush();
     }
 
     #[test]
