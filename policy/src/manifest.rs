@@ -299,6 +299,11 @@ impl TryFrom<String> for MilliCpu {
         let m = if milli { Some(n) } else { n.checked_mul(1000) };
         match m {
             Some(0) => Err(format!("`{s}` must be greater than zero")),
+            // The kernel's CFS quota is at least 1 ms a period (100 ms here):
+            // less could never be written to the turn's cgroup.
+            Some(m) if m < 10 => Err(format!(
+                "`{s}` is less than `10m`, the smallest CPU quota the kernel accepts (1 ms every 100 ms)"
+            )),
             Some(m) if m <= 1_000_000 => Ok(Self(m)),
             _ => Err(format!("`{s}` is more than 1000 cores")),
         }
@@ -689,6 +694,9 @@ fn check_receive_entry(
     }
 }
 
+/// The kernel's `PID_MAX_LIMIT` on 64-bit hosts: the largest `pids.max`.
+const MAX_PIDS: u32 = 4_194_304;
+
 fn limits_from(doc: LimitsDoc) -> Result<Limits, (String, String)> {
     let d = Limits::default();
     let positive = |name: &str, v: u64| {
@@ -713,6 +721,13 @@ fn limits_from(doc: LimitsDoc) -> Result<Limits, (String, String)> {
     };
     let pids = match doc.pids {
         Some(0) => return Err(("limits.pids".into(), "must be greater than zero".into())),
+        // pids.max takes no more than the kernel's PID_MAX_LIMIT.
+        Some(p) if p > MAX_PIDS => {
+            return Err((
+                "limits.pids".into(),
+                format!("{p} is more than {MAX_PIDS}, the most processes the kernel allows"),
+            ));
+        }
         Some(p) => p,
         None => d.pids,
     };
@@ -914,6 +929,18 @@ mod tests {
                 r#"{"capabilities":{},"limits":{"pids":0}}"#,
                 "limits.pids",
                 "greater than zero",
+            ),
+            // Values the kernel would refuse when the turn's cgroup is made
+            // (red-team, wave 3): refused here, naming the field.
+            (
+                r#"{"capabilities":{},"limits":{"cpu":"1m"}}"#,
+                "limits.cpu",
+                "10m",
+            ),
+            (
+                r#"{"capabilities":{},"limits":{"pids":4294967295}}"#,
+                "limits.pids",
+                "4194304",
             ),
             (
                 r#"{"capabilities":{},"trust_level":"root"}"#,

@@ -144,6 +144,32 @@ pub fn read_small(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Reads the regular file `path` (symlinks followed) up to `limit` bytes:
+/// a FIFO, a device or a directory is refused without waiting on it
+/// (opened non-blocking), and a larger file is an `InvalidData` error —
+/// for files a caller names (`--config`), never `/dev/zero` read for ever.
+pub fn read_regular(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC))
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut out = Vec::new();
+    f.take(limit + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
 pub(crate) fn libc_flags(flags: OFlag) -> i32 {
     flags.bits()
 }

@@ -3,6 +3,8 @@
 //! manifest, request, path, session id or argument gives exit 2, a stable
 //! code, a message naming the field, and changes nothing on disk.
 
+use std::path::Path;
+
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use turnstile_tests::{Fixture, HELLO_MANIFEST};
@@ -1255,4 +1257,61 @@ fn a_typo_in_an_executable_is_refused_before_anything_is_created() {
         );
         assert_eq!(fx.snapshot(), before, "{words:?} changed the disk");
     }
+}
+
+/// Red-team finding (wave 3): `--config` names a small regular file. One
+/// that never ends (`/dev/zero`) or never opens for reading (a FIFO with no
+/// writer) is refused at once — exit 2, TS1006 naming the file — instead
+/// of reading without bound or waiting for ever; nothing is created.
+#[test]
+fn a_config_that_is_not_a_small_regular_file_is_refused_at_once() {
+    let fx = Fixture::new();
+    fx.install("hello-agent", HELLO_MANIFEST);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let big = dir.path().join("big.json");
+    std::fs::write(&big, vec![b' '; (1 << 20) + 1]).unwrap();
+    let before = fx.snapshot();
+    for config in [Path::new("/dev/zero"), fifo.as_path(), big.as_path()] {
+        let mut child = fx
+            .command(
+                &turnstile_tests::supervise_bin(),
+                &["run"],
+                &[
+                    "--package",
+                    "hello-agent",
+                    "--json",
+                    "--no-outputs",
+                    "--config",
+                ],
+            )
+            .arg(config)
+            .args(["--", "/usr/bin/python3", "installed/hello-agent/main.py"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{}: still running after 20 s", config.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", config.display());
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["error"]["code"], "TS1006", "{v}");
+        assert!(
+            v["error"]["field"]
+                .as_str()
+                .unwrap()
+                .starts_with(&config.display().to_string()),
+            "{v}"
+        );
+    }
+    assert_eq!(before, fx.snapshot(), "a refused config created something");
 }

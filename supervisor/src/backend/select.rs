@@ -64,13 +64,16 @@ struct ConfigDoc {
     preimage_retention_bytes: Option<u64>,
 }
 
+/// The largest config file read (it holds two small tables and a number).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// The default of `preimage_retention_bytes`: 1 GiB per session.
 pub const DEFAULT_PREIMAGE_RETENTION: u64 = 1 << 30;
 
 /// The config file's `preimage_retention_bytes` (the default when the
 /// file or the field is absent).
 pub fn preimage_retention(config: &Path) -> Result<u64> {
-    match std::fs::read(config) {
+    match crate::fsx::read_regular(config, MAX_CONFIG_BYTES) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DEFAULT_PREIMAGE_RETENTION),
         Err(e) => Err(SupervisorError::invalid(
             &format!("{}: (file)", config.display()),
@@ -139,7 +142,7 @@ struct Tables {
 }
 
 fn load(config: &Path) -> Result<Tables> {
-    match std::fs::read(config) {
+    match crate::fsx::read_regular(config, MAX_CONFIG_BYTES) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Tables {
             backends: BTreeMap::new(),
             minimums: BTreeMap::new(),

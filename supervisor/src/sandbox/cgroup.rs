@@ -308,51 +308,76 @@ impl TurnCgroup {
             }
             Version::V1 => {
                 let mut dirs = Vec::new();
-                let mut dir_for = |controller: &str| -> Result<PathBuf> {
-                    let base = root.join(controller).join(place.base());
-                    std::fs::create_dir_all(&base).map_err(io("create cgroup", &base))?;
-                    let dir = base.join(name);
-                    std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
-                    dirs.push(dir.clone());
-                    Ok(dir)
-                };
-                let memory = dir_for("memory")?;
-                let pids = dir_for("pids")?;
-                // The hybrid layout's unified hierarchy: joined too, only so
-                // the turn has a cgroup v2 id (the denial observer
-                // attributes by it); no controller is used there.
-                if root.join("unified/cgroup.procs").exists() && is_cgroup_fs(&root.join("unified"))
-                {
-                    dir_for("unified")?;
-                }
-                let cpu = dir_for("cpu")?;
-                let cpuacct = if root.join("cpuacct").is_dir()
-                    && !root.join("cpuacct").join("cpu.cfs_quota_us").exists()
-                {
-                    dir_for("cpuacct")?
-                } else {
-                    cpu.clone()
-                };
-                let freezer = if root.join("freezer/freezer.state").exists()
-                    || root.join("freezer/cgroup.procs").exists()
-                {
-                    Some(dir_for("freezer")?)
-                } else {
-                    None
-                };
-                Self {
-                    version,
-                    dirs,
-                    memory,
-                    pids,
-                    cpu,
-                    cpuacct,
-                    freezer,
+                let made = Self::v1(root, place, name, version, &mut dirs);
+                match made {
+                    Ok(cg) => cg,
+                    Err(e) => {
+                        // Nothing of a cgroup that could not be made stays.
+                        for d in dirs.iter().rev() {
+                            let _ = std::fs::remove_dir(d);
+                        }
+                        return Err(e);
+                    }
                 }
             }
         };
-        cg.apply(limits)?;
+        if let Err(e) = cg.apply(limits) {
+            // A limit the kernel refused: the directories go with the error.
+            cg.remove();
+            return Err(e);
+        }
         Ok(cg)
+    }
+
+    /// The v1 directories of cgroup `name`, each pushed on `made` as it is
+    /// made (the caller removes them if a later one fails).
+    fn v1(
+        root: &Path,
+        place: &Place,
+        name: &str,
+        version: Version,
+        made: &mut Vec<PathBuf>,
+    ) -> Result<Self> {
+        let mut dir_for = |controller: &str| -> Result<PathBuf> {
+            let base = root.join(controller).join(place.base());
+            std::fs::create_dir_all(&base).map_err(io("create cgroup", &base))?;
+            let dir = base.join(name);
+            std::fs::create_dir(&dir).map_err(io("create cgroup", &dir))?;
+            made.push(dir.clone());
+            Ok(dir)
+        };
+        let memory = dir_for("memory")?;
+        let pids = dir_for("pids")?;
+        // The hybrid layout's unified hierarchy: joined too, only so
+        // the turn has a cgroup v2 id (the denial observer
+        // attributes by it); no controller is used there.
+        if root.join("unified/cgroup.procs").exists() && is_cgroup_fs(&root.join("unified")) {
+            dir_for("unified")?;
+        }
+        let cpu = dir_for("cpu")?;
+        let cpuacct = if root.join("cpuacct").is_dir()
+            && !root.join("cpuacct").join("cpu.cfs_quota_us").exists()
+        {
+            dir_for("cpuacct")?
+        } else {
+            cpu.clone()
+        };
+        let freezer = if root.join("freezer/freezer.state").exists()
+            || root.join("freezer/cgroup.procs").exists()
+        {
+            Some(dir_for("freezer")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            version,
+            dirs: made.clone(),
+            memory,
+            pids,
+            cpu,
+            cpuacct,
+            freezer,
+        })
     }
 
     fn apply(&self, limits: &PlanLimits) -> Result<()> {
@@ -839,6 +864,23 @@ mod tests {
         let u = cg.usage();
         assert_eq!(u.oom_kills, 2);
         assert_eq!(u.peak_memory_bytes, Some(12345));
+    }
+
+    /// Red-team finding (wave 3): a turn cgroup that cannot be made whole
+    /// leaves none of its directories behind (they stayed until `recover`).
+    #[test]
+    fn a_cgroup_that_cannot_be_made_leaves_no_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for c in ["memory", "pids", "cpu", "cpuacct"] {
+            std::fs::create_dir_all(r.join(c).join("turnstile")).unwrap();
+        }
+        std::fs::write(r.join("memory/memory.limit_in_bytes"), "0").unwrap();
+        // The cpu hierarchy refuses the turn's directory.
+        std::fs::write(r.join("cpu/turnstile/t1"), "").unwrap();
+        assert!(TurnCgroup::create(&Place::new(r.to_path_buf()), "t1", &limits()).is_err());
+        assert!(!r.join("memory/turnstile/t1").exists());
+        assert!(!r.join("pids/turnstile/t1").exists());
     }
 
     #[test]
