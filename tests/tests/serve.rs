@@ -2354,7 +2354,10 @@ fn serve_a_requests_descriptors_are_checked_and_never_leaked() {
             vec![null_r.as_raw_fd(), null_w.as_raw_fd()],
             "not open for writing",
         ),
-        (vec![null_w.as_raw_fd(), dir.as_raw_fd()], "stderr descriptor"),
+        (
+            vec![null_w.as_raw_fd(), dir.as_raw_fd()],
+            "stderr descriptor",
+        ),
     ] {
         for _ in 0..3 {
             let v = send(&fds);
