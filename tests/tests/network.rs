@@ -2050,6 +2050,27 @@ impl Drop for Services {
     }
 }
 
+fn client_hello_bytes(name: &str) -> Vec<u8> {
+    let h = client_hello(name);
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// The ClientHello of [`client_hello`] with its handshake message split
+/// over TLS records of at most `piece` bytes each.
+fn client_hello_split(name: &str, piece: usize) -> String {
+    let rec = client_hello_bytes(name);
+    let mut out = Vec::new();
+    for part in rec[5..].chunks(piece) {
+        out.extend_from_slice(&rec[..3]);
+        out.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        out.extend_from_slice(part);
+    }
+    out.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Whether `ev` has a denied flow for `name` whose rule contains `needle`,
 /// and a `network` violation for it.
 fn denied_and_recorded(ev: &Value, name: &str, needle: &str) -> bool {
@@ -2142,4 +2163,53 @@ fn issue_26_a_first_message_sent_after_the_window_is_still_checked() {
     );
     drop(svc);
     drop(net);
+}
+
+/// Red-team F2 (FR-RT-007 evidence): a ClientHello whose handshake
+/// message is split over several TLS records is reassembled: a wrong
+/// server name in it is reset and recorded, the right one split the same
+/// way goes through, and bytes that begin as TLS but are no ClientHello
+/// are refused (not taken for "no name").
+#[test]
+fn issue_26_a_client_hello_split_over_records_is_checked_whole() {
+    if !root_and_tools("issue_26_a_client_hello_split_over_records_is_checked_whole") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("f", &manifest("restricted", &["good.test:443"]));
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello_split("other.test", 20)}, // 0
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello_split("other.test", 1)},  // 1
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello_split("good.test", 20)},  // 2
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": "160301000701000003ffffff"},            // 3 hello that does not parse
+    ]);
+    let (r, ev) = probe(&fx, "f", &probes);
+    eprintln!("{r:#?}");
+    for i in [0, 1, 3] {
+        let got = result(&r, i).0;
+        assert!(
+            matches!(got, "err:ECONNRESET" | "ok:"),
+            "probe {i} must be refused: {got}"
+        );
+    }
+    assert_eq!(result(&r, 2).0, "ok:OK 203.0.113.10 443 tls");
+    assert!(
+        denied_and_recorded(&ev, "good.test", "TLS server name `other.test`"),
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert!(
+        denied_and_recorded(&ev, "good.test", "a malformed TLS ClientHello"),
+        "{:#}",
+        ev["external_calls"]
+    );
+    let split = calls(&ev, |c| {
+        c["allowed"] == false
+            && c["decided_by"]
+                .as_str()
+                .unwrap_or("")
+                .contains("TLS server name `other.test`")
+    });
+    assert_eq!(split[0]["count"], 2, "{:#}", ev["external_calls"]);
 }

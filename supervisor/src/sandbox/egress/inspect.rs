@@ -7,16 +7,19 @@
 //!
 //! A message that is not complete yet asks for more bytes; one that stays
 //! incomplete, or an HTTP/2 header block that does not decode, is refused
-//! by the caller (fail closed). Bytes that are none of these are not
-//! inspected (another protocol).
+//! by the caller (fail closed). A ClientHello is reassembled from every
+//! handshake record it spans; bytes that begin as TLS but are not one
+//! well-formed ClientHello are unreadable, not "no name". Bytes that are
+//! none of these are not inspected (another protocol).
 
 /// The HTTP/2 connection preface.
 pub(super) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The longest message looked at (an HTTP/1 request head).
 pub const MAX_INSPECT: usize = 16 * 1024;
 /// The most bytes of a connection peeked at before its first message is
-/// complete.
-pub const MAX_PEEK: usize = MAX_INSPECT;
+/// complete: a [`MAX_HELLO`] ClientHello with room for the record headers
+/// of one split into many records (5 bytes each).
+pub const MAX_PEEK: usize = MAX_HELLO + 8 * 1024;
 
 /// What the first bytes say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,50 +52,146 @@ pub fn first_bytes(b: &[u8]) -> Seen {
     http1(b)
 }
 
+/// The largest ClientHello handshake message read (its body): beyond any
+/// client's (a post-quantum key share and a large session ticket stay
+/// within a few KiB), and a TLS record's largest plaintext (2^14).
+pub const MAX_HELLO: usize = 16 * 1024;
+
+/// The largest TLS record plaintext (RFC 8446 §5.1: 2^14).
+const MAX_RECORD: usize = 1 << 14;
+
+/// A TLS ClientHello, reassembled from as many consecutive handshake
+/// records as it spans (RFC 8446 §5.1 lets a client fragment it, and
+/// servers accept that): its server names. Bytes that start as TLS but
+/// are not one complete, well-formed ClientHello are unreadable, never
+/// "no name".
 fn tls(b: &[u8]) -> Seen {
-    let Some(len) = b
-        .get(3..5)
-        .map(|l| u16::from_be_bytes([l[0], l[1]]) as usize)
-    else {
-        return Seen::More;
-    };
-    if b.len() < 5 + len {
-        return Seen::More;
+    let mut msg: Vec<u8> = Vec::new();
+    let mut rest = b;
+    loop {
+        let Some(h) = rest.get(..5) else {
+            return Seen::More;
+        };
+        let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
+        if h[0] != 0x16 {
+            return Seen::Unreadable(format!(
+                "a TLS record of type {} inside the ClientHello",
+                h[0]
+            ));
+        }
+        if h[1] != 3 {
+            return Seen::Unreadable("a TLS record that is not TLS 1.x".into());
+        }
+        if len == 0 || len > MAX_RECORD {
+            return Seen::Unreadable(format!("a TLS handshake record of {len} bytes"));
+        }
+        let Some(fragment) = rest.get(5..5 + len) else {
+            return Seen::More;
+        };
+        msg.extend_from_slice(fragment);
+        rest = &rest[5 + len..];
+        let Some(head) = msg.get(..4) else {
+            continue;
+        };
+        if head[0] != 1 {
+            return Seen::Unreadable(format!(
+                "a TLS handshake message of type {} where a ClientHello belongs",
+                head[0]
+            ));
+        }
+        let body = u32::from_be_bytes([0, head[1], head[2], head[3]]) as usize;
+        if body > MAX_HELLO {
+            return Seen::Unreadable(format!(
+                "a TLS ClientHello of {body} bytes (at most {MAX_HELLO} are read)"
+            ));
+        }
+        if msg.len() >= 4 + body {
+            return match client_hello(&msg[4..4 + body]) {
+                Ok(names) => {
+                    Seen::Names(names.into_iter().map(|n| ("TLS server name", n)).collect())
+                }
+                Err(why) => Seen::Unreadable(format!("a malformed TLS ClientHello ({why})")),
+            };
+        }
     }
-    Seen::Names(
-        sni(&b[..5 + len])
-            .map(|s| vec![("TLS server name", s)])
-            .unwrap_or_default(),
-    )
 }
 
-/// A TLS ClientHello's server name.
-pub fn sni(b: &[u8]) -> Option<String> {
-    let u16_at = |i: usize| -> Option<usize> {
-        Some(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]) as usize)
-    };
-    // Record header (5), handshake type 1 (1), length (3), version (2),
-    // random (32).
-    if *b.get(5)? != 1 {
-        return None;
-    }
-    let mut i = 5 + 4 + 2 + 32;
-    i += 1 + *b.get(i)? as usize; // session id
-    i += 2 + u16_at(i)?; // cipher suites
-    i += 1 + *b.get(i)? as usize; // compression
-    let ext_end = (i + 2 + u16_at(i)?).min(b.len());
-    i += 2;
-    while i + 4 <= ext_end {
-        let (ty, len) = (u16_at(i)?, u16_at(i + 2)?);
-        if ty == 0 {
-            // server_name list: len (2), type (1), name len (2), name.
-            let n = u16_at(i + 7)?;
-            let name = b.get(i + 9..i + 9 + n)?;
-            return Some(host_only(&String::from_utf8_lossy(name)));
+/// A ClientHello's body (after its 4-byte handshake header): every
+/// `host_name` of its `server_name` extensions, or why it does not parse.
+/// Every length must fit its enclosure exactly.
+fn client_hello(b: &[u8]) -> Result<Vec<String>, &'static str> {
+    struct Reader<'a>(&'a [u8]);
+    impl<'a> Reader<'a> {
+        fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+            let (a, b) = (self.0.get(..n), self.0.get(n..));
+            match (a, b) {
+                (Some(a), Some(b)) => {
+                    self.0 = b;
+                    Ok(a)
+                }
+                _ => Err("a length past its end"),
+            }
         }
-        i += 4 + len;
+        fn u8(&mut self) -> Result<usize, &'static str> {
+            Ok(usize::from(self.take(1)?[0]))
+        }
+        fn u16(&mut self) -> Result<usize, &'static str> {
+            let b = self.take(2)?;
+            Ok(usize::from(u16::from_be_bytes([b[0], b[1]])))
+        }
+        fn vec8(&mut self) -> Result<&'a [u8], &'static str> {
+            let n = self.u8()?;
+            self.take(n)
+        }
+        fn vec16(&mut self) -> Result<&'a [u8], &'static str> {
+            let n = self.u16()?;
+            self.take(n)
+        }
     }
-    None
+    let mut r = Reader(b);
+    r.take(2 + 32)?; // legacy_version, random
+    r.vec8()?; // legacy_session_id
+    r.vec16()?; // cipher_suites
+    r.vec8()?; // legacy_compression_methods
+    if r.0.is_empty() {
+        // TLS 1.2 allows a ClientHello without extensions: no name.
+        return Ok(Vec::new());
+    }
+    let mut exts = Reader(r.vec16()?);
+    if !r.0.is_empty() {
+        return Err("bytes after the extensions");
+    }
+    let mut names = Vec::new();
+    while !exts.0.is_empty() {
+        let ty = exts.u16()?;
+        let data = exts.vec16()?;
+        if ty != 0 {
+            continue;
+        }
+        // server_name: a list of (name_type, name) (RFC 6066 §3).
+        let mut ext = Reader(data);
+        let mut list = Reader(ext.vec16()?);
+        if !ext.0.is_empty() {
+            return Err("bytes after the server name list");
+        }
+        while !list.0.is_empty() {
+            let kind = list.u8()?;
+            let name = list.vec16()?;
+            if kind == 0 {
+                names.push(host_only(&String::from_utf8_lossy(name)));
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// A TLS ClientHello's server name (the last, when it names several):
+/// `b` is its records, from the first.
+pub fn sni(b: &[u8]) -> Option<String> {
+    match tls(b) {
+        Seen::Names(n) => n.into_iter().map(|(_, h)| h).next_back(),
+        _ => None,
+    }
 }
 
 /// `host[:port]` or `[v6]:port`, lower case, without a trailing dot.
@@ -271,6 +370,133 @@ mod tests {
         );
         assert_eq!(names(first_bytes(b"\x00\x01binary")), Vec::<String>::new());
         assert_eq!(names(first_bytes(b"SSH-2.0-x\r\n")), Vec::<String>::new());
+    }
+
+    /// A ClientHello handshake message naming `names` (none: no
+    /// server_name extension; `exts: false`: no extensions at all).
+    fn hello(names: &[&str], exts: bool) -> Vec<u8> {
+        let mut ext = Vec::new();
+        if !names.is_empty() {
+            let mut list = Vec::new();
+            for n in names {
+                list.push(0);
+                list.extend_from_slice(&(n.len() as u16).to_be_bytes());
+                list.extend_from_slice(n.as_bytes());
+            }
+            ext.extend_from_slice(&[0, 0]);
+            ext.extend_from_slice(&(list.len() as u16 + 2).to_be_bytes());
+            ext.extend_from_slice(&(list.len() as u16).to_be_bytes());
+            ext.extend_from_slice(&list);
+        }
+        // ALPN h2, after the name.
+        ext.extend_from_slice(&[0, 0x10, 0, 5, 0, 3, 2, b'h', b'2']);
+        let mut body = vec![3, 3];
+        body.extend_from_slice(&[7; 32]);
+        body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+        if exts {
+            body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+            body.extend_from_slice(&ext);
+        }
+        let mut hs = vec![1];
+        hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+        hs.extend_from_slice(&body);
+        hs
+    }
+
+    /// `hs` in TLS handshake records of at most `piece` bytes.
+    fn records(hs: &[u8], piece: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in hs.chunks(piece) {
+            out.extend_from_slice(&[0x16, 3, 1]);
+            out.extend_from_slice(&(p.len() as u16).to_be_bytes());
+            out.extend_from_slice(p);
+        }
+        out
+    }
+
+    /// Red-team F2: a ClientHello split over records is reassembled, at
+    /// every split point, whole or in 1-byte records; each prefix asks
+    /// for more.
+    #[test]
+    fn issue_26_a_client_hello_split_over_records_is_reassembled() {
+        let hs = hello(&["Evil.Test."], true);
+        assert_eq!(names(first_bytes(&records(&hs, hs.len()))), ["evil.test"]);
+        for piece in 1..hs.len() {
+            let b = records(&hs, piece);
+            assert_eq!(names(first_bytes(&b)), ["evil.test"], "pieces of {piece}");
+            for n in 1..b.len() {
+                assert_eq!(first_bytes(&b[..n]), Seen::More, "{piece}: {n}");
+            }
+        }
+        // Split once at every offset, as the red team's probe did at 20.
+        for at in 1..hs.len() {
+            let mut b = records(&hs[..at], at);
+            b.extend(records(&hs[at..], hs.len()));
+            assert_eq!(names(first_bytes(&b)), ["evil.test"], "split at {at}");
+        }
+        // Bytes after the ClientHello (a client that does not wait) are
+        // not part of it.
+        let mut b = records(&hs, 30);
+        b.extend_from_slice(&[0x17, 3, 3, 0, 1, 0]);
+        assert_eq!(names(first_bytes(&b)), ["evil.test"]);
+        assert_eq!(sni(&records(&hs, 7)).as_deref(), Some("evil.test"));
+    }
+
+    /// Red-team F2: what starts as TLS but is not one well-formed
+    /// ClientHello is unreadable (refused), never "no name"; a hello that
+    /// really has no name, or names two hosts, says so.
+    #[test]
+    fn issue_26_a_client_hello_that_does_not_parse_is_unreadable() {
+        let unreadable = |b: &[u8]| matches!(first_bytes(b), Seen::Unreadable(_));
+        let hs = hello(&["evil.test"], true);
+        // Another record type before the hello is complete.
+        let mut b = records(&hs[..20], 20);
+        b.extend_from_slice(&[0x17, 3, 3, 0, 4, 1, 2, 3, 4]);
+        assert!(unreadable(&b));
+        // Not a ClientHello (a ServerHello's type), an empty record, a
+        // record over 2^14, an SSL 2-like version byte.
+        let mut sh = hs.clone();
+        sh[0] = 2;
+        assert!(unreadable(&records(&sh, 100)));
+        assert!(unreadable(&[0x16, 3, 1, 0, 0, 1, 0, 0, 0]));
+        assert!(unreadable(&[0x16, 3, 1, 0x40, 0x01]));
+        assert!(unreadable(&[0x16, 2, 0, 0, 4, 1, 0, 0, 0]));
+        // A hello longer than MAX_HELLO.
+        let mut big = vec![0x16, 3, 1, 0, 4, 1];
+        big.extend_from_slice(&((MAX_HELLO + 1) as u32).to_be_bytes()[1..]);
+        assert!(unreadable(&big));
+        // Lengths that do not fit: the server_name list running past the
+        // extension, the extensions past the message, a truncated body.
+        let at = hs.windows(2).position(|w| w == b"ev").unwrap();
+        let mut bad = hs.clone();
+        bad[at - 2] = 0x40;
+        assert!(unreadable(&records(&bad, 50)));
+        let mut bad = hs.clone();
+        let ext_len = 4 + 2 + 32 + 1 + 4 + 2;
+        bad[ext_len] = 0x40;
+        assert!(unreadable(&records(&bad, 50)));
+        let mut cut = hs[..hs.len() - 3].to_vec();
+        let n = (cut.len() - 4) as u32;
+        cut[1..4].copy_from_slice(&n.to_be_bytes()[1..]);
+        assert!(unreadable(&records(&cut, 50)));
+        // Garbage inside complete records.
+        assert!(unreadable(&records(&[1, 0, 0, 3, 0xff, 0xff, 0xff], 7)));
+        // Really no name; two names are both reported.
+        assert_eq!(
+            names(first_bytes(&records(&hello(&[], true), 40))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            names(first_bytes(&records(&hello(&[], false), 40))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            names(first_bytes(&records(
+                &hello(&["good.test", "evil.test"], true),
+                40
+            ))),
+            ["good.test", "evil.test"]
+        );
     }
 
     #[test]
