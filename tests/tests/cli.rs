@@ -1315,3 +1315,74 @@ fn a_config_that_is_not_a_small_regular_file_is_refused_at_once() {
     }
     assert_eq!(before, fx.snapshot(), "a refused config created something");
 }
+
+/// Red-team finding (wave 3): under `--json`, a command line clap refuses
+/// is the contract's JSON error too (TS1006 naming the argument, exit 2),
+/// not clap's text alone; without `--json` (or with it only in the
+/// command's words) clap's text, exit 2; `--help` stays help.
+#[test]
+fn usage_errors_under_json_are_json() {
+    for (args, field) in [
+        (
+            &[
+                "run",
+                "--json",
+                "--root",
+                "/tmp",
+                "--package",
+                "p",
+                "--session",
+            ][..],
+            Some("--session"),
+        ),
+        (
+            &[
+                "run",
+                "--json",
+                "--root",
+                "/tmp",
+                "--package",
+                "p",
+                "--bogus",
+                "--",
+                "/bin/true",
+            ][..],
+            Some("--bogus"),
+        ),
+        (
+            &["ledger", "verify", "--json", "--nope"][..],
+            Some("--nope"),
+        ),
+        (
+            &[
+                "run",
+                "--root",
+                "/tmp",
+                "--package",
+                "p",
+                "--bogus",
+                "--",
+                "/bin/true",
+                "--json",
+            ][..],
+            None,
+        ),
+    ] {
+        let r = Fixture::raw(args);
+        assert_eq!(r.status, 2, "{args:?}: {}{}", r.stdout, r.stderr);
+        match field {
+            Some(field) => {
+                let v = r.json();
+                assert_eq!(v["error"]["code"], "TS1006", "{args:?}: {v}");
+                assert_eq!(v["error"]["field"], field, "{args:?}: {v}");
+            }
+            None => {
+                assert!(r.stdout.is_empty(), "{args:?}: {}", r.stdout);
+                assert!(r.stderr.contains("unexpected argument"), "{}", r.stderr);
+            }
+        }
+    }
+    let r = Fixture::raw(&["run", "--json", "--help"]);
+    assert_eq!(r.status, 0);
+    assert!(r.stdout.contains("Usage"), "{}", r.stdout);
+}

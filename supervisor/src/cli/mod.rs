@@ -742,10 +742,12 @@ pub fn parse() -> Cli {
         // Every turn starts here: build its subcommand alone (the whole
         // tree's ~30 subcommands cost ~0.4 ms of every turn to build and
         // drop). The same `RunArgs`, so the same parse, errors and help.
-        let matches = RunOnly::command().get_matches_from(&args);
+        let matches = RunOnly::command()
+            .try_get_matches_from(&args)
+            .unwrap_or_else(|e| usage_error(&e, &args));
         let RunOnly {
             command: RunOnlyCommand::Run(mut a),
-        } = RunOnly::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        } = RunOnly::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(&e, &args));
         a.state_dir_named = matches
             .subcommand_matches("run")
             .and_then(|m| m.value_source("state_dir"))
@@ -754,8 +756,10 @@ pub fn parse() -> Cli {
             command: Command::Run(a),
         };
     }
-    let matches = Cli::command().get_matches_from(&args);
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = Cli::command()
+        .try_get_matches_from(&args)
+        .unwrap_or_else(|e| usage_error(&e, &args));
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(&e, &args));
     let named = |sub: &str| {
         matches
             .subcommand_matches(sub)
@@ -770,6 +774,39 @@ pub fn parse() -> Cli {
         _ => {}
     }
     cli
+}
+
+/// A command line clap refused. Under `--json`, the contract's JSON error
+/// (TS1006 naming the argument, exit 2) like every other refusal, not
+/// clap's text alone; help and version, and without `--json`, as clap
+/// prints them.
+fn usage_error(e: &clap::Error, args: &[std::ffi::OsString]) -> ! {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    // Before `--`: after it, the words are the command's.
+    let json = args
+        .iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--json");
+    if !json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit()
+    }
+    let field = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(a)) => a.split([' ', '=']).next().unwrap_or(a).to_owned(),
+        _ => "arguments".to_owned(),
+    };
+    let text = e.render().to_string();
+    let reason = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned();
+    let out = error_outcome(&SupervisorError::invalid(&field, reason), true);
+    use std::io::Write as _;
+    let _ = std::io::stdout().write_all(out.stdout.as_bytes());
+    let _ = std::io::stderr().write_all(out.stderr.as_bytes());
+    std::process::exit(i32::from(out.status))
 }
 
 #[derive(Debug, Args)]
