@@ -133,6 +133,11 @@ pub fn read_small(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     // which would otherwise probe with 32 bytes and double: eight reads
     // for a 2 KB anchor instead of two).
     let len = f.metadata().map_or(0, |m| m.len()).min(limit);
+    read_at_most(f, len, limit)
+}
+
+/// The rest of `f` (about `len` bytes), an `InvalidData` error past `limit`.
+fn read_at_most(f: std::fs::File, len: u64, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0).saturating_add(1));
     f.take(limit + 1).read_to_end(&mut out)?;
     if out.len() as u64 > limit {
@@ -153,21 +158,14 @@ pub fn read_regular(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
         .read(true)
         .custom_flags(libc_flags(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC))
         .open(path)?;
-    if !f.metadata()?.is_file() {
+    let meta = f.metadata()?;
+    if !meta.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "not a regular file",
         ));
     }
-    let mut out = Vec::new();
-    f.take(limit + 1).read_to_end(&mut out)?;
-    if out.len() as u64 > limit {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("larger than {limit} bytes"),
-        ));
-    }
-    Ok(out)
+    read_at_most(f, meta.len().min(limit), limit)
 }
 
 pub(crate) fn libc_flags(flags: OFlag) -> i32 {
