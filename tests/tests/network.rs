@@ -2213,3 +2213,113 @@ fn issue_26_a_client_hello_split_over_records_is_checked_whole() {
     });
     assert_eq!(split[0]["count"], 2, "{:#}", ev["external_calls"]);
 }
+
+/// Red-team F3 (FR-RT-007 evidence): a listed name, exact or wildcard,
+/// whose answer is one of the host's own addresses (here the host side of
+/// the test internet's veth, 198.51.100.1 and 2001:db8:ffff::1, with a
+/// service of the test's own listening there) is refused and recorded as
+/// DNS rebinding, for TCP and the UDP relay, under `restricted` and
+/// `allow_egress`; a CIDR entry listing the address opens it; a listed
+/// name resolving to a private address still works.
+#[test]
+fn issue_26_a_listed_name_resolving_to_the_hosts_own_address_is_refused() {
+    if !root_and_tools("issue_26_a_listed_name_resolving_to_the_hosts_own_address_is_refused") {
+        return;
+    }
+    let _net = Internet::up();
+    let mut svc = Services::new();
+    let dns = svc.dns(&[
+        ("host.test", &["198.51.100.1"]),
+        ("host6.test", &["2001:db8:ffff::1"]),
+        ("evil.wild.test", &["198.51.100.1"]),
+        ("lifted.test", &["198.51.100.1"]),
+        ("private.test", &["10.255.77.10"]),
+    ]);
+    for port in [8098, 8099] {
+        svc.banner(None, "198.51.100.1", port, "HOSTSECRET", false);
+    }
+    svc.banner(None, "2001:db8:ffff::1", 8099, "HOSTSECRET", false);
+    svc.banner(None, "198.51.100.1", 9099, "HOSTSECRET", true);
+    let fx = Fixture::new();
+    fx.install(
+        "h",
+        &manifest(
+            "restricted",
+            &[
+                "host.test:8099",
+                "host6.test:8099",
+                "*.wild.test:8099",
+                "host.test:9099/udp",
+                "lifted.test:8098",
+                "198.51.100.1/32:8098",
+                "private.test:80",
+            ],
+        ),
+    );
+    fx.install(
+        "a",
+        &manifest("allow_egress", &["host.test:8099", "host6.test:8099"]),
+    );
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "host.test", "port": 8099},      // 0
+        {"kind": "tcp", "host": "host6.test", "port": 8099},     // 1
+        {"kind": "tcp", "host": "evil.wild.test", "port": 8099}, // 2
+        {"kind": "udp", "host": "host.test", "port": 9099},      // 3
+        {"kind": "tcp", "host": "lifted.test", "port": 8098},    // 4
+        {"kind": "tcp", "host": "private.test", "port": 80},     // 5
+    ]);
+    let (r, ev, _) = probe_via(&fx, "h", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in 0..4 {
+        let got = result(&r, i).0;
+        assert!(
+            got.starts_with("err:") && !got.contains("HOSTSECRET"),
+            "probe {i} must be refused: {got}"
+        );
+    }
+    assert!(result(&r, 4).0.contains("HOSTSECRET"), "{:?}", r[4]);
+    assert_eq!(result(&r, 5).0, "ok:OK 10.255.77.10 80 GET / HTTP/1.1");
+    for name in ["host.test", "host6.test", "evil.wild.test"] {
+        assert!(
+            denied_and_recorded(
+                &ev,
+                name,
+                "one of the host's own addresses (DNS rebinding refused)"
+            ),
+            "{name}: {:#}",
+            ev["external_calls"]
+        );
+    }
+    assert!(
+        !calls(&ev, |c| c["name"] == "host.test"
+            && c["protocol"] == "udp"
+            && c["allowed"] == false
+            && c["decided_by"]
+                .as_str()
+                .unwrap_or("")
+                .contains("host's own"))
+        .is_empty(),
+        "{:#}",
+        ev["external_calls"]
+    );
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "host.test", "port": 8099},  // 0
+        {"kind": "tcp", "host": "host6.test", "port": 8099}, // 1
+    ]);
+    let (r, ev, _) = probe_via(&fx, "a", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in 0..2 {
+        let got = result(&r, i).0;
+        assert!(
+            got.starts_with("err:") && !got.contains("HOSTSECRET"),
+            "allow_egress probe {i} must be refused: {got}"
+        );
+    }
+    for name in ["host.test", "host6.test"] {
+        assert!(
+            denied_and_recorded(&ev, name, "one of the host's own addresses"),
+            "{name}: {:#}",
+            ev["external_calls"]
+        );
+    }
+}

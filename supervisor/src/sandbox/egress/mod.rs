@@ -204,49 +204,80 @@ fn cidr_contains(net: IpAddr, len: u8, ip: IpAddr) -> bool {
     }
 }
 
-/// Why `ip` is not a public address, if it is not one.
-pub fn not_public(ip: IpAddr) -> Option<&'static str> {
-    let v4: &[(&str, u8, &str)] = &[
-        ("0.0.0.0", 8, "an unspecified (\"this network\") address"),
-        ("10.0.0.0", 8, "a private address"),
-        ("100.64.0.0", 10, "a carrier-grade NAT address"),
-        ("127.0.0.0", 8, "a loopback address"),
-        ("169.254.0.0", 16, "a link-local address (cloud metadata)"),
-        ("172.16.0.0", 12, "a private address"),
-        ("192.0.0.0", 24, "an IETF protocol address"),
-        ("192.168.0.0", 16, "a private address"),
-        ("198.18.0.0", 15, "a benchmarking address"),
-        ("224.0.0.0", 4, "a multicast address"),
-        ("240.0.0.0", 4, "a reserved address"),
-    ];
-    let v6: &[(&str, u8, &str)] = &[
-        ("::", 128, "the unspecified address"),
-        ("::1", 128, "a loopback address"),
-        ("fc00::", 7, "a unique local (ULA) address"),
-        ("fe80::", 10, "a link-local address"),
-        ("ff00::", 8, "a multicast address"),
-        ("100::", 64, "a discard-only address"),
-        ("2001::", 32, "a Teredo tunnelling address"),
-        ("2001:2::", 48, "a benchmarking address"),
-        ("2001:10::", 28, "an ORCHID address"),
-    ];
+/// A range of addresses that are not public: (network, prefix length,
+/// why, whether a listed name may resolve into it). A listed name may
+/// reach a private service named on purpose (`dns.internal:53/udp`);
+/// never loopback, link-local (cloud metadata) or "this network", which
+/// only a CIDR entry can open (and loopback not even that: see
+/// [`ruleset`]).
+type Range = (&'static str, u8, &'static str, bool);
+
+const NOT_PUBLIC_V4: &[Range] = &[
+    (
+        "0.0.0.0",
+        8,
+        "an unspecified (\"this network\") address",
+        false,
+    ),
+    ("10.0.0.0", 8, "a private address", true),
+    ("100.64.0.0", 10, "a carrier-grade NAT address", true),
+    ("127.0.0.0", 8, "a loopback address", false),
+    (
+        "169.254.0.0",
+        16,
+        "a link-local address (cloud metadata)",
+        false,
+    ),
+    ("172.16.0.0", 12, "a private address", true),
+    ("192.0.0.0", 24, "an IETF protocol address", true),
+    ("192.168.0.0", 16, "a private address", true),
+    ("198.18.0.0", 15, "a benchmarking address", true),
+    ("224.0.0.0", 4, "a multicast address", true),
+    ("240.0.0.0", 4, "a reserved address", true),
+];
+
+const NOT_PUBLIC_V6: &[Range] = &[
+    ("::", 128, "the unspecified address", false),
+    ("::1", 128, "a loopback address", false),
+    ("fc00::", 7, "a unique local (ULA) address", true),
+    ("fe80::", 10, "a link-local address", false),
+    // Deprecated (RFC 3879) but still routed on legacy internal networks.
+    ("fec0::", 10, "a site-local address", true),
+    ("ff00::", 8, "a multicast address", true),
+    ("100::", 64, "a discard-only address", true),
+    ("2001::", 32, "a Teredo tunnelling address", true),
+    ("2001:2::", 48, "a benchmarking address", true),
+    ("2001:10::", 28, "an ORCHID address", true),
+];
+
+/// The non-public range `ip` is in, if any. An IPv4 address carried in an
+/// IPv6 one is judged as that IPv4 address.
+fn non_public(ip: IpAddr) -> Option<&'static Range> {
     if let IpAddr::V6(a) = ip {
         if let Some(v4) = a.to_ipv4_mapped() {
-            return not_public(IpAddr::V4(v4));
+            return non_public(IpAddr::V4(v4));
         }
         // An IPv4 address carried inside an IPv6 one reaches that IPv4
         // host through a translator or tunnel (NAT64 64:ff9b::/96 and
         // 64:ff9b:1::/48, SIIT ::ffff:0:0/96, IPv4-compatible ::/96, 6to4
         // 2002::/16): it is as public as the address it carries.
-        if let Some(why) = embedded_v4(a).and_then(|v4| not_public(IpAddr::V4(v4))) {
-            return Some(why);
+        if let Some(r) = embedded_v4(a).and_then(|v4| non_public(IpAddr::V4(v4))) {
+            return Some(r);
         }
     }
-    let table = if ip.is_ipv4() { v4 } else { v6 };
+    let table = if ip.is_ipv4() {
+        NOT_PUBLIC_V4
+    } else {
+        NOT_PUBLIC_V6
+    };
     table
         .iter()
-        .find(|(net, len, _)| cidr_contains(net.parse().unwrap_or(ip), *len, ip))
-        .map(|(_, _, why)| *why)
+        .find(|(net, len, ..)| cidr_contains(net.parse().unwrap_or(ip), *len, ip))
+}
+
+/// Why `ip` is not a public address, if it is not one.
+pub fn not_public(ip: IpAddr) -> Option<&'static str> {
+    non_public(ip).map(|(_, _, why, _)| *why)
 }
 
 /// The IPv4 address an IPv6 address of a translation or tunnelling
@@ -397,11 +428,22 @@ impl Policy {
     }
 
     fn special(&self, ip: IpAddr) -> Option<&'static str> {
-        not_public(ip).or_else(|| {
-            self.host
-                .contains(&ip)
-                .then_some("one of the host's own addresses")
-        })
+        self.own(ip).or_else(|| not_public(ip))
+    }
+
+    /// Whether `ip` is one of the host's own addresses (the supervisor
+    /// connects from the host's namespace, so such an address reaches the
+    /// host's own services), also when an IPv6 address carries it.
+    fn own(&self, ip: IpAddr) -> Option<&'static str> {
+        let carried = match ip {
+            IpAddr::V6(a) => a
+                .to_ipv4_mapped()
+                .or_else(|| embedded_v4(a))
+                .map(IpAddr::V4),
+            IpAddr::V4(_) => None,
+        };
+        (self.host.contains(&ip) || carried.is_some_and(|v4| self.host.contains(&v4)))
+            .then_some("one of the host's own addresses")
     }
 
     /// A connection to `name:port`.
@@ -419,9 +461,11 @@ impl Policy {
     }
 
     /// Whether `name` (allowed by `rule`) may be reached at `ip`, the
-    /// upstream resolver's answer: never loopback, link-local or
-    /// unspecified through a name; under `allow_egress` no private address
-    /// either (DNS rebinding) — unless a CIDR entry lists it.
+    /// upstream resolver's answer (DNS rebinding): never the host's own
+    /// addresses, loopback, link-local or unspecified through a name; a
+    /// private, CGNAT, ULA (…) address only through a name the policy
+    /// lists (under `allow_egress` an unlisted name gets public addresses
+    /// only) — unless a CIDR entry lists the address.
     fn address_ok(&self, name_listed: bool, ip: IpAddr, port: u16) -> Result<(), String> {
         self.address_ok_on(Transport::Tcp, name_listed, ip, port)
     }
@@ -437,19 +481,14 @@ impl Policy {
         if self.cidr_entry_on(t, ip, port).is_some() {
             return Ok(());
         }
-        let why = match (name_listed, self.special(ip)) {
-            (_, None) => return Ok(()),
-            (true, Some(w))
-                if !w.starts_with("a loopback")
-                    && !w.starts_with("a link-local")
-                    && !w.starts_with("the unspecified")
-                    && !w.starts_with("an unspecified") =>
-            {
-                return Ok(());
-            }
-            (_, Some(w)) => w,
-        };
-        Err(format!("{ip} is {why}"))
+        if let Some(why) = self.own(ip) {
+            return Err(format!("{ip} is {why}"));
+        }
+        match non_public(ip) {
+            None => Ok(()),
+            Some((_, _, _, by_name)) if *by_name && name_listed => Ok(()),
+            Some((_, _, why, _)) => Err(format!("{ip} is {why}")),
+        }
     }
 }
 
@@ -770,29 +809,14 @@ fn ruleset(policy: &Policy, port: u16) -> nfbatch::Table {
     }
     if policy.network == Network::AllowEgress {
         // Anything public; the rest is refused below (the host's own
-        // addresses are refused by the proxy).
-        let private: [(IpAddr, u8); 15] = [
-            (Ipv4Addr::new(0, 0, 0, 0).into(), 8),
-            (Ipv4Addr::new(10, 0, 0, 0).into(), 8),
-            (Ipv4Addr::new(100, 64, 0, 0).into(), 10),
-            (Ipv4Addr::new(169, 254, 0, 0).into(), 16),
-            (Ipv4Addr::new(172, 16, 0, 0).into(), 12),
-            (Ipv4Addr::new(192, 0, 0, 0).into(), 24),
-            (Ipv4Addr::new(192, 168, 0, 0).into(), 16),
-            (Ipv4Addr::new(198, 18, 0, 0).into(), 15),
-            (Ipv4Addr::new(224, 0, 0, 0).into(), 4),
-            (Ipv4Addr::new(240, 0, 0, 0).into(), 4),
-            (Ipv6Addr::UNSPECIFIED.into(), 128),
-            (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0).into(), 7),
-            (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0).into(), 10),
-            (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0).into(), 8),
-            (Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0).into(), 96),
-        ];
-        nat.extend(
-            private
-                .iter()
-                .map(|(net, len)| Rule::new().daddr(*net, *len).ret()),
-        );
+        // addresses are refused by the proxy, and so are IPv4 addresses
+        // carried in IPv6 ones, judged by the address they carry): the
+        // non-public ranges are the proxy's own list ([`not_public`]).
+        let ranges = NOT_PUBLIC_V4.iter().chain(NOT_PUBLIC_V6);
+        let private = ranges
+            .filter_map(|(net, len, ..)| Some((net.parse::<IpAddr>().ok()?, *len)))
+            .chain([(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0).into(), 96)]);
+        nat.extend(private.map(|(net, len)| Rule::new().daddr(net, len).ret()));
         nat.push(Rule::new().l4proto(IPPROTO_TCP).redirect(port));
     }
     // UDP the relay serves (see [`udp`]): to a synthetic address on a
@@ -1990,6 +2014,76 @@ mod tests {
             First::Message(inspect::Seen::Names(n)) if n.is_empty()
         ));
         let _ = c.flush();
+    }
+
+    /// Red-team F3: a name (listed, wildcard, or any under
+    /// `allow_egress`) that resolves to one of the host's own addresses
+    /// is refused — IPv4, IPv6, ULA, and carried in IPv6 — for TCP and
+    /// UDP, unless a CIDR entry lists the address; a listed name may still
+    /// reach a private address (F6: site-local fec0::/10 is not public).
+    #[test]
+    fn issue_26_a_name_never_reaches_the_hosts_own_addresses() {
+        let host: Vec<IpAddr> = ["192.0.2.77", "fd00::2", "2001:db8::77"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let raw = |r: &[&str]| r.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let entries = raw(&[
+            "host.test:8099",
+            "*.wild.test:8099",
+            "host.test:9099/udp",
+            "192.0.2.77/32:8098",
+        ]);
+        for network in [Network::Restricted, Network::AllowEgress] {
+            let p = Policy::new(network, &entries, host.clone()).unwrap();
+            for ip in [
+                "192.0.2.77",
+                "fd00::2",
+                "2001:db8::77",
+                "::ffff:192.0.2.77",
+                "64:ff9b::192.0.2.77",
+            ] {
+                let ip: IpAddr = ip.parse().unwrap();
+                for listed in [true, false] {
+                    let e = p.address_ok(listed, ip, 8099).unwrap_err();
+                    assert!(e.contains("the host's own addresses"), "{ip}: {e}");
+                    assert!(p.address_ok_on(Transport::Udp, listed, ip, 9099).is_err());
+                }
+            }
+            // A CIDR entry lists it: reachable, by name too.
+            assert!(
+                p.address_ok(true, "192.0.2.77".parse().unwrap(), 8098)
+                    .is_ok()
+            );
+            assert!(
+                p.address_ok_on(Transport::Udp, true, "192.0.2.77".parse().unwrap(), 8098)
+                    .is_err(),
+                "a TCP CIDR entry does not open UDP"
+            );
+            // Private answers: listed names only.
+            for ip in ["10.0.0.1", "fd00::9", "fec0::1", "100.64.0.1"] {
+                let ip: IpAddr = ip.parse().unwrap();
+                assert!(p.address_ok(true, ip, 8099).is_ok(), "{ip}");
+                assert!(p.address_ok(false, ip, 8099).is_err(), "{ip}");
+            }
+            for ip in ["127.0.0.1", "169.254.169.254", "0.0.0.0", "fe80::1", "::1"] {
+                assert!(
+                    p.address_ok(true, ip.parse().unwrap(), 8099).is_err(),
+                    "{ip}"
+                );
+            }
+            assert!(
+                p.address_ok(false, "203.0.113.9".parse().unwrap(), 8099)
+                    .is_ok()
+            );
+        }
+        let e = policy(Network::AllowEgress, &[]);
+        assert!(matches!(
+            e.decide_ip("fec0::99".parse().unwrap(), 80),
+            Decision::Denied { rule, .. } if rule.contains("site-local")
+        ));
+        let r = ruleset(&e, 4000).text();
+        assert!(r.contains("fec0::/10"), "{r}");
     }
 
     #[test]
