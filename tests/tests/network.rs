@@ -2323,3 +2323,45 @@ fn issue_26_a_listed_name_resolving_to_the_hosts_own_address_is_refused() {
         );
     }
 }
+
+/// Red-team F4 (FR-RT-007 evidence): cleartext HTTP on port 443 is read
+/// as port 80's guard reads it — bare-LF line ends and empty lines before
+/// the request included: another Host is reset and recorded, the name's
+/// own goes through.
+#[test]
+fn issue_26_bare_lf_http_on_443_is_checked_as_on_80() {
+    if !root_and_tools("issue_26_bare_lf_http_on_443_is_checked_as_on_80") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("l", &manifest("restricted", &["good.test:443"]));
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": hex("GET / HTTP/1.1\nHost: other.test\n\n")},           // 0
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": hex("\r\n\nGET / HTTP/1.1\r\nHost: second.test\r\n\r\n")}, // 1
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": hex("GET / HTTP/1.1\nHost: good.test\n\n")},            // 2
+    ]);
+    let (r, ev) = probe(&fx, "l", &probes);
+    eprintln!("{r:#?}");
+    for i in [0, 1] {
+        let got = result(&r, i).0;
+        assert!(
+            matches!(got, "err:ECONNRESET" | "ok:"),
+            "probe {i} must be refused: {got}"
+        );
+    }
+    assert!(
+        result(&r, 2)
+            .0
+            .starts_with("ok:OK 203.0.113.10 443 GET / HTTP/1.1"),
+        "{:?}",
+        r[2]
+    );
+    for needle in ["HTTP Host `other.test`", "HTTP Host `second.test`"] {
+        assert!(
+            denied_and_recorded(&ev, "good.test", needle),
+            "{needle}: {:#}",
+            ev["external_calls"]
+        );
+    }
+}

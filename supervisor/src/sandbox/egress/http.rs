@@ -107,7 +107,7 @@ fn unparseable<T>(why: impl Into<String>) -> Result<T, Refusal> {
     Err(Refusal::Unparseable(why.into()))
 }
 
-fn is_tchar(c: u8) -> bool {
+pub(super) fn is_tchar(c: u8) -> bool {
     c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
@@ -116,8 +116,8 @@ fn find(b: &[u8], what: &[u8]) -> Option<usize> {
 }
 
 /// One parsed HTTP/1 request head.
-struct Head {
-    names: Vec<(&'static str, String)>,
+pub(super) struct Head {
+    pub(super) names: Vec<(&'static str, String)>,
     body: Option<BodyLen>,
     upgrade: bool,
 }
@@ -127,7 +127,7 @@ enum BodyLen {
     Chunked,
 }
 
-fn parse_head(head: &[u8]) -> Result<Head, Refusal> {
+pub(super) fn parse_head(head: &[u8]) -> Result<Head, Refusal> {
     let Ok(head) = std::str::from_utf8(head) else {
         return unparseable("an HTTP request head that is not text");
     };
@@ -243,7 +243,7 @@ fn parse_head(head: &[u8]) -> Result<Head, Refusal> {
 
 /// Where a request head ends in `b`: (its last line's end, the first byte
 /// after the empty line), with CRLF or bare LF line ends.
-fn head_end(b: &[u8]) -> Option<(usize, usize)> {
+pub(super) fn head_end(b: &[u8]) -> Option<(usize, usize)> {
     let mut i = 0;
     while let Some(n) = b[i..].iter().position(|c| *c == b'\n') {
         let at = i + n;

@@ -12,10 +12,10 @@
 //! well-formed ClientHello are unreadable, not "no name". Bytes that are
 //! none of these are not inspected (another protocol).
 
+use super::http;
+
 /// The HTTP/2 connection preface.
 pub(super) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// The longest message looked at (an HTTP/1 request head).
-pub const MAX_INSPECT: usize = 16 * 1024;
 /// The most bytes of a connection peeked at before its first message is
 /// complete: a [`MAX_HELLO`] ClientHello with room for the record headers
 /// of one split into many records (5 bytes each).
@@ -50,6 +50,34 @@ pub fn first_bytes(b: &[u8]) -> Seen {
         };
     }
     http1(b)
+}
+
+/// [`first_bytes`] for a client that has closed its sending side after
+/// `b`: nothing more will come. An HTTP/1 head left unfinished is read up
+/// to its last complete line, as the port-80 guard passes it at the end
+/// of stream (`echo GET / HTTP/1.1 | nc host 80`); another unfinished
+/// message names nothing a server could act on.
+pub fn first_bytes_at_end(b: &[u8]) -> Seen {
+    match first_bytes(b) {
+        Seen::More => {}
+        seen => return seen,
+    }
+    let skip = b
+        .iter()
+        .take_while(|c| **c == b'\r' || **c == b'\n')
+        .count();
+    let b = &b[skip..];
+    let Some(last) = b.iter().rposition(|c| *c == b'\n') else {
+        return Seen::Names(Vec::new());
+    };
+    if b[0] == 0x16 || !may_be_request(b) {
+        return Seen::Names(Vec::new());
+    }
+    match http::parse_head(&b[..last]) {
+        Ok(head) => Seen::Names(head.names),
+        Err(http::Refusal::Unparseable(why)) => Seen::Unreadable(why),
+        Err(http::Refusal::Other(what, h)) => Seen::Names(vec![(what, h)]),
+    }
 }
 
 /// The largest ClientHello handshake message read (its body): beyond any
@@ -205,57 +233,49 @@ pub(super) fn host_only(v: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// Whether `b` begins like an HTTP/1 request line: a method token and
+/// whitespace (lenient servers split on any, RFC 9112 §3), or the token
+/// alone while nothing else has come.
+fn may_be_request(b: &[u8]) -> bool {
+    let token = b.iter().take_while(|c| http::is_tchar(**c)).count();
+    token > 0 && (token == b.len() || b[token].is_ascii_whitespace() || b[token] == 0x0b)
+}
+
+/// An HTTP/1 request's names, read by the port-80 guard's own parser
+/// ([`http::parse_head`]): lines ending in CRLF or a bare LF, empty lines
+/// before the request skipped, and anything it cannot follow unreadable.
+/// Bytes that do not begin like a request line are another protocol.
 fn http1(b: &[u8]) -> Seen {
-    let b = &b[..b.len().min(MAX_INSPECT)];
-    let Some(line_end) = b.windows(2).position(|w| w == b"\r\n") else {
-        // An unfinished first line of printable ASCII may still become a
-        // request.
-        return if b.len() < 8192 && b.iter().all(|c| (0x20..0x7f).contains(c)) {
-            Seen::More
-        } else {
-            Seen::Names(Vec::new())
-        };
-    };
-    let Ok(line) = std::str::from_utf8(&b[..line_end]) else {
-        return Seen::Names(Vec::new());
-    };
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Seen::Names(Vec::new());
-    };
-    if !version.starts_with("HTTP/1.") {
+    let skip = b
+        .iter()
+        .take_while(|c| **c == b'\r' || **c == b'\n')
+        .count();
+    let b = &b[skip..];
+    if b.is_empty() {
+        return Seen::More;
+    }
+    if !may_be_request(b) {
         return Seen::Names(Vec::new());
     }
-    let Some(head_end) = b.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return if b.len() >= MAX_INSPECT {
-            Seen::Unreadable(format!(
-                "an HTTP request head longer than {MAX_INSPECT} bytes"
-            ))
-        } else {
-            Seen::More
-        };
-    };
-    let head = String::from_utf8_lossy(&b[..head_end]);
-    let mut names = Vec::new();
-    if method.eq_ignore_ascii_case("CONNECT") {
-        names.push(("HTTP CONNECT target", host_only(target)));
-    } else if let Some(rest) = target
-        .strip_prefix("http://")
-        .or_else(|| target.strip_prefix("https://"))
-    {
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-        let authority = authority.rsplit('@').next().unwrap_or(authority);
-        names.push(("HTTP request target", host_only(authority)));
+    let window = &b[..b.len().min(http::MAX_HEAD + 4)];
+    let line = window.split(|c| *c == b'\n').next().unwrap_or_default();
+    let complete = line.len() < window.len();
+    if complete && !line.to_ascii_uppercase().windows(5).any(|w| w == b"HTTP/") {
+        // A line of another protocol (or HTTP/0.9, which names no host).
+        return Seen::Names(Vec::new());
     }
-    for l in head.split("\r\n").skip(1) {
-        if let Some((k, v)) = l.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("host") {
-                names.push(("HTTP Host", host_only(v)));
-            }
-        }
+    match http::head_end(window) {
+        Some((end, _)) => match http::parse_head(&b[..end]) {
+            Ok(head) => Seen::Names(head.names),
+            Err(http::Refusal::Unparseable(why)) => Seen::Unreadable(why),
+            Err(http::Refusal::Other(what, h)) => Seen::Names(vec![(what, h)]),
+        },
+        None if b.len() >= http::MAX_HEAD + 4 => Seen::Unreadable(format!(
+            "an HTTP request head longer than {} bytes",
+            http::MAX_HEAD
+        )),
+        None => Seen::More,
     }
-    Seen::Names(names)
 }
 
 /// The frames after the preface: every HEADERS block's `:authority` and
@@ -497,6 +517,83 @@ mod tests {
             ))),
             ["good.test", "evil.test"]
         );
+    }
+
+    /// Red-team F4: HTTP/1 on a checked port is read by the port-80
+    /// guard's parser: bare-LF line ends, empty lines before the request,
+    /// a partial line with bytes outside ASCII, a first line that never
+    /// ends, and framing the guard refuses.
+    #[test]
+    fn issue_26_http1_first_bytes_are_read_as_the_port_80_guard_reads_them() {
+        assert_eq!(
+            names(first_bytes(b"GET / HTTP/1.1\nHost: other.rt\n\n")),
+            ["other.rt"]
+        );
+        assert_eq!(
+            names(first_bytes(
+                b"GET / HTTP/1.1\r\nHost: a.rt\nHost: b.rt\r\n\n"
+            )),
+            ["a.rt", "b.rt"]
+        );
+        assert_eq!(
+            names(first_bytes(
+                b"\r\n\nGET / HTTP/1.1\r\nHost: other.rt\r\n\r\n"
+            )),
+            ["other.rt"]
+        );
+        assert_eq!(first_bytes(b"\r\n"), Seen::More);
+        assert_eq!(first_bytes(b"GET / HTTP/1.1\nHost: other.rt\n"), Seen::More);
+        // The client's end of stream: the complete lines are what a server
+        // may act on, as the guard passes them.
+        assert_eq!(
+            names(first_bytes_at_end(b"GET / HTTP/1.1\nHost: other.rt\n")),
+            ["other.rt"]
+        );
+        assert_eq!(
+            names(first_bytes_at_end(b"GET / HTTP/1.1\n")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            names(first_bytes_at_end(b"GET / HTTP/1.1")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            names(first_bytes_at_end(b"\x16\x03\x01\x00\x10\x01")),
+            Vec::<String>::new()
+        );
+        assert!(matches!(
+            first_bytes_at_end(b"GET / HTTP/1.1\n Host: other.rt\n"),
+            Seen::Unreadable(_)
+        ));
+        // Not ASCII yet, but a request line has begun: wait for it.
+        assert_eq!(first_bytes(b"GET /\xff"), Seen::More);
+        assert!(matches!(
+            first_bytes(b"GET /\xff HTTP/1.1\r\nHost: other.rt\r\n\r\n"),
+            Seen::Unreadable(_)
+        ));
+        let long = [b"GET /".as_slice(), &[b'a'; http::MAX_HEAD + 8]].concat();
+        assert!(matches!(first_bytes(&long), Seen::Unreadable(_)));
+        for refused in [
+            &b"GET  / HTTP/1.1\r\nHost: other.rt\r\n\r\n"[..],
+            b"GET / HTTP/1.1\rHost: other.rt\r\n\r\n",
+            b"GET / HTTP/1.1\r\n Host: other.rt\r\n\r\n",
+            b"GET / HTTP/1.2\r\nHost: other.rt\r\n\r\n",
+            b"GET\t/\tHTTP/1.1\r\nHost: other.rt\r\n\r\n",
+        ] {
+            assert!(
+                matches!(first_bytes(refused), Seen::Unreadable(_)),
+                "{:?}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+        // Other protocols stay uninspected.
+        for other in [
+            &b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"[..],
+            b"EHLO client.example\r\n",
+            b"GET /\r\n",
+        ] {
+            assert_eq!(names(first_bytes(other)), Vec::<String>::new());
+        }
     }
 
     #[test]

@@ -1452,6 +1452,9 @@ fn inspect_first(s: &TcpStream) -> First {
             break inspect::Seen::Names(Vec::new());
         }
         match inspect::first_bytes(&buf[..n]) {
+            inspect::Seen::More if n < buf.len() && sent_all(s) => {
+                break inspect::first_bytes_at_end(&buf[..n]);
+            }
             inspect::Seen::More if n < buf.len() => {
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -1466,6 +1469,20 @@ fn inspect_first(s: &TcpStream) -> First {
     };
     let _ = s.set_read_timeout(None);
     First::Message(seen)
+}
+
+/// Whether the client has shut its sending side down (POLLRDHUP: seen
+/// while its last bytes are still unread).
+fn sent_all(s: &TcpStream) -> bool {
+    // nix's PollFd cannot report POLLRDHUP (it drops unknown bits).
+    let mut fd = nix::libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: nix::libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd of a descriptor `s` keeps open; no wait.
+    let n = unsafe { nix::libc::poll(&raw mut fd, 1, 0) };
+    n == 1 && fd.revents & (nix::libc::POLLRDHUP | nix::libc::POLLHUP) != 0
 }
 
 /// Who sent first on a connection whose client was silent for
@@ -2004,6 +2021,18 @@ mod tests {
             matches!(&d, Some(Decision::Denied { rule, .. }) if rule.contains("`evil.test`")),
             "{d:?}"
         );
+        // A client that sends an unfinished head and closes its side
+        // (`echo GET / HTTP/1.1 | nc`): its complete lines are checked.
+        let mut c2 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s2, _) = l.accept().unwrap();
+        c2.write_all(b"GET / HTTP/1.1\n").unwrap();
+        c2.shutdown(Shutdown::Write).unwrap();
+        let t = Instant::now();
+        assert!(matches!(
+            inspect_first(&s2),
+            First::Message(inspect::Seen::Names(n)) if n.is_empty()
+        ));
+        assert!(t.elapsed() < PEEK_WAIT);
         // A client that closes without sending: nothing can follow.
         drop(c);
         let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
