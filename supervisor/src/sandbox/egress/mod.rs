@@ -390,7 +390,7 @@ impl Policy {
             Some(e) => Decision::Allowed(e.raw.clone()),
             None => Decision::Denied {
                 rule: format!("no UDP egress entry covers {ip} port {port}"),
-                hint: Some(format!("{}:{port}/udp", host_entry(ip))),
+                hint: cidr_hint(ip, port, "/udp"),
             },
         }
     }
@@ -411,7 +411,17 @@ impl Policy {
         if let Some(e) = self.cidr_entry(ip, port) {
             return Decision::Allowed(e.raw.clone());
         }
-        let hint = Some(format!("{}:{port}", host_entry(ip)));
+        let hint = cidr_hint(ip, port, "");
+        if hint.is_none() {
+            // Only the proxy's own port on the turn's loopback gets here.
+            return Decision::Denied {
+                rule: format!(
+                    "{ip} port {port} is the supervisor's proxy on the turn's loopback, \
+                     which no egress entry opens: connect to a listed name or address"
+                ),
+                hint: None,
+            };
+        }
         match self.network {
             Network::AllowEgress => match self.special(ip) {
                 Some(why) => Decision::Denied {
@@ -490,6 +500,18 @@ impl Policy {
             Some((_, _, why, _)) => Err(format!("{ip} is {why}")),
         }
     }
+}
+
+/// The CIDR entry that would open `ip:port` (`suffix`: `/udp` or none),
+/// when one can: none for loopback — the ruleset returns loopback before
+/// any CIDR redirect (the turn's loopback is its own), so such an entry
+/// would never take effect.
+fn cidr_hint(ip: IpAddr, port: u16, suffix: &str) -> Option<String> {
+    let loopback = match ip {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
+    };
+    (!loopback).then(|| format!("{}:{port}{suffix}", host_entry(ip)))
 }
 
 fn host_entry(ip: IpAddr) -> String {
@@ -1633,7 +1655,7 @@ fn proxy(shared: &Shared, client: TcpStream) {
                             .unwrap_or_default();
                         let d = Decision::Denied {
                             rule: format!("{n} resolves to {why} (DNS rebinding refused)"),
-                            hint: bad.first().map(|ip| format!("{}:{port}", host_entry(*ip))),
+                            hint: bad.first().and_then(|ip| cidr_hint(*ip, port, "")),
                         };
                         return deny(
                             &d,
@@ -2106,7 +2128,20 @@ mod tests {
                     .is_ok()
             );
         }
+        // F6: no hint that could never take effect (loopback).
         let e = policy(Network::AllowEgress, &[]);
+        for ip in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+            let d = e.decide_ip(ip.parse().unwrap(), 1);
+            assert!(
+                matches!(&d, Decision::Denied { hint: None, rule } if rule.contains("turn's loopback")),
+                "{ip}: {d:?}"
+            );
+        }
+        assert_eq!(cidr_hint("127.0.0.1".parse().unwrap(), 8098, ""), None);
+        assert_eq!(
+            cidr_hint("169.254.1.1".parse().unwrap(), 80, "/udp").as_deref(),
+            Some("169.254.1.1/32:80/udp")
+        );
         assert!(matches!(
             e.decide_ip("fec0::99".parse().unwrap(), 80),
             Decision::Denied { rule, .. } if rule.contains("site-local")

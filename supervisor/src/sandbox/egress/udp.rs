@@ -583,7 +583,7 @@ impl Relay {
                                 .unwrap_or_default();
                             let d = Decision::Denied {
                                 rule: format!("{n} resolves to {why} (DNS rebinding refused)"),
-                                hint: bad.map(|ip| format!("{}:{port}/udp", super::host_entry(ip))),
+                                hint: bad.and_then(|ip| super::cidr_hint(ip, port, "/udp")),
                             };
                             s.record(s.flow(
                                 Some(n),
