@@ -42,17 +42,30 @@ pub const LOG_FILE: &str = "turnstile-sandbox.log";
 /// after a dead daemon (which has no options).
 pub const ROOT_FILE: &str = "turnstile-sandbox-runc-root";
 
-/// Whether a spec's annotations mark container `id` as the CRI pod
-/// sandbox: `container-type: sandbox` and the CRI plugin's own
-/// `sandbox-id` naming this very container. `container-type: sandbox`
-/// without that (e.g. set by hand on `ctr run`) is refused rather than
-/// run as a turn or a sandbox: it is not what the CRI plugin writes.
+/// Whether a spec's annotations mark container `id`, in containerd
+/// namespace `namespace`, as the CRI pod sandbox: `container-type:
+/// sandbox` and the CRI plugin's own `sandbox-id` naming this very
+/// container, in the CRI plugin's namespace (`k8s.io`) — the only one
+/// whose specs the CRI plugin writes. `container-type: sandbox` anywhere
+/// else, or without that id (e.g. set by hand on `ctr run`), is refused
+/// rather than run as a turn or a sandbox: a client of any other namespace
+/// could otherwise run anything through plain runc, outside every turn.
 pub fn is_cri_sandbox(
     annotations: &std::collections::BTreeMap<String, String>,
     id: &str,
+    namespace: &str,
 ) -> Result<bool, ShimError> {
     if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) != Some(CRI_SANDBOX) {
         return Ok(false);
+    }
+    let cri = crate::workspaces::CRI_CONTAINERD_NAMESPACE;
+    if namespace != cri {
+        return Err(ShimError::Spec {
+            field: "annotations",
+            reason: format!(
+                "`{CRI_CONTAINER_TYPE}: {CRI_SANDBOX}` on container `{id}` in containerd namespace `{namespace}`: only the CRI plugin's pod sandbox, in namespace `{cri}`, runs outside a turn"
+            ),
+        });
     }
     match annotations.get(CRI_SANDBOX_ID) {
         Some(s) if s == id => Ok(true),
@@ -175,20 +188,28 @@ mod tests {
 
     #[test]
     fn only_the_cri_plugins_sandbox_annotations_mark_a_sandbox() {
+        let k8s = crate::workspaces::CRI_CONTAINERD_NAMESPACE;
         let mut a = std::collections::BTreeMap::new();
-        assert!(!is_cri_sandbox(&a, "sb1").unwrap());
+        assert!(!is_cri_sandbox(&a, "sb1", k8s).unwrap());
         a.insert(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned());
         a.insert(CRI_SANDBOX_ID.to_owned(), "sb1".to_owned());
-        assert!(!is_cri_sandbox(&a, "c1").unwrap());
+        assert!(!is_cri_sandbox(&a, "c1", k8s).unwrap());
         a.insert(CRI_CONTAINER_TYPE.to_owned(), CRI_SANDBOX.to_owned());
-        assert!(is_cri_sandbox(&a, "sb1").unwrap());
+        assert!(is_cri_sandbox(&a, "sb1", k8s).unwrap());
+        // Red-team finding (wave 3): the same annotations from any other
+        // containerd namespace are refused, not run through plain runc.
+        for ns in ["default", "tenant-b", "k8s.io2", ""] {
+            let e = is_cri_sandbox(&a, "sb1", ns).unwrap_err();
+            assert_eq!(e.code(), "TS1202");
+            assert!(e.to_string().contains(&format!("`{ns}`")), "{e}");
+        }
         // Sandbox type on another container, or without a sandbox id: refused.
-        let e = is_cri_sandbox(&a, "c1").unwrap_err();
+        let e = is_cri_sandbox(&a, "c1", k8s).unwrap_err();
         assert_eq!(e.code(), "TS1202");
         assert!(e.to_string().contains("`sb1`"), "{e}");
         a.remove(CRI_SANDBOX_ID);
         assert!(
-            is_cri_sandbox(&a, "sb1")
+            is_cri_sandbox(&a, "sb1", k8s)
                 .unwrap_err()
                 .to_string()
                 .contains("absent")

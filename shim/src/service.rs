@@ -296,7 +296,7 @@ impl TaskService {
             field: "config.json",
             reason: e.to_string(),
         })?;
-        let is_sandbox = sandbox::is_cri_sandbox(&spec.annotations, &req.id)?;
+        let is_sandbox = sandbox::is_cri_sandbox(&spec.annotations, &req.id, &self.namespace)?;
         contract::refuse_unknown_annotations(&spec.annotations)?;
         let options = load_options(req)?;
         let stdio = TaskStdio {

@@ -371,6 +371,35 @@ fn issue_12_ctr_run_through_the_turnstile_shim_commits_blocks_and_refuses() {
             "{t}"
         );
         assert_no_shim(&c, "a Create refused for a hand-made sandbox annotation");
+        // Both of the CRI plugin's annotations, written by a client of a
+        // namespace that is not the CRI plugin's (red-team, wave 3): still
+        // refused, never run through plain runc.
+        let out = c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.turnstile.v2",
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            "io.kubernetes.cri.container-type=sandbox",
+            "--annotation",
+            "io.kubernetes.cri.sandbox-id=posing-sandbox",
+            IMAGE,
+            "posing-sandbox",
+            "sh",
+            "-c",
+            "echo RAN",
+        ]);
+        let t = text(&out);
+        assert!(
+            !out.status.success()
+                && t.contains("TS1202")
+                && t.contains("k8s.io")
+                && !t.contains("RAN"),
+            "{t}"
+        );
+        assert_no_shim(&c, "a Create refused for a sandbox posed outside k8s.io");
 
         let left = c.ctr(&["containers", "ls", "-q"]);
         assert_eq!(

@@ -846,7 +846,10 @@ fn issue_24_a_runner_failing_at_kill_fails_kill_and_the_turn_runs_on() {
 
 #[test]
 fn issue_24_a_runner_failing_at_delete_keeps_the_sandbox_for_a_retry() {
-    let f = fixture();
+    let f = fixture_in(
+        crate::workspaces::CRI_CONTAINERD_NAMESPACE,
+        serde_json::json!({}),
+    );
     f.spec(&[
         (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
         (sandbox::CRI_SANDBOX_ID, ID),
@@ -878,7 +881,10 @@ fn issue_24_a_runner_failing_at_delete_keeps_the_sandbox_for_a_retry() {
 
 #[test]
 fn issue_24_a_sandbox_that_runc_cannot_create_is_cleaned_up() {
-    let f = fixture();
+    let f = fixture_in(
+        crate::workspaces::CRI_CONTAINERD_NAMESPACE,
+        serde_json::json!({}),
+    );
     f.spec(&[
         (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
         (sandbox::CRI_SANDBOX_ID, ID),
@@ -948,6 +954,24 @@ fn issue_25_a_workspace_path_is_refused_with_nothing_mounted_or_created() {
     }
 }
 
+/// Red-team finding (wave 3): a client of any containerd namespace but the
+/// CRI plugin's wrote both sandbox annotations (its own id as the sandbox
+/// id) and had its container run through plain runc, outside every turn.
+/// Now refused before anything is mounted or run.
+#[test]
+fn the_sandbox_exemption_holds_only_in_the_cri_namespace() {
+    for ns in ["default", "tenant-b"] {
+        let f = fixture_in(ns, serde_json::json!({}));
+        f.spec(&[
+            (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
+            (sandbox::CRI_SANDBOX_ID, ID),
+        ]);
+        let e = f.create().unwrap_err();
+        assert!(e.to_string().contains("k8s.io"), "{e}");
+        f.assert_refused_cleanly(&e, "TS1202", &[]);
+    }
+}
+
 #[test]
 fn issue_25_an_unknown_io_turnstile_annotation_is_refused_even_on_a_sandbox() {
     let f = fixture();
@@ -957,7 +981,10 @@ fn issue_25_an_unknown_io_turnstile_annotation_is_refused_even_on_a_sandbox() {
     let e = f.create().unwrap_err();
     assert!(e.to_string().contains("io.turnstile.foo"), "{e}");
     f.assert_refused_cleanly(&e, "TS1047", &[]);
-    let f = fixture();
+    let f = fixture_in(
+        crate::workspaces::CRI_CONTAINERD_NAMESPACE,
+        serde_json::json!({}),
+    );
     f.spec(&[
         (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
         (sandbox::CRI_SANDBOX_ID, ID),

@@ -233,7 +233,7 @@ fn target(name: &str, scratch: &Path) -> (Parse, Vec<Vec<u8>>) {
             let Ok(spec) = serde_json::from_slice::<contract::Spec>(b) else {
                 return false;
             };
-            sandbox::is_cri_sandbox(&spec.annotations, "fuzz").is_ok()
+            sandbox::is_cri_sandbox(&spec.annotations, "fuzz", "k8s.io").is_ok()
                 & workspaces::namespace_of("k8s.io", &spec.annotations).is_ok()
                 & contract::request_from_spec(&spec).is_ok()
         }),
