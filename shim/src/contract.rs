@@ -461,6 +461,18 @@ impl Turn {
         a
     }
 
+    /// `supervise recover --root R --state-dir S`: its session's recovery
+    /// (the caller adds `--session`), after a `supervise run` that died.
+    pub fn recover_args(&self, options: &Options) -> Vec<String> {
+        vec![
+            "recover".to_owned(),
+            "--root".to_owned(),
+            self.workspace.display().to_string(),
+            "--state-dir".to_owned(),
+            options.state_dir.display().to_string(),
+        ]
+    }
+
     /// `supervise check --json …`: the pre-execution check at Create.
     pub fn check_args(&self, options: &Options) -> Vec<String> {
         let mut a = vec!["check".to_owned(), "--json".to_owned()];

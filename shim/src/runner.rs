@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use containerd_shim::protos::protobuf::MessageDyn;
 use containerd_shim::protos::types::mount::Mount;
 use containerd_shim::publisher::RemotePublisher;
-use containerd_shim::{Context, warn};
+use containerd_shim::{Context, info, warn};
 
 use crate::contract::{CheckReport, Options, Turn};
 use crate::error::ShimError;
@@ -293,6 +293,102 @@ fn wait_reparented(pid: u32) -> RunExit {
 struct SuperviseProcess {
     child: std::process::Child,
     pid_file: PathBuf,
+    /// What settles its turn if it dies before finishing it.
+    recovery: Recovery,
+}
+
+/// `supervise recover` of the turn's session, for a `supervise run` that
+/// ended without its `turn.finished` event (SIGKILLed, OOM-killed): a
+/// native turn's mounts and cgroup stay until its session is recovered,
+/// and a pod's session usually never has another turn.
+struct Recovery {
+    supervise: PathBuf,
+    /// `recover --root R --state-dir S`.
+    args: Vec<String>,
+    events: PathBuf,
+    /// The session the pod named, if it named one.
+    session: Option<String>,
+}
+
+impl Recovery {
+    fn settle(&self) {
+        let events = std::fs::read_to_string(&self.events).unwrap_or_default();
+        let (finished, named) = finished_and_session(&events);
+        if finished {
+            return;
+        }
+        // Its session: named by the pod (or in its events, written when a
+        // turn ends); else every session of the workspace but those a live
+        // supervisor holds (a dead one holds none: its lock went with it).
+        let session = named.or_else(|| self.session.clone());
+        let which = match &session {
+            Some(sid) => vec!["--session", sid.as_str()],
+            None => vec!["--skip-busy"],
+        };
+        let sid = session.as_deref().unwrap_or("(the workspace's)");
+        let child = Command::new(&self.supervise)
+            .args(&self.args)
+            .args(which)
+            .arg("--json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("session {sid}: recover: {e}");
+                return;
+            }
+        };
+        // The exit is reported either way: a recovery that cannot take the
+        // session's lock in time is left to the next turn or `recover`.
+        let deadline = std::time::Instant::now() + RECOVER_WAIT;
+        while matches!(child.try_wait(), Ok(None)) {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                warn!(
+                    "session {sid}: recover after its supervise run died took over {} s; stopped",
+                    RECOVER_WAIT.as_secs()
+                );
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        match child.wait_with_output() {
+            Ok(o) if o.status.success() => info!(
+                "session {sid}: recovered after its supervise run died: {}",
+                String::from_utf8_lossy(&o.stdout).trim()
+            ),
+            Ok(o) => warn!(
+                "session {sid}: recover after its supervise run died failed: {}",
+                text(&o)
+            ),
+            Err(e) => warn!("session {sid}: recover: {e}"),
+        }
+    }
+}
+
+/// How long a dead turn's recovery may take before the exit is reported
+/// without it.
+const RECOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether `events` (EventEnvelope v1 lines) hold a `turn.finished`, and
+/// the session id the first line naming one names.
+fn finished_and_session(events: &str) -> (bool, Option<String>) {
+    let mut finished = false;
+    let mut session = None;
+    for line in events.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        finished |= v["type"] == "turn.finished";
+        if session.is_none() {
+            session = v["payload"]["session_id"].as_str().map(str::to_owned);
+        }
+    }
+    (finished, session)
 }
 
 impl Process for SuperviseProcess {
@@ -301,14 +397,21 @@ impl Process for SuperviseProcess {
     }
 
     fn wait(mut self: Box<Self>) -> RunExit {
-        let exit = match self.child.wait() {
-            Ok(s) => exit_of(s),
+        use std::os::unix::process::ExitStatusExt as _;
+        let (exit, killed) = match self.child.wait() {
+            Ok(s) => (exit_of(s), s.signal().is_some()),
             Err(e) => {
                 warn!("wait for pid {}: {e}", self.child.id());
-                RunExit::Other(255)
+                (RunExit::Other(255), false)
             }
         };
         let _ = std::fs::remove_file(&self.pid_file);
+        // Killed (SIGKILL, the OOM killer): what it left is settled before
+        // containerd hears of the exit. A run that ended itself closed its
+        // turn, or never began one.
+        if killed {
+            self.recovery.settle();
+        }
         exit
     }
 }
@@ -547,7 +650,17 @@ impl TurnRunner for SuperviseRunner {
             .map_err(ShimError::io("spawn", &supervise))?;
         let pid_file = bundle.join(PID_FILE);
         let _ = std::fs::write(&pid_file, child.id().to_string());
-        Ok(Box::new(SuperviseProcess { child, pid_file }))
+        let recovery = Recovery {
+            supervise,
+            args: turn.recover_args(options),
+            events: bundle.join(EVENTS_FILE),
+            session: turn.session.clone(),
+        };
+        Ok(Box::new(SuperviseProcess {
+            child,
+            pid_file,
+            recovery,
+        }))
     }
 
     fn signal(&self, pid: u32, signal: nix::sys::signal::Signal) -> Result<(), ShimError> {
@@ -585,5 +698,26 @@ impl TurnRunner for SuperviseRunner {
 
     fn sandbox_delete(&self, runc: &Runc, bundle: &Path, id: &str) -> Result<(), ShimError> {
         run_runc(runc, bundle, runc.delete_args(id), "delete")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::finished_and_session;
+
+    /// A killed run's events: finished or not, and the session they name.
+    #[test]
+    fn events_say_whether_the_turn_finished_and_its_session() {
+        assert_eq!(finished_and_session(""), (false, None));
+        let started = r#"{"type":"turn.started","payload":{"session_id":"SES-1"}}"#;
+        let finished = r#"{"type":"turn.finished","payload":{"session_id":"SES-1"}}"#;
+        assert_eq!(
+            finished_and_session(&format!("{started}\n")),
+            (false, Some("SES-1".to_owned()))
+        );
+        assert_eq!(
+            finished_and_session(&format!("not json\n{started}\n{finished}\n")),
+            (true, Some("SES-1".to_owned()))
+        );
     }
 }

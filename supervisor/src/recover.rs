@@ -554,9 +554,22 @@ pub struct AllRecovery {
     pub dead_warm_cgroups: Vec<String>,
 }
 
+/// Whether [`recover_all`] waits for a session a live supervisor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// Wait for its turn to end, then recover (boot scripts, a starting
+    /// daemon: every session is settled).
+    Wait,
+    /// Pass over it: a held lock is a live writer, which leaves nothing to
+    /// settle (the containerd shim after its `supervise run` died, which
+    /// must not wait on other pods' turns).
+    Skip,
+}
+
 pub fn recover_all(
     state: &StateDir,
     workspace: Option<&Workspace>,
+    busy: Busy,
     cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<AllRecovery> {
@@ -564,8 +577,14 @@ pub fn recover_all(
     let mut sessions = Vec::new();
     for (id, ws) in known_sessions(state, workspace) {
         let session = Session::open(&ws, state, &id, None)?;
-        let (_lock, r) = lock_for_write(&session, cgroup_place, clock)?;
-        sessions.push(r);
+        let lock = match busy {
+            Busy::Wait => session.lock()?,
+            Busy::Skip => match session.try_lock()? {
+                Some(lock) => lock,
+                None => continue,
+            },
+        };
+        sessions.push(recover_held(&session, &lock, cgroup_place, clock)?);
     }
     Ok(AllRecovery {
         swept,

@@ -1386,3 +1386,34 @@ fn usage_errors_under_json_are_json() {
     assert_eq!(r.status, 0);
     assert!(r.stdout.contains("Usage"), "{}", r.stdout);
 }
+
+/// `recover --session SID` (needs --root) settles that one session, and
+/// `--skip-busy` passes over a session a live supervisor holds instead of
+/// waiting for it (the containerd shim's recovery after its `supervise run`
+/// was killed, red-team wave 3).
+#[test]
+fn recover_one_session_or_skip_the_busy_ones() {
+    let fx = Fixture::new();
+    let sid = fx.new_session();
+    let r = fx.supervise(&["recover"], &["--session", &sid, "--json"]);
+    assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["sessions_checked"], 1, "{}", r.stdout);
+    let r = fx.supervise(&["recover"], &["--session", "SES-nope", "--json"]);
+    assert_eq!(r.status, 2, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["error"]["code"], "TS1004", "{}", r.stdout);
+    let state = fx.state.display().to_string();
+    let r = Fixture::raw(&["recover", "--state-dir", &state, "--session", &sid]);
+    assert_eq!(r.status, 2, "--session without --root: {}", r.stderr);
+    // A session whose lock is held: passed over at once with --skip-busy.
+    let lock = fx.state.join(format!("sessions/{sid}/lock"));
+    assert!(lock.exists(), "{}", lock.display());
+    let held = std::fs::File::open(&lock).unwrap();
+    nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusive)
+        .map(|held| {
+            let r = fx.supervise(&["recover"], &["--skip-busy", "--json"]);
+            assert_eq!(r.status, 0, "{}{}", r.stdout, r.stderr);
+            assert_eq!(r.json()["sessions_checked"], 0, "{}", r.stdout);
+            drop(held);
+        })
+        .unwrap();
+}

@@ -1108,3 +1108,99 @@ fn issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing() {
         );
     }
 }
+
+/// Red-team finding (wave 3): a `supervise run` SIGKILLed under the shim
+/// (native backend: its turn's mounts and cgroup outlive it) is recovered
+/// by the shim before containerd hears the exit — the turn closed in its
+/// ledger, no turn directory, mount or process left — not only by a later
+/// `supervise recover` (a pod's session seldom has another turn).
+#[test]
+fn a_sigkilled_supervise_run_under_the_shim_is_recovered_by_the_shim() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(setup) = setup("a_sigkilled_supervise_run_under_the_shim_is_recovered_by_the_shim")
+    else {
+        return;
+    };
+    let before = Leftovers::before();
+    let fx = Fixture::new();
+    let sid;
+    {
+        let mut c = containerd(&setup);
+        fx.install("bb", BUSYBOX_MANIFEST);
+        options_file(c.dir.path(), &fx.state, &fx.root, serde_json::json!({}));
+        let id = "runkill";
+        let mut child = spawn_ctr_run(
+            &c,
+            &["--annotation", "io.turnstile.outputs=[]"],
+            id,
+            &["sh", "-c", "echo READY; sleep 30"],
+        );
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "READY", "{line}\n{}", c.log());
+        sid = std::fs::read_dir(fx.state.join("sessions"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|s| s.starts_with("SES-"))
+            .expect("the turn's session");
+        let runs: Vec<(i32, String)> = c
+            .processes()
+            .into_iter()
+            .filter(|(_, cmd)| {
+                cmd.contains("supervise") && cmd.contains(" run ") && cmd.contains(id)
+            })
+            .collect();
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(runs[0].0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "ctr run still waits 60 s after supervise run's SIGKILL\n{}",
+                c.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert_ne!(status.code(), Some(0));
+        // By the time containerd heard the exit, the shim had recovered it.
+        let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+        let last = ev.last().expect("evidence entries");
+        assert_eq!(last["turn_number"], 1, "{last}");
+        assert_eq!(last["status"], "aborted", "{last}");
+        assert!(
+            !fx.state.join(format!("sessions/{sid}/turn-1")).exists(),
+            "the killed turn's directory is left"
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(&fx.state.display().to_string()),
+            "mounts left under the state dir"
+        );
+        let v = Command::new(supervise_bin())
+            .args(["ledger", "verify", "--root"])
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args(["--session", &sid])
+            .output()
+            .unwrap();
+        assert!(v.status.success(), "{}", text(&v));
+        let left = turnstile_tests::containerd::processes_naming(&sid);
+        assert!(left.is_empty(), "left running: {left:?}");
+        before.assert_clean(
+            &mut c,
+            &[&fx.root, &fx.state, setup.image_dir.path()],
+            &[format!("turnstile/{sid}")],
+        );
+    }
+}

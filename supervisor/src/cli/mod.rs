@@ -426,6 +426,16 @@ pub struct RecoverArgs {
     /// Only the sessions of this workspace root.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
+    /// Only this session (needs --root): what one dead `supervise run`
+    /// left, without waiting on the other sessions' running turns (the
+    /// containerd shim's recovery after its turn's supervisor was killed).
+    #[arg(long, value_name = "SID", requires = "root")]
+    pub session: Option<String>,
+    /// Pass over a session whose lock a live supervisor holds (its turn is
+    /// running: nothing of it to settle) instead of waiting for its turn
+    /// to end.
+    #[arg(long, conflicts_with = "session")]
+    pub skip_busy: bool,
     /// Supervisor state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -1906,6 +1916,7 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
             format!("{} must be an absolute path", a.state_dir.display()),
         ));
     }
+    let session = a.session.as_deref().map(SessionId::parse).transpose()?;
     let workspace = a.root.as_deref().map(Workspace::open).transpose()?;
     let state = match &workspace {
         Some(ws) => StateDir::open(&a.state_dir, ws, false)?,
@@ -1915,12 +1926,31 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
         swept,
         sessions,
         dead_warm_cgroups,
-    } = crate::recover::recover_all(
-        &state,
-        workspace.as_ref(),
-        &crate::sandbox::cgroup::Place::host(),
-        &SystemClock,
-    )?;
+    } = match (&session, &workspace) {
+        (Some(id), Some(ws)) => {
+            let session = crate::store::session::Session::open(ws, &state, id, None)?;
+            let (_lock, r) = crate::recover::lock_for_write(
+                &session,
+                &crate::sandbox::cgroup::Place::host(),
+                &SystemClock,
+            )?;
+            crate::recover::AllRecovery {
+                sessions: vec![r],
+                ..Default::default()
+            }
+        }
+        _ => crate::recover::recover_all(
+            &state,
+            workspace.as_ref(),
+            if a.skip_busy {
+                crate::recover::Busy::Skip
+            } else {
+                crate::recover::Busy::Wait
+            },
+            &crate::sandbox::cgroup::Place::host(),
+            &SystemClock,
+        )?,
+    };
     let acted: Vec<&crate::recover::SessionRecovery> =
         sessions.iter().filter(|r| !r.is_empty()).collect();
     let stdout = if a.json {

@@ -517,6 +517,7 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
     let all = crate::recover::recover_all(
         &crate::store::layout::StateDir::at(&state_dir),
         None,
+        crate::recover::Busy::Wait,
         &crate::sandbox::cgroup::Place::host(),
         &crate::ids::SystemClock,
     )?;

@@ -115,6 +115,20 @@ impl Drop for SessionLock {
 
 /// Opens (creating) and exclusively locks a session lock file.
 pub(crate) fn lock_path(path: &Path, id: &SessionId) -> Result<SessionLock> {
+    // A blocking lock is never refused for being held.
+    lock_path_as(path, id, FlockArg::LockExclusive)?.ok_or_else(|| SupervisorError::StateIo {
+        op: "lock session",
+        path: path.to_path_buf(),
+        source: nix::errno::Errno::EWOULDBLOCK.into(),
+    })
+}
+
+/// [`lock_path`] without waiting: `None` while another holds it.
+pub(crate) fn try_lock_path(path: &Path, id: &SessionId) -> Result<Option<SessionLock>> {
+    lock_path_as(path, id, FlockArg::LockExclusiveNonblock)
+}
+
+fn lock_path_as(path: &Path, id: &SessionId, mode: FlockArg) -> Result<Option<SessionLock>> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -134,20 +148,24 @@ pub(crate) fn lock_path(path: &Path, id: &SessionId) -> Result<SessionLock> {
                 source,
             },
         })?;
-    let flock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| {
-        SupervisorError::StateIo {
-            op: "lock session",
-            path: path.to_path_buf(),
-            source: errno.into(),
+    let flock = match Flock::lock(file, mode) {
+        Ok(f) => f,
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
+        Err((_, errno)) => {
+            return Err(SupervisorError::StateIo {
+                op: "lock session",
+                path: path.to_path_buf(),
+                source: errno.into(),
+            });
         }
-    })?;
+    };
     let (found, stamp) = Stamp::renew(&flock);
-    Ok(SessionLock {
+    Ok(Some(SessionLock {
         flock,
         found,
         stamp,
         changed: std::sync::atomic::AtomicBool::new(false),
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -396,6 +396,12 @@ impl Session {
         lock_path(&self.state.session_lock(&self.id), &self.id)
     }
 
+    /// The session's lock if no one holds it (`None`: a live supervisor
+    /// does, for a running turn).
+    pub fn try_lock(&self) -> Result<Option<SessionLock>> {
+        crate::store::lock::try_lock_path(&self.state.session_lock(&self.id), &self.id)
+    }
+
     pub fn state(&self) -> &StateDir {
         &self.state
     }
