@@ -280,6 +280,11 @@ fn annotation<'a>(spec: &'a Spec, key: &'static str) -> Result<Option<&'a str>, 
             key,
             reason: "is empty".into(),
         }),
+        // Never a valid value, and never passed on as an argument.
+        Some(v) if v.contains('\0') => Err(ShimError::Annotation {
+            key,
+            reason: "holds a NUL byte".into(),
+        }),
         Some(v) => Ok(Some(v.as_str())),
     }
 }
@@ -340,19 +345,31 @@ pub fn request_from_spec(spec: &Spec) -> Result<Request, ShimError> {
             key: OUTPUTS,
             reason: format!("not a JSON list of {{\"path\", \"role\"}}: {e}"),
         })?;
-    if let Some(o) = outputs
-        .iter()
-        .find(|o| o.path.is_empty() || o.role.is_empty() || o.role.contains(':'))
-    {
+    if let Some(o) = outputs.iter().find(|o| {
+        o.path.is_empty()
+            || o.role.is_empty()
+            || o.role.contains(':')
+            || o.path.contains('\0')
+            || o.role.contains('\0')
+    }) {
         return Err(ShimError::Annotation {
             key: OUTPUTS,
             reason: format!(
-                "output {{path: `{}`, role: `{}`}}: path and role must be non-empty, the role without ':'",
-                o.path, o.role
+                "output {{path: `{}`, role: `{}`}}: path and role must be non-empty and hold no NUL byte, the role without ':'",
+                o.path.escape_debug(),
+                o.role.escape_debug()
             ),
         });
     }
     let work_order = annotation(spec, WORK_ORDER)?.map(str::to_owned);
+    // Checked at Create as `supervise run` would at Start: a value it
+    // refuses (or one that reads as a flag) never gets that far.
+    if let Some(w) = &work_order {
+        turnstile_policy::request::validate_work_order(w).map_err(|e| ShimError::Annotation {
+            key: WORK_ORDER,
+            reason: e.to_string(),
+        })?;
+    }
     let process = spec.process.clone().unwrap_or_default();
     if process.terminal {
         return Err(ShimError::Spec {
@@ -659,9 +676,43 @@ mod tests {
                 vec![],
                 "process.args",
             ),
+            // Red-team (wave 3): refused at Create, naming the annotation,
+            // not when `supervise run` reads them at Start.
+            (
+                vec![
+                    (WORKSPACE, "ws"),
+                    (PACKAGE, "bb"),
+                    (OUTPUTS, r#"[{"path":"a\u0000b","role":"r"}]"#),
+                ],
+                vec!["/bin/sh"],
+                OUTPUTS,
+            ),
+            (
+                vec![
+                    (WORKSPACE, "ws"),
+                    (PACKAGE, "bb"),
+                    (OUTPUTS, "[]"),
+                    (WORK_ORDER, "--backend=native"),
+                ],
+                vec!["/bin/sh"],
+                WORK_ORDER,
+            ),
+            (
+                vec![
+                    (WORKSPACE, "ws"),
+                    (PACKAGE, "bb"),
+                    (OUTPUTS, "[]"),
+                    (WORK_ORDER, "WO-1\nx"),
+                ],
+                vec!["/bin/sh"],
+                WORK_ORDER,
+            ),
         ] {
             let e = turn(&ann, &args).unwrap_err();
             assert!(e.to_string().contains(field), "{field}: {e}");
+            if field != "process.args" {
+                assert_eq!(e.code(), "TS1201", "{field}: {e}");
+            }
         }
     }
 
