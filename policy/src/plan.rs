@@ -867,9 +867,13 @@ impl<'a> Compiler<'a> {
                 // Landlock resolves a rule's path where it is made, in the
                 // sandbox: a link there to `/` or above the workspace would
                 // grant all of the view, whatever the pattern narrowed.
+                let named = match hit.trim_end_matches('/') {
+                    "" => "/",
+                    h => h,
+                };
                 if let Some(target) = fs
                     .canonical(&hit)
-                    .filter(|c| *c != hit && (c == "/" || within(root, c)))
+                    .filter(|c| c != named && (c == "/" || within(root, c)))
                 {
                     return Err(PlanError::LinkWidens {
                         pattern: p.to_string(),
@@ -1510,6 +1514,9 @@ mod tests {
                 );
             }
         }
+        // `**` names the workspace root itself (`/ws/`): not a link.
+        let m = r#"{"capabilities":{"read":["**"],"execute":["installed/p/run.sh"]}}"#;
+        assert!(compile_for(m, &["installed/p/run.sh"], &tree()).is_ok());
         let mut fs = tree();
         fs.kinds.insert("/ws/data/etc".into(), FileKind::Symlink);
         fs.links.insert("/ws/data/etc".into(), "/etc".into());
