@@ -212,6 +212,47 @@ fn run(c: &Containerd, id: &str, outputs: Option<&str>, script: &str) -> Output 
     c.ctr(&args)
 }
 
+/// SIGKILLs `pid`, then waits (at most `secs`) for `ctr run` to end; its
+/// exit status must not be success.
+fn kill9_and_wait(
+    c: &Containerd,
+    child: &mut std::process::Child,
+    pid: i32,
+    secs: u64,
+    what: &str,
+) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(secs),
+            "{what}: ctr run still waits {secs} s after the SIGKILL\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_ne!(status.code(), Some(0), "{what}");
+}
+
+/// `supervise ledger verify` of `sid` passes.
+fn assert_ledgers_verify(fx: &Fixture, sid: &str, what: &str) {
+    let v = Command::new(supervise_bin())
+        .args(["ledger", "verify", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(["--session", sid])
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{what}: {}", text(&v));
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -1051,24 +1092,14 @@ fn issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing() {
                 .find(|s| !known.contains(s))
                 .expect("the turn's session");
             sessions.push(sid.clone());
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(shims[0].0),
-                nix::sys::signal::Signal::SIGKILL,
-            );
             // ctr sees the task end (containerd ran the dead shim's delete).
-            let started = std::time::Instant::now();
-            let status = loop {
-                if let Some(s) = child.try_wait().unwrap() {
-                    break s;
-                }
-                assert!(
-                    started.elapsed() < std::time::Duration::from_secs(30),
-                    "{backend:?}: ctr run still waits 30 s after the shim's SIGKILL\n{}",
-                    c.log()
-                );
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            };
-            assert_ne!(status.code(), Some(0), "{backend:?}");
+            kill9_and_wait(
+                &c,
+                &mut child,
+                shims[0].0,
+                30,
+                &format!("{backend:?}: the shim"),
+            );
             // The turn ended, recorded; nothing of it committed.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
             let last = loop {
@@ -1088,15 +1119,7 @@ fn issue_25_a_sigkilled_shim_ends_its_turn_recorded_and_leaves_nothing() {
                 !fx.root.join(format!("output/{sid}/r.txt")).exists(),
                 "{backend:?}: the killed turn's output was committed"
             );
-            let v = Command::new(supervise_bin())
-                .args(["ledger", "verify", "--root"])
-                .arg(&fx.root)
-                .arg("--state-dir")
-                .arg(&fx.state)
-                .args(["--session", &sid])
-                .output()
-                .unwrap();
-            assert!(v.status.success(), "{backend:?}: {}", text(&v));
+            assert_ledgers_verify(&fx, &sid, &format!("{backend:?}"));
             let left: Vec<(i32, String)> = turnstile_tests::containerd::processes_naming(&sid);
             assert!(left.is_empty(), "{backend:?}: left running: {left:?}");
         }
@@ -1155,23 +1178,7 @@ fn a_sigkilled_supervise_run_under_the_shim_is_recovered_by_the_shim() {
             })
             .collect();
         assert_eq!(runs.len(), 1, "{runs:?}");
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(runs[0].0),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let started = std::time::Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(60),
-                "ctr run still waits 60 s after supervise run's SIGKILL\n{}",
-                c.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        assert_ne!(status.code(), Some(0));
+        kill9_and_wait(&c, &mut child, runs[0].0, 60, "supervise run");
         // By the time containerd heard the exit, the shim had recovered it.
         let ev = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
         let last = ev.last().expect("evidence entries");
@@ -1186,15 +1193,7 @@ fn a_sigkilled_supervise_run_under_the_shim_is_recovered_by_the_shim() {
             !mounts.contains(&fx.state.display().to_string()),
             "mounts left under the state dir"
         );
-        let v = Command::new(supervise_bin())
-            .args(["ledger", "verify", "--root"])
-            .arg(&fx.root)
-            .arg("--state-dir")
-            .arg(&fx.state)
-            .args(["--session", &sid])
-            .output()
-            .unwrap();
-        assert!(v.status.success(), "{}", text(&v));
+        assert_ledgers_verify(&fx, &sid, "supervise run");
         let left = turnstile_tests::containerd::processes_naming(&sid);
         assert!(left.is_empty(), "left running: {left:?}");
         before.assert_clean(
