@@ -115,14 +115,13 @@ pub enum SupervisorError {
         minimum_by: String,
     },
 
+    /// The owner is not named to the requester (another tenant learns
+    /// nothing of who holds the session); the owner's evidence records
+    /// both.
     #[error(
-        "session `{session}` belongs to {owner}, not to {requester}: nothing was run (the refusal is recorded in the owner's evidence)"
+        "session `{session}` is not {requester}'s: nothing was run (the refusal is recorded in the owner's evidence)"
     )]
-    SessionNotOwned {
-        session: String,
-        owner: String,
-        requester: String,
-    },
+    SessionNotOwned { session: String, requester: String },
 
     #[error("invalid `--cgroup-parent` {value}: {reason}; nothing was created")]
     CgroupParentInvalid { value: String, reason: String },

@@ -65,6 +65,13 @@ fn issue_25_a_session_belongs_to_its_tenant_and_package() {
         assert_eq!(status, 2, "{who}: {v}");
         assert_eq!(v["error"]["code"], "TS1041", "{who}: {v}");
         assert_eq!(v["error"]["field"], "session", "{who}: {v}");
+        // The refusal names no owner to the requester (red-team, wave 3):
+        // neither its tenant nor its package; the owner's evidence does.
+        let told = v["error"]["message"].as_str().unwrap();
+        assert!(
+            !told.contains("tenant `team-a`, package `k`"),
+            "{who}: {told}"
+        );
         let after: Vec<_> = fx
             .snapshot()
             .into_iter()

@@ -468,7 +468,6 @@ impl Session {
         crate::store::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
         Err(SupervisorError::SessionNotOwned {
             session: self.id.to_string(),
-            owner: owner.to_string(),
             requester: requester.to_string(),
         })
     }
