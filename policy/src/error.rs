@@ -141,15 +141,34 @@ pub enum PolicyError {
     #[error("invalid turn request: field `{field}`: {reason}")]
     InvalidRequest { field: String, reason: String },
 
-    #[error("invalid session id `{value}`: {reason}")]
+    #[error("invalid session id `{}`: {reason}", shown(value))]
     InvalidSessionId { value: String, reason: String },
 
-    #[error("invalid package id `{value}`: {reason}")]
+    #[error("invalid package id `{}`: {reason}", shown(value))]
     InvalidPackageId { value: String, reason: String },
 
     #[error("the random source failed: {0}")]
     Random(String),
 }
+
+/// A refused value as a message echoes it: control characters escaped,
+/// and at most [`SHOWN_MAX`] characters of it (an id is far shorter; a
+/// 100 kB one is not copied into every log and reply).
+pub fn shown(value: &str) -> String {
+    let mut out: String = value
+        .chars()
+        .take(SHOWN_MAX)
+        .flat_map(char::escape_debug)
+        .collect();
+    let rest = value.chars().count().saturating_sub(SHOWN_MAX);
+    if rest > 0 {
+        out += &format!("… ({rest} more characters)");
+    }
+    out
+}
+
+/// See [`shown`].
+const SHOWN_MAX: usize = 96;
 
 impl PolicyError {
     /// The stable code for this error.
@@ -188,6 +207,22 @@ impl PolicyError {
 mod tests {
     use super::codes;
     use std::collections::HashSet;
+
+    #[test]
+    fn a_refused_id_is_echoed_bounded_and_escaped() {
+        let e = super::PolicyError::InvalidSessionId {
+            value: format!("SES-{}\n", "a".repeat(100_000)),
+            reason: "wrong length".into(),
+        };
+        let m = e.to_string();
+        assert!(m.len() < 300, "{}", m.len());
+        assert!(m.contains("more characters"), "{m}");
+        let e = super::PolicyError::InvalidPackageId {
+            value: "a\nb".into(),
+            reason: "r".into(),
+        };
+        assert!(e.to_string().contains("a\\nb"), "{e}");
+    }
 
     #[test]
     fn codes_are_unique() {

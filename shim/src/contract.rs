@@ -454,6 +454,20 @@ fn resolve_program(program: &str, env: &[String], rootfs: &Path) -> String {
 }
 
 impl Turn {
+    /// `supervise`'s message as the pod may read it: the workspace's host
+    /// root is shown as the name the pod gave it (a pod learns no host
+    /// path of the node through a refusal).
+    pub fn redact(&self, message: &str) -> String {
+        let root = self.workspace.to_string_lossy();
+        if root.is_empty() || root == "/" {
+            return message.to_owned();
+        }
+        message.replace(
+            root.as_ref(),
+            &format!("<workspace {}>", self.workspace_name),
+        )
+    }
+
     /// The flags `check` and `run` share: workspace, state, package,
     /// session, outputs, rootfs.
     fn common(&self, options: &Options) -> Vec<String> {
@@ -634,6 +648,24 @@ mod tests {
             Path::new("/b"),
             "team-a",
         ))
+    }
+
+    #[test]
+    fn a_refusal_shows_the_pod_its_workspace_name_not_the_host_path() {
+        let mut t = turn(
+            &[(WORKSPACE, "ws"), (PACKAGE, "bb"), (OUTPUTS, "[]")],
+            &["/bin/sh"],
+        )
+        .unwrap();
+        t.workspace = PathBuf::from("/srv/tenants/a");
+        let shown = t.redact(
+            "error[TS1001 PACKAGE_NOT_FOUND]: package `nope` not found: no manifest at /srv/tenants/a/installed/nope/manifest.json",
+        );
+        assert!(!shown.contains("/srv/tenants"), "{shown}");
+        assert!(
+            shown.contains("<workspace ws>/installed/nope/manifest.json"),
+            "{shown}"
+        );
     }
 
     #[test]

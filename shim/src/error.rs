@@ -161,6 +161,25 @@ fn unavailable_code(message: &str) -> &'static str {
         .unwrap_or("E2040")
 }
 
+/// The most of an error message containerd (and the pod's events) get:
+/// a value the pod chose is echoed, but never a 100 kB one.
+const MESSAGE_MAX: usize = 2048;
+
+/// `message` cut at [`MESSAGE_MAX`] bytes (on a character boundary),
+/// saying how much was left out.
+fn bounded(mut message: String) -> String {
+    if message.len() <= MESSAGE_MAX {
+        return message;
+    }
+    let mut cut = MESSAGE_MAX;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let left = message.len() - cut;
+    message.truncate(cut);
+    message + &format!("… ({left} more bytes)")
+}
+
 impl From<ShimError> for ttrpc::Error {
     fn from(e: ShimError) -> Self {
         let mut message = format!("turnstile: {} {e}", e.code());
@@ -169,7 +188,7 @@ impl From<ShimError> for ttrpc::Error {
             message += &format!(": {s}");
             source = s.source();
         }
-        ttrpc::Error::RpcStatus(ttrpc::get_status(e.ttrpc_code(), message))
+        ttrpc::Error::RpcStatus(ttrpc::get_status(e.ttrpc_code(), bounded(message)))
     }
 }
 
@@ -223,5 +242,27 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_message_to_containerd_is_bounded() {
+        let long = "é".repeat(60_000);
+        match ttrpc::Error::from(ShimError::Refused(format!("TS1004 session `{long}`"))) {
+            ttrpc::Error::RpcStatus(s) => {
+                assert!(
+                    s.message().len() <= MESSAGE_MAX + 40,
+                    "{}",
+                    s.message().len()
+                );
+                assert!(s.message().contains("TS1004"));
+                assert!(
+                    s.message().ends_with("more bytes)"),
+                    "{}",
+                    &s.message()[2000..]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(bounded("short".into()), "short");
     }
 }

@@ -370,8 +370,8 @@ impl TaskService {
             Ok(Checked::Refused {
                 exit: RunExit::Unavailable,
                 message,
-            }) => Err(ShimError::Unavailable(message)),
-            Ok(Checked::Refused { message, .. }) => Err(ShimError::Refused(message)),
+            }) => Err(ShimError::Unavailable(turn.redact(&message))),
+            Ok(Checked::Refused { message, .. }) => Err(ShimError::Refused(turn.redact(&message))),
             Err(e) => Err(e),
         };
         if let Err(e) = admitted {
