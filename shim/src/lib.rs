@@ -6,6 +6,7 @@
 //! crate (`cargo xtask fuzz`, targets `annotations` and `shim_options`).
 
 pub mod contract;
+pub mod cri;
 pub mod error;
 pub mod exit;
 pub mod podcgroup;

@@ -24,15 +24,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use crate::cri::{CRI_CONTAINER_TYPE, CRI_CONTAINERD_NAMESPACE, CRI_SANDBOX, CRI_SANDBOX_ID};
 use crate::error::ShimError;
-
-/// The annotation the CRI plugin marks its containers with.
-pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
-/// Its value on the pod sandbox container.
-pub const CRI_SANDBOX: &str = "sandbox";
-/// The pod sandbox's id, which the CRI plugin also sets on the sandbox
-/// container itself (where it equals the container's id).
-pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
 /// The pid file `runc create` writes, in the bundle.
 pub const PID_FILE: &str = "turnstile-sandbox.pid";
@@ -58,7 +51,7 @@ pub fn is_cri_sandbox(
     if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) != Some(CRI_SANDBOX) {
         return Ok(false);
     }
-    let cri = crate::workspaces::CRI_CONTAINERD_NAMESPACE;
+    let cri = CRI_CONTAINERD_NAMESPACE;
     if namespace != cri {
         return Err(ShimError::Spec {
             field: "annotations",
@@ -188,7 +181,7 @@ mod tests {
 
     #[test]
     fn only_the_cri_plugins_sandbox_annotations_mark_a_sandbox() {
-        let k8s = crate::workspaces::CRI_CONTAINERD_NAMESPACE;
+        let k8s = CRI_CONTAINERD_NAMESPACE;
         let mut a = std::collections::BTreeMap::new();
         assert!(!is_cri_sandbox(&a, "sb1", k8s).unwrap());
         a.insert(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned());

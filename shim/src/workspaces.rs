@@ -18,14 +18,9 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::cri::{CRI_CONTAINER_TYPE, CRI_CONTAINERD_NAMESPACE, CRI_SANDBOX_NAMESPACE};
 use crate::error::ShimError;
 
-/// containerd's namespace for everything its CRI plugin creates (1.6:
-/// `constants.K8sContainerdNamespace`).
-pub const CRI_CONTAINERD_NAMESPACE: &str = "k8s.io";
-/// The pod's Kubernetes namespace, which the CRI plugin writes on every
-/// container's spec (containerd 1.6 `annotations.SandboxNamespace`).
-pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 /// The kubelet's name for the same thing (a container label there); read
 /// only to refuse a spec where it disagrees with the CRI plugin's.
 pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
@@ -246,7 +241,7 @@ pub fn namespace_of(
     annotations: &BTreeMap<String, String>,
 ) -> Result<String, ShimError> {
     let cri_container = annotations
-        .get(crate::sandbox::CRI_CONTAINER_TYPE)
+        .get(CRI_CONTAINER_TYPE)
         .is_some_and(|t| t == "container");
     if containerd_namespace != CRI_CONTAINERD_NAMESPACE || !cri_container {
         return Ok(containerd_namespace.to_owned());
@@ -397,7 +392,7 @@ mod tests {
                 .collect()
         };
         let cri = [
-            (crate::sandbox::CRI_CONTAINER_TYPE, "container"),
+            (CRI_CONTAINER_TYPE, "container"),
             (CRI_SANDBOX_NAMESPACE, "team-a"),
         ];
         assert_eq!(namespace_of("default", &ann(&[])).unwrap(), "default");
@@ -406,11 +401,7 @@ mod tests {
         assert_eq!(namespace_of("default", &ann(&cri)).unwrap(), "default");
         // k8s.io without the CRI's container marking: containerd's.
         assert_eq!(namespace_of("k8s.io", &ann(&[])).unwrap(), "k8s.io");
-        let e = namespace_of(
-            "k8s.io",
-            &ann(&[(crate::sandbox::CRI_CONTAINER_TYPE, "container")]),
-        )
-        .unwrap_err();
+        let e = namespace_of("k8s.io", &ann(&[(CRI_CONTAINER_TYPE, "container")])).unwrap_err();
         assert_eq!(e.code(), "TS1049");
         let mut both = cri.to_vec();
         both.push((POD_NAMESPACE, "team-b"));

@@ -14,6 +14,7 @@ use nix::sys::signal::Signal;
 
 use super::*;
 use crate::contract::{Backend, OUTPUTS, PACKAGE, SESSION, WORKSPACE};
+use crate::cri;
 use crate::runner::Process;
 
 /// What the service asked the runner to do, in order.
@@ -846,13 +847,10 @@ fn issue_24_a_runner_failing_at_kill_fails_kill_and_the_turn_runs_on() {
 
 #[test]
 fn issue_24_a_runner_failing_at_delete_keeps_the_sandbox_for_a_retry() {
-    let f = fixture_in(
-        crate::workspaces::CRI_CONTAINERD_NAMESPACE,
-        serde_json::json!({}),
-    );
+    let f = fixture_in(crate::cri::CRI_CONTAINERD_NAMESPACE, serde_json::json!({}));
     f.spec(&[
-        (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
-        (sandbox::CRI_SANDBOX_ID, ID),
+        (cri::CRI_CONTAINER_TYPE, cri::CRI_SANDBOX),
+        (cri::CRI_SANDBOX_ID, ID),
     ]);
     assert_eq!(f.create().unwrap().pid, 777);
     assert_eq!(f.start().unwrap(), 777);
@@ -881,13 +879,10 @@ fn issue_24_a_runner_failing_at_delete_keeps_the_sandbox_for_a_retry() {
 
 #[test]
 fn issue_24_a_sandbox_that_runc_cannot_create_is_cleaned_up() {
-    let f = fixture_in(
-        crate::workspaces::CRI_CONTAINERD_NAMESPACE,
-        serde_json::json!({}),
-    );
+    let f = fixture_in(crate::cri::CRI_CONTAINERD_NAMESPACE, serde_json::json!({}));
     f.spec(&[
-        (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
-        (sandbox::CRI_SANDBOX_ID, ID),
+        (cri::CRI_CONTAINER_TYPE, cri::CRI_SANDBOX),
+        (cri::CRI_SANDBOX_ID, ID),
     ]);
     *f.runner.fail.lock().unwrap() = Some(Step::SandboxCreate);
     assert_eq!(f.create().unwrap_err().code(), "TS1208");
@@ -963,8 +958,8 @@ fn the_sandbox_exemption_holds_only_in_the_cri_namespace() {
     for ns in ["default", "tenant-b"] {
         let f = fixture_in(ns, serde_json::json!({}));
         f.spec(&[
-            (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
-            (sandbox::CRI_SANDBOX_ID, ID),
+            (cri::CRI_CONTAINER_TYPE, cri::CRI_SANDBOX),
+            (cri::CRI_SANDBOX_ID, ID),
         ]);
         let e = f.create().unwrap_err();
         assert!(e.to_string().contains("k8s.io"), "{e}");
@@ -981,13 +976,10 @@ fn issue_25_an_unknown_io_turnstile_annotation_is_refused_even_on_a_sandbox() {
     let e = f.create().unwrap_err();
     assert!(e.to_string().contains("io.turnstile.foo"), "{e}");
     f.assert_refused_cleanly(&e, "TS1047", &[]);
-    let f = fixture_in(
-        crate::workspaces::CRI_CONTAINERD_NAMESPACE,
-        serde_json::json!({}),
-    );
+    let f = fixture_in(crate::cri::CRI_CONTAINERD_NAMESPACE, serde_json::json!({}));
     f.spec(&[
-        (sandbox::CRI_CONTAINER_TYPE, sandbox::CRI_SANDBOX),
-        (sandbox::CRI_SANDBOX_ID, ID),
+        (cri::CRI_CONTAINER_TYPE, cri::CRI_SANDBOX),
+        (cri::CRI_SANDBOX_ID, ID),
         ("io.turnstile.workspace-root", "/etc"),
     ]);
     let e = f.create().unwrap_err();
@@ -1020,9 +1012,9 @@ fn issue_25_on_the_cri_path_the_pods_namespace_is_checked() {
     let cri = |pod_ns: &'static str| {
         let mut ann = CONTRACT.to_vec();
         ann.extend([
-            (sandbox::CRI_CONTAINER_TYPE, "container"),
-            (sandbox::CRI_SANDBOX_ID, "sb1"),
-            (workspaces::CRI_SANDBOX_NAMESPACE, pod_ns),
+            (cri::CRI_CONTAINER_TYPE, "container"),
+            (cri::CRI_SANDBOX_ID, "sb1"),
+            (cri::CRI_SANDBOX_NAMESPACE, pod_ns),
         ]);
         ann
     };
