@@ -104,6 +104,23 @@ for p in json.loads(sys.argv[1]):
             c = socket.create_connection((p.get("server", "127.0.0.53"), 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
             resp = c.recv(4096)[2:]
             r = "rcode=%d answers=%d" % (resp[3] & 15, struct.unpack("!H", resp[6:8])[0])
+        elif k == "rawname":
+            # A query whose labels are given as they are (a label may hold
+            # a dot), then a connection to the answer with that name as Host.
+            q = struct.pack("!HHHHHH", 11, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in p["labels"]) + b"\0\0\1\0\1"
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3); u.sendto(q, ("127.0.0.53", 53))
+            resp = u.recv(4096)
+            if resp[3] & 15 or struct.unpack("!H", resp[6:8])[0] == 0:
+                r = "rcode=%d" % (resp[3] & 15)
+            else:
+                c = socket.create_connection((socket.inet_ntoa(resp[-4:]), p["port"]), timeout=5)
+                c.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % ".".join(p["labels"]).encode())
+                data = b""
+                while True:
+                    d = c.recv(65536)
+                    if not d: break
+                    data += d
+                r = "ok:" + data.decode().strip()
         elif k == "urlopen":
             import urllib.request
             r = "ok:%d" % urllib.request.urlopen(p["url"], timeout=5).status
@@ -2364,4 +2381,58 @@ fn issue_26_bare_lf_http_on_443_is_checked_as_on_80() {
             ev["external_calls"]
         );
     }
+}
+
+/// Red-team wave 4, W1 (FR-RT-007 evidence): the name the policy matches
+/// is the name the supervisor resolves. A DNS label may hold any byte on
+/// the wire, a dot included: a query whose first label is `.` read as
+/// `..wild.test` matched `*.wild.test`, and the upstream lookup (the name
+/// split on its dots, empty labels dropped) asked for `wild.test`, the
+/// apex the wildcard does not list — the turn reached it. Such names are
+/// refused (NXDOMAIN, recorded); real subdomains still resolve.
+#[test]
+fn issue_26_a_dotted_dns_label_does_not_reach_the_wildcards_apex() {
+    if !root_and_tools("issue_26_a_dotted_dns_label_does_not_reach_the_wildcards_apex") {
+        return;
+    }
+    let _net = Internet::up();
+    let mut svc = Services::new();
+    let dns = svc.dns(&[
+        ("wild.test", &["203.0.113.10"]),
+        ("a.wild.test", &["203.0.113.11"]),
+        ("a.b.wild.test", &["203.0.113.11"]),
+    ]);
+    let fx = Fixture::new();
+    fx.install("w", &manifest("restricted", &["*.wild.test:80"]));
+    let probes = serde_json::json!([
+        {"kind": "rawname", "labels": [".", "wild", "test"], "port": 80},  // 0
+        {"kind": "rawname", "labels": ["a.", "wild", "test"], "port": 80}, // 1
+        {"kind": "rawname", "labels": ["a", "wild", "test"], "port": 80},  // 2
+        {"kind": "rawname", "labels": ["a", "b", "wild", "test"], "port": 80}, // 3
+        {"kind": "rawname", "labels": ["wild", "test"], "port": 80},       // 4
+    ]);
+    let (r, ev, _) = probe_via(&fx, "w", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in [0, 1] {
+        let got = result(&r, i).0;
+        assert!(
+            !got.contains("203.0.113.10"),
+            "probe {i} reached the apex wild.test: {got}"
+        );
+        assert_eq!(got, "rcode=3", "probe {i}");
+    }
+    assert_eq!(result(&r, 2).0, "ok:OK 203.0.113.11 80 GET / HTTP/1.1");
+    assert_eq!(result(&r, 3).0, "ok:OK 203.0.113.11 80 GET / HTTP/1.1");
+    assert_eq!(result(&r, 4).0, "rcode=3", "the apex is not listed");
+    assert!(
+        !calls(&ev, |c| c["protocol"] == "dns"
+            && c["allowed"] == false
+            && c["decided_by"]
+                .as_str()
+                .unwrap_or("")
+                .contains("not a host name"))
+        .is_empty(),
+        "{:#}",
+        ev["external_calls"]
+    );
 }

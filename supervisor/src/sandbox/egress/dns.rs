@@ -19,10 +19,35 @@ pub struct Query {
     pub id: u16,
     /// Lower-case, without the trailing dot.
     pub name: String,
+    /// Whether every label is a host-name label ([`host_label`]): only
+    /// then is `name` (its labels joined with dots) the name the query
+    /// asks for, and the name the supervisor resolves.
+    pub host: bool,
     pub qtype: u16,
     /// Where the question ends in the message.
     question_end: usize,
     rd: bool,
+}
+
+/// Whether a label's bytes (on the wire) may be part of a name the
+/// policy matches and the supervisor resolves: printable ASCII without a
+/// dot. A label may hold any byte on the wire, a dot included, but a name
+/// is matched and resolved as its labels joined with dots: a label `.`
+/// made `..wild.test` match `*.wild.test` while the upstream lookup
+/// (split on dots) asked for the apex `wild.test` (red-team wave 4, W1).
+/// Bytes outside ASCII would be replaced when made text, so two names
+/// would read alike.
+pub fn host_label(label: &[u8]) -> bool {
+    !label.is_empty()
+        && label
+            .iter()
+            .all(|c| (0x21..=0x7e).contains(c) && *c != b'.')
+}
+
+/// Whether `name` (labels joined with dots) is a host name the supervisor
+/// may resolve: its labels, split on dots, are what [`build_query`] asks.
+pub fn host_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 253 && name.split('.').all(|l| host_label(l.as_bytes()))
 }
 
 fn u16_at(b: &[u8], i: usize) -> Option<u16> {
@@ -40,6 +65,7 @@ pub fn parse_query(b: &[u8]) -> Option<Query> {
     }
     let mut i = 12;
     let mut labels: Vec<String> = Vec::new();
+    let mut host = true;
     loop {
         let len = *b.get(i)? as usize;
         i += 1;
@@ -50,6 +76,7 @@ pub fn parse_query(b: &[u8]) -> Option<Query> {
             return None;
         }
         let label = b.get(i..i + len)?;
+        host &= host_label(label);
         labels.push(String::from_utf8_lossy(label).to_ascii_lowercase());
         i += len;
     }
@@ -61,6 +88,7 @@ pub fn parse_query(b: &[u8]) -> Option<Query> {
     let _class = u16_at(b, i + 2)?;
     Some(Query {
         id,
+        host: host && !name.is_empty(),
         name,
         qtype,
         question_end: i + 4,
@@ -189,6 +217,34 @@ mod tests {
         ] {
             assert!(parse_query(bad).is_none());
         }
+        // Red-team wave 4, W1: a label holding a dot, or bytes outside
+        // printable ASCII, is no host name (its text would not be the name
+        // asked); the root is none either.
+        let raw = |labels: &[&[u8]]| {
+            let mut m = vec![0, 9, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+            for l in labels {
+                m.push(l.len() as u8);
+                m.extend_from_slice(l);
+            }
+            m.extend_from_slice(&[0, 0, 1, 0, 1]);
+            m
+        };
+        for (labels, host) in [
+            (&[&b"a"[..], b"wild", b"test"][..], true),
+            (&[&b"_srv"[..], b"x-y", b"test"][..], true),
+            (&[&b"."[..], b"wild", b"test"][..], false),
+            (&[&b"a.b"[..], b"test"][..], false),
+            (&[&b"a\xff"[..], b"test"][..], false),
+            (&[&b"a b"[..], b"test"][..], false),
+            (&[][..], false),
+        ] {
+            let p = parse_query(&raw(labels)).unwrap();
+            assert_eq!(p.host, host, "{labels:?}");
+            // The text of a dotted label reads as a host name; only the
+            // query's own labels tell.
+            assert!(!host || host_name(&p.name), "{labels:?}");
+        }
+        assert!(!host_name("..wild.test") && !host_name("a..b") && !host_name(""));
         // Truncated anywhere: never a panic.
         for n in 0..a.len() {
             let _ = parse_response(&a[..n], 7);

@@ -740,6 +740,11 @@ fn upstream() -> Option<SocketAddr> {
 
 /// Resolves `name` through the upstream resolver (A and AAAA).
 fn resolve(upstream: Option<SocketAddr>, name: &str) -> Result<Vec<IpAddr>, String> {
+    // Only a name whose text is the name asked (the policy matched that
+    // text): never a shorter one (red-team wave 4, W1).
+    if !dns::host_name(name) {
+        return Err(format!("`{name}` is not a host name"));
+    }
     let server = upstream.ok_or("no upstream resolver is configured")?;
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().unwrap_or(server)
@@ -1265,6 +1270,23 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
         return dns::formerr(raw);
     };
     let at = Instant::now();
+    if !q.host {
+        // Not a name the supervisor could resolve as asked (see
+        // [`dns::host_label`]): refused under either policy, recorded.
+        shared.record(shared.flow(
+            Some(&q.name),
+            crate::sandbox::egress::RESOLVER_ADDR.into(),
+            53,
+            "dns",
+            &Decision::Denied {
+                rule:
+                    "not a host name: a label holds a dot or a byte outside printable ASCII".into(),
+                hint: None,
+            },
+            at,
+        ));
+        return Some(dns::answer(&q, raw, dns::RCODE_NXDOMAIN, None));
+    }
     let allowed = shared.policy.resolves(&q.name);
     // Under `allow_egress` an unlisted name is answered only when it
     // exists upstream.
