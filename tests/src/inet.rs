@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 /// The internet namespace's servers: TCP on every test address answers
 /// `OK <addr> <port> <first line>` (after reading the client's first
 /// bytes), port 8080 (and `GET /big` on port 80) sends 1 MiB, `GET /ka`
-/// on port 80 answers every request of a keep-alive connection (with its
+/// on port 80 (and cleartext on 443) answers every request of a keep-alive connection (with its
 /// Host) until the client is idle for 1 s; UDP port 9053 on every test address
 /// echoes `ECHO <addr> <datagram>`; DNS on 203.0.113.53 answers the test
 /// names and appends every query name to the log.
@@ -38,7 +38,7 @@ def serve(l, addr, port):
                 line = first.split(b"\r\n")[0][:60].decode("latin1") if first and first[0] != 0x16 else ("tls" if first else "")
                 if port == 8080 or (port == 80 and b" /big " in first.split(b"\r\n")[0]):
                     c.sendall(b"x" * (1 << 20))
-                elif port == 80 and b" /ka " in first.split(b"\r\n")[0]:
+                elif port in (80, 443) and b" /ka " in first.split(b"\r\n")[0]:
                     # Keep-alive: every request answered (Content-Length)
                     # until the client is idle for 1 s.
                     buf = first; c.settimeout(1)

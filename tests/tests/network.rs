@@ -2436,3 +2436,104 @@ fn issue_26_a_dotted_dns_label_does_not_reach_the_wildcards_apex() {
         ev["external_calls"]
     );
 }
+
+/// Red-team wave 4, W2 (FR-RT-007 evidence): cleartext HTTP on port 443
+/// had only its first request checked, then was spliced unread: a
+/// keep-alive or pipelined second request naming another Host (and a
+/// second h2c stream with another `:authority`) reached the name's server
+/// — a virtual host the policy does not list. Cleartext HTTP on 443 now
+/// goes through port 80's guard: the second request resets the
+/// connection and is recorded; requests for the name keep working, and so
+/// do TLS and a server-first service on 443.
+#[test]
+fn issue_26_cleartext_http_on_443_checks_every_request() {
+    if !root_and_tools("issue_26_cleartext_http_on_443_checks_every_request") {
+        return;
+    }
+    let _net = Internet::up();
+    let mut svc = Services::new();
+    let dns = svc.dns(&[
+        ("good.test", &["203.0.113.10"]),
+        ("ssh.test", &["203.0.113.53"]),
+    ]);
+    svc.banner(
+        Some(&_net.ns),
+        "203.0.113.53",
+        443,
+        "SSH-2.0-turnstile-test",
+        false,
+    );
+    let fx = Fixture::new();
+    fx.install(
+        "c",
+        &manifest("restricted", &["good.test:443", "ssh.test:443"]),
+    );
+    let get = |path: &str, host: &str| hex(&format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"));
+    let pipelined = format!("{}{}", get("/ka", "good.test"), get("/ka", "second.test"));
+    let probes = serde_json::json!([
+        {"kind": "seq", "host": "good.test", "port": 443,
+         "sends": [get("/ka", "good.test"), get("/ka", "second.test")]},        // 0 keep-alive
+        {"kind": "seq", "host": "good.test", "port": 443, "sends": [pipelined]}, // 1 pipelined
+        {"kind": "seq", "host": "good.test", "port": 443,
+         "sends": [h2c_request("good.test"), h2c_stream(3, "second.test")]},   // 2 h2c
+        {"kind": "seq", "host": "good.test", "port": 443,
+         "sends": [get("/ka", "good.test"), get("/ka", "good.test")]},          // 3 same name
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello("good.test")}, // 4 TLS
+        {"kind": "serverfirst", "host": "ssh.test", "port": 443, "send": hex("SSH-2.0-client\r\n")}, // 5
+    ]);
+    let (r, ev, _) = probe_via(&fx, "c", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in [0, 1] {
+        let got = result(&r, i).0;
+        assert!(
+            !got.contains("second.test"),
+            "probe {i}: the second request reached the server: {got}"
+        );
+        assert!(
+            got.ends_with("end=ECONNRESET") || got.ends_with("end=eof"),
+            "probe {i}: {got}"
+        );
+    }
+    assert!(
+        result(&r, 0).0.contains("host=good.test|"),
+        "the first request got its answer: {:?}",
+        r[0]
+    );
+    let r2 = result(&r, 2).0;
+    assert!(r2.contains("OK 203.0.113.10 443 PRI * HTTP/2.0"), "{r2}");
+    assert!(
+        r2.ends_with("end=ECONNRESET") || r2.ends_with("end=eof"),
+        "{r2}"
+    );
+    assert_eq!(
+        result(&r, 3).0.matches("host=good.test").count(),
+        2,
+        "keep-alive requests for the name both succeed: {:?}",
+        r[3]
+    );
+    assert_eq!(result(&r, 4).0, "ok:OK 203.0.113.10 443 tls");
+    assert_eq!(
+        result(&r, 5).0,
+        "ok:SSH-2.0-turnstile-test|GOT SSH-2.0-client",
+        "a server-first service on 443 works"
+    );
+    let denied = |needle: &str| {
+        calls(&ev, |c| {
+            c["allowed"] == false
+                && c["name"] == "good.test"
+                && c["port"] == 443
+                && c["decided_by"].as_str().unwrap_or("").contains(needle)
+        })
+        .len()
+    };
+    assert!(
+        denied("HTTP Host `second.test`") >= 1,
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert!(
+        denied("HTTP/2 :authority `second.test`") >= 1,
+        "{:#}",
+        ev["external_calls"]
+    );
+}

@@ -1,5 +1,5 @@
-//! Cleartext HTTP on port 80: every request checked, not only the first
-//! (issue 26). The client→upstream direction of a connection opened for a
+//! Cleartext HTTP on port 80 (and on 443 when the client's first message
+//! is HTTP): every request checked, not only the first (issue 26). The client→upstream direction of a connection opened for a
 //! name goes through a [`Guard`], a bounded parser that passes bytes on
 //! only once the request they belong to is checked:
 //!

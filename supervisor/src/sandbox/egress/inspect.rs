@@ -233,6 +233,28 @@ pub(super) fn host_only(v: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// Whether a client's first bytes are cleartext HTTP, as [`first_bytes`]
+/// reads them: the HTTP/2 preface, or (after empty lines) an HTTP/1
+/// request line naming an `HTTP/` version. On a checked port the rest of
+/// such a connection goes through the port-80 guard; TLS and other
+/// protocols (an SSH banner, HTTP/0.9) are not HTTP here.
+pub fn cleartext_http(b: &[u8]) -> bool {
+    let skip = b
+        .iter()
+        .take_while(|c| **c == b'\r' || **c == b'\n')
+        .count();
+    let b = &b[skip..];
+    let n = b.len().min(H2_PREFACE.len());
+    if n > 0 && b[..n] == H2_PREFACE[..n] {
+        return true;
+    }
+    if !may_be_request(b) {
+        return false;
+    }
+    let line = b.split(|c| *c == b'\n').next().unwrap_or_default();
+    line.to_ascii_uppercase().windows(5).any(|w| w == b"HTTP/")
+}
+
 /// Whether `b` begins like an HTTP/1 request line: a method token and
 /// whitespace (lenient servers split on any, RFC 9112 §3), or the token
 /// alone while nothing else has come.
@@ -584,6 +606,27 @@ mod tests {
                 matches!(first_bytes(refused), Seen::Unreadable(_)),
                 "{:?}",
                 String::from_utf8_lossy(refused)
+            );
+        }
+        // What is guarded after the first request on a checked port.
+        for http in [
+            &b"GET / HTTP/1.1\r\nHost: a.rt\r\n\r\n"[..],
+            b"\r\nget / http/1.0\n\n",
+            H2_PREFACE,
+        ] {
+            assert!(cleartext_http(http), "{:?}", String::from_utf8_lossy(http));
+        }
+        for other in [
+            &b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"[..],
+            b"EHLO client.example\r\n",
+            b"GET /\r\n",
+            b"\x16\x03\x01\x00\x05",
+            b"",
+        ] {
+            assert!(
+                !cleartext_http(other),
+                "{:?}",
+                String::from_utf8_lossy(other)
             );
         }
         // Other protocols stay uninspected.

@@ -18,7 +18,8 @@
 //!   HTTP Host on 443/80), resolves the name itself, refuses private,
 //!   loopback and link-local answers (DNS rebinding) unless listed, connects
 //!   from the supervisor's namespace and splices, counting bytes. On port
-//!   80 the client's bytes go through [`http::Guard`]: every later request
+//!   80 (and 443 when they begin as cleartext HTTP) the client's bytes go
+//!   through [`http::Guard`]: every later request
 //!   (keep-alive, pipelined, each h2c stream) is checked too.
 //! - UDP for `/udp` entries: a relay in the namespace ([`udp`]) sees each
 //!   datagram's original destination with `IP_PKTINFO`, decides it as the
@@ -1448,8 +1449,10 @@ pub fn named_host(b: &[u8]) -> Option<String> {
 /// What [`inspect_first`] found.
 #[derive(Debug)]
 enum First {
-    /// The client's first message (or its end of stream: no names).
-    Message(inspect::Seen),
+    /// The client's first message (or its end of stream: no names), and
+    /// whether it is cleartext HTTP ([`inspect::cleartext_http`]): then
+    /// every later request on the connection is checked too.
+    Message(inspect::Seen, bool),
     /// Nothing from the client within [`PEEK_WAIT`]: either a protocol
     /// whose server speaks first, or a client that waits. Decided once the
     /// upstream is connected: see [`first_speaker`].
@@ -1463,6 +1466,7 @@ enum First {
 fn inspect_first(s: &TcpStream) -> First {
     let deadline = Instant::now() + PEEK_WAIT;
     let mut buf = vec![0u8; inspect::MAX_PEEK];
+    let mut http = false;
     let seen = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -1495,6 +1499,7 @@ fn inspect_first(s: &TcpStream) -> First {
             // can follow.
             break inspect::Seen::Names(Vec::new());
         }
+        http = inspect::cleartext_http(&buf[..n]);
         match inspect::first_bytes(&buf[..n]) {
             inspect::Seen::More if n < buf.len() && sent_all(s) => {
                 break inspect::first_bytes_at_end(&buf[..n]);
@@ -1512,7 +1517,7 @@ fn inspect_first(s: &TcpStream) -> First {
         }
     };
     let _ = s.set_read_timeout(None);
-    First::Message(seen)
+    First::Message(seen, http)
 }
 
 /// Whether the client has shut its sending side down (POLLRDHUP: seen
@@ -1652,14 +1657,17 @@ fn proxy(shared: &Shared, client: TcpStream) {
     // client silent for PEEK_WAIT has its first message checked after the
     // connect, unless the server speaks first.
     let mut deferred = false;
+    // Whether the client's first message was cleartext HTTP.
+    let mut http_first = false;
     let targets: Vec<SocketAddr> = match &name {
         Some(n) => {
             if names_checked(port) {
                 match inspect_first(&client) {
-                    First::Message(seen) => {
+                    First::Message(seen, http) => {
                         if let Some(d) = first_message_refusal(seen, n, port) {
                             return deny(&d, dst.ip().to_string(), client);
                         }
+                        http_first = http;
                     }
                     First::Silent => deferred = true,
                 }
@@ -1728,7 +1736,10 @@ fn proxy(shared: &Shared, client: TcpStream) {
         let refusal = match first_speaker(shared, &client, &up) {
             Speaker::Server | Speaker::Stopped => None,
             Speaker::Client => match inspect_first(&client) {
-                First::Message(seen) => first_message_refusal(seen, n, port),
+                First::Message(seen, http) => {
+                    http_first = http;
+                    first_message_refusal(seen, n, port)
+                }
                 // Readable a moment ago: its bytes cannot have gone.
                 First::Silent => first_message_refusal(inspect::Seen::More, n, port),
             },
@@ -1741,9 +1752,15 @@ fn proxy(shared: &Shared, client: TcpStream) {
             return deny(&d, addr.ip().to_string(), client);
         }
     }
-    // Cleartext HTTP: every request checked, not only the first.
+    // Cleartext HTTP: every request checked, not only the first — on port
+    // 80 always, and on 443 when the client's first message was HTTP (a
+    // keep-alive or pipelined request, or a second h2c stream, naming
+    // another host reached the name's server there: red-team wave 4, W2).
+    // TLS, and protocols that are not HTTP (SSH, …), are spliced as they
+    // are.
     let guard = match (&name, port) {
         (Some(n), 80) => Some(http::Guard::new(n)),
+        (Some(n), p) if names_checked(p) && http_first => Some(http::Guard::new(n)),
         _ => None,
     };
     let (out, inn, refused) = match guard {
@@ -2057,7 +2074,7 @@ mod tests {
         assert!(matches!(inspect_first(&s), First::Silent));
         c.write_all(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
             .unwrap();
-        let First::Message(seen) = inspect_first(&s) else {
+        let First::Message(seen, true) = inspect_first(&s) else {
             panic!("the client has sent")
         };
         let d = first_message_refusal(seen, "good.test", 443);
@@ -2074,7 +2091,7 @@ mod tests {
         let t = Instant::now();
         assert!(matches!(
             inspect_first(&s2),
-            First::Message(inspect::Seen::Names(n)) if n.is_empty()
+            First::Message(inspect::Seen::Names(n), _) if n.is_empty()
         ));
         assert!(t.elapsed() < PEEK_WAIT);
         // A client that closes without sending: nothing can follow.
@@ -2084,7 +2101,7 @@ mod tests {
         c.shutdown(Shutdown::Write).unwrap();
         assert!(matches!(
             inspect_first(&s),
-            First::Message(inspect::Seen::Names(n)) if n.is_empty()
+            First::Message(inspect::Seen::Names(n), _) if n.is_empty()
         ));
         let _ = c.flush();
     }
