@@ -2537,3 +2537,178 @@ fn issue_26_cleartext_http_on_443_checks_every_request() {
         ev["external_calls"]
     );
 }
+
+/// A network namespace of the test's own standing in for the host the
+/// supervisor runs on; removed on drop.
+struct HostNs(String);
+
+impl HostNs {
+    fn new(tag: &str) -> Self {
+        let ns = format!("ts-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        let me = Self(ns);
+        for args in [
+            vec!["netns", "add", me.0.as_str()],
+            vec!["-n", me.0.as_str(), "link", "set", "lo", "up"],
+        ] {
+            let out = Command::new("ip").args(&args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        }
+        me
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = Command::new("ip")
+            .args(["-n", &self.0])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+}
+
+impl Drop for HostNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// Red-team wave 4, W3 (FR-RT-007 evidence): "the host's own addresses"
+/// were its interfaces' addresses only. An address range the host
+/// receives through a `local` route (`ip route add local
+/// 198.51.100.64/26 dev lo`, "AnyIP": a service bound to 0.0.0.0 answers
+/// on every address of it) was a public address to the proxy: a listed
+/// name resolving there, and under `allow_egress` the literal address,
+/// reached the host's own service, IPv4 and IPv6, TCP and the UDP relay.
+/// Now whatever the kernel delivers to the host itself is the host's own.
+/// The supervisor runs in a namespace of the test's own (the "host"),
+/// with its resolver and services there; nothing leaves it.
+#[test]
+fn issue_26_addresses_the_host_receives_by_a_local_route_are_its_own() {
+    if !root_and_tools("issue_26_addresses_the_host_receives_by_a_local_route_are_its_own") {
+        return;
+    }
+    let host = HostNs::new("anyip");
+    host.ip(&["route", "add", "local", "198.51.100.64/26", "dev", "lo"]);
+    host.ip(&[
+        "-6",
+        "route",
+        "add",
+        "local",
+        "2001:db8:64::/64",
+        "dev",
+        "lo",
+    ]);
+    let mut svc = Services::new();
+    for port in [8099, 8098] {
+        svc.banner(Some(&host.0), "::", port, "HOSTSECRET", false);
+    }
+    svc.banner(Some(&host.0), "0.0.0.0", 9099, "HOSTSECRET", true);
+    let names = serde_json::json!({
+        "anyip.test": ["198.51.100.70"],
+        "anyip6.test": ["2001:db8:64::70"],
+    });
+    let port = svc.start(Some(&host.0), LOCAL_DNS, &[&names.to_string()]);
+    let dns = format!("127.0.0.1:{port}");
+    let fx = Fixture::new();
+    fx.install(
+        "r",
+        &manifest(
+            "restricted",
+            &[
+                "anyip.test:8099",
+                "anyip6.test:8099",
+                "anyip.test:9099/udp",
+                "198.51.100.70/32:8098",
+            ],
+        ),
+    );
+    fx.install("a", &manifest("allow_egress", &[]));
+    // `supervise` in the stand-in host's namespace (nsenter: its mounts,
+    // cgroups included, stay the real host's).
+    let run = |pkg: &str, probes: &Value| -> (Vec<Value>, Value) {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", host.0))
+            .arg(supervise_bin())
+            .args(["run", "--root"])
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args(["--package", pkg, "--json", "--no-outputs", "--"])
+            .args(["/usr/bin/python3", "-c", PROBES])
+            .arg(probes.to_string())
+            .env("TURNSTILE_DNS_UPSTREAM", &dns)
+            .env_remove("TURNSTILE_LOG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+        let results: Vec<Value> = stderr
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Vec<Value>>(l).ok())
+            .unwrap_or_else(|| panic!("no probe results: {stderr}"));
+        let sid = v["session_id"].as_str().unwrap();
+        let ev = read_entries(&fx.ledger(sid, "evidence"))
+            .into_iter()
+            .rev()
+            .find(|e| e["event"] == "turn.finished")
+            .unwrap();
+        (results, ev)
+    };
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "anyip.test", "port": 8099},    // 0
+        {"kind": "tcp", "host": "anyip6.test", "port": 8099},   // 1
+        {"kind": "udp", "host": "anyip.test", "port": 9099},    // 2
+        {"kind": "tcp", "host": "198.51.100.70", "port": 8098}, // 3 a CIDR entry lists it
+    ]);
+    let (r, ev) = run("r", &probes);
+    eprintln!("{r:#?}");
+    for i in 0..3 {
+        let got = result(&r, i).0;
+        assert!(
+            got.starts_with("err:") && !got.contains("HOSTSECRET"),
+            "probe {i} reached the host's own service: {got}"
+        );
+    }
+    assert!(result(&r, 3).0.contains("HOSTSECRET"), "{:?}", r[3]);
+    for name in ["anyip.test", "anyip6.test"] {
+        assert!(
+            denied_and_recorded(
+                &ev,
+                name,
+                "one of the host's own addresses (DNS rebinding refused)"
+            ),
+            "{name}: {:#}",
+            ev["external_calls"]
+        );
+    }
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "198.51.100.70", "port": 8099},   // 0
+        {"kind": "tcp", "host": "2001:db8:64::70", "port": 8099}, // 1
+    ]);
+    let (r, ev) = run("a", &probes);
+    eprintln!("{r:#?}");
+    for i in 0..2 {
+        let got = result(&r, i).0;
+        assert!(
+            got.starts_with("err:") && !got.contains("HOSTSECRET"),
+            "allow_egress probe {i} reached the host's own service: {got}"
+        );
+    }
+    assert_eq!(
+        calls(&ev, |c| c["allowed"] == false
+            && c["decided_by"]
+                .as_str()
+                .unwrap_or("")
+                .contains("one of the host's own addresses"))
+        .len(),
+        2,
+        "{:#}",
+        ev["external_calls"]
+    );
+    drop(svc);
+    drop(host);
+}

@@ -444,7 +444,11 @@ impl Policy {
 
     /// Whether `ip` is one of the host's own addresses (the supervisor
     /// connects from the host's namespace, so such an address reaches the
-    /// host's own services), also when an IPv6 address carries it.
+    /// host's own services), also when an IPv6 address carries it: an
+    /// address of its interfaces, or any the kernel delivers to the host
+    /// itself ([`rtnl::delivered_here`]: a `local` route's whole range, an
+    /// anycast address; red-team wave 4, W3). Must be called in the
+    /// supervisor's namespace (the proxy's and relay's threads are).
     fn own(&self, ip: IpAddr) -> Option<&'static str> {
         let carried = match ip {
             IpAddr::V6(a) => a
@@ -453,8 +457,12 @@ impl Policy {
                 .map(IpAddr::V4),
             IpAddr::V4(_) => None,
         };
-        (self.host.contains(&ip) || carried.is_some_and(|v4| self.host.contains(&v4)))
-            .then_some("one of the host's own addresses")
+        let listed = |a: IpAddr| self.host.contains(&a);
+        // A lookup that fails is taken for local: refused (fail closed).
+        let local = |a: IpAddr| rtnl::delivered_here(a).unwrap_or(true);
+        let own =
+            listed(ip) || carried.is_some_and(listed) || local(ip) || carried.is_some_and(local);
+        own.then_some("one of the host's own addresses")
     }
 
     /// A connection to `name:port`.
