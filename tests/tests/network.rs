@@ -2712,3 +2712,49 @@ fn issue_26_addresses_the_host_receives_by_a_local_route_are_its_own() {
     drop(svc);
     drop(host);
 }
+
+/// Red-team wave 4, W4 (FR-RT-007 evidence): only a first byte 0x16 (a
+/// TLS handshake record) was read as TLS. A warning alert record
+/// (`15 03 01 00 02 01 5a`) before the ClientHello made the bytes
+/// "another protocol", spliced unchecked — and Go's crypto/tls (Caddy,
+/// Traefik: SNI-routing frontends) drops warning alerts before the
+/// handshake and serves the ClientHello's server name (checked by hand
+/// with go1.19: `sni=evil.test`). Bytes that begin as any TLS record now
+/// are TLS: anything but a well-formed ClientHello first is refused.
+#[test]
+fn issue_26_a_tls_record_before_the_client_hello_is_refused() {
+    if !root_and_tools("issue_26_a_tls_record_before_the_client_hello_is_refused") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("t", &manifest("restricted", &["good.test:443"]));
+    let alert = "1503010002015a";
+    let ccs = "140303000101";
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": format!("{alert}{}", client_hello("other.test"))}, // 0
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": format!("{ccs}{}", client_hello("other.test"))},   // 1
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": format!("{alert}{}", client_hello("good.test"))},  // 2
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": client_hello("good.test")},                       // 3
+    ]);
+    let (r, ev) = probe(&fx, "t", &probes);
+    eprintln!("{r:#?}");
+    for i in 0..3 {
+        let got = result(&r, i).0;
+        assert!(
+            matches!(got, "err:ECONNRESET" | "ok:"),
+            "probe {i} must be refused before it reaches the server: {got}"
+        );
+    }
+    assert_eq!(result(&r, 3).0, "ok:OK 203.0.113.10 443 tls");
+    assert!(
+        denied_and_recorded(&ev, "good.test", "a TLS record of type 21"),
+        "{:#}",
+        ev["external_calls"]
+    );
+    assert!(
+        denied_and_recorded(&ev, "good.test", "a TLS record of type 20"),
+        "{:#}",
+        ev["external_calls"]
+    );
+}

@@ -38,7 +38,7 @@ pub fn first_bytes(b: &[u8]) -> Seen {
     if b.is_empty() {
         return Seen::More;
     }
-    if b[0] == 0x16 {
+    if tls_record(b) {
         return tls(b);
     }
     let n = b.len().min(H2_PREFACE.len());
@@ -70,13 +70,30 @@ pub fn first_bytes_at_end(b: &[u8]) -> Seen {
     let Some(last) = b.iter().rposition(|c| *c == b'\n') else {
         return Seen::Names(Vec::new());
     };
-    if b[0] == 0x16 || !may_be_request(b) {
+    if tls_record(b) || !may_be_request(b) {
         return Seen::Names(Vec::new());
     }
     match http::parse_head(&b[..last]) {
         Ok(head) => Seen::Names(head.names),
         Err(http::Refusal::Unparseable(why)) => Seen::Unreadable(why),
         Err(http::Refusal::Other(what, h)) => Seen::Names(vec![(what, h)]),
+    }
+}
+
+/// Whether `b` begins as a TLS record of any content type
+/// (change_cipher_spec 20, alert 21, handshake 22, application_data 23,
+/// heartbeat 24) of a TLS 1.x / SSL 3 version: [`tls`] then wants one
+/// ClientHello from the first record on. Not only 0x16: Go's crypto/tls
+/// (Caddy, Traefik) takes an alert as a connection's first record, drops
+/// a warning one and serves the ClientHello after it, so a warning alert
+/// in front of the hello hid its server name when only a handshake record
+/// was read as TLS (red-team wave 4, W4).
+/// (A handshake record is TLS whatever its version byte, as before.)
+fn tls_record(b: &[u8]) -> bool {
+    match b.first() {
+        Some(0x16) => true,
+        Some(20..=24) => b.get(1).is_none_or(|v| *v == 3),
+        _ => false,
     }
 }
 
@@ -503,6 +520,27 @@ mod tests {
         assert!(unreadable(&[0x16, 3, 1, 0, 0, 1, 0, 0, 0]));
         assert!(unreadable(&[0x16, 3, 1, 0x40, 0x01]));
         assert!(unreadable(&[0x16, 2, 0, 0, 4, 1, 0, 0, 0]));
+        // Red-team wave 4, W4: another record first — a warning alert, a
+        // change_cipher_spec — is not "another protocol": no ClientHello
+        // may hide behind it. One byte of it waits for the next.
+        for first in [
+            &[0x15, 3, 1, 0, 2, 1, 0x5a][..],
+            &[0x14, 3, 3, 0, 1, 1],
+            &[0x17, 3, 3, 0, 1, 0],
+            &[0x18, 3, 3, 0, 1, 0],
+        ] {
+            let mut b = first.to_vec();
+            b.extend(records(&hs, 40));
+            assert!(unreadable(&b), "{first:?}");
+        }
+        assert_eq!(first_bytes(&[0x15]), Seen::More);
+        assert_eq!(
+            first_bytes_at_end(&[0x15, 3, 1, 0, 2, 1, 0x5a, 0x16]),
+            Seen::Unreadable("a TLS record of type 21 inside the ClientHello".into())
+        );
+        // A byte of that range that is not followed by a TLS version is
+        // another protocol.
+        assert_eq!(first_bytes(&[0x15, 0x41, 0x42]), Seen::Names(Vec::new()));
         // A hello longer than MAX_HELLO.
         let mut big = vec![0x16, 3, 1, 0, 4, 1];
         big.extend_from_slice(&((MAX_HELLO + 1) as u32).to_be_bytes()[1..]);
