@@ -2758,3 +2758,101 @@ fn issue_26_a_tls_record_before_the_client_hello_is_refused() {
         ev["external_calls"]
     );
 }
+
+/// A virtual-host server on argv[1] port argv[2] with Python's own HTTP
+/// parser (`http.server`, keep-alive until idle 1 s): every GET answered
+/// `VHOST <Host>`.
+/// Prints `ready`. (socketserver, not HTTPServer: no reverse lookup at
+/// bind.)
+const VHOST_SERVER: &str = r#"
+import socketserver, http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 1  # an idle keep-alive connection is closed after 1 s
+    def do_GET(self):
+        body = ("VHOST %s\n" % self.headers.get("Host")).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+class S(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True; daemon_threads = True
+srv = S((sys.argv[1], int(sys.argv[2])), H)
+print("ready", flush=True)
+srv.serve_forever()
+"#;
+
+/// Red-team wave 4, W5 (FR-RT-007 evidence): what a lenient HTTP server
+/// takes for a request was not always HTTP to the proxy. Python's
+/// `http.server` splits a request line on any whitespace — bytes 0x1c-0x1f
+/// and, read as Latin-1, 0x85 and 0xa0 included — and skips it in front of
+/// the method. On 443 a first message `GET\x1c/\x1cHTTP/1.1` or ` GET / …`
+/// did not begin like a request line, so it was "another protocol",
+/// spliced unchecked; after an `Upgrade` request the server ignored (80 or
+/// 443), a next request beginning with a space was taken for the upgraded
+/// protocol and passed unread. Both reached `evil.test` on the name's
+/// server. Now a first line naming an `HTTP/` version is HTTP whatever
+/// separates its words (and refused unless the strict parser reads it),
+/// and bytes a server may skip before a request line are HTTP after an
+/// upgrade too; WebSocket frames and TLS in a tunnel still pass.
+#[test]
+fn issue_26_a_request_line_a_lenient_server_reads_is_checked() {
+    if !root_and_tools("issue_26_a_request_line_a_lenient_server_reads_is_checked") {
+        return;
+    }
+    let net = Internet::up();
+    let mut svc = Services::new();
+    let dns = svc.dns(&[("vhost.test", &["203.0.113.53"])]);
+    for port in ["80", "443"] {
+        assert_eq!(
+            svc.start(Some(&net.ns), VHOST_SERVER, &["203.0.113.53", port]),
+            "ready"
+        );
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "v",
+        &manifest("restricted", &["vhost.test:80", "vhost.test:443"]),
+    );
+    let raw = |s: &[u8]| s.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let upgrade = hex(
+        "GET / HTTP/1.1\r\nHost: vhost.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+    );
+    let spaced = hex(" GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n");
+    let probes = serde_json::json!([
+        {"kind": "seq", "host": "vhost.test", "port": 443,
+         "sends": [raw(b"GET\x1c/\x1cHTTP/1.1\r\nHost: evil.test\r\n\r\n")]},            // 0
+        {"kind": "seq", "host": "vhost.test", "port": 443, "sends": [spaced.clone()]},          // 1
+        {"kind": "seq", "host": "vhost.test", "port": 443,
+         "sends": [raw(b"\x85GET\xa0/ HTTP/1.1\r\nHost: evil.test\r\n\r\n")]},           // 2
+        {"kind": "seq", "host": "vhost.test", "port": 80, "sends": [upgrade.clone(), spaced.clone()]},  // 3
+        {"kind": "seq", "host": "vhost.test", "port": 443, "sends": [upgrade.clone(), spaced]},  // 4
+        {"kind": "seq", "host": "vhost.test", "port": 443,
+         "sends": [hex("GET / HTTP/1.1\r\nHost: vhost.test\r\n\r\n")]},                   // 5
+        {"kind": "seq", "host": "vhost.test", "port": 80,
+         "sends": [upgrade, raw(b"\x81\x85\x00\x00\x00\x00hello")]},                      // 6 a WebSocket frame
+    ]);
+    let (r, ev, _) = probe_via(&fx, "v", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in 0..5 {
+        let got = result(&r, i).0;
+        assert!(
+            !got.contains("VHOST evil.test"),
+            "probe {i} reached evil.test on the name's server: {got}"
+        );
+    }
+    for i in [3, 4] {
+        assert!(
+            result(&r, i).0.contains("VHOST vhost.test"),
+            "the upgrade request itself is answered: {:?}",
+            r[i]
+        );
+    }
+    assert!(result(&r, 5).0.contains("VHOST vhost.test"), "{:?}", r[5]);
+    // The server ignores the upgrade: the frame is no request to it (400).
+    assert!(result(&r, 6).0.contains("VHOST vhost.test"), "{:?}", r[6]);
+    let denied = calls(&ev, |c| {
+        c["allowed"] == false
+            && c["name"] == "vhost.test"
+            && c["decided_by"].as_str().unwrap_or("").contains("HTTP")
+    });
+    assert!(denied.len() >= 3, "{:#}", ev["external_calls"]);
+}

@@ -23,7 +23,8 @@
 //!   passed as they come.
 //! - `Upgrade:` and `CONNECT`: after such a (checked) request the next
 //!   client bytes decide. If they can begin an HTTP/1 request (a token
-//!   character, or CR/LF) or the HTTP/2 preface, the connection is still
+//!   character, or whitespace a lenient server skips before one: CR/LF,
+//!   space, tab, …) or the HTTP/2 preface, the connection is still
 //!   HTTP — the server refused the upgrade, or it is h2c after
 //!   `Upgrade: h2c` — and inspection goes on; anything else (a WebSocket
 //!   frame, TLS in a tunnel) is another protocol and is passed unread
@@ -34,7 +35,7 @@
 //! without `:authority`) is let through, as the first-bytes check does:
 //! the connection goes only to the name's own addresses.
 
-use super::inspect::{H2_PREFACE, host_only};
+use super::inspect::{H2_PREFACE, host_only, lenient_space};
 
 /// The longest HTTP/1 request head.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -384,8 +385,12 @@ impl Guard {
                     out.extend_from_slice(&rest[..end + 2]);
                 }
                 Mode::AfterUpgrade => {
+                    // Bytes a lenient server skips before a request line
+                    // (` GET …` to Python's http.server) are HTTP too, and
+                    // refused as such (red-team wave 4, W5); a WebSocket
+                    // frame or TLS in a tunnel begins otherwise.
                     let c = rest[0];
-                    self.mode = if is_tchar(c) || c == b'\r' || c == b'\n' {
+                    self.mode = if is_tchar(c) || lenient_space(c) {
                         Mode::Boundary
                     } else {
                         Mode::Opaque
@@ -639,6 +644,26 @@ mod tests {
         let mut m = ws.to_vec();
         m.extend_from_slice(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n");
         assert!(matches!(all_steps(&m), Err(Refusal::Other(..))));
+        // Red-team wave 4, W5: whitespace a lenient server skips before a
+        // request line is HTTP too (and refused), not the upgraded
+        // protocol.
+        for lead in [
+            &b" "[..],
+            b"\t",
+            b"\x0b",
+            b"\x0c",
+            b"\x1c",
+            b"\x85",
+            b"\xa0",
+        ] {
+            let mut m = ws.to_vec();
+            m.extend_from_slice(lead);
+            m.extend_from_slice(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n");
+            assert!(
+                matches!(all_steps(&m), Err(Refusal::Unparseable(_))),
+                "{lead:?}"
+            );
+        }
         // CONNECT to the name, then TLS inside: passed.
         let mut m = b"CONNECT good.test:443 HTTP/1.1\r\nHost: good.test\r\n\r\n".to_vec();
         m.extend_from_slice(&[0x16, 3, 1, 0, 5, 1, 2, 3, 4, 5]);

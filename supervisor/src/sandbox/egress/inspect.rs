@@ -70,7 +70,8 @@ pub fn first_bytes_at_end(b: &[u8]) -> Seen {
     let Some(last) = b.iter().rposition(|c| *c == b'\n') else {
         return Seen::Names(Vec::new());
     };
-    if tls_record(b) || !may_be_request(b) {
+    let line = b.split(|c| *c == b'\n').next().unwrap_or_default();
+    if tls_record(b) || !versioned(line) {
         return Seen::Names(Vec::new());
     }
     match http::parse_head(&b[..last]) {
@@ -251,9 +252,9 @@ pub(super) fn host_only(v: &str) -> String {
 }
 
 /// Whether a client's first bytes are cleartext HTTP, as [`first_bytes`]
-/// reads them: the HTTP/2 preface, or (after empty lines) an HTTP/1
-/// request line naming an `HTTP/` version. On a checked port the rest of
-/// such a connection goes through the port-80 guard; TLS and other
+/// reads them: the HTTP/2 preface, or (after empty lines) a first line
+/// naming an `HTTP/` version ([`versioned`]). On a checked port the rest
+/// of such a connection goes through the port-80 guard; TLS and other
 /// protocols (an SSH banner, HTTP/0.9) are not HTTP here.
 pub fn cleartext_http(b: &[u8]) -> bool {
     let skip = b
@@ -265,19 +266,34 @@ pub fn cleartext_http(b: &[u8]) -> bool {
     if n > 0 && b[..n] == H2_PREFACE[..n] {
         return true;
     }
-    if !may_be_request(b) {
-        return false;
-    }
-    let line = b.split(|c| *c == b'\n').next().unwrap_or_default();
+    versioned(b.split(|c| *c == b'\n').next().unwrap_or_default())
+}
+
+/// Whether a (first) line names an HTTP version, `HTTP/` in any case,
+/// wherever: then it is an HTTP request line to some server, whatever
+/// separates its words — Python's `http.server` splits it on any
+/// whitespace ([`lenient_space`]) and skips that in front of the method
+/// (red-team wave 4, W5) — and the strict parser must read it, or it is
+/// refused.
+fn versioned(line: &[u8]) -> bool {
     line.to_ascii_uppercase().windows(5).any(|w| w == b"HTTP/")
 }
 
-/// Whether `b` begins like an HTTP/1 request line: a method token and
-/// whitespace (lenient servers split on any, RFC 9112 §3), or the token
-/// alone while nothing else has come.
+/// The bytes some HTTP server takes for whitespace between (and before)
+/// a request line's words: ASCII's (tab, LF, VT, FF, CR, space), the
+/// separators 0x1c-0x1f and, read as Latin-1, NEL 0x85 and NBSP 0xa0 (what
+/// Python's `str.split()` splits on).
+pub(super) fn lenient_space(c: u8) -> bool {
+    matches!(c, b'\t'..=b'\r' | 0x1c..=0x20 | 0x85 | 0xa0)
+}
+
+/// Whether `b`, the start of a first line not complete yet, may still
+/// become an HTTP request line to a lenient server: (after whitespace it
+/// may skip) a method token, then whitespace or nothing yet.
 fn may_be_request(b: &[u8]) -> bool {
+    let b = &b[b.iter().take_while(|c| lenient_space(**c)).count()..];
     let token = b.iter().take_while(|c| http::is_tchar(**c)).count();
-    token > 0 && (token == b.len() || b[token].is_ascii_whitespace() || b[token] == 0x0b)
+    b.is_empty() || (token > 0 && (token == b.len() || lenient_space(b[token])))
 }
 
 /// An HTTP/1 request's names, read by the port-80 guard's own parser
@@ -293,14 +309,12 @@ fn http1(b: &[u8]) -> Seen {
     if b.is_empty() {
         return Seen::More;
     }
-    if !may_be_request(b) {
-        return Seen::Names(Vec::new());
-    }
     let window = &b[..b.len().min(http::MAX_HEAD + 4)];
     let line = window.split(|c| *c == b'\n').next().unwrap_or_default();
     let complete = line.len() < window.len();
-    if complete && !line.to_ascii_uppercase().windows(5).any(|w| w == b"HTTP/") {
-        // A line of another protocol (or HTTP/0.9, which names no host).
+    if complete && !versioned(line) || !complete && !versioned(line) && !may_be_request(b) {
+        // A line of another protocol (or HTTP/0.9, which names no host),
+        // or the start of one that cannot become a request line.
         return Seen::Names(Vec::new());
     }
     match http::head_end(window) {
@@ -667,6 +681,32 @@ mod tests {
                 String::from_utf8_lossy(other)
             );
         }
+        // Red-team wave 4, W5: a first line naming an HTTP version is HTTP
+        // whatever separates its words (Python's http.server splits on
+        // any whitespace and skips it before the method): refused unless
+        // the strict parser reads it. Its start waits for the rest.
+        for lenient in [
+            &b"GET\x1c/\x1cHTTP/1.1\r\nHost: other.rt\r\n\r\n"[..],
+            b" GET / HTTP/1.1\r\nHost: other.rt\r\n\r\n",
+            b"\x85GET\xa0/ HTTP/1.1\r\nHost: other.rt\r\n\r\n",
+            b"\x0cGET / HTTP/1.1\r\nHost: other.rt\r\n\r\n",
+            b"\x00 HTTP/1.1\r\nHost: other.rt\r\n\r\n",
+        ] {
+            assert!(
+                matches!(first_bytes(lenient), Seen::Unreadable(_)),
+                "{:?}",
+                String::from_utf8_lossy(lenient)
+            );
+            assert!(cleartext_http(lenient));
+            if lenient[0] != 0 {
+                let at = lenient.iter().position(|c| *c == b'/').unwrap();
+                assert_eq!(first_bytes(&lenient[..at]), Seen::More);
+            }
+        }
+        assert!(matches!(
+            first_bytes_at_end(b" GET / HTTP/1.1\nHost: other.rt\n"),
+            Seen::Unreadable(_)
+        ));
         // Other protocols stay uninspected.
         for other in [
             &b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"[..],
