@@ -2856,3 +2856,71 @@ fn issue_26_a_request_line_a_lenient_server_reads_is_checked() {
     });
     assert!(denied.len() >= 3, "{:#}", ev["external_calls"]);
 }
+
+/// Red-team wave 4, W6 (FR-RT-007 evidence): a request's body was passed
+/// unread by its Content-Length, but a server that does not read the
+/// body of a GET (Python's `http.server` handlers, many small ones) takes
+/// the body for the next request: a body that is itself a request for
+/// `evil.test` reached it, on 80 and on 443. Now the start of a body is
+/// read as the next request would be: a body beginning with a request
+/// head (a first line naming an `HTTP/` version) must name only the name,
+/// and must end within the body. Bodies that are data still pass.
+#[test]
+fn issue_26_a_request_inside_a_body_is_checked() {
+    if !root_and_tools("issue_26_a_request_inside_a_body_is_checked") {
+        return;
+    }
+    let net = Internet::up();
+    let mut svc = Services::new();
+    let dns = svc.dns(&[("vhost.test", &["203.0.113.53"])]);
+    for port in ["80", "443"] {
+        assert_eq!(
+            svc.start(Some(&net.ns), VHOST_SERVER, &["203.0.113.53", port]),
+            "ready"
+        );
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "b",
+        &manifest("restricted", &["vhost.test:80", "vhost.test:443"]),
+    );
+    let with_body = |body: &str| {
+        hex(&format!(
+            "GET / HTTP/1.1\r\nHost: vhost.test\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    let inner = "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+    let probes = serde_json::json!([
+        {"kind": "seq", "host": "vhost.test", "port": 80, "sends": [with_body(inner)]},                       // 0
+        {"kind": "seq", "host": "vhost.test", "port": 443, "sends": [with_body(inner)]},                      // 1
+        {"kind": "seq", "host": "vhost.test", "port": 80, "sends": [with_body(&format!("\r\n{inner}"))]},    // 2
+        {"kind": "seq", "host": "vhost.test", "port": 80,
+         "sends": [with_body("GET / HTTP/1.1\r\nHost: evil.test\r\n"), hex("X: y\r\n\r\n")]},        // 3 a head finished after the body
+        {"kind": "seq", "host": "vhost.test", "port": 80,
+         "sends": [with_body("GET / HTTP/1.1\r\nHost: vhost.test\r\n\r\n")]},                           // 4 the name's own
+        {"kind": "seq", "host": "vhost.test", "port": 80, "sends": [with_body("{\"q\": \"HTTP/1.1\"}\n")]},  // 5 data
+    ]);
+    let (r, ev, _) = probe_via(&fx, "b", &[], &dns, &probes);
+    eprintln!("{r:#?}");
+    for i in 0..4 {
+        let got = result(&r, i).0;
+        assert!(
+            !got.contains("VHOST evil.test"),
+            "probe {i} reached evil.test on the name's server: {got}"
+        );
+        assert!(got.ends_with("end=ECONNRESET"), "probe {i}: {got}");
+    }
+    assert_eq!(
+        result(&r, 4).0.matches("VHOST vhost.test").count(),
+        2,
+        "{:?}",
+        r[4]
+    );
+    assert!(result(&r, 5).0.contains("VHOST vhost.test"), "{:?}", r[5]);
+    assert!(
+        denied_and_recorded(&ev, "vhost.test", "HTTP Host `evil.test`"),
+        "{:#}",
+        ev["external_calls"]
+    );
+}

@@ -8,7 +8,9 @@
 //!   absolute-form target and a `CONNECT` target must all be the name the
 //!   connection was opened for; then its body is passed by its framing
 //!   (`Content-Length`, or `chunked`), and the next request (pipelined or
-//!   keep-alive) is read the same way. Lines may end with CRLF or a bare
+//!   keep-alive) is read the same way. A Content-Length body that begins
+//!   with a request head is read as that request too (a server that does
+//!   not read the body takes it for the next one). Lines may end with CRLF or a bare
 //!   LF (as lenient servers accept); at the client's end of stream an
 //!   unfinished head passes up to its last complete line, checked. Framing
 //!   that cannot be followed (a bare CR,
@@ -35,7 +37,7 @@
 //! without `:authority`) is let through, as the first-bytes check does:
 //! the connection goes only to the name's own addresses.
 
-use super::inspect::{H2_PREFACE, host_only, lenient_space};
+use super::inspect::{H2_PREFACE, host_only, lenient_space, may_be_request, versioned};
 
 /// The longest HTTP/1 request head.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -45,6 +47,63 @@ pub const MAX_BLOCK: usize = 64 * 1024;
 const MAX_TABLE: usize = 64 * 1024;
 /// The longest chunk-size or trailer line.
 const MAX_LINE: usize = 4096;
+/// The longest request line a server that does not read bodies takes
+/// (Python's `http.server`: 65,536 bytes), and so the longest first line
+/// of a body read as a request ([`body_start`]).
+const MAX_BODY_LINE: usize = 65_537;
+
+/// What the start of a Content-Length body is ([`body_start`]).
+enum BodyStep {
+    /// Not decided yet: more of the body must come.
+    Wait,
+    /// Data: the rest of the body passes unread.
+    Data,
+    /// A request head of this many bytes (with the empty lines before it)
+    /// naming these hosts; the body goes on after it.
+    Head(usize, Vec<(&'static str, String)>),
+}
+
+/// The start of a request body, `avail` of its `n` bytes, read as a
+/// server that does not read the body of the request (Python's
+/// `http.server` handlers, many small servers) reads it: as the next
+/// request. A body that begins with a request head — a first line naming
+/// an `HTTP/` version that may be a request line ([`versioned`],
+/// [`may_be_request`]) — is one: it must parse, end within the body and
+/// name only the name; otherwise the body is data (red-team wave 4, W6).
+/// A first line is held until it is complete, so no server acts on a head
+/// the guard has not read; a body that ends first is data.
+fn body_start(avail: &[u8], n: u64) -> Result<BodyStep, Refusal> {
+    let whole = avail.len() as u64 >= n;
+    let skip = avail
+        .iter()
+        .take_while(|c| **c == b'\r' || **c == b'\n')
+        .count();
+    let b = &avail[skip..];
+    let Some(nl) = b.iter().position(|c| *c == b'\n') else {
+        let may = !b.is_empty() && (may_be_request(b) || versioned(b));
+        return Ok(
+            if whole || b.len() >= MAX_BODY_LINE || !may && !b.is_empty() {
+                BodyStep::Data
+            } else {
+                BodyStep::Wait
+            },
+        );
+    };
+    let line = &b[..nl];
+    if !(versioned(line) && may_be_request(line)) {
+        return Ok(BodyStep::Data);
+    }
+    match head_end(&b[..b.len().min(MAX_BODY_LINE + MAX_HEAD)]) {
+        Some((end, after)) => {
+            let head = parse_head(&b[..end])?;
+            Ok(BodyStep::Head(skip + after, head.names))
+        }
+        None if whole || b.len() >= MAX_BODY_LINE + MAX_HEAD => {
+            unparseable("a request body that begins with an HTTP request head not ending within it")
+        }
+        None => Ok(BodyStep::Wait),
+    }
+}
 
 /// Why a connection is closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +126,10 @@ enum Chunk {
 enum Mode {
     /// Between HTTP/1 requests (or before the first).
     Boundary,
+    /// The start of a Content-Length body (bytes left, upgrade): read as
+    /// the next request would be by a server that does not read the body
+    /// (see [`body_start`]); then `Length`.
+    BodyStart(u64, bool),
     /// Body bytes left; then `Boundary`, or `AfterUpgrade` when set.
     Length(u64, bool),
     Chunked(Chunk, bool),
@@ -326,6 +389,23 @@ impl Guard {
                 Mode::Opaque => {
                     out.extend_from_slice(rest);
                 }
+                Mode::BodyStart(n, up) => {
+                    let avail = &rest[..rest.len().min(usize::try_from(n).unwrap_or(usize::MAX))];
+                    match body_start(avail, n)? {
+                        BodyStep::Wait => return Ok(()),
+                        BodyStep::Data => self.mode = Mode::Length(n, up),
+                        BodyStep::Head(k, names) => {
+                            self.check(names)?;
+                            self.requests += 1;
+                            out.extend_from_slice(&rest[..k]);
+                            self.mode = match n - k as u64 {
+                                0 if up => Mode::AfterUpgrade,
+                                0 => Mode::Boundary,
+                                left => Mode::BodyStart(left, up),
+                            };
+                        }
+                    }
+                }
                 Mode::Length(n, up) | Mode::Chunked(Chunk::Data(n), up) => {
                     let take = (n.min(rest.len() as u64)) as usize;
                     out.extend_from_slice(&rest[..take]);
@@ -434,7 +514,7 @@ impl Guard {
                     out.extend_from_slice(&rest[..after]);
                     let up = head.upgrade;
                     self.mode = match head.body {
-                        Some(BodyLen::Length(n)) if n > 0 => Mode::Length(n, up),
+                        Some(BodyLen::Length(n)) if n > 0 => Mode::BodyStart(n, up),
                         Some(BodyLen::Chunked) => Mode::Chunked(Chunk::Size, up),
                         _ if up => Mode::AfterUpgrade,
                         _ => Mode::Boundary,
@@ -574,9 +654,72 @@ mod tests {
         let mut g = Guard::new("good.test");
         assert_eq!(g.feed(&smuggled[..35]).unwrap(), &smuggled[..35]);
         assert!(g.feed(&smuggled[35..]).is_err());
-        // A body that looks like a request is a body.
+        // Red-team wave 4, W6: a body that begins with a request is read
+        // as one (a server that does not read the body takes it for the
+        // next request): another host is refused, the name's own passes,
+        // and so does data.
         let post = b"POST / HTTP/1.1\r\nHost: good.test\r\nContent-Length: 37\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\nGET / HTTP/1.1\r\nHost: good.test\r\n\r\n";
-        assert_eq!(all_steps(post).unwrap(), post);
+        assert_eq!(
+            all_steps(post),
+            Err(Refusal::Other("HTTP Host", "evil.test".into()))
+        );
+        let inner = b"GET / HTTP/1.1\r\nHost: good.test\r\n\r\n";
+        let own = [
+            &b"GET / HTTP/1.1\r\nHost: good.test\r\nContent-Length: 37\r\n\r\n"[..],
+            inner,
+            b"GET / HTTP/1.1\r\nHost: good.test\r\n\r\n",
+        ]
+        .concat();
+        assert_eq!(all_steps(&own).unwrap(), own);
+        for body in [
+            &b"{\"q\": \"GET / HTTP/1.1\"}\n"[..],
+            b"hello world",
+            b"GET / HTTP/1.1",
+            b"\x00\x01GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+            b"q=HTTP/1.1\nHost: evil.test\n\n",
+        ] {
+            let mut m = format!(
+                "POST / HTTP/1.1\r\nHost: good.test\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            m.extend_from_slice(body);
+            assert_eq!(
+                all_steps(&m).unwrap(),
+                m,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        for body in [
+            &b"\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"[..],
+            b" GET\x1c/ HTTP/1.1\r\nHost: good.test\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: good.test\r\n",
+        ] {
+            let mut m = format!(
+                "POST / HTTP/1.1\r\nHost: good.test\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            m.extend_from_slice(body);
+            m.extend_from_slice(b"X: y\r\n\r\n");
+            assert!(
+                all_steps(&m).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        // The body's first line is held until it is complete (nothing of
+        // a head passes before it is read), not longer.
+        let mut g = Guard::new("good.test");
+        let head = b"POST / HTTP/1.1\r\nHost: good.test\r\nContent-Length: 40\r\n\r\n";
+        assert_eq!(g.feed(head).unwrap(), head);
+        assert!(g.feed(b"GET / HTTP/1.1").unwrap().is_empty());
+        assert!(g.feed(b"\r\nHost: evil.test\r\n").unwrap().is_empty());
+        assert!(g.feed(b"\r\n").is_err());
+        let mut g = Guard::new("good.test");
+        assert_eq!(g.feed(head).unwrap(), head);
+        assert_eq!(g.feed(b"{\"a\":").unwrap(), b"{\"a\":");
         let chunked = b"POST / HTTP/1.1\r\nHost: good.test\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nX-T: 1\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n";
         assert_eq!(
             all_steps(chunked),

@@ -275,7 +275,7 @@ pub fn cleartext_http(b: &[u8]) -> bool {
 /// whitespace ([`lenient_space`]) and skips that in front of the method
 /// (red-team wave 4, W5) — and the strict parser must read it, or it is
 /// refused.
-fn versioned(line: &[u8]) -> bool {
+pub(super) fn versioned(line: &[u8]) -> bool {
     line.to_ascii_uppercase().windows(5).any(|w| w == b"HTTP/")
 }
 
@@ -290,7 +290,7 @@ pub(super) fn lenient_space(c: u8) -> bool {
 /// Whether `b`, the start of a first line not complete yet, may still
 /// become an HTTP request line to a lenient server: (after whitespace it
 /// may skip) a method token, then whitespace or nothing yet.
-fn may_be_request(b: &[u8]) -> bool {
+pub(super) fn may_be_request(b: &[u8]) -> bool {
     let b = &b[b.iter().take_while(|c| lenient_space(**c)).count()..];
     let token = b.iter().take_while(|c| http::is_tchar(**c)).count();
     b.is_empty() || (token > 0 && (token == b.len() || lenient_space(b[token])))
