@@ -121,6 +121,18 @@ for p in json.loads(sys.argv[1]):
                     if not d: break
                     data += d
                 r = "ok:" + data.decode().strip()
+        elif k == "lookups":
+            # p["n"] lookups of random names, one after another, through
+            # the turn's resolver: how each was answered.
+            import random
+            rc = {}
+            for _ in range(p["n"]):
+                name = "r%08x.%s" % (random.getrandbits(32), p["suffix"])
+                q = struct.pack("!HHHHHH", 5, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0\0\1\0\1"
+                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5); u.sendto(q, ("127.0.0.53", 53))
+                code = u.recv(4096)[3] & 15; u.close()
+                rc[code] = rc.get(code, 0) + 1
+            r = "rcodes=" + ",".join("%d:%d" % kv for kv in sorted(rc.items()))
         elif k == "urlopen":
             import urllib.request
             r = "ok:%d" % urllib.request.urlopen(p["url"], timeout=5).status
@@ -2923,4 +2935,51 @@ fn issue_26_a_request_inside_a_body_is_checked() {
         "{:#}",
         ev["external_calls"]
     );
+}
+
+/// Red-team wave 4, W7 (resource exhaustion): the upstream resolver is the
+/// host's, shared by every turn. An `allow_egress` turn asking its
+/// resolver for random names (each looked up upstream, A and AAAA, never
+/// cached) drove ~12,000 queries a second into it — enough to trip a cloud
+/// resolver's per-host limit for every other turn and the host. A turn's
+/// upstream lookups now have a budget (a burst of 100, then 25 a second):
+/// beyond it the turn's resolver answers SERVFAIL, and the upstream sees
+/// no more.
+#[test]
+fn issue_26_upstream_lookups_are_budgeted_per_turn() {
+    if !root_and_tools("issue_26_upstream_lookups_are_budgeted_per_turn") {
+        return;
+    }
+    let net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("q", &manifest("allow_egress", &[]));
+    let probes = serde_json::json!([
+        {"kind": "lookups", "n": 400, "suffix": "flood.test"}, // 0
+    ]);
+    let t = Instant::now();
+    let (r, _ev) = probe(&fx, "q", &probes);
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!("{r:#?}");
+    let asked = net
+        .queries()
+        .iter()
+        .filter(|q| q.ends_with(".flood.test"))
+        .count();
+    // A and AAAA per lookup: at most the burst and the rate over the
+    // turn's whole life.
+    let bound = (2.0 * (100.0 + 25.0 * (secs + 1.0))) as usize;
+    assert!(
+        asked <= bound,
+        "{asked} upstream queries in {secs:.1} s (at most {bound})"
+    );
+    let got = result(&r, 0).0;
+    let count = |code: &str| {
+        got.trim_start_matches("rcodes=")
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(code))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("3:") >= 100, "the first names were looked up: {got}");
+    assert!(count("2:") > 0, "then SERVFAIL: {got}");
 }

@@ -87,6 +87,66 @@ const PEEK_WAIT: Duration = Duration::from_millis(1500);
 const MAX_ACTIVE: usize = 512;
 /// How long an upstream answer is reused within a turn.
 const CACHE_TTL: Duration = Duration::from_secs(30);
+/// Upstream lookups (of names not in the cache) a turn may start: this
+/// many at once, then this many per second. The upstream resolver is the
+/// host's, shared by every turn and the host itself: a turn asking it for
+/// random names (unlisted ones under `allow_egress`, a wildcard's under
+/// `restricted`) drove 12,000 queries a second into it (red-team wave 4,
+/// W7). Beyond the budget the resolver answers SERVFAIL and a connection
+/// is refused, recorded.
+const LOOKUP_BURST: f64 = 100.0;
+const LOOKUP_RATE: f64 = 25.0;
+
+/// Why an upstream lookup gave no address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LookupError {
+    /// The turn's lookup budget is spent for now.
+    Budget,
+    /// The upstream said so, or did not answer.
+    Failed(String),
+}
+
+impl std::fmt::Display for LookupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Budget => write!(
+                f,
+                "more than {LOOKUP_RATE} upstream lookups a second (after {LOOKUP_BURST}): the host's resolver is shared"
+            ),
+            Self::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A token bucket of upstream lookups.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new() -> Self {
+        Self {
+            tokens: LOOKUP_BURST,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes one lookup, if the budget has one.
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * LOOKUP_RATE)
+            .min(LOOKUP_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 /// What a turn can send the supervisor's egress, parsed as the egress
 /// parses it (the `egress` fuzz target): a DNS query (and, with the same
@@ -633,6 +693,8 @@ struct Shared {
     /// Upstream answers, per name, for [`CACHE_TTL`] (every connection is
     /// checked against them as against a fresh answer).
     cache: Mutex<HashMap<String, (Instant, Vec<IpAddr>)>>,
+    /// The turn's budget of upstream lookups.
+    lookups: Mutex<Bucket>,
     stop: AtomicBool,
     /// Readable once the egress stops (a byte is written and never read):
     /// wakes every thread waiting in poll.
@@ -679,14 +741,18 @@ impl Shared {
 }
 
 impl Shared {
-    /// `name`'s upstream addresses, from the cache when fresh.
-    fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, String> {
+    /// `name`'s upstream addresses, from the cache when fresh; a lookup
+    /// upstream within the turn's budget ([`LOOKUP_RATE`]).
+    fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, LookupError> {
         if let Some((at, addrs)) = self.cache.lock().ok().and_then(|c| c.get(name).cloned()) {
             if at.elapsed() < CACHE_TTL {
                 return Ok(addrs);
             }
         }
-        let addrs = resolve(self.upstream, name)?;
+        if !self.lookups.lock().is_ok_and(|mut b| b.take()) {
+            return Err(LookupError::Budget);
+        }
+        let addrs = resolve(self.upstream, name).map_err(LookupError::Failed)?;
         if let Ok(mut c) = self.cache.lock() {
             if c.len() < 4096 {
                 c.insert(name.to_owned(), (Instant::now(), addrs.clone()));
@@ -1001,6 +1067,7 @@ pub fn start(network: &str, egress: &[String], ns: OwnedFd) -> Result<Running, S
         flows: Mutex::new(Flows::default()),
         upstream: upstream(),
         cache: Mutex::new(HashMap::new()),
+        lookups: Mutex::new(Bucket::new()),
         stop: AtomicBool::new(false),
         wake: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?,
         active: AtomicUsize::new(0),
@@ -1298,14 +1365,19 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
     }
     let allowed = shared.policy.resolves(&q.name);
     // Under `allow_egress` an unlisted name is answered only when it
-    // exists upstream.
-    let missing = |name: &str| {
-        shared.policy.network == Network::AllowEgress
-            && shared.policy.name_entry(name, None).is_none()
-            && shared.resolve(name).is_err()
-    };
-    let rcode_addr = if !allowed || missing(&q.name) {
+    // exists upstream (SERVFAIL when the turn's lookup budget is spent).
+    let upstream = (allowed
+        && shared.policy.network == Network::AllowEgress
+        && shared.policy.name_entry(&q.name, None).is_none())
+    .then(|| shared.resolve(&q.name));
+    let rcode_addr = if !allowed {
         (dns::RCODE_NXDOMAIN, None)
+    } else if let Some(Err(e)) = upstream {
+        if e == LookupError::Budget {
+            (dns::RCODE_SERVFAIL, None)
+        } else {
+            (dns::RCODE_NXDOMAIN, None)
+        }
     } else {
         match shared
             .names
@@ -1705,7 +1777,7 @@ fn proxy(shared: &Shared, client: TcpStream) {
                 }
                 Err(e) => {
                     let mut f = shared.flow(Some(n), String::new(), port, "tcp", &decision, at);
-                    f.error = Some(e);
+                    f.error = Some(e.to_string());
                     shared.record(f);
                     return reset(client);
                 }
@@ -2069,6 +2141,25 @@ mod tests {
             p.address_ok(true, "169.254.169.254".parse().unwrap(), 443)
                 .is_err()
         );
+    }
+
+    /// Red-team wave 4, W7: the upstream lookup budget: a burst, then a
+    /// rate.
+    #[test]
+    fn issue_26_upstream_lookups_have_a_budget() {
+        let mut b = Bucket::new();
+        let took = (0..1000).filter(|_| b.take()).count();
+        assert!(
+            (LOOKUP_BURST as usize..LOOKUP_BURST as usize + 5).contains(&took),
+            "{took}"
+        );
+        b.at -= Duration::from_secs(1);
+        let again = (0..1000).filter(|_| b.take()).count();
+        assert!(
+            (LOOKUP_RATE as usize..LOOKUP_RATE as usize + 5).contains(&again),
+            "{again}"
+        );
+        assert!(LookupError::Budget.to_string().contains("shared"));
     }
 
     /// Red-team F1: a client silent through the first-message window is

@@ -599,7 +599,7 @@ impl Relay {
                 }
                 Err(e) => {
                     let mut f = s.flow(Some(n), String::new(), port, "udp", &decision, at);
-                    f.error = Some(e);
+                    f.error = Some(e.to_string());
                     s.record(f);
                     return self.refuse(client, dst, first.len());
                 }
