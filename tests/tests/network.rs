@@ -133,6 +133,11 @@ for p in json.loads(sys.argv[1]):
                 code = u.recv(4096)[3] & 15; u.close()
                 rc[code] = rc.get(code, 0) + 1
             r = "rcodes=" + ",".join("%d:%d" % kv for kv in sorted(rc.items()))
+        elif k == "rawquery":
+            # One query whose labels are given as hex (any bytes).
+            q = struct.pack("!HHHHHH", 13, 0x100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l for l in (bytes.fromhex(x) for x in p["labels"])) + b"\0\0\1\0\1"
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3); u.sendto(q, ("127.0.0.53", 53))
+            r = "rcode=%d" % (u.recv(4096)[3] & 15)
         elif k == "urlopen":
             import urllib.request
             r = "ok:%d" % urllib.request.urlopen(p["url"], timeout=5).status
@@ -2982,4 +2987,75 @@ fn issue_26_upstream_lookups_are_budgeted_per_turn() {
     };
     assert!(count("3:") >= 100, "the first names were looked up: {got}");
     assert!(count("2:") > 0, "then SERVFAIL: {got}");
+}
+
+/// Red-team wave 4, W8: what a violation says comes partly from the turn —
+/// here a DNS name it asked — and `run` (without `--json`) and `explain`
+/// printed it raw to the operator's terminal: a name holding an escape
+/// sequence recolored (or could clear, retitle) the terminal, one holding
+/// a line feed added a line of its own to the report. Both print such
+/// characters escaped now; the evidence keeps the name as it was.
+#[test]
+fn issue_26_names_a_turn_sends_are_printed_escaped() {
+    if !root_and_tools("issue_26_names_a_turn_sends_are_printed_escaped") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("e", &manifest("restricted", &["good.test:443"]));
+    let label = |s: &[u8]| s.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let probes = serde_json::json!([
+        {"kind": "rawquery", "labels": [label(b"\x1b]0;owned\x07\x1b[2J"), label(b"test")]},
+        {"kind": "rawquery", "labels": [label(b"ok\n  - [network] forged"), label(b"test")]},
+    ]);
+    let out = Command::new(supervise_bin())
+        .args(["run", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(["--package", "e", "--no-outputs", "--"])
+        .args(["/usr/bin/python3", "-c", PROBES])
+        .arg(probes.to_string())
+        .env("TURNSTILE_DNS_UPSTREAM", UPSTREAM)
+        .env_remove("TURNSTILE_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let summary: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("supervise: turn "))
+        .collect();
+    let sid = summary[0]
+        .split_whitespace()
+        .nth(4)
+        .unwrap_or_default()
+        .trim_end_matches(':')
+        .to_owned();
+    let explain = Command::new(supervise_bin())
+        .args(["explain", "--root"])
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .args(["--session", &sid, "--turn", "1"])
+        .output()
+        .unwrap();
+    let explained = String::from_utf8_lossy(&explain.stdout);
+    assert!(explain.status.success(), "{explained}");
+    for (what, text) in [
+        ("run", summary.join("\n")),
+        ("explain", explained.to_string()),
+    ] {
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{what}: {text:?}"
+        );
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.trim_start().starts_with("- [network] forged")),
+            "{what}: {text}"
+        );
+        assert!(text.contains("\\u{1b}]0;owned"), "{what}: {text}");
+        assert!(text.contains("ok\\n  - [network] forged"), "{what}: {text}");
+    }
 }

@@ -1314,16 +1314,19 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
             of.len()
         );
         for v in of {
+            // What the turn named is printed escaped (a name or path may
+            // hold an escape sequence or a line feed).
+            use crate::store::record::printable;
             text += &format!(
                 "- [{}] {} {} (x{})\n    {}\n",
                 v.layer.as_str(),
-                v.attempted_operation,
-                v.target,
+                printable(&v.attempted_operation),
+                printable(&v.target),
                 v.count,
-                v.details
+                printable(&v.details)
             );
             if let Some(h) = &v.hint {
-                text += &format!("    hint: {h}\n");
+                text += &format!("    hint: {}\n", printable(h));
             }
         }
     }

@@ -631,6 +631,34 @@ pub struct ReceiveRecord {
     pub hop: u32,
 }
 
+/// `s` fit for a terminal: control characters (C0, DEL, C1: an escape
+/// sequence, a line feed) and bidirectional overrides written as Rust
+/// escapes (`\u{1b}`, `\n`, `\u{202e}`), everything else as it is. What a
+/// violation says comes partly from the turn — a DNS name it asked, a TLS
+/// server name, a path it opened — and is printed to the operator's
+/// terminal by `run` and `explain` (red-team wave 4, W8: a name with an
+/// escape sequence recolored it, one with a line feed added a line).
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if bad(c) {
+                    c.escape_debug().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 impl TurnReport {
     /// The one-line summary (and a line per violation, with its hint)
     /// `run` prints without `--json`; `message` explains an error status.
@@ -645,9 +673,9 @@ impl TurnReport {
         // The first few; `supervise explain` has them all.
         const FIRST: usize = 5;
         for v in self.violations.iter().take(FIRST) {
-            s += &format!("\n  - [{}] {}", v.layer.as_str(), v.details);
+            s += &format!("\n  - [{}] {}", v.layer.as_str(), printable(&v.details));
             if let Some(h) = &v.hint {
-                s += &format!("\n    hint: {h}");
+                s += &format!("\n    hint: {}", printable(h));
             }
         }
         if self.violations.len() > FIRST {
@@ -715,6 +743,24 @@ pub fn to_object<T: Serialize>(entry: &T) -> serde_json::Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_turn_named_is_printed_escaped() {
+        assert_eq!(printable("good.test:443"), "good.test:443");
+        assert!(matches!(
+            printable("ünïcode path"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            printable("\u{1b}[31mred\u{1b}[0m"),
+            "\\u{1b}[31mred\\u{1b}[0m"
+        );
+        assert_eq!(printable("ok\nfake"), "ok\\nfake");
+        assert_eq!(
+            printable("a\u{202e}b\u{9b}c\u{7f}"),
+            "a\\u{202e}b\\u{9b}c\\u{7f}"
+        );
+    }
 
     /// An entry of an earlier release (fewer fields, nulls) and an entry of
     /// another event read without error.
