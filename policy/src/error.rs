@@ -151,15 +151,40 @@ pub enum PolicyError {
     Random(String),
 }
 
-/// A refused value as a message echoes it: control characters escaped,
-/// and at most [`SHOWN_MAX`] characters of it (an id is far shorter; a
-/// 100 kB one is not copied into every log and reply).
+/// `s` fit for a terminal: control characters (C0, DEL, C1: an escape
+/// sequence, a line feed) and bidirectional overrides written as Rust
+/// escapes (`\u{1b}`, `\n`, `\u{202e}`), everything else as it is. What a
+/// violation says comes partly from the turn — a DNS name it asked, a TLS
+/// server name, a path it opened — and is printed to the operator's
+/// terminal by `run` and `explain` (red-team wave 4, W8: a name with an
+/// escape sequence recolored it, one with a line feed added a line).
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if bad(c) {
+                    c.escape_debug().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// A refused value as a message echoes it: [`printable`], and at most
+/// [`SHOWN_MAX`] characters of it (an id is far shorter; a 100 kB one is
+/// not copied into every log and reply).
 pub fn shown(value: &str) -> String {
-    let mut out: String = value
-        .chars()
-        .take(SHOWN_MAX)
-        .flat_map(char::escape_debug)
-        .collect();
+    let head: String = value.chars().take(SHOWN_MAX).collect();
+    let mut out = printable(&head).into_owned();
     let rest = value.chars().count().saturating_sub(SHOWN_MAX);
     if rest > 0 {
         out += &format!("… ({rest} more characters)");
