@@ -106,6 +106,17 @@ impl Verdict {
     }
 }
 
+/// The name prefix the commit stages an output under beside its final
+/// place: reserved. A write bearing it in any component never commits
+/// (nor does a scratch write), so no turn can make a file the commit
+/// would take for its own.
+pub const STAGING_PREFIX: &str = ".turnstile-stage-";
+
+/// Whether a component of `path` bears [`STAGING_PREFIX`].
+pub fn is_staging_name(path: &str) -> bool {
+    path.split('/').any(|c| c.starts_with(STAGING_PREFIX))
+}
+
 /// Compares realized writes with `declared` (FR-RT-016). `scratch` is
 /// `tmp/<sid>`.
 pub fn verify(writes: &[RealizedWrite], declared: &[DeclaredOutput], scratch: &str) -> Verdict {
@@ -146,6 +157,10 @@ pub fn verify_trees(
         .flat_map(|d| d.path.match_indices('/').map(move |(i, _)| &d.path[..i]))
         .collect();
     for w in writes {
+        if is_staging_name(&w.path) {
+            v.undeclared.push(w.clone());
+            continue;
+        }
         if w.path.starts_with(&scratch_prefix) {
             v.scratch.push(w.clone());
             continue;
@@ -193,6 +208,22 @@ mod tests {
             path: path.into(),
             role: "r".into(),
         }
+    }
+
+    #[test]
+    fn a_staging_name_is_never_a_turns_write() {
+        let x = format!("out/{STAGING_PREFIX}0123");
+        let writes = [
+            w("out/a", Kind::File),
+            w(&x, Kind::File),
+            w(&format!("tmp/s/{STAGING_PREFIX}1/f"), Kind::File),
+        ];
+        let v = verify(&writes, &[out("out/a"), out(&x)], "tmp/s");
+        assert_eq!(v.matched.len(), 1);
+        assert_eq!(v.undeclared.len(), 2, "{v:?}");
+        assert_eq!(v.missing, vec![x.clone()]);
+        assert!(!v.matches());
+        assert!(!is_staging_name("out/.turnstile-t1"));
     }
 
     #[test]

@@ -302,3 +302,86 @@ fn issue_29_a_turn_under_a_64_descriptor_limit_commits_and_records_its_denials()
     assert_eq!(denied[0]["target"], "unshare");
     fx.assert_ledgers_intact(sid);
 }
+
+/// Red-team wave 4: the commit staged `output/S/x` as
+/// `output/S/.x.turnstile-t1`, a name the turn could declare and write
+/// itself. The turn was recorded committed with `x`'s hash while `x` held
+/// the other file's bytes, and that file was gone. Staging names now bear
+/// a reserved prefix no write may bear, and are unique per session, turn
+/// and output.
+#[test]
+fn a_turn_cannot_write_the_name_its_output_is_staged_under() {
+    if !require_root("a_turn_cannot_write_the_name_its_output_is_staged_under") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "atk",
+        r#"{"capabilities": {"write": ["output/<session_id>/**"], "execute": ["/bin/sh", "/usr/bin/**"]}}"#,
+    );
+    let sid = fx.new_session();
+    // The old staging name: now an ordinary output, committed as written.
+    let r = fx.run(
+        "atk",
+        &[
+            "--session",
+            &sid,
+            "--json",
+            "--output",
+            "output/<session_id>/x:r",
+            "--output",
+            "output/<session_id>/.x.turnstile-t1:r",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cd output/$TURNSTILE_SESSION_ID && echo GOOD > x && echo EVIL > .x.turnstile-t1",
+        ],
+    );
+    let v = r.json();
+    assert_eq!(v["status"], "committed", "{}", r.stdout);
+    let dir = fx.root.join("output").join(&sid);
+    assert_eq!(std::fs::read(dir.join("x")).unwrap(), b"GOOD\n");
+    assert_eq!(
+        std::fs::read(dir.join(".x.turnstile-t1")).unwrap(),
+        b"EVIL\n"
+    );
+    let recorded = v["committed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"].as_str().is_some_and(|p| p.ends_with("/x")))
+        .unwrap_or_else(|| panic!("{}", r.stdout))
+        .clone();
+    assert_eq!(
+        recorded["sha256"].as_str().unwrap(),
+        turnstile_tests::sha256_file(&dir.join("x"))
+    );
+    // The new prefix is reserved: such a write blocks the turn, nothing lands.
+    let staged = format!(
+        "output/<session_id>/{}0",
+        turnstile_policy::verdict::STAGING_PREFIX
+    );
+    let r = fx.run(
+        "atk",
+        &[
+            "--session",
+            &sid,
+            "--json",
+            "--output",
+            "output/<session_id>/y:r",
+            "--output",
+            &format!("{staged}:r"),
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!(
+                "cd output/$TURNSTILE_SESSION_ID && echo Y > y && echo Z > {}0",
+                turnstile_policy::verdict::STAGING_PREFIX
+            ),
+        ],
+    );
+    let v = r.json();
+    assert_eq!(v["status"], "blocked", "{}", r.stdout);
+    assert!(!dir.join("y").exists());
+    fx.assert_ledgers_intact(&sid);
+}

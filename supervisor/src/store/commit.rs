@@ -497,7 +497,7 @@ pub fn commit_restore(req: &RestoreRequest<'_>) -> Result<Vec<Committed>> {
     let mut outputs = Vec::new();
     let mut created_dirs: Vec<String> = Vec::new();
     for r in req.restores {
-        let (dir_rel, name) = split(&r.path);
+        let (dir_rel, _) = split(&r.path);
         note_missing_dirs(req.root, dir_rel, &mut created_dirs)?;
         let kept = fsx::open_beneath(&req.root.join(req.preimages), &r.sha256)
             .map(File::from)
@@ -505,7 +505,7 @@ pub fn commit_restore(req: &RestoreRequest<'_>) -> Result<Vec<Committed>> {
             .map_err(|e| commit_err(format!("{}: its pre-image is not kept: {e}", r.path)))?;
         outputs.push(OutputOp {
             path: r.path.clone(),
-            temp: format!(".{name}.turnstile-t{}", req.turn_number),
+            temp: staging_name(&req.work_dir, &r.path),
             sha256: r.sha256.clone(),
             size: r.size,
             mode: output_mode(std::os::unix::fs::PermissionsExt::mode(&kept.permissions())),
@@ -613,15 +613,36 @@ pub fn finish(root: &Path, journal: &Path) -> Result<()> {
     }
 }
 
+/// The name an output is staged under beside its final place until the
+/// rename that commits it: the reserved prefix
+/// ([`turnstile_policy::verdict::STAGING_PREFIX`], which no turn's write
+/// may bear) and a digest of the commit's private directory (its session
+/// and turn) and the output's path. So it is never an output's name, never
+/// another output's, turn's or session's staging name, and never too long
+/// whatever the output's name (red-team wave 4: `.{name}.turnstile-t{N}`
+/// could be declared and written by the turn itself, or by an earlier one,
+/// and the commit replaced or removed it).
+fn staging_name(work_dir: &str, path: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(work_dir.as_bytes());
+    h.update([0]);
+    h.update(path.as_bytes());
+    format!(
+        "{}{}",
+        turnstile_policy::verdict::STAGING_PREFIX,
+        hex::encode(&h.finalize()[..12])
+    )
+}
+
 fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
     let mut outputs = Vec::new();
     let mut created_dirs: Vec<String> = Vec::new();
     for w in req.matched {
-        let (dir_rel, name) = split(&w.path);
+        let (dir_rel, _) = split(&w.path);
         note_missing_dirs(req.root, dir_rel, &mut created_dirs)?;
         outputs.push(OutputOp {
             path: w.path.clone(),
-            temp: format!(".{name}.turnstile-t{}", req.turn_number),
+            temp: staging_name(&req.work_dir, &w.path),
             sha256: w.sha256.clone().unwrap_or_default(),
             size: w.size,
             mode: output_mode(w.mode),
