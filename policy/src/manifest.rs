@@ -18,8 +18,10 @@ pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
 /// Paths no write pattern may ever reach (hierarchically). Segments are
 /// literals or `*`. Ledgers live under `planes/`; a package's manifest is its
-/// own grant of authority, so a turn writing one would escalate the next turn.
-pub const RESERVED_WRITE: &[&str] = &["planes", "installed/*/manifest.json"];
+/// own grant of authority, so a turn writing one would escalate the next turn,
+/// and a package's code is as much its authority: a turn of one package
+/// writing `installed/OTHER/main.py` runs as OTHER next (red-team wave 4).
+pub const RESERVED_WRITE: &[&str] = &["planes", "installed"];
 
 /// A package id: the directory name under `installed/`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -28,7 +30,7 @@ pub struct PackageId(String);
 impl PackageId {
     pub fn parse(value: &str) -> Result<Self, PolicyError> {
         let invalid = |reason: &str| PolicyError::InvalidPackageId {
-            value: value.escape_debug().to_string(),
+            value: value.to_owned(),
             reason: reason.to_owned(),
         };
         if value.is_empty() || value.len() > 64 {

@@ -54,7 +54,7 @@ impl SessionId {
     /// Parses a session id, accepting exactly the canonical form.
     pub fn parse(value: &str) -> Result<Self, PolicyError> {
         let invalid = |reason: &str| PolicyError::InvalidSessionId {
-            value: value.escape_debug().to_string(),
+            value: value.to_owned(),
             reason: format!(
                 "{reason} (expected SES-YYYYMMDDTHHMMSSffffffZ-<16 lowercase hex digits>)"
             ),

@@ -356,6 +356,14 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
             "E2042",
             "capabilities.write[0]",
         ),
+        // Red-team wave 4: a package's code is its authority too.
+        manifest_case(
+            &fx,
+            "another package code",
+            &m(r#"{"write":["output/**","installed/demo/*.py"]}"#),
+            "E2042",
+            "capabilities.write[1]",
+        ),
         manifest_case(
             &fx,
             "empty execute",

@@ -35,15 +35,16 @@ pub fn revert_cmd(a: &RevertArgs) -> Result<Outcome> {
     Ok(Outcome::ok(if a.common.json {
         format!("{}\n", to_json(&r))
     } else {
+        use turnstile_policy::error::printable;
         let mut s = format!(
             "turn {} of {} reverted turn {}:\n",
             r.turn_number, r.session_id, r.reverted_turn
         );
         for c in &r.committed {
             s += &if c.removed {
-                format!("  removed  {}\n", c.path)
+                format!("  removed  {}\n", printable(&c.path))
             } else {
-                format!("  restored {} ({} bytes)\n", c.path, c.size)
+                format!("  restored {} ({} bytes)\n", printable(&c.path), c.size)
             };
         }
         s
