@@ -552,6 +552,28 @@ pub struct AllRecovery {
     /// Cgroups of warm sandboxes whose building process is dead, removed
     /// host-wide (see [`sweep_dead_warm_cgroups`]).
     pub dead_warm_cgroups: Vec<String>,
+    /// Sessions that could not be recovered (a damaged ledger, an
+    /// unreadable journal): each is reported and left as it is; the others
+    /// are recovered all the same (red-team wave 4: one broken session
+    /// stopped `recover` and `serve` for the whole state directory).
+    pub failed: Vec<FailedRecovery>,
+}
+
+/// A session [`recover_all`] could not recover, and why.
+#[derive(Debug)]
+pub struct FailedRecovery {
+    pub session_id: String,
+    pub error: SupervisorError,
+}
+
+impl FailedRecovery {
+    pub fn to_value(&self) -> Value {
+        serde_json::json!({
+            "session_id": self.session_id,
+            "code": self.error.code().code,
+            "message": self.error.to_string(),
+        })
+    }
 }
 
 /// Whether [`recover_all`] waits for a session a live supervisor holds.
@@ -575,21 +597,36 @@ pub fn recover_all(
 ) -> Result<AllRecovery> {
     let swept = crate::store::session::sweep_unfinished(state, workspace)?;
     let mut sessions = Vec::new();
+    let mut failed = Vec::new();
     for (id, ws) in known_sessions(state, workspace) {
-        let session = Session::open(&ws, state, &id, None)?;
-        let lock = match busy {
-            Busy::Wait => session.lock()?,
-            Busy::Skip => match session.try_lock()? {
-                Some(lock) => lock,
-                None => continue,
-            },
+        let one = || -> Result<Option<SessionRecovery>> {
+            let session = Session::open(&ws, state, &id, None)?;
+            let lock = match busy {
+                Busy::Wait => session.lock()?,
+                Busy::Skip => match session.try_lock()? {
+                    Some(lock) => lock,
+                    None => return Ok(None),
+                },
+            };
+            recover_held(&session, &lock, cgroup_place, clock).map(Some)
         };
-        sessions.push(recover_held(&session, &lock, cgroup_place, clock)?);
+        match one() {
+            Ok(Some(r)) => sessions.push(r),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(session_id = %id.as_str(), error = %error, "this session could not be recovered; the others are");
+                failed.push(FailedRecovery {
+                    session_id: id.as_str().to_owned(),
+                    error,
+                });
+            }
+        }
     }
     Ok(AllRecovery {
         swept,
         sessions,
         dead_warm_cgroups: sweep_dead_warm_cgroups(cgroup_place),
+        failed,
     })
 }
 

@@ -1425,3 +1425,32 @@ fn recover_one_session_or_skip_the_busy_ones() {
         })
         .unwrap();
 }
+
+/// Red-team wave 4: one session that cannot be recovered (here its exec
+/// anchor is damaged) stopped `recover` for the whole state directory,
+/// and `serve` from starting. Now every other session is recovered, the
+/// damaged one is named under `failed` with its code, and the exit status
+/// is that error's.
+#[test]
+fn one_damaged_session_does_not_stop_the_recovery_of_the_others() {
+    let fx = Fixture::new();
+    let (good, bad) = (fx.new_session(), fx.new_session());
+    let anchor = fx.state.join(format!("sessions/{bad}/anchors/exec.json"));
+    assert!(anchor.exists(), "{}", anchor.display());
+    std::fs::write(&anchor, b"not an anchor").unwrap();
+    let r = fx.supervise(&["recover"], &["--json"]);
+    assert_ne!(r.status, 0, "{}{}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["sessions_checked"], 1, "{}", r.stdout);
+    let failed = v["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{}", r.stdout);
+    assert_eq!(failed[0]["session_id"], bad.as_str());
+    assert!(failed[0]["code"].as_str().is_some_and(|c| !c.is_empty()));
+    let text = fx.supervise(&["recover"], &[]);
+    assert!(
+        text.stdout.contains(&format!("{bad}: NOT recovered")),
+        "{}",
+        text.stdout
+    );
+    fx.assert_ledgers_intact(&good);
+}

@@ -385,3 +385,73 @@ fn a_turn_cannot_write_the_name_its_output_is_staged_under() {
     assert!(!dir.join("y").exists());
     fx.assert_ledgers_intact(&sid);
 }
+
+/// Red-team wave 4: 40,000 scratch files with long names made a 21 MB
+/// evidence line, longer than the ledger's reader takes: the session's
+/// ledger no longer verified and its every later turn failed. A line is
+/// now never longer than the reader takes, and a turn whose writes could
+/// not all be recorded commits nothing (TS1022) while its entry lists a
+/// bounded part with the count and digest of the rest; the session goes on.
+#[test]
+fn a_turn_writing_more_than_a_ledger_entry_holds_commits_nothing_and_the_session_goes_on() {
+    if !require_root(
+        "a_turn_writing_more_than_a_ledger_entry_holds_commits_nothing_and_the_session_goes_on",
+    ) {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "big",
+        r#"{"capabilities": {"execute": ["/usr/bin/python3"]},
+            "limits": {"files": 200000, "disk": "2Gi", "timeout_seconds": 300}}"#,
+    );
+    let sid = fx.new_session();
+    let r = fx.run(
+        "big",
+        &[
+            "--session", &sid, "--json", "--no-outputs", "--",
+            "/usr/bin/python3", "-c",
+            "import os\nd = os.environ['TMPDIR']\nfor i in range(90000):\n    open(f'{d}/{i:0200d}', 'w').close()\n",
+        ],
+    );
+    let v = r.json();
+    assert_eq!(
+        v["status"],
+        "commit_failed",
+        "{}",
+        &r.stdout[..r.stdout.len().min(2000)]
+    );
+    assert_eq!(v["error"]["code"], "TS1022");
+    assert!(
+        !fx.root
+            .join("tmp")
+            .join(&sid)
+            .join(format!("{:0200}", 0))
+            .exists()
+    );
+    fx.assert_ledgers_intact(&sid);
+    let entries = turnstile_tests::read_entries(&fx.ledger(&sid, "evidence"));
+    let last = entries.last().unwrap();
+    let omitted = &last["writes_omitted"];
+    assert!(omitted["realized"].as_u64().unwrap() > 0, "{omitted}");
+    assert_eq!(
+        last["realized_writes"].as_array().unwrap().len() as u64
+            + omitted["realized"].as_u64().unwrap(),
+        90000
+    );
+    let r = fx.run(
+        "big",
+        &[
+            "--session",
+            &sid,
+            "--json",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "print(1)",
+        ],
+    );
+    assert_eq!(r.json()["status"], "committed", "{}", r.stdout);
+    fx.assert_ledgers_intact(&sid);
+}

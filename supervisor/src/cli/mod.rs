@@ -1892,6 +1892,8 @@ struct Recovered {
     unfinished_creations_removed: Vec<String>,
     dead_warm_cgroups_removed: Vec<String>,
     recovered: Vec<Value>,
+    /// Sessions that could not be recovered: `session_id`, `code`, `message`.
+    failed: Vec<Value>,
 }
 
 fn doctor_cmd(a: &DoctorArgs) -> Outcome {
@@ -1929,6 +1931,7 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
         swept,
         sessions,
         dead_warm_cgroups,
+        failed,
     } = match (&session, &workspace) {
         (Some(id), Some(ws)) => {
             let session = crate::store::session::Session::open(ws, &state, id, None)?;
@@ -1964,6 +1967,7 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
                 unfinished_creations_removed: swept.clone(),
                 dead_warm_cgroups_removed: dead_warm_cgroups.clone(),
                 recovered: acted.iter().map(|r| r.to_value()).collect(),
+                failed: failed.iter().map(|f| f.to_value()).collect(),
             })
         )
     } else {
@@ -1990,9 +1994,23 @@ fn recover_cmd(a: &RecoverArgs) -> Result<Outcome> {
                 dead_warm_cgroups.len()
             );
         }
+        for f in &failed {
+            t += &format!(
+                "{}: NOT recovered: error[{}]: {}\n",
+                f.session_id,
+                f.error.code().code,
+                f.error
+            );
+        }
         t
     };
-    Ok(Outcome::ok(stdout))
+    // Every other session is recovered; the exit status is the first
+    // failure's (the contract's status for its error).
+    Ok(Outcome {
+        status: failed.first().map_or(exit::OK, |f| f.error.exit_status()),
+        stdout,
+        stderr: String::new(),
+    })
 }
 
 /// `--rootfs`, validated (see [`crate::turn::admit::system_root`]).

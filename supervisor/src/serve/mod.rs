@@ -531,9 +531,17 @@ pub fn serve(o: &ServeOptions) -> Result<Outcome> {
             .filter(|r| !r.is_empty())
             .map(|r| r.to_value())
             .collect(),
+        failed: all.failed.iter().map(|f| f.to_value()).collect(),
     })
     .unwrap_or_default();
-    tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
+    // A session that cannot be recovered does not keep the daemon from
+    // serving the others: it is logged here, and its own turns are refused
+    // with the error (each turn recovers its session first).
+    if all.failed.is_empty() {
+        tracing::info!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session");
+    } else {
+        tracing::error!(state_dir = %state_dir.display(), recovered = %recovered, "recovered every session but those under `failed`");
+    }
     // Subscriptions' sessions exist before anything is routed.
     let router = router::Router::open(&state_dir, &o.config)?.map(Arc::new);
     let metrics = Arc::new(metrics::Metrics::new());
@@ -746,6 +754,7 @@ struct RecoveredAtStart {
     unfinished_creations_removed: Vec<String>,
     dead_warm_cgroups_removed: Vec<String>,
     recovered: Vec<Value>,
+    failed: Vec<Value>,
 }
 
 fn error_reply(e: &SupervisorError, json: bool) -> Reply {

@@ -39,8 +39,17 @@ use crate::fsx;
 use crate::store::lock::SessionLock;
 use crate::store::record::{Event, to_object};
 
-/// Largest ledger line accepted by the reader.
-pub const MAX_ENTRY_BYTES: usize = 16 << 20;
+/// Largest ledger line: the reader refuses a longer one, and so does the
+/// writer, before any byte lands. A turn's writes are judged against
+/// [`RECORD_BUDGET`] before it commits, so its finish entry always fits
+/// (100,000 outputs with short paths are ~37 MB).
+pub const MAX_ENTRY_BYTES: usize = 64 << 20;
+/// What a turn's recorded writes (realized, scratch, committed) may come
+/// to in its evidence entry, estimated before the commit: a turn over it
+/// does not commit (nothing lands), and its entry lists a bounded part of
+/// them with a count and digest of the rest. 8 MiB of the line are left for
+/// everything else the entry holds.
+pub const RECORD_BUDGET: usize = MAX_ENTRY_BYTES - (8 << 20);
 /// Largest anchor file.
 const MAX_ANCHOR_BYTES: u64 = 4096;
 
@@ -1102,6 +1111,19 @@ fn prepare<'a>(
         let mut line =
             canonical::to_vec(&Value::Object(body)).map_err(|e| canon_err("entry", e))?;
         line.push(b'\n');
+        // Never a line the ledger's own reader refuses: one such line made
+        // the session unverifiable and every later append fail (red-team
+        // wave 4). Refused before any byte is written.
+        if line.len() > MAX_ENTRY_BYTES {
+            return Err(SupervisorError::invalid(
+                "entry",
+                format!(
+                    "a {:?} entry of {} bytes is longer than a ledger line may be ({MAX_ENTRY_BYTES} bytes)",
+                    chain.event(),
+                    line.len()
+                ),
+            ));
+        }
         head_offset = len;
         len += line.len() as u64;
         last_turn = match (last_turn, turn) {

@@ -514,6 +514,48 @@ pub struct EvidenceEntry {
     /// An ARA `receive` turn: its input envelope and what it emitted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receive: Option<ReceiveRecord>,
+    /// Writes left out of `realized_writes` / `scratch_writes` because a
+    /// turn that did not commit wrote more than a ledger line can list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_omitted: Option<WritesOmitted>,
+}
+
+/// How many writes an evidence entry leaves out of each list, and the
+/// sha256 of the canonical JSON of both whole lists
+/// (`{"realized_writes": [...], "scratch_writes": [...]}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WritesOmitted {
+    pub realized: u64,
+    pub scratch: u64,
+    pub sha256: String,
+}
+
+impl WriteRecord {
+    /// What this record adds to an entry, about (its JSON with room).
+    pub fn recorded_bytes(&self) -> usize {
+        record_cost(&self.path)
+    }
+}
+
+/// The bytes one list item naming `path` takes in an entry, rounded up
+/// (kind, size, sha256, role and the JSON around them: 20,000 outputs
+/// made a 7.4 MB entry, ~185 bytes an item for ~60-byte paths).
+fn record_cost(path: &str) -> usize {
+    path.len() + 160
+}
+
+/// The estimated size of the write lists an evidence entry would hold for
+/// `realized` (every write), `scratch` and `committed` (each at most
+/// once more): compared with [`crate::store::ledger::RECORD_BUDGET`].
+pub fn recorded_bytes<'a>(
+    realized: impl IntoIterator<Item = &'a str>,
+    scratch: impl IntoIterator<Item = &'a str>,
+    committed: impl IntoIterator<Item = &'a str>,
+) -> usize {
+    let each = |it: &mut dyn Iterator<Item = &'a str>| it.map(record_cost).sum::<usize>();
+    each(&mut realized.into_iter())
+        + each(&mut scratch.into_iter())
+        + each(&mut committed.into_iter())
 }
 
 /// One `turn.suspended`, `turn.resumed` or `turn.resume_failed` fact: the

@@ -945,6 +945,29 @@ impl Turn<'_> {
             outcome.message = interrupted_message();
             return;
         }
+        // Its finish entry must hold what it committed: a turn whose
+        // writes could not be recorded commits nothing.
+        let v = &outcome.verdict;
+        let estimate = crate::store::record::recorded_bytes(
+            v.matched
+                .iter()
+                .chain(&v.scratch)
+                .chain(&v.implied)
+                .chain(&v.undeclared)
+                .map(|w| w.path.as_str()),
+            v.scratch.iter().map(|w| w.path.as_str()),
+            v.matched.iter().chain(&v.implied).map(|w| w.path.as_str()),
+        );
+        if estimate > crate::store::ledger::RECORD_BUDGET {
+            outcome.status = TurnStatus::CommitFailed;
+            outcome.message = format!(
+                "nothing landed: the turn's {} writes ({} in scratch) would take about {estimate} bytes to record, more than a ledger entry holds ({} bytes); write fewer files or shorter paths, or archive them into one output",
+                v.matched.len() + v.scratch.len() + v.implied.len() + v.undeclared.len(),
+                v.scratch.len(),
+                crate::store::ledger::RECORD_BUDGET
+            );
+            return;
+        }
         let request = commit::CommitRequest {
             root: self.workspace.root(),
             scopes,

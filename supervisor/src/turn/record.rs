@@ -23,7 +23,7 @@ use crate::store::record::{
     BackendMinimum, DeclaredWrite, Durations, Enforcement, EnforcementRecord, ErrorRecord, Event,
     EvidenceEntry, ExecEntry, Layer, LedgerPaths, OutputRecord, Phases, ReceiveRecord, Resources,
     SCHEMA_VERSION, SeccompFacts, StreamOut, Termination, Timings, TurnReport, ViolatedCapability,
-    Violation, WriteRecord, to_object,
+    Violation, WriteRecord, WritesOmitted, to_object,
 };
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::TurnStatus;
@@ -403,6 +403,10 @@ impl Turn<'_> {
 
     fn evidence_entry(&self, f: &Facts, o: &Outcome) -> EvidenceEntry {
         let r = self.request;
+        let (realized_writes, scratch_writes, writes_omitted) = bounded_writes(
+            f.realized.clone(),
+            o.verdict.scratch.iter().map(WriteRecord::of).collect(),
+        );
         let suspensions = o.suspensions.clone();
         // A resume that could not thaw the turn ended it: that is its error.
         let error = suspensions
@@ -421,8 +425,9 @@ impl Turn<'_> {
             execute_entry: Some(self.execute_entry.clone()),
             declared_reads: r.declared_inputs.clone(),
             declared_writes: declared(r),
-            realized_writes: f.realized.clone(),
-            scratch_writes: o.verdict.scratch.iter().map(WriteRecord::of).collect(),
+            realized_writes,
+            scratch_writes,
+            writes_omitted,
             // Written where nothing is ever committed: recorded, discarded.
             ephemeral_writes: o.execution.as_ref().map(|x| x.ephemeral.clone()),
             committed: o.committed.clone(),
@@ -593,6 +598,54 @@ impl Turn<'_> {
                 .collect(),
         }
     }
+}
+
+/// The write lists an evidence entry holds: whole while they fit
+/// [`crate::store::ledger::RECORD_BUDGET`] (always so for a turn that
+/// committed: see `Turn::commit`), else as much of each as fits, with the
+/// count left out and the digest of both whole lists.
+fn bounded_writes(
+    realized: Vec<WriteRecord>,
+    scratch: Vec<WriteRecord>,
+) -> (Vec<WriteRecord>, Vec<WriteRecord>, Option<WritesOmitted>) {
+    let budget = crate::store::ledger::RECORD_BUDGET;
+    let total: usize = realized
+        .iter()
+        .chain(&scratch)
+        .map(WriteRecord::recorded_bytes)
+        .sum();
+    if total <= budget {
+        return (realized, scratch, None);
+    }
+    let sha256 = canonical::hash_value(&serde_json::json!({
+        "realized_writes": realized,
+        "scratch_writes": scratch,
+    }))
+    .unwrap_or_default();
+    let keep = |list: Vec<WriteRecord>| {
+        let whole = list.len();
+        let mut used = 0;
+        let kept: Vec<WriteRecord> = list
+            .into_iter()
+            .take_while(|w| {
+                used += w.recorded_bytes();
+                used <= budget / 2
+            })
+            .collect();
+        let left = (whole - kept.len()) as u64;
+        (kept, left)
+    };
+    let (realized, r_left) = keep(realized);
+    let (scratch, s_left) = keep(scratch);
+    (
+        realized,
+        scratch,
+        Some(WritesOmitted {
+            realized: r_left,
+            scratch: s_left,
+            sha256,
+        }),
+    )
 }
 
 /// What the exec entry's `result_hash` covers.
