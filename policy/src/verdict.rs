@@ -19,6 +19,10 @@ pub enum Kind {
     OpaqueDir,
     /// A directory the turn made where a file (or link) was.
     DirOverFile,
+    /// A regular file the turn made where a directory was (`rm -r d; echo
+    /// > d`): it would hide what the directory held, and no rename can put
+    /// it in place — never committed, in scratch neither.
+    FileOverDir,
     Symlink,
     /// A deletion (overlay whiteout).
     Deleted,
@@ -40,6 +44,7 @@ impl Kind {
                 "an existing directory was removed and recreated, which would hide what it held"
             }
             Self::DirOverFile => "a directory would replace an existing file",
+            Self::FileOverDir => "a file would replace an existing directory, hiding what it held",
             Self::Symlink => "symbolic links never commit",
             Self::Deleted => {
                 "a deletion (or the old name of a renamed file or directory) never commits"
@@ -55,6 +60,7 @@ impl Kind {
             Self::DirMode => "dir_mode",
             Self::OpaqueDir => "opaque_dir",
             Self::DirOverFile => "dir_over_file",
+            Self::FileOverDir => "file_over_dir",
             Self::Symlink => "symlink",
             Self::Deleted => "deleted",
             Self::Special => "special",
@@ -157,7 +163,7 @@ pub fn verify_trees(
         .flat_map(|d| d.path.match_indices('/').map(move |(i, _)| &d.path[..i]))
         .collect();
     for w in writes {
-        if is_staging_name(&w.path) {
+        if is_staging_name(&w.path) || w.kind == Kind::FileOverDir {
             v.undeclared.push(w.clone());
             continue;
         }
@@ -208,6 +214,18 @@ mod tests {
             path: path.into(),
             role: "r".into(),
         }
+    }
+
+    #[test]
+    fn a_file_over_a_directory_never_commits_not_even_in_scratch() {
+        let writes = [
+            w("out/z", Kind::FileOverDir),
+            w("tmp/s/d", Kind::FileOverDir),
+        ];
+        let v = verify(&writes, &[out("out/z")], "tmp/s");
+        assert!(v.matched.is_empty() && v.scratch.is_empty(), "{v:?}");
+        assert_eq!(v.undeclared.len(), 2);
+        assert_eq!(v.missing, vec!["out/z".to_owned()]);
     }
 
     #[test]

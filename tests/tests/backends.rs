@@ -552,7 +552,7 @@ fn issue_23_outputs_in_new_directories_commit_and_the_rules_still_block() {
         std::fs::write(out.join("old/o.txt"), b"old").unwrap();
         std::fs::create_dir_all(out.join("keep")).unwrap();
         std::fs::write(out.join("keep/k.txt"), b"kept").unwrap();
-        let cases: [(&str, &[&str], &str, &str, &str); 5] = [
+        let cases: [(&str, &[&str], &str, &str, &str); 6] = [
             (
                 "an undeclared file in a new directory",
                 &["n/r.txt"],
@@ -587,6 +587,14 @@ fn issue_23_outputs_in_new_directories_commit_and_the_rules_still_block() {
                 "shutil.rmtree(O + '/keep')\nos.mkdir(O + '/keep')\nopen(O + '/keep/r.txt', 'w').write('r')",
                 "keep",
                 "opaque_dir",
+            ),
+            // Red-team wave 4: it committed part of the turn, then failed.
+            (
+                "a file replacing a directory",
+                &["r.txt"],
+                "open(O + '/r.txt', 'w').write('r2')\nshutil.rmtree(O + '/old')\nopen(O + '/old', 'w').write('z')",
+                "old",
+                "file_over_dir",
             ),
         ];
         for (what, outputs, code, path, kind) in cases {

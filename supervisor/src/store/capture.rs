@@ -111,7 +111,19 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                     }
                     let (h, n) = fsx::hash_beneath(&scope.upper, &rel)
                         .map_err(|e| capture_err(format!("{path}: {e}")))?;
-                    (Kind::File, n, Some(h))
+                    // A file where the lower layer has a directory: the
+                    // directory was removed and a file made in its place.
+                    let over_dir = scope
+                        .lower
+                        .join(&rel)
+                        .symlink_metadata()
+                        .is_ok_and(|l| l.is_dir());
+                    let kind = if over_dir {
+                        Kind::FileOverDir
+                    } else {
+                        Kind::File
+                    };
+                    (kind, n, Some(h))
                 } else if ft.is_dir() {
                     stack.push((rel.clone(), depth + 1));
                     // What the directory is, from what the lower layer had

@@ -660,8 +660,10 @@ fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
             }
             Kind::Dir | Kind::DirMode => scratch.push(ScratchOp::Dir { path, mode }),
             Kind::File | Kind::Symlink => scratch.push(ScratchOp::Place { path, index }),
-            // FIFOs, sockets and device nodes never leave the sandbox.
-            Kind::Special => {}
+            // FIFOs, sockets and device nodes never leave the sandbox; a
+            // file over a directory blocks the turn (never in a verdict's
+            // scratch list).
+            Kind::Special | Kind::FileOverDir => {}
         }
     }
     Ok(Journal {
