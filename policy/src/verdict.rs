@@ -19,9 +19,9 @@ pub enum Kind {
     OpaqueDir,
     /// A directory the turn made where a file (or link) was.
     DirOverFile,
-    /// A regular file the turn made where a directory was (`rm -r d; echo
-    /// > d`): it would hide what the directory held, and no rename can put
-    /// it in place — never committed, in scratch neither.
+    /// A regular file the turn made where a directory was (`rm -r d` then
+    /// a file `d`): it would hide what the directory held, and no rename
+    /// can put it in place — never committed, in scratch neither.
     FileOverDir,
     Symlink,
     /// A deletion (overlay whiteout).
