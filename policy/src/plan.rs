@@ -794,10 +794,15 @@ impl<'a> Compiler<'a> {
             }
         }
         let planes = join(root, "planes");
-        if fs.kind(&planes) == Some(FileKind::Dir)
-            && !caps.read.iter().any(|r| r.as_str().starts_with("planes/"))
-        {
-            masked.push(planes);
+        if fs.kind(&planes) == Some(FileKind::Dir) {
+            if !caps.read.iter().any(|r| r.as_str().starts_with("planes/")) {
+                masked.push(planes.clone());
+            } else {
+                // The ledgers may be read; the pre-image store never is: it
+                // keeps, as hard links, what commits replaced — a forbidden
+                // file's old content too (red-team wave 4).
+                masked.extend(preimage_stores(fs, &planes));
+            }
         }
         // Only what is in the view needs hiding.
         masked.retain(|m| view.shown.iter().any(|s| within(m, s)));
@@ -813,6 +818,8 @@ impl<'a> Compiler<'a> {
         for path in &masked {
             let reason = if path.ends_with("/planes") {
                 "reserved (ledgers)"
+            } else if path.ends_with("/preimages") && path.starts_with(&format!("{planes}/")) {
+                "reserved (pre-images)"
             } else {
                 "forbidden"
             };
@@ -1036,6 +1043,22 @@ fn enumerate(
     }
     out.sort();
     Ok(out)
+}
+
+/// Every session's pre-image store under `planes`
+/// (`planes/<tier>/sessions/<sid>/preimages`) that exists.
+fn preimage_stores(fs: &dyn FsView, planes: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for tier in fs.list(planes) {
+        let sessions = format!("{planes}/{tier}/sessions");
+        for sid in fs.list(&sessions) {
+            let store = format!("{sessions}/{sid}/preimages");
+            if fs.kind(&store) == Some(FileKind::Dir) {
+                out.push(store);
+            }
+        }
+    }
+    out
 }
 
 /// Grants `path` — unless a forbidden or masked path lies beneath it, in
@@ -1414,6 +1437,35 @@ mod tests {
         assert!(!read.contains(&"/ws/data/b.txt".to_owned()));
         // The ledgers are not in the view: nothing grants them.
         assert!(!plan.render_text().contains("/ws/planes"));
+    }
+
+    /// Red-team wave 4: a read grant naming `planes/` unmasked the whole
+    /// tree, the pre-image stores with it (a forbidden file's old content).
+    #[test]
+    fn the_preimage_stores_stay_masked_when_the_ledgers_are_read() {
+        let mut fs = tree();
+        for (p, k) in [
+            ("/ws/planes/ho1", FileKind::Dir),
+            ("/ws/planes/ho1/sessions", FileKind::Dir),
+            ("/ws/planes/ho1/sessions/S1", FileKind::Dir),
+            ("/ws/planes/ho1/sessions/S1/ledger", FileKind::Dir),
+            ("/ws/planes/ho1/sessions/S1/preimages", FileKind::Dir),
+            ("/ws/planes/ho1/sessions/S1/preimages/abc", FileKind::File),
+        ] {
+            fs.kinds.insert(p.into(), k);
+        }
+        let m = r#"{"capabilities":{"read":["installed/p/**","planes/**"],
+            "execute":["installed/p/run.sh"]}}"#;
+        let plan = compile_for(m, &["installed/p/run.sh"], &fs).unwrap();
+        assert!(
+            plan.mounts.contains(&Mount::MaskDir {
+                path: "/ws/planes/ho1/sessions/S1/preimages".into(),
+                reason: "reserved (pre-images)".into()
+            }),
+            "{}",
+            plan.render_text()
+        );
+        assert!(!plan.landlock.read.iter().any(|p| p.contains("preimages")));
     }
 
     fn shown(plan: &Plan) -> Vec<String> {
