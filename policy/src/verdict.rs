@@ -168,7 +168,13 @@ pub fn verify_trees(
             continue;
         }
         if w.path.starts_with(&scratch_prefix) {
-            v.scratch.push(w.clone());
+            // Scratch commits too (to the session's tmp/): never a path
+            // `forbidden` names (red-team wave 4: it was committed unjudged).
+            if forbidden(&w.path) {
+                v.undeclared.push(w.clone());
+            } else {
+                v.scratch.push(w.clone());
+            }
             continue;
         }
         match w.kind {
@@ -226,6 +232,17 @@ mod tests {
         assert!(v.matched.is_empty() && v.scratch.is_empty(), "{v:?}");
         assert_eq!(v.undeclared.len(), 2);
         assert_eq!(v.missing, vec!["out/z".to_owned()]);
+    }
+
+    #[test]
+    fn a_forbidden_path_in_scratch_blocks() {
+        let writes = [w("tmp/s/secret/x", Kind::File), w("tmp/s/ok", Kind::File)];
+        let v = verify_trees(&writes, &[], "tmp/s", &|p: &str| {
+            p.starts_with("tmp/s/secret/")
+        });
+        assert_eq!(v.scratch.len(), 1);
+        assert_eq!(v.undeclared.len(), 1);
+        assert!(!v.matches());
     }
 
     #[test]
