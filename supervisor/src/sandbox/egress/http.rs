@@ -37,7 +37,7 @@
 //! without `:authority`) is let through, as the first-bytes check does:
 //! the connection goes only to the name's own addresses.
 
-use super::inspect::{H2_PREFACE, host_only, lenient_space, may_be_request, versioned};
+use super::syntax::{H2_PREFACE, host_only, is_tchar, lenient_space, may_be_request, versioned};
 
 /// The longest HTTP/1 request head.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -169,10 +169,6 @@ impl std::fmt::Debug for Guard {
 
 fn unparseable<T>(why: impl Into<String>) -> Result<T, Refusal> {
     Err(Refusal::Unparseable(why.into()))
-}
-
-pub(super) fn is_tchar(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
 fn find(b: &[u8], what: &[u8]) -> Option<usize> {

@@ -53,6 +53,7 @@ mod http;
 pub mod inspect;
 mod nfbatch;
 mod rtnl;
+mod syntax;
 mod udp;
 
 use std::collections::{BTreeMap, HashMap};
