@@ -289,6 +289,55 @@ fn wait_reparented(pid: u32) -> RunExit {
     }
 }
 
+/// How long [`Recovery::settle`] waits for a dead run's orphans (its
+/// OCI guard removes the container within about a second).
+const ORPHAN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until no live process has this one as its parent (the shim runs
+/// one task: once its `supervise run` is dead, every child left is one of
+/// that run's orphans, reparented to the subreaper), or `limit` passes.
+fn wait_for_orphans(limit: std::time::Duration) {
+    let me = std::process::id();
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = live_children(me);
+        if left.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            warn!(
+                "the dead run's processes {left:?} outlived {} s; recovering anyway",
+                limit.as_secs()
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The pids whose parent is `parent` and that are not zombies.
+fn live_children(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // `pid (comm) S ppid …`: fields after the last `)`.
+                let mut f = stat
+                    .rsplit_once(')')
+                    .map(|(_, r)| r)
+                    .unwrap_or("")
+                    .split_whitespace();
+                let state = f.next();
+                let ppid = f.next().and_then(|p| p.parse::<u32>().ok());
+                ppid == Some(parent) && !matches!(state, Some("Z" | "X"))
+            })
+        })
+        .collect()
+}
+
 /// A `supervise run` this shim spawned; its pid file goes when it ends.
 struct SuperviseProcess {
     child: std::process::Child,
@@ -319,8 +368,16 @@ impl Recovery {
         }
         // Its session: named by the pod (or in its events, written when a
         // turn ends); else every session of the workspace but those a live
-        // supervisor holds (a dead one holds none: its lock went with it).
+        // supervisor holds. A dead one's lock went with it — but an OCI
+        // turn's guard, which outlives it to remove the container, takes
+        // the session's lock for that cleanup (red-team wave 4: the session
+        // was passed over as busy and its turn never closed). The guard is
+        // this shim's child now (the shim is the subreaper): wait for the
+        // dead run's orphans to end first, for a bounded time.
         let session = named.or_else(|| self.session.clone());
+        if session.is_none() {
+            wait_for_orphans(ORPHAN_WAIT);
+        }
         let which = match &session {
             Some(sid) => vec!["--session", sid.as_str()],
             None => vec!["--skip-busy"],
