@@ -55,6 +55,22 @@ fn route_msg(family: u8, seq: u32, ifindex: u32) -> Vec<u8> {
 }
 
 /// Adds the two local default routes on `lo`.
+/// Sends one netlink request on `sock` and reads the kernel's one reply
+/// into `buf`; the reply's length.
+fn exchange(sock: &impl AsRawFd, msg: &[u8], buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: sending our own buffer; the kernel is the default peer.
+    let n = unsafe { nix::libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: receiving into our own buffer, at most its length.
+    let n = unsafe { nix::libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 pub fn local_default_routes() -> std::io::Result<()> {
     use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType};
     let sock = nix::sys::socket::socket(
@@ -70,17 +86,8 @@ pub fn local_default_routes() -> std::io::Result<()> {
         (2, nix::libc::AF_INET6 as u8),
     ] {
         let msg = route_msg(family, seq, lo);
-        // SAFETY: sending our own buffer; the kernel is the default peer.
-        let n = unsafe { nix::libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         let mut buf = [0u8; 512];
-        // SAFETY: receiving into our own buffer.
-        let n = unsafe { nix::libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let n = exchange(&sock, &msg, &mut buf)?;
         // nlmsghdr (16) then the error's errno (i32, 0 for the ack).
         let ty = u16::from_ne_bytes([buf[4], buf[5]]);
         if ty == NLMSG_ERROR && n >= 20 {
@@ -128,18 +135,8 @@ pub fn delivered_here(ip: std::net::IpAddr) -> std::io::Result<bool> {
     m.extend_from_slice(&addr);
     let len = m.len() as u32;
     m[..4].copy_from_slice(&len.to_ne_bytes());
-    // SAFETY: sending our own buffer; the kernel is the default peer.
-    let n = unsafe { nix::libc::send(sock.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
     let mut buf = [0u8; 1024];
-    // SAFETY: receiving into our own buffer.
-    let n = unsafe { nix::libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let n = n as usize;
+    let n = exchange(&sock, &m, &mut buf)?;
     let ty = u16::from_ne_bytes([buf[4], buf[5]]);
     match ty {
         // nlmsghdr (16), then rtmsg: its type is the 8th byte.
