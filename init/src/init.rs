@@ -1094,14 +1094,49 @@ struct RealKernel {
 
 impl super::restrict::Kernel for RealKernel {
     fn drop_capabilities(&mut self) -> Result<(), String> {
-        for set in [
-            caps::CapSet::Bounding,
-            caps::CapSet::Ambient,
-            caps::CapSet::Inheritable,
-        ] {
-            caps::clear(None, set).map_err(|e| e.to_string())?;
+        // One prctl per capability the kernel knows, and one for the whole
+        // ambient set: `caps::clear` read each capability of each set
+        // before dropping it (~165 syscalls on every turn's stage, against
+        // ~44 here). The bounding set: PR_CAPBSET_DROP of each number up
+        // to the first the kernel does not know (EINVAL: past
+        // cap_last_cap); any other error fails the stage.
+        for cap in 0..=u64::from(u8::MAX) {
+            // SAFETY: prctl(2) with integer arguments only.
+            let r = unsafe {
+                nix::libc::prctl(
+                    nix::libc::PR_CAPBSET_DROP,
+                    cap as nix::libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                )
+            };
+            if r == 0 {
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(nix::libc::EINVAL) && cap > 0 {
+                break;
+            }
+            return Err(format!("drop capability {cap} from the bounding set: {e}"));
         }
-        Ok(())
+        // SAFETY: prctl(2) with integer arguments only.
+        let r = unsafe {
+            nix::libc::prctl(
+                nix::libc::PR_CAP_AMBIENT,
+                nix::libc::PR_CAP_AMBIENT_CLEAR_ALL as nix::libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        };
+        if r != 0 {
+            return Err(format!(
+                "clear the ambient set: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        caps::clear(None, caps::CapSet::Inheritable).map_err(|e| e.to_string())
     }
 
     fn no_new_privs(&mut self) -> Result<(), String> {
@@ -1129,11 +1164,14 @@ impl super::restrict::Kernel for RealKernel {
     }
 
     fn verify_no_capabilities(&mut self) -> Result<(), String> {
+        // Three capget(2)s. The ambient set is not read capability by
+        // capability (41 prctls): the kernel keeps it a subset of
+        // permitted ∩ inheritable (capabilities(7), "ambient"), so with
+        // those two verified empty it is empty.
         for set in [
             caps::CapSet::Permitted,
             caps::CapSet::Effective,
             caps::CapSet::Inheritable,
-            caps::CapSet::Ambient,
         ] {
             let held = caps::read(None, set).map_err(|e| e.to_string())?;
             if !held.is_empty() {
