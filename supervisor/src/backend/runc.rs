@@ -252,18 +252,25 @@ impl Backend for RuncBackend {
                 false,
             ));
         }
-        let status = child.wait().map_err(|e| err("runc run", e.to_string()))?;
+        // The step errors name the runtime that ran (this type drives crun
+        // too).
+        let step = if self.runtime == "crun" {
+            "crun run"
+        } else {
+            "runc run"
+        };
+        let status = child.wait().map_err(|e| err(step, e.to_string()))?;
         if !status.success() {
             let logged = std::fs::read_to_string(&sb.log).unwrap_or_default();
             return Err(err(
-                "runc run",
+                step,
                 logged.lines().last().unwrap_or("failed").to_owned(),
             ));
         }
         sb.pid = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| err("runc run", "no pid file"))?;
+            .ok_or_else(|| err(step, "no pid file"))?;
         sb.lap("runtime_run");
         // Egress by name in the container's own network namespace (made
         // by the runtime, empty), before the command may run: a setup that
@@ -304,7 +311,7 @@ impl Backend for RuncBackend {
         {
             if Instant::now() > deadline {
                 return Err(err(
-                    "runc run",
+                    step,
                     format!(
                         "the container's process {} never became the supervisor's child",
                         sb.pid
@@ -459,7 +466,7 @@ impl Sandbox for RuncSandbox {
 
     fn wait(mut self: Box<Self>) -> Result<Execution> {
         self.go.take();
-        let ending = super::hostview::reap(self.pid, "runc", "container");
+        let ending = super::hostview::reap(self.pid, self.backend.runtime, "container");
         self.reaped = matches!(ending, Ending::Exited(_) | Ending::Signaled { .. });
         self.lap("command_and_exit");
         let empty = self.cg.kill_all();
@@ -480,18 +487,28 @@ impl Sandbox for RuncSandbox {
         }
         let disk_full = crate::sandbox::scratch_full(&self.scratch);
         let landlock = self.landlock.clone();
-        let ending = if landlock.is_none()
-            && matches!(ending, Ending::Exited(_))
-            && self.posture.is_none()
-        {
-            Ending::SetupFailed {
-                stage: "init".into(),
-                detail:
-                    "turnstile's init in the container never reported (runc log: see the turn dir)"
-                        .into(),
+        // No report: our init ended (or was killed) before the command
+        // existed — the sandbox failed to start, as natively, not a
+        // command that failed.
+        let ending = match ending {
+            Ending::Exited(code) if landlock.is_none() && self.posture.is_none() => {
+                Ending::SetupFailed {
+                    stage: "init".into(),
+                    detail: format!(
+                        "turnstile's init in the container never reported (it exited {code}; {} log: see the turn dir)",
+                        self.backend.runtime
+                    ),
+                }
             }
-        } else {
-            ending
+            Ending::Signaled { name, .. } if landlock.is_none() && self.posture.is_none() => {
+                Ending::SetupFailed {
+                    stage: "init".into(),
+                    detail: format!(
+                        "turnstile's init in the container never reported (it was killed by {name})"
+                    ),
+                }
+            }
+            other => other,
         };
         let (phases, wall) = self.laps.take();
         Ok(Execution {
