@@ -1221,6 +1221,99 @@ fn issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runsc_turn() {
     );
 }
 
+/// The state letter of `pid` (`/proc/<pid>/stat`), `None` once it is gone.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The containers `runtime` lists under its `--root` (turnstile's).
+fn runtime_list(runtime: &str) -> String {
+    let out = Command::new(runtime)
+        .args(["--root", &format!("/run/turnstile/{runtime}"), "list", "-q"])
+        .output()
+        .unwrap_or_else(|e| panic!("{runtime} list: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Kill-point audit: the turn's guard SIGSTOPped, then `supervise run`
+/// SIGKILLed. The guard's process group (its own) is then orphaned with a
+/// stopped member, so the kernel sends it SIGHUP and SIGCONT: the guard
+/// must survive the SIGHUP and end the dead turn by itself — container,
+/// runtime record, cgroups in every hierarchy, mounts, and itself gone
+/// within 5 s, no `supervise recover` run — then the next turn recovers
+/// the session as usual (the killed turn `aborted` once).
+fn a_stopped_guard_survives_its_orphaning(test: &str, runtime: &str) {
+    if !require_root(test) || !require_runtime(test, runtime) {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", &oci_manifest(runtime));
+    let sid = fx.new_session();
+    let marker = format!("audit-{runtime}-stopped-guard-{}", std::process::id());
+    let mut child = start_sleeping_oci_turn(&fx, &sid, runtime, 1, &marker, false);
+    let out = Command::new("pgrep")
+        .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+        .output()
+        .expect("pgrep (procps) is required");
+    let guards: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(guards.len(), 1, "{runtime}: the turn's guard: {guards:?}");
+    let guard = guards[0];
+    let id = format!("{sid}-t1");
+    assert!(
+        runtime_list(runtime).lines().any(|l| l == id),
+        "{runtime}: {id} not listed"
+    );
+    signal_to(guard, nix::libc::SIGSTOP);
+    let t = Instant::now();
+    while proc_state(guard) != Some('T') {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{runtime}: the guard never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill(&mut child, false, nix::libc::SIGKILL);
+    let what = format!("{runtime}, guard stopped, supervise SIGKILLed");
+    let took = assert_gone_within_5s(&fx, &sid, &marker, &what);
+    eprintln!("{what}: nothing of the turn left {took:?} after the kill");
+    // The guard itself ends once it is done (a zombie until its new
+    // parent, init or a subreaper, reaps it).
+    while !matches!(proc_state(guard), None | Some('Z')) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: the guard is still there ({:?})",
+            proc_state(guard)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        !runtime_list(runtime).lines().any(|l| l == id),
+        "{what}: {runtime} still lists {id}"
+    );
+    let status = check_after_kill_on(&fx, &sid, 0, 0, false, &what, Some(runtime));
+    assert_eq!(status.as_deref(), Some("aborted"), "{what}");
+}
+
+#[test]
+fn audit_a_stopped_guard_of_a_killed_runc_turn_survives_sighup_and_ends_it() {
+    a_stopped_guard_survives_its_orphaning(
+        "audit_a_stopped_guard_of_a_killed_runc_turn_survives_sighup_and_ends_it",
+        "runc",
+    );
+}
+
+#[test]
+fn audit_a_stopped_guard_of_a_killed_crun_turn_survives_sighup_and_ends_it() {
+    a_stopped_guard_survives_its_orphaning(
+        "audit_a_stopped_guard_of_a_killed_crun_turn_survives_sighup_and_ends_it",
+        "crun",
+    );
+}
+
 /// Issue 25, the fallback: the turn's guard is SIGKILLed first, then
 /// supervise — the container, its runtime record, cgroups and mounts stay;
 /// `supervise recover` removes every one of them (`delete --force` on
