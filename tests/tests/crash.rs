@@ -1425,3 +1425,99 @@ fn issue_25_sigkill_at_many_points_of_a_runsc_turn_recovers() {
     kill_sweep_on(1, 6, false, Layout::Flat, Some("runsc"));
     kill_sweep_on(1, 4, true, Layout::Flat, Some("runsc"));
 }
+
+/// Kill-point audit: SIGTERM (then SIGINT) to `supervise run --backend
+/// runsc` while `runsc create` runs. The turn ends `interrupted` (exit
+/// 128+signal) and, before any later `supervise` runs, nothing of its
+/// container is left: no file under runsc's root (the `<id>_sandbox:<id>.lock`
+/// a `create` cut short leaves, which `runsc delete` does not know), no
+/// runsc process, cgroup or mount; then the next turn recovers the session
+/// as usual.
+#[test]
+fn audit_sigterm_during_runsc_create_leaves_no_runtime_record() {
+    let test = "audit_sigterm_during_runsc_create_leaves_no_runtime_record";
+    if !require_root(test) || !require_runtime(test, "runsc") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", &oci_manifest("runsc"));
+    let sid = fx.new_session();
+    for (turn, signal) in [(1u64, nix::libc::SIGTERM), (3, nix::libc::SIGINT)] {
+        let what = format!("signal {signal} during runsc create");
+        let id = format!("{sid}-t{turn}");
+        let mut child = Command::new(supervise_bin())
+            .arg("run")
+            .arg("--root")
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args([
+                "--package",
+                "c",
+                "--session",
+                &sid,
+                "--backend",
+                "runsc",
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/true",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn supervise");
+        // `runsc … create … <id>`, supervise's child, is running.
+        let creating = || {
+            Command::new("pgrep")
+                .args([
+                    "-P",
+                    &child.id().to_string(),
+                    "-f",
+                    &format!("runsc .*create .*{id}"),
+                ])
+                .output()
+                .expect("pgrep (procps) is required")
+                .status
+                .success()
+        };
+        let t = Instant::now();
+        while !creating() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{what}: runsc create never started"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        signal_to(child.id() as i32, signal);
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + signal), "{what}: {stdout}");
+        let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["status"], "interrupted", "{what}: {v}");
+        assert_eq!(v["turn_number"], turn, "{what}: {v}");
+        // Before any later supervise (whose recovery would remove them).
+        let records = runtime_records(&sid);
+        assert!(
+            records.is_empty(),
+            "{what}: left under runsc's root: {records:?}"
+        );
+        let t = Instant::now();
+        loop {
+            let left = oci_leftovers(&fx, &sid, &id);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{what}: still left:\n{}",
+                left.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let status = check_after_kill_on(&fx, &sid, turn - 1, 0, false, &what, Some("runsc"));
+        assert_eq!(status.as_deref(), Some("interrupted"), "{what}");
+    }
+}
