@@ -1521,3 +1521,134 @@ fn audit_sigterm_during_runsc_create_leaves_no_runtime_record() {
         assert_eq!(status.as_deref(), Some("interrupted"), "{what}");
     }
 }
+
+/// `supervise run --json` with `args`, its stdout piped.
+fn spawn_json(fx: &Fixture, args: &[String]) -> Child {
+    Command::new(supervise_bin())
+        .arg("run")
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .arg("--json")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn supervise")
+}
+
+/// Waits for `child` (whose stdout is piped): its exit code and --json.
+fn json_of(mut child: Child) -> (Option<i32>, Value) {
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (status.code(), v)
+}
+
+/// Polls (1 ms) until `ready` holds; panics if `child` ended first.
+fn poll_until(child: &mut Child, what: &str, mut ready: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ready() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what}: supervise ended first ({status}): too few outputs to catch it?");
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "{what}: never");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Kill-point audit: SIGTERM while the commit stages a turn's declared
+/// outputs (staging files beside their destinations, the journal in
+/// `staging`): the turn ends `interrupted`, exit 143, and nothing of it
+/// is committed — no output, no scratch, no staging file, no journal —
+/// the ledgers verify and say so, and the next turn works. A SIGTERM once
+/// the journal says `staged` (the commit point) changes nothing: every
+/// output lands with its bytes and the turn is `committed`, exit 0.
+#[test]
+fn audit_sigterm_while_staging_commits_nothing_and_after_the_commit_point_everything() {
+    if !require_root(
+        "audit_sigterm_while_staging_commits_nothing_and_after_the_commit_point_everything",
+    ) {
+        return;
+    }
+    // Enough outputs that staging (a copy, hash, chown, chmod and times
+    // each, then syncfs) outlasts the 1 ms poll many times over.
+    const N: usize = 2000;
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    let out = fx.root.join("output").join(&sid);
+    let staging = || {
+        std::fs::read_dir(&out)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".turnstile-stage-")
+            })
+    };
+
+    // Before the commit point.
+    let what = "SIGTERM while staging";
+    let mut child = spawn_json(&fx, &turn_args(&sid, N));
+    poll_until(&mut child, what, staging);
+    signal_to(child.id() as i32, nix::libc::SIGTERM);
+    let (code, v) = json_of(child);
+    assert_eq!(code, Some(143), "{what}: {v}");
+    assert_eq!(v["status"], "interrupted", "{what}: {v}");
+    assert_eq!(v["committed"], serde_json::json!([]), "{what}: {v}");
+    // Before any later supervise (whose recovery would roll back what a
+    // commit left): no output, staging file, journal, scratch write.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{what}: left in output/: {left:?}");
+    assert!(
+        !fx.root.join("tmp").join(&sid).join("scratch.txt").exists(),
+        "{what}: the scratch delta was applied"
+    );
+    assert_nothing_left(&fx, &sid);
+    fx.assert_ledgers_intact(&sid);
+    for ledger in ["exec", "evidence"] {
+        let finished: Vec<Value> = read_entries(&fx.ledger(&sid, ledger))
+            .into_iter()
+            .filter(|e| e["turn_number"] == 1 && e["event"] == "turn.finished")
+            .collect();
+        assert_eq!(finished.len(), 1, "{what}: {ledger}: {finished:?}");
+        assert_eq!(finished[0]["status"], "interrupted", "{what}: {ledger}");
+        assert_eq!(finished[0]["error"]["code"], "TS1024", "{what}: {ledger}");
+    }
+    // The next turn (2) works; turn 1 stays interrupted, nothing of it lands.
+    let status = check_after_kill(&fx, &sid, 0, N, what);
+    assert_eq!(status.as_deref(), Some("interrupted"), "{what}");
+
+    // After the commit point: turn 3.
+    let what = "SIGTERM after the commit point";
+    let journal = fx.state.join("sessions").join(&sid).join("turn-3.commit");
+    let mut child = spawn_json(&fx, &turn_args(&sid, N));
+    poll_until(&mut child, what, || {
+        std::fs::read_to_string(&journal).is_ok_and(|j| j.contains(r#""phase":"staged""#))
+    });
+    signal_to(child.id() as i32, nix::libc::SIGTERM);
+    let (code, v) = json_of(child);
+    assert_eq!(code, Some(0), "{what}: {v}");
+    assert_eq!(v["status"], "committed", "{what}: {v}");
+    assert_eq!(v["committed"].as_array().map(Vec::len), Some(N), "{what}");
+    for i in 0..N {
+        assert_eq!(
+            std::fs::read_to_string(out.join(output_rel(i, false))).unwrap(),
+            expected(i),
+            "{what}: {}",
+            output_rel(i, false)
+        );
+    }
+    assert_nothing_left(&fx, &sid);
+    fx.assert_ledgers_intact(&sid);
+}
