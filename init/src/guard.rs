@@ -50,6 +50,21 @@ pub fn main(args: &[OsString]) -> ! {
             nix::sys::signal::SigHandler::SigIgn,
         )
     };
+    // This process is its own process group, whose only outside link is
+    // its parent, the supervisor. When the supervisor dies while the guard
+    // is stopped (SIGSTOP, SIGTSTP), the group is orphaned with a stopped
+    // member and the kernel sends it SIGHUP then SIGCONT: the SIGCONT
+    // resumes it (its default), the SIGHUP would end it before it ended the
+    // dead turn — the container, its cgroups and mounts left to a later
+    // recovery (kill-point audit). Ignored here, and still ignored in the
+    // cleanup stage this execs (an ignored disposition survives execve).
+    // SAFETY: setting SIGHUP's disposition to SIG_IGN installs no handler.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGHUP,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
     let said = nix::unistd::write(std::io::stdout(), &[READY]);
     let gone = said == Err(nix::errno::Errno::EPIPE);
     let null = std::fs::OpenOptions::new()

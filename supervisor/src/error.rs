@@ -77,6 +77,11 @@ pub enum SupervisorError {
     #[error("commit failed: {detail}")]
     Commit { detail: String },
 
+    /// The supervisor was signalled while a commit staged, before its
+    /// commit point: the staging was rolled back.
+    #[error("the commit was interrupted before its commit point: nothing landed")]
+    CommitInterrupted,
+
     #[error("capture limit: {0}")]
     CaptureLimit(String),
 
@@ -255,6 +260,7 @@ impl SupervisorError {
             Self::ResumeFailed { .. } => codes::RESUME_FAILED,
             Self::CaptureLimit(_) => codes::DISK_LIMIT_EXCEEDED,
             Self::Commit { .. } => codes::COMMIT_FAILED,
+            Self::CommitInterrupted => codes::TURN_INTERRUPTED,
             Self::IdempotencyConflict { .. } => codes::IDEMPOTENCY_CONFLICT,
             Self::ServerUnavailable { .. } => codes::SERVER_UNAVAILABLE,
             Self::PeerRefused { .. } => codes::PEER_REFUSED,
@@ -293,7 +299,10 @@ impl SupervisorError {
             Self::ServerUnavailable { .. } | Self::WorkerFailed { .. } => exit::FAILURE,
             Self::Violation(_) => exit::VIOLATION,
             Self::Integrity(_) => exit::INTEGRITY,
-            Self::LedgerIo { .. } | Self::StateIo { .. } | Self::Commit { .. } => exit::FAILURE,
+            Self::LedgerIo { .. }
+            | Self::StateIo { .. }
+            | Self::Commit { .. }
+            | Self::CommitInterrupted => exit::FAILURE,
             Self::SessionStart(inner) => inner.exit_status(),
             Self::Sandbox { .. }
             | Self::RuntimeUnavailable { .. }

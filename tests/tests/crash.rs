@@ -1221,6 +1221,99 @@ fn issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runsc_turn() {
     );
 }
 
+/// The state letter of `pid` (`/proc/<pid>/stat`), `None` once it is gone.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The containers `runtime` lists under its `--root` (turnstile's).
+fn runtime_list(runtime: &str) -> String {
+    let out = Command::new(runtime)
+        .args(["--root", &format!("/run/turnstile/{runtime}"), "list", "-q"])
+        .output()
+        .unwrap_or_else(|e| panic!("{runtime} list: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Kill-point audit: the turn's guard SIGSTOPped, then `supervise run`
+/// SIGKILLed. The guard's process group (its own) is then orphaned with a
+/// stopped member, so the kernel sends it SIGHUP and SIGCONT: the guard
+/// must survive the SIGHUP and end the dead turn by itself — container,
+/// runtime record, cgroups in every hierarchy, mounts, and itself gone
+/// within 5 s, no `supervise recover` run — then the next turn recovers
+/// the session as usual (the killed turn `aborted` once).
+fn a_stopped_guard_survives_its_orphaning(test: &str, runtime: &str) {
+    if !require_root(test) || !require_runtime(test, runtime) {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", &oci_manifest(runtime));
+    let sid = fx.new_session();
+    let marker = format!("audit-{runtime}-stopped-guard-{}", std::process::id());
+    let mut child = start_sleeping_oci_turn(&fx, &sid, runtime, 1, &marker, false);
+    let out = Command::new("pgrep")
+        .args(["-P", &child.id().to_string(), "-x", "turnstile-guard"])
+        .output()
+        .expect("pgrep (procps) is required");
+    let guards: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(guards.len(), 1, "{runtime}: the turn's guard: {guards:?}");
+    let guard = guards[0];
+    let id = format!("{sid}-t1");
+    assert!(
+        runtime_list(runtime).lines().any(|l| l == id),
+        "{runtime}: {id} not listed"
+    );
+    signal_to(guard, nix::libc::SIGSTOP);
+    let t = Instant::now();
+    while proc_state(guard) != Some('T') {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{runtime}: the guard never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill(&mut child, false, nix::libc::SIGKILL);
+    let what = format!("{runtime}, guard stopped, supervise SIGKILLed");
+    let took = assert_gone_within_5s(&fx, &sid, &marker, &what);
+    eprintln!("{what}: nothing of the turn left {took:?} after the kill");
+    // The guard itself ends once it is done (a zombie until its new
+    // parent, init or a subreaper, reaps it).
+    while !matches!(proc_state(guard), None | Some('Z')) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: the guard is still there ({:?})",
+            proc_state(guard)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        !runtime_list(runtime).lines().any(|l| l == id),
+        "{what}: {runtime} still lists {id}"
+    );
+    let status = check_after_kill_on(&fx, &sid, 0, 0, false, &what, Some(runtime));
+    assert_eq!(status.as_deref(), Some("aborted"), "{what}");
+}
+
+#[test]
+fn audit_a_stopped_guard_of_a_killed_runc_turn_survives_sighup_and_ends_it() {
+    a_stopped_guard_survives_its_orphaning(
+        "audit_a_stopped_guard_of_a_killed_runc_turn_survives_sighup_and_ends_it",
+        "runc",
+    );
+}
+
+#[test]
+fn audit_a_stopped_guard_of_a_killed_crun_turn_survives_sighup_and_ends_it() {
+    a_stopped_guard_survives_its_orphaning(
+        "audit_a_stopped_guard_of_a_killed_crun_turn_survives_sighup_and_ends_it",
+        "crun",
+    );
+}
+
 /// Issue 25, the fallback: the turn's guard is SIGKILLed first, then
 /// supervise — the container, its runtime record, cgroups and mounts stay;
 /// `supervise recover` removes every one of them (`delete --force` on
@@ -1331,4 +1424,231 @@ fn issue_25_sigkill_at_many_points_of_a_runsc_turn_recovers() {
     }
     kill_sweep_on(1, 6, false, Layout::Flat, Some("runsc"));
     kill_sweep_on(1, 4, true, Layout::Flat, Some("runsc"));
+}
+
+/// Kill-point audit: SIGTERM (then SIGINT) to `supervise run --backend
+/// runsc` while `runsc create` runs. The turn ends `interrupted` (exit
+/// 128+signal) and, before any later `supervise` runs, nothing of its
+/// container is left: no file under runsc's root (the `<id>_sandbox:<id>.lock`
+/// a `create` cut short leaves, which `runsc delete` does not know), no
+/// runsc process, cgroup or mount; then the next turn recovers the session
+/// as usual.
+#[test]
+fn audit_sigterm_during_runsc_create_leaves_no_runtime_record() {
+    let test = "audit_sigterm_during_runsc_create_leaves_no_runtime_record";
+    if !require_root(test) || !require_runtime(test, "runsc") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", &oci_manifest("runsc"));
+    let sid = fx.new_session();
+    for (turn, signal) in [(1u64, nix::libc::SIGTERM), (3, nix::libc::SIGINT)] {
+        let what = format!("signal {signal} during runsc create");
+        let id = format!("{sid}-t{turn}");
+        let mut child = Command::new(supervise_bin())
+            .arg("run")
+            .arg("--root")
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .args([
+                "--package",
+                "c",
+                "--session",
+                &sid,
+                "--backend",
+                "runsc",
+                "--no-outputs",
+                "--json",
+                "--",
+                "/bin/true",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn supervise");
+        // `runsc … create … <id>`, supervise's child, is running.
+        let creating = || {
+            Command::new("pgrep")
+                .args([
+                    "-P",
+                    &child.id().to_string(),
+                    "-f",
+                    &format!("runsc .*create .*{id}"),
+                ])
+                .output()
+                .expect("pgrep (procps) is required")
+                .status
+                .success()
+        };
+        let t = Instant::now();
+        while !creating() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{what}: runsc create never started"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        signal_to(child.id() as i32, signal);
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + signal), "{what}: {stdout}");
+        let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["status"], "interrupted", "{what}: {v}");
+        assert_eq!(v["turn_number"], turn, "{what}: {v}");
+        // Before any later supervise (whose recovery would remove them).
+        let records = runtime_records(&sid);
+        assert!(
+            records.is_empty(),
+            "{what}: left under runsc's root: {records:?}"
+        );
+        let t = Instant::now();
+        loop {
+            let left = oci_leftovers(&fx, &sid, &id);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{what}: still left:\n{}",
+                left.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let status = check_after_kill_on(&fx, &sid, turn - 1, 0, false, &what, Some("runsc"));
+        assert_eq!(status.as_deref(), Some("interrupted"), "{what}");
+    }
+}
+
+/// `supervise run --json` with `args`, its stdout piped.
+fn spawn_json(fx: &Fixture, args: &[String]) -> Child {
+    Command::new(supervise_bin())
+        .arg("run")
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .arg("--json")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn supervise")
+}
+
+/// Waits for `child` (whose stdout is piped): its exit code and --json.
+fn json_of(mut child: Child) -> (Option<i32>, Value) {
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (status.code(), v)
+}
+
+/// Polls (1 ms) until `ready` holds; panics if `child` ended first.
+fn poll_until(child: &mut Child, what: &str, mut ready: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ready() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what}: supervise ended first ({status}): too few outputs to catch it?");
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "{what}: never");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Kill-point audit: SIGTERM while the commit stages a turn's declared
+/// outputs (staging files beside their destinations, the journal in
+/// `staging`): the turn ends `interrupted`, exit 143, and nothing of it
+/// is committed — no output, no scratch, no staging file, no journal —
+/// the ledgers verify and say so, and the next turn works. A SIGTERM once
+/// the journal says `staged` (the commit point) changes nothing: every
+/// output lands with its bytes and the turn is `committed`, exit 0.
+#[test]
+fn audit_sigterm_while_staging_commits_nothing_and_after_the_commit_point_everything() {
+    if !require_root(
+        "audit_sigterm_while_staging_commits_nothing_and_after_the_commit_point_everything",
+    ) {
+        return;
+    }
+    // Enough outputs that staging (a copy, hash, chown, chmod and times
+    // each, then syncfs) outlasts the 1 ms poll many times over.
+    const N: usize = 2000;
+    let fx = Fixture::new();
+    fx.install("c", MANIFEST);
+    let sid = fx.new_session();
+    let out = fx.root.join("output").join(&sid);
+    let staging = || {
+        std::fs::read_dir(&out)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".turnstile-stage-")
+            })
+    };
+
+    // Before the commit point.
+    let what = "SIGTERM while staging";
+    let mut child = spawn_json(&fx, &turn_args(&sid, N));
+    poll_until(&mut child, what, staging);
+    signal_to(child.id() as i32, nix::libc::SIGTERM);
+    let (code, v) = json_of(child);
+    assert_eq!(code, Some(143), "{what}: {v}");
+    assert_eq!(v["status"], "interrupted", "{what}: {v}");
+    assert_eq!(v["committed"], serde_json::json!([]), "{what}: {v}");
+    // Before any later supervise (whose recovery would roll back what a
+    // commit left): no output, staging file, journal, scratch write.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{what}: left in output/: {left:?}");
+    assert!(
+        !fx.root.join("tmp").join(&sid).join("scratch.txt").exists(),
+        "{what}: the scratch delta was applied"
+    );
+    assert_nothing_left(&fx, &sid);
+    fx.assert_ledgers_intact(&sid);
+    for ledger in ["exec", "evidence"] {
+        let finished: Vec<Value> = read_entries(&fx.ledger(&sid, ledger))
+            .into_iter()
+            .filter(|e| e["turn_number"] == 1 && e["event"] == "turn.finished")
+            .collect();
+        assert_eq!(finished.len(), 1, "{what}: {ledger}: {finished:?}");
+        assert_eq!(finished[0]["status"], "interrupted", "{what}: {ledger}");
+        assert_eq!(finished[0]["error"]["code"], "TS1024", "{what}: {ledger}");
+    }
+    // The next turn (2) works; turn 1 stays interrupted, nothing of it lands.
+    let status = check_after_kill(&fx, &sid, 0, N, what);
+    assert_eq!(status.as_deref(), Some("interrupted"), "{what}");
+
+    // After the commit point: turn 3.
+    let what = "SIGTERM after the commit point";
+    let journal = fx.state.join("sessions").join(&sid).join("turn-3.commit");
+    let mut child = spawn_json(&fx, &turn_args(&sid, N));
+    poll_until(&mut child, what, || {
+        std::fs::read_to_string(&journal).is_ok_and(|j| j.contains(r#""phase":"staged""#))
+    });
+    signal_to(child.id() as i32, nix::libc::SIGTERM);
+    let (code, v) = json_of(child);
+    assert_eq!(code, Some(0), "{what}: {v}");
+    assert_eq!(v["status"], "committed", "{what}: {v}");
+    assert_eq!(v["committed"].as_array().map(Vec::len), Some(N), "{what}");
+    for i in 0..N {
+        assert_eq!(
+            std::fs::read_to_string(out.join(output_rel(i, false))).unwrap(),
+            expected(i),
+            "{what}: {}",
+            output_rel(i, false)
+        );
+    }
+    assert_nothing_left(&fx, &sid);
+    fx.assert_ledgers_intact(&sid);
 }

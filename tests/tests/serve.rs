@@ -1677,6 +1677,134 @@ fn issue_29_a_warm_sandbox_parks_its_command_stage_restricted_ahead() {
     fx.assert_ledgers_intact(&sid);
 }
 
+/// The processes of the session's waiting warm sandbox, from its `pids`
+/// cgroup: (its PID 1 — pid 1 of its own PID namespace —, its parked
+/// command stage — uid 65534 —, its cgroup directories), once the stage,
+/// restricted ahead, waits for its go (a read(2) of descriptor 4, the
+/// init's GO_FD): its builder has nothing left to wait for.
+fn warm_processes(sid: &str) -> (i32, i32, Vec<PathBuf>) {
+    let status =
+        |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            })
+            .unwrap_or_default()
+    };
+    let mut found = (0, 0, Vec::new());
+    wait_for("the warm sandbox's PID 1 and parked stage", || {
+        let cgroups = warm_cgroups(sid);
+        let procs: Vec<String> = cgroups
+            .iter()
+            .filter(|d| d.starts_with("/sys/fs/cgroup/pids"))
+            .flat_map(|d| {
+                std::fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut pid1 = 0;
+        let mut stage = 0;
+        for p in &procs {
+            let s = status(p);
+            if field(&s, "NSpid").ends_with(" 1") {
+                pid1 = p.parse().unwrap();
+            } else if field(&s, "Uid") == "65534 65534 65534 65534" {
+                stage = p.parse().unwrap();
+            }
+        }
+        let waits_for_go = std::fs::read_to_string(format!("/proc/{stage}/syscall"))
+            .is_ok_and(|s| s.starts_with("0 0x4 "));
+        found = (pid1, stage, cgroups);
+        pid1 != 0 && stage != 0 && waits_for_go
+    });
+    found
+}
+
+/// The state letter of `pid` (`/proc/<pid>/stat`), `None` once it is gone.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Kill-point audit: a warm sandbox whose parked command stage or PID 1
+/// was SIGKILLed or SIGSTOPped between turns is not handed to the next
+/// turn (which would end `command_failed`, E2041 or at its timeout): it is
+/// discarded — processes, cgroups, mounts, directory — and the turn builds
+/// its own sandbox and runs as any turn does.
+#[test]
+fn serve_a_warm_sandbox_with_a_dead_or_stopped_stage_or_pid1_is_discarded_for_a_cold_turn() {
+    if !require_root(
+        "serve_a_warm_sandbox_with_a_dead_or_stopped_stage_or_pid1_is_discarded_for_a_cold_turn",
+    ) {
+        return;
+    }
+    let fx = Fixture::new();
+    // A short timeout: a turn handed a stopped sandbox fails fast.
+    fx.install(
+        "s",
+        &MANIFEST.replace(r#""timeout_seconds": 30"#, r#""timeout_seconds": 8"#),
+    );
+    let sid = fx.new_session();
+    let mut daemon = Daemon::start(&fx, &[]);
+    let first = served_json(&fx, &daemon.socket, &sid, &["/bin/echo", "first"]);
+    assert_eq!(sandbox_of(&first), "cold", "{first}");
+    let cases = [
+        ("stage", nix::libc::SIGKILL),
+        ("pid1", nix::libc::SIGKILL),
+        ("stage", nix::libc::SIGSTOP),
+        ("pid1", nix::libc::SIGSTOP),
+    ];
+    for (n, (victim, sig)) in cases.into_iter().enumerate() {
+        let what = format!("{victim} sent signal {sig}");
+        wait_for("the warm sandbox", || warm_built(&fx, &sid));
+        let (pid1, stage, cgroups) = warm_processes(&sid);
+        let target = if victim == "stage" { stage } else { pid1 };
+        signal(target, sig);
+        // Dead (gone or a zombie) or stopped before the turn asks for it.
+        wait_for(&what, || match proc_state(target) {
+            None | Some('Z' | 'X') => sig == nix::libc::SIGKILL,
+            Some('T' | 't') => sig == nix::libc::SIGSTOP,
+            _ => false,
+        });
+        let word = format!("turn{}", n + 2);
+        let out = served_turn(&fx, &daemon.socket, &sid, &["/bin/echo", &word]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{what}: {stdout}{stderr}");
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["status"], "committed", "{what}: {v}");
+        assert_eq!(v["turn_number"], n + 2, "{what}: {v}");
+        assert_eq!(sandbox_of(&v), "cold", "{what}: {v}");
+        // In --json mode the command's stdout is forwarded to stderr (after
+        // the worker's warning that it discarded the sandbox).
+        assert!(stderr.lines().any(|l| l == word), "{what}: {stderr}");
+        // Nothing of the discarded sandbox is left: its processes and
+        // cgroups went before the turn ran.
+        for pid in [pid1, stage] {
+            assert!(
+                proc_state(pid).is_none(),
+                "{what}: pid {pid} of the discarded sandbox is still there ({:?})",
+                proc_state(pid)
+            );
+        }
+        for cg in &cgroups {
+            assert!(!cg.exists(), "{what}: cgroup {} survived", cg.display());
+        }
+    }
+    fx.assert_ledgers_intact(&sid);
+    assert_eq!(daemon.stop(), Some(0));
+    wait_for("the workers to go", || {
+        tagged(daemon.socket.parent().unwrap()).is_empty()
+    });
+    assert_nothing_left(&fx, &sid);
+}
+
 /// A daemon serves one turn of `sid`, builds its warm sandbox and is
 /// SIGKILLed; returns once its worker and the parked sandbox died with it,
 /// with the warm sandbox's cgroup directories (still there).

@@ -233,7 +233,9 @@ use turnstile_init::guard::DISARM;
 /// (it runs the same mode).
 ///
 /// The guard is in its own process group (a SIGKILL to the supervisor's
-/// group spares it), outside the turn's cgroup and namespaces, as root on
+/// group spares it) and ignores SIGHUP (what the kernel sends that group,
+/// with SIGCONT, when the supervisor dies while the guard is stopped),
+/// outside the turn's cgroup and namespaces, as root on
 /// the host side: the turn (uid 65534, its own PID namespace, no
 /// capabilities) cannot see, signal or write to it, and it reads nothing
 /// but the pipe and the host's own records.

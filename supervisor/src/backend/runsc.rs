@@ -428,11 +428,17 @@ impl RunscSandbox {
     /// `runsc delete --force`, once. It must run before the cgroup is
     /// killed: with its gofer already gone, it waits for it until a 5 s
     /// deadline (measured); it kills whatever of the sandbox still runs.
+    /// A `runsc create` cut short (SIGTERM/SIGINT to the supervisor, whose
+    /// interrupt kills the turn's cgroup while the sandbox boots) leaves
+    /// only its `<id>_sandbox:<id>.lock`, which `delete` does not know:
+    /// [`super::runtime::forget`] removes what is left, as recovery would
+    /// (when nothing is, it only looks).
     fn delete_container(&mut self) {
         if std::mem::take(&mut self.created) {
             let _ = self
                 .backend
                 .output(&RuntimeCmd::Delete { id: &self.id }, &self.log);
+            super::runtime::forget(&self.id);
         }
     }
 

@@ -135,7 +135,8 @@ impl Driver {
 }
 
 /// Deletes every runtime's record of container `id`, if there is one
-/// (recovery of a turn whose supervisor died, and its guard).
+/// (recovery of a turn whose supervisor died, its guard, and the runsc
+/// backend's own teardown of a `create` cut short).
 pub fn forget(id: &str) {
     for runtime in Runtime::ALL {
         if !has_record(runtime, id) {

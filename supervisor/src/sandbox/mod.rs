@@ -1129,6 +1129,16 @@ impl Parked {
         self.parked == Some(true)
     }
 
+    /// Why this parked sandbox can no longer take a turn: its PID 1 or its
+    /// command stage ended or is stopped since it parked (see
+    /// [`posture::parked_chain_broken`]). `None`: both wait, runnable.
+    pub fn broken(&self) -> Option<String> {
+        match &self.child {
+            Some(c) => posture::parked_chain_broken(Path::new("/proc"), c.id() as i32),
+            None => Some("it was handed a turn before".into()),
+        }
+    }
+
     /// Restricts the parked command stage now, with the Plan the sandbox
     /// was built from (a warm sandbox's: its last turn's), and checks its
     /// posture — Landlock, seccomp, the posture check and the listener's

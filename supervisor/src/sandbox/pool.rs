@@ -172,9 +172,10 @@ impl WarmPool {
 
     /// The warm sandbox, when it was built from exactly `plan`'s shape (the
     /// same session, mounts, limits…), every host path it shows is still
-    /// the file or directory it was built with, and its PID 1 is parked;
-    /// anything else is discarded (killed, unmounted, removed) and the turn
-    /// builds cold.
+    /// the file or directory it was built with, its PID 1 is parked, and
+    /// its PID 1 and command stage are still alive and not stopped (either
+    /// may be signalled between turns); anything else is discarded (killed,
+    /// unmounted, removed) and the turn builds cold.
     pub fn take(&self, plan: &Plan) -> Option<Warm> {
         let slot = std::mem::replace(&mut self.shared.settled().slot, Slot::Empty);
         let Slot::Ready(mut warm) = slot else {
@@ -192,6 +193,12 @@ impl WarmPool {
         }
         if !warm.parked.parked() {
             tracing::warn!("warm sandbox discarded: its init ended before it was parked");
+            return None;
+        }
+        // Killed or stopped while it waited (it is discarded whole, as it
+        // drops: its processes killed, its cgroups and mounts removed).
+        if let Some(why) = warm.parked.broken() {
+            tracing::warn!(reason = %why, "warm sandbox discarded: its processes are not all alive and runnable");
             return None;
         }
         if !warm.parked.fits(plan) {

@@ -51,6 +51,51 @@ pub fn find_command(proc_root: &Path, init_pid: i32) -> Option<i32> {
     Some(children(first).unwrap_or(first))
 }
 
+/// Why the parked sandbox of init `init_pid` can no longer take a turn:
+/// a process of its chain (PID 1 -> S3, or S1 -> S2 -> S3) has ended or
+/// is stopped (SIGSTOP, a ptrace stop) since it parked. `None`: each one
+/// is alive and runnable. A warm sandbox waits between turns, where
+/// anything with the rights to signal it may: a dead stage would end its
+/// turn as a command killed by a signal, a dead PID 1 as E2041, a stopped
+/// one at its timeout.
+pub fn parked_chain_broken(proc_root: &Path, init_pid: i32) -> Option<String> {
+    let broken = |pid: i32| match state_of(proc_root, pid) {
+        None | Some('Z' | 'X' | 'x') => Some(format!("pid {pid} of it has ended")),
+        Some('T' | 't') => Some(format!("pid {pid} of it is stopped")),
+        Some(_) => None,
+    };
+    if let Some(why) = broken(init_pid) {
+        return Some(why);
+    }
+    // The init is PID 1 itself (the last of its NSpid is 1), whose child
+    // is the stage; or S1, whose grandchild is.
+    let status =
+        std::fs::read_to_string(proc_root.join(format!("{init_pid}/status"))).unwrap_or_default();
+    let is_pid1 = field(&status, "NSpid").and_then(|v| v.split_whitespace().last()) == Some("1");
+    let mut pid = init_pid;
+    for _ in 0..if is_pid1 { 1 } else { 2 } {
+        let child = std::fs::read_to_string(proc_root.join(format!("{pid}/task/{pid}/children")))
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse().ok());
+        pid = match child {
+            Some(c) => c,
+            None => return Some(format!("pid {pid} of it has lost its child")),
+        };
+        if let Some(why) = broken(pid) {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// The state letter of `pid` from `<proc>/<pid>/stat` (the field after
+/// the command name).
+fn state_of(proc: &Path, pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next()?.chars().next()
+}
+
 /// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
 /// command name, which may itself contain `)`).
 pub fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
@@ -169,6 +214,58 @@ mod tests {
     }
 
     use super::*;
+
+    /// A parked sandbox is of use only while its PID 1 and its stage are
+    /// alive and not stopped, through S1 too.
+    #[test]
+    fn a_parked_chain_with_an_ended_or_stopped_process_is_broken() {
+        let proc = tempfile::tempdir().unwrap();
+        let put = |pid: i32, nspid: &str, state: char, children: &str| {
+            let task = proc.path().join(format!("{pid}/task/{pid}"));
+            std::fs::create_dir_all(&task).unwrap();
+            std::fs::write(task.join("children"), children).unwrap();
+            std::fs::write(
+                proc.path().join(format!("{pid}/stat")),
+                format!("{pid} (turnstile (x)) {state} 1 1 1 0"),
+            )
+            .unwrap();
+            std::fs::write(
+                proc.path().join(format!("{pid}/status")),
+                format!("Name:\tx\nNSpid:\t{nspid}\n"),
+            )
+            .unwrap();
+        };
+        let broken = |init: i32| parked_chain_broken(proc.path(), init);
+        // PID 1 -> stage, both waiting.
+        put(10, "10\t1", 'S', "11 ");
+        put(11, "11\t2", 'S', "");
+        assert_eq!(broken(10), None);
+        // S1 -> S2 -> stage.
+        put(20, "20", 'S', "21 ");
+        put(21, "21\t1", 'S', "22 ");
+        put(22, "22\t2", 'S', "");
+        assert_eq!(broken(20), None);
+        // The stage stopped; then reaped by PID 1 (S2).
+        put(22, "22\t2", 'T', "");
+        assert_eq!(broken(20).as_deref(), Some("pid 22 of it is stopped"));
+        put(21, "21\t1", 'S', "");
+        assert_eq!(
+            broken(20).as_deref(),
+            Some("pid 21 of it has lost its child")
+        );
+        put(11, "11\t2", 't', "");
+        assert_eq!(broken(10).as_deref(), Some("pid 11 of it is stopped"));
+        // PID 1 stopped, or a zombie.
+        put(11, "11\t2", 'S', "");
+        put(10, "10\t1", 'T', "11 ");
+        assert_eq!(broken(10).as_deref(), Some("pid 10 of it is stopped"));
+        put(10, "10\t1", 'Z', "");
+        assert_eq!(broken(10).as_deref(), Some("pid 10 of it has ended"));
+        // A child listed but already gone from /proc; no such init.
+        put(30, "30\t1", 'S', "31 ");
+        assert_eq!(broken(30).as_deref(), Some("pid 31 of it has ended"));
+        assert_eq!(broken(99).as_deref(), Some("pid 99 of it has ended"));
+    }
 
     fn fake(root: &Path, pid: i32, status: &str, fds: &[(i32, &str)]) {
         let task = root.join(format!("{pid}/task/{pid}"));

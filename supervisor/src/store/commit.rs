@@ -231,6 +231,12 @@ pub struct CommitRequest<'a> {
     /// Draw a progress bar on a terminal's stderr for many outputs (not
     /// under `--json`).
     pub progress: bool,
+    /// Whether to stop (the supervisor was signalled): asked before each
+    /// staged file and right before the commit point — `true` rolls the
+    /// staging back and fails with [`SupervisorError::CommitInterrupted`],
+    /// nothing landed. Never asked past the commit point: a commit that
+    /// passed it completes, all or nothing.
+    pub stop: fn() -> bool,
 }
 
 fn scope_of<'a>(scopes: &'a [Scope], w: &RealizedWrite) -> Result<(&'a Scope, String)> {
@@ -301,20 +307,30 @@ pub fn commit(req: &CommitRequest<'_>) -> Result<Vec<Committed>> {
     if journal.outputs.is_empty() && journal.scratch.is_empty() {
         return Ok(Vec::new());
     }
-    run_journal(req.root, &req.journal, journal, |j| stage_all(req, j))
+    run_journal(req.root, &req.journal, journal, req.stop, |j| {
+        stage_all(req, j)
+    })
 }
 
 /// Writes `journal`, stages through `stage` (which may fill in what it
 /// learnt, such as the outputs' previous contents), passes the commit
-/// point and applies.
+/// point — unless `stop` says so right before it — and applies.
 fn run_journal(
     root: &Path,
     path: &Path,
     mut journal: Journal,
+    stop: fn() -> bool,
     stage: impl FnOnce(&mut Journal) -> Result<()>,
 ) -> Result<Vec<Committed>> {
     write_journal(path, &journal)?;
-    if let Err(e) = stage(&mut journal) {
+    let staged = stage(&mut journal).and_then(|()| {
+        if stop() {
+            Err(SupervisorError::CommitInterrupted)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = staged {
         let _ = roll_back(root, &journal);
         let _ = std::fs::remove_file(path);
         return Err(e);
@@ -537,7 +553,10 @@ pub fn commit_restore(req: &RestoreRequest<'_>) -> Result<Vec<Committed>> {
     if journal.outputs.is_empty() && journal.removals.is_empty() {
         return Ok(Vec::new());
     }
-    run_journal(req.root, &req.journal, journal, |j| {
+    // A revert is run by `supervise revert`, which installs no interrupt
+    // handling: nothing asks it to stop.
+    let never: fn() -> bool = || false;
+    run_journal(req.root, &req.journal, journal, never, |j| {
         let mut durable = Durability::new(j.outputs.len() + j.removals.len());
         make_created_dirs(req.root, j, &mut durable)?;
         let store = req.root.join(req.preimages);
@@ -806,6 +825,9 @@ fn stage_all(req: &CommitRequest<'_>, journal: &mut Journal) -> Result<()> {
     );
     let mut last_dir = LastDir::default();
     for (i, (op, w)) in journal.outputs.iter_mut().zip(req.matched).enumerate() {
+        if (req.stop)() {
+            return Err(SupervisorError::CommitInterrupted);
+        }
         bar.inc();
         if let Some(store) = &req.preimages {
             op.previous = keep_preimage(
@@ -845,6 +867,9 @@ fn stage_all(req: &CommitRequest<'_>, journal: &mut Journal) -> Result<()> {
             let ScratchOp::Place { path, index } = op else {
                 continue;
             };
+            if (req.stop)() {
+                return Err(SupervisorError::CommitInterrupted);
+            }
             let w = req
                 .scratch
                 .get(*index)
@@ -1221,4 +1246,86 @@ pub fn recover(
         finish_journal(root, &j, journal_path)?;
     }
     Ok((j.turn_number, settled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static WHILE_STAGING: AtomicUsize = AtomicUsize::new(0);
+    static AT_COMMIT_POINT: AtomicUsize = AtomicUsize::new(0);
+
+    /// Stops once two of the four outputs are staged.
+    fn stop_while_staging() -> bool {
+        WHILE_STAGING.fetch_add(1, Ordering::SeqCst) >= 2
+    }
+
+    /// Stops only when asked right before the commit point (the fifth
+    /// time: once per output first).
+    fn stop_at_commit_point() -> bool {
+        AT_COMMIT_POINT.fetch_add(1, Ordering::SeqCst) >= 4
+    }
+
+    /// A commit asked to stop before its commit point (a signal to the
+    /// supervisor) rolls its staging back: no output, no staging file, no
+    /// journal; one never asked to stop lands every output.
+    #[test]
+    fn a_commit_asked_to_stop_before_its_commit_point_lands_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let out = root.path().join("output/S");
+        std::fs::create_dir_all(&out).unwrap();
+        for name in ["a", "b", "c", "d"] {
+            std::fs::write(upper.path().join(format!("{name}.txt")), name).unwrap();
+        }
+        let scopes = [Scope {
+            relative: "output/S".into(),
+            lower: out.clone(),
+            upper: upper.path().to_path_buf(),
+        }];
+        let writes = crate::store::capture::enumerate(&scopes, 100, 1 << 20).unwrap();
+        assert_eq!(writes.len(), 4);
+        let me = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let journal = state.path().join("turn-1.commit");
+        let request = |stop: fn() -> bool| CommitRequest {
+            root: root.path(),
+            scopes: &scopes,
+            matched: &writes,
+            scratch: &[],
+            output_owner: me,
+            scratch_owner: me,
+            turn_number: 1,
+            journal: journal.clone(),
+            work_dir: "tmp/.S.t1.commit".into(),
+            preimages: None,
+            progress: false,
+            stop,
+        };
+        for stop in [
+            stop_while_staging as fn() -> bool,
+            stop_at_commit_point,
+            || true,
+        ] {
+            let got = commit(&request(stop));
+            assert!(
+                matches!(got, Err(SupervisorError::CommitInterrupted)),
+                "{got:?}"
+            );
+            let left: Vec<_> = std::fs::read_dir(&out)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
+            assert!(!journal.exists());
+        }
+        let committed = commit(&request(|| false)).unwrap();
+        assert_eq!(committed.len(), 4);
+        assert_eq!(std::fs::read_to_string(out.join("c.txt")).unwrap(), "c");
+    }
 }

@@ -6,9 +6,11 @@
 //! a turn is registered, kills its cgroup — repeatedly, until the turn
 //! unregisters, so a sandbox that was being started at that moment is
 //! killed as soon as it exists. The turn checks [`received`] at its
-//! checkpoints (before launch, after the command) and never commits after
-//! an interrupt. Caught signals reset to their default at `execve`, so the
-//! sandbox's processes are unaffected.
+//! checkpoints (before launch, after the command, and while its commit
+//! stages, up to the commit point) and commits nothing after an interrupt
+//! that came before the commit point; one that comes after it lets the
+//! commit finish. Caught signals reset to their default at `execve`, so
+//! the sandbox's processes are unaffected.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};

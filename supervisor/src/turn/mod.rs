@@ -940,7 +940,8 @@ impl Turn<'_> {
             return;
         }
         if crate::turn::interrupt::received().is_some() {
-            // Interrupted after the command, before the commit point.
+            // Interrupted after the command, before the commit (a signal
+            // while it stages is asked about by the commit itself).
             outcome.status = TurnStatus::Interrupted;
             outcome.message = interrupted_message();
             return;
@@ -986,6 +987,10 @@ impl Turn<'_> {
                 &self.session.id,
             )),
             progress: !self.opts.json,
+            // A signal while staging: nothing lands (checked between the
+            // staged files and right before the commit point; one after
+            // it changes nothing).
+            stop: || crate::turn::interrupt::received().is_some(),
         };
         match commit::commit(&request) {
             Ok(c) => {
@@ -995,6 +1000,11 @@ impl Turn<'_> {
                     self.prune_preimages();
                 }
                 outcome.committed = c;
+            }
+            Err(SupervisorError::CommitInterrupted) => {
+                // Signalled before the commit point: rolled back.
+                outcome.status = TurnStatus::Interrupted;
+                outcome.message = interrupted_message();
             }
             Err(e) => {
                 // Host I/O (a full disk, EIO): exit 1, nothing landed — or,
