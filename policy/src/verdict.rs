@@ -28,6 +28,11 @@ pub enum Kind {
     Deleted,
     /// A FIFO, socket or device node.
     Special,
+    /// An entry whose name is not valid UTF-8: the ledgers record paths as
+    /// JSON strings, so it can be neither recorded nor committed faithfully
+    /// (its path is shown with the bad bytes as `\xNN`); never committed,
+    /// in scratch neither. A directory's contents are not looked into.
+    NonUtf8Name,
 }
 
 impl Kind {
@@ -50,6 +55,9 @@ impl Kind {
                 "a deletion (or the old name of a renamed file or directory) never commits"
             }
             Self::Special => "FIFOs, sockets and device nodes never commit",
+            Self::NonUtf8Name => {
+                "a name that is not valid UTF-8 cannot be recorded in the ledgers; rename it (e.g. `convmv`, or unpack archives with a UTF-8 name encoding)"
+            }
         }
     }
 
@@ -64,6 +72,7 @@ impl Kind {
             Self::Symlink => "symlink",
             Self::Deleted => "deleted",
             Self::Special => "special",
+            Self::NonUtf8Name => "non_utf8_name",
         }
     }
 }
@@ -163,7 +172,7 @@ pub fn verify_trees(
         .flat_map(|d| d.path.match_indices('/').map(move |(i, _)| &d.path[..i]))
         .collect();
     for w in writes {
-        if is_staging_name(&w.path) || w.kind == Kind::FileOverDir {
+        if is_staging_name(&w.path) || matches!(w.kind, Kind::FileOverDir | Kind::NonUtf8Name) {
             v.undeclared.push(w.clone());
             continue;
         }
@@ -223,14 +232,16 @@ mod tests {
     }
 
     #[test]
-    fn a_file_over_a_directory_never_commits_not_even_in_scratch() {
+    fn a_file_over_a_directory_or_a_non_utf8_name_never_commits_not_even_in_scratch() {
         let writes = [
             w("out/z", Kind::FileOverDir),
             w("tmp/s/d", Kind::FileOverDir),
+            w("out/caf\\xe9", Kind::NonUtf8Name),
+            w("tmp/s/caf\\xe9", Kind::NonUtf8Name),
         ];
         let v = verify(&writes, &[out("out/z")], "tmp/s");
         assert!(v.matched.is_empty() && v.scratch.is_empty(), "{v:?}");
-        assert_eq!(v.undeclared.len(), 2);
+        assert_eq!(v.undeclared.len(), 4);
         assert_eq!(v.missing, vec!["out/z".to_owned()]);
     }
 

@@ -161,3 +161,109 @@ fn fr_rt_012_committed_files_keep_the_times_the_turn_gave_them() {
         1_200_000_000
     );
 }
+
+/// Real-software audit #1: overlayfs copies a file up whenever it is
+/// opened for writing — sqlite opening a database it only reads,
+/// `open(…, "r+")`, `touch`, the source of a hard link. A copy with the
+/// bytes and permission bits of the file below is not a write: the turn
+/// commits (it was blocked as an undeclared write), and a change of the
+/// same size, or of the mode, still blocks.
+#[test]
+fn a_file_opened_for_writing_but_left_unchanged_is_not_a_write() {
+    if !require_root("a_file_opened_for_writing_but_left_unchanged_is_not_a_write") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "w",
+        r#"{"capabilities": {"read": ["work/**"], "write": ["work/**"],
+            "execute": ["/bin/sh", "/usr/bin/touch", "/bin/ln", "/bin/chmod"]}}"#,
+    );
+    for (name, bytes) in [("a", "aaa\n"), ("b", "bbb\n"), ("c", "ccc\n"), ("e", "eee\n")] {
+        fx.write(&format!("work/{name}.txt"), bytes.as_bytes());
+    }
+    let sid = fx.new_session();
+    let run = |outputs: &[&str], script: &str| {
+        let mut args = vec!["--json", "--session", sid.as_str()];
+        if outputs.is_empty() {
+            args.push("--no-outputs");
+        }
+        for o in outputs {
+            args.extend(["--output", o]);
+        }
+        args.extend(["--", "/bin/sh", "-c", script]);
+        let r = fx.run("w", &args);
+        (r.status, r.json())
+    };
+    let (status, v) = run(
+        &["work/d.txt:copy"],
+        "set -e; : >> work/a.txt; touch work/b.txt; ln work/c.txt work/d.txt",
+    );
+    assert_eq!(status, 0, "{v}");
+    assert_eq!(v["status"], "committed", "{v}");
+    let written: Vec<&str> = v["realized_writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w["path"].as_str())
+        .collect();
+    assert_eq!(written, ["work/d.txt"], "{v}");
+    assert_eq!(std::fs::read(fx.root.join("work/a.txt")).unwrap(), b"aaa\n");
+    assert_eq!(std::fs::read(fx.root.join("work/d.txt")).unwrap(), b"ccc\n");
+
+    // Same size, other bytes: a write, undeclared.
+    let (status, v) = run(&[], "printf 'AAA\\n' > work/a.txt");
+    assert_eq!(status, 12, "{v}");
+    assert!(v["violations"].to_string().contains("work/a.txt"), "{v}");
+    // Same bytes, other mode: a write too.
+    let (status, v) = run(&[], "chmod 600 work/e.txt");
+    assert_eq!(status, 12, "{v}");
+    assert!(v["violations"].to_string().contains("work/e.txt"), "{v}");
+    assert_eq!(std::fs::read(fx.root.join("work/a.txt")).unwrap(), b"aaa\n");
+    fx.assert_ledgers_intact(&sid);
+}
+
+/// Real-software audit #5: a name that is not valid UTF-8 (a Latin-1
+/// archive unpacked) was a sandbox error (exit 20) that named no file. The
+/// ledgers hold paths as JSON strings, so it cannot be recorded or carried:
+/// the turn is blocked (exit 12) naming it with the bad byte escaped, and
+/// nothing of it reaches the session's tmp.
+#[test]
+fn a_name_that_is_not_utf8_blocks_the_turn_and_is_named() {
+    if !require_root("a_name_that_is_not_utf8_blocks_the_turn_and_is_named") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("s", MANIFEST);
+    let (status, v) = turn(
+        &fx,
+        None,
+        &[],
+        "printf x > \"$TMPDIR/caf$(printf '\\351').txt\"; mkdir \"$TMPDIR/d$(printf '\\377')\"; \
+         printf y > \"$TMPDIR/d$(printf '\\377')/inside\"; printf z > \"$TMPDIR/ok\"",
+    );
+    assert_eq!(status, 12, "{v}");
+    assert_eq!(v["status"], "blocked", "{v}");
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+    let named: Vec<String> = v["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["violated_capability"]["realized_kind"] == "non_utf8_name")
+        .filter_map(|x| x["target"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            format!("tmp/{sid}/caf\\xe9.txt"),
+            format!("tmp/{sid}/d\\xff")
+        ],
+        "{v}"
+    );
+    assert_eq!(
+        std::fs::read_dir(fx.root.join("tmp").join(&sid)).unwrap().count(),
+        0,
+        "nothing of a blocked turn is carried"
+    );
+    fx.assert_ledgers_intact(&sid);
+}

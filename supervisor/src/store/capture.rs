@@ -58,6 +58,21 @@ fn is_opaque(path: &Path) -> bool {
     false
 }
 
+/// A name that is not valid UTF-8, shown with each byte that is not part
+/// of valid UTF-8 as `\xNN` (and `\` itself as `\\`, so no two names show
+/// alike).
+fn escape_name(name: &std::ffi::OsStr) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut out = String::new();
+    for chunk in name.as_bytes().utf8_chunks() {
+        out.push_str(&chunk.valid().replace('\\', "\\\\"));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 /// Enumerates every upper dir: at most `max_entries` entries and
 /// `max_bytes` of regular-file content by apparent size — checked before
 /// anything is hashed, so a sparse file cannot make capture (or commit)
@@ -87,10 +102,25 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
             names.sort();
             for name in names {
                 let Some(name) = name.to_str().map(str::to_owned) else {
-                    return Err(capture_err(format!(
-                        "{}: a file name is not valid UTF-8",
-                        scope.relative
-                    )));
+                    // Recorded, escaped, and never committed (the verdict
+                    // blocks it, scratch too): a turn that unpacked a
+                    // Latin-1 archive is told which name, not failed as a
+                    // sandbox error. A directory is not looked into.
+                    let shown = escape_name(&name);
+                    let path = if rel_dir.is_empty() {
+                        format!("{}/{shown}", scope.relative)
+                    } else {
+                        format!("{}/{rel_dir}/{shown}", scope.relative)
+                    };
+                    out.push(RealizedWrite {
+                        path,
+                        kind: Kind::NonUtf8Name,
+                        size: 0,
+                        sha256: None,
+                        scope: index,
+                        mode: 0,
+                    });
+                    continue;
                 };
                 let rel = if rel_dir.is_empty() {
                     name
@@ -111,13 +141,28 @@ pub fn enumerate(scopes: &[Scope], max_entries: u64, max_bytes: u64) -> Result<V
                     }
                     let (h, n) = fsx::hash_beneath(&scope.upper, &rel)
                         .map_err(|e| capture_err(format!("{path}: {e}")))?;
+                    let lower = scope.lower.join(&rel).symlink_metadata();
+                    // Copied up but not changed: overlayfs copies a file up
+                    // whenever it is opened for writing (sqlite opening a
+                    // database it only reads, `open(…, "r+")`, `touch`, the
+                    // source of a hard link). The same bytes and permission
+                    // bits as the file below: not a write (a commit keeps
+                    // neither times nor owners). The lower is hashed only
+                    // when the sizes agree, beneath its scope, never through
+                    // a link.
+                    if let Ok(l) = &lower {
+                        if l.is_file()
+                            && l.len() == n
+                            && l.mode() & 0o7777 == meta.mode() & 0o7777
+                            && fsx::hash_beneath(&scope.lower, &rel).is_ok_and(|(lh, _)| lh == h)
+                        {
+                            bytes = bytes.saturating_sub(meta.len());
+                            continue;
+                        }
+                    }
                     // A file where the lower layer has a directory: the
                     // directory was removed and a file made in its place.
-                    let over_dir = scope
-                        .lower
-                        .join(&rel)
-                        .symlink_metadata()
-                        .is_ok_and(|l| l.is_dir());
+                    let over_dir = lower.is_ok_and(|l| l.is_dir());
                     let kind = if over_dir {
                         Kind::FileOverDir
                     } else {

@@ -682,7 +682,7 @@ fn plan_journal(req: &CommitRequest<'_>) -> Result<Journal> {
             // FIFOs, sockets and device nodes never leave the sandbox; a
             // file over a directory blocks the turn (never in a verdict's
             // scratch list).
-            Kind::Special | Kind::FileOverDir => {}
+            Kind::Special | Kind::FileOverDir | Kind::NonUtf8Name => {}
         }
     }
     Ok(Journal {
