@@ -1472,3 +1472,41 @@ fn the_command_starts_with_no_signal_blocked_or_newly_ignored() {
     );
     assert_eq!(ignored & SIGPIPE, 0);
 }
+
+/// Real-software audit #12: stdout cut at `limits.output_bytes` was said
+/// only in the evidence entry. The summary says it, and `--json` carries
+/// the same `output` record (bytes written, forwarded, `truncated`).
+#[test]
+fn output_cut_at_the_budget_is_said_in_the_summary_and_in_json() {
+    if !require_root("output_cut_at_the_budget_is_said_in_the_summary_and_in_json") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "o",
+        r#"{"capabilities": {"execute": ["/usr/bin/seq"]}, "limits": {"output_bytes": "1Ki"}}"#,
+    );
+    // 1..=1000, one per line: 3893 bytes.
+    let r = fx.run("o", &["--no-outputs", "--", "/usr/bin/seq", "1000"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    assert_eq!(r.stdout.len(), 1024, "{}", r.stdout);
+    assert!(
+        r.stderr.contains(
+            "output cut: the command wrote 3893 bytes, 1024 were forwarded (limits.output_bytes)"
+        ),
+        "{}",
+        r.stderr
+    );
+    let r = fx.run(
+        "o",
+        &["--json", "--no-outputs", "--", "/usr/bin/seq", "1000"],
+    );
+    let v = r.json();
+    assert_eq!(v["output"]["truncated"], true, "{v}");
+    assert_eq!(v["output"]["stdout"]["bytes"], 3893, "{v}");
+    assert_eq!(v["output"]["stdout"]["forwarded"], 1024, "{v}");
+    // Not cut: the record says so.
+    let r = fx.run("o", &["--json", "--no-outputs", "--", "/usr/bin/seq", "3"]);
+    let v = r.json();
+    assert_eq!(v["output"]["truncated"], false, "{v}");
+}

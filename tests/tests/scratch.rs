@@ -179,7 +179,12 @@ fn a_file_opened_for_writing_but_left_unchanged_is_not_a_write() {
         r#"{"capabilities": {"read": ["work/**"], "write": ["work/**"],
             "execute": ["/bin/sh", "/usr/bin/touch", "/bin/ln", "/bin/chmod"]}}"#,
     );
-    for (name, bytes) in [("a", "aaa\n"), ("b", "bbb\n"), ("c", "ccc\n"), ("e", "eee\n")] {
+    for (name, bytes) in [
+        ("a", "aaa\n"),
+        ("b", "bbb\n"),
+        ("c", "ccc\n"),
+        ("e", "eee\n"),
+    ] {
         fx.write(&format!("work/{name}.txt"), bytes.as_bytes());
     }
     let sid = fx.new_session();
@@ -261,7 +266,9 @@ fn a_name_that_is_not_utf8_blocks_the_turn_and_is_named() {
         "{v}"
     );
     assert_eq!(
-        std::fs::read_dir(fx.root.join("tmp").join(&sid)).unwrap().count(),
+        std::fs::read_dir(fx.root.join("tmp").join(&sid))
+            .unwrap()
+            .count(),
         0,
         "nothing of a blocked turn is carried"
     );

@@ -231,6 +231,7 @@ fn from_ledger(session: &Session, turn: u64) -> Result<(u8, Value, String)> {
         replayed: false,
         idempotency_key: None,
         receive: entry.receive,
+        output: entry.output,
     };
     Ok((
         status.exit_status(None),

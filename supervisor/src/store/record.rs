@@ -655,6 +655,10 @@ pub struct TurnReport {
     /// An ARA `receive` turn: its input envelope and what it emitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receive: Option<ReceiveRecord>,
+    /// What the command wrote to stdout and stderr, and whether it was cut
+    /// at `limits.output_bytes` (as in the evidence entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputRecord>,
 }
 
 /// An ARA `receive` turn (issue 28): the envelope it was given, the
@@ -700,6 +704,14 @@ impl TurnReport {
                 self.violations.len() - FIRST,
                 self.session_id,
                 self.turn_number
+            );
+        }
+        // A cut is said where it is seen, not only in the evidence.
+        if let Some(o) = self.output.as_ref().filter(|o| o.truncated) {
+            s += &format!(
+                "\n  output cut: the command wrote {} bytes, {} were forwarded (limits.output_bytes)",
+                o.stdout.bytes.saturating_add(o.stderr.bytes),
+                o.stdout.forwarded.saturating_add(o.stderr.forwarded)
             );
         }
         s

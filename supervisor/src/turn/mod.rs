@@ -302,6 +302,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
                 replayed: false,
                 idempotency_key: None,
                 receive: None,
+                output: None,
             })
             .unwrap_or_default();
             let result = TurnResult {

@@ -498,6 +498,7 @@ impl Turn<'_> {
             replayed: false,
             idempotency_key: None,
             receive: self.receive_record(o),
+            output: f.output.clone(),
         }
     }
 
