@@ -954,6 +954,11 @@ impl<'a> Compiler<'a> {
             ("TURNSTILE_SESSION_ID".into(), sid.to_owned()),
             ("TURNSTILE_TURN".into(), ctx.turn_number.to_string()),
         ];
+        env.extend(
+            GIT_STAT_CONFIG
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         for (k, v) in &ctx.host_env {
             if ENV_PASSTHROUGH.contains(&k.as_str()) {
                 env.push((k.clone(), v.clone()));
@@ -962,6 +967,23 @@ impl<'a> Compiler<'a> {
         env
     }
 }
+
+/// git's stat checks, relaxed to what a turn sees of the workspace as the
+/// host wrote it (real-software audit #2): through the idmapped mount a
+/// file's owner shows as 65534, and its ctime and inode come through the
+/// overlay, so git found every entry of a clean repository's index stale
+/// and rewrote `.git/index` — `git status` blocked the turn as an
+/// undeclared write. `core.checkStat=minimal` compares size, whole-second
+/// mtime and mode; `core.trustctime=false` drops ctime. Given as
+/// `GIT_CONFIG_COUNT`/`_KEY_n`/`_VALUE_n` (git ≥ 2.31; an older git ignores
+/// them): a command that sets its own `GIT_CONFIG_COUNT` replaces them.
+pub const GIT_STAT_CONFIG: [(&str, &str); 5] = [
+    ("GIT_CONFIG_COUNT", "2"),
+    ("GIT_CONFIG_KEY_0", "core.checkStat"),
+    ("GIT_CONFIG_VALUE_0", "minimal"),
+    ("GIT_CONFIG_KEY_1", "core.trustctime"),
+    ("GIT_CONFIG_VALUE_1", "false"),
+];
 
 fn empty_set(session: &crate::SessionId) -> PatternSet {
     // An empty list always compiles.

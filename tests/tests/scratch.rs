@@ -274,3 +274,78 @@ fn a_name_that_is_not_utf8_blocks_the_turn_and_is_named() {
     );
     fx.assert_ledgers_intact(&sid);
 }
+
+/// Real-software audit #2: `git status` / `git diff` of a clean repository
+/// in a write scope rewrote `.git/index` (through the idmapped mount every
+/// entry's owner, and through the overlay its ctime, differ from what the
+/// host's git recorded), so the turn blocked as an undeclared write. The
+/// turn's environment relaxes git's stat checks (size, whole-second mtime,
+/// mode): nothing is written, the turn commits, and the host's git still
+/// finds the repository clean.
+#[test]
+fn git_status_of_a_clean_repository_in_a_write_scope_writes_nothing() {
+    let test = "git_status_of_a_clean_repository_in_a_write_scope_writes_nothing";
+    if !require_root(test) {
+        return;
+    }
+    if !std::path::Path::new("/usr/bin/git").exists() {
+        assert!(
+            std::env::var_os("TURNSTILE_REQUIRE_KERNEL").is_none(),
+            "{test}: /usr/bin/git is missing (run `cargo xtask setup`)"
+        );
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "g",
+        r#"{"capabilities": {"read": ["/usr/**", "/etc/**", "work/**"], "write": ["work/**"],
+            "execute": ["/bin/sh", "/usr/bin/git", "/usr/lib/git-core/*"]}}"#,
+    );
+    fx.write("work/repo/f", b"x\n");
+    let repo = fx.root.join("work/repo");
+    let git = |args: &[&str]| {
+        let o = std::process::Command::new("/usr/bin/git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["-c", "user.email=a@b", "-c", "user.name=a"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "git {args:?}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    git(&["init", "-q"]);
+    git(&["add", "f"]);
+    git(&["commit", "-qm", "one"]);
+    // Not racily clean: the file is older than the index.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(repo.join("f"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert_eq!(git(&["status", "--porcelain"]), "");
+    let index = std::fs::read(repo.join(".git/index")).unwrap();
+    let sid = fx.new_session();
+    let r = fx.run(
+        "g",
+        &[
+            "--json",
+            "--session",
+            &sid,
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            "set -e; cd work/repo; test -z \"$(git status --porcelain)\"; git diff --exit-code; echo clean",
+        ],
+    );
+    let v = r.json();
+    assert_eq!(r.status, 0, "{v}\n{}", r.stderr);
+    assert_eq!(v["status"], "committed", "{v}");
+    assert_eq!(v["realized_writes"], serde_json::json!([]), "{v}");
+    assert_eq!(std::fs::read(repo.join(".git/index")).unwrap(), index);
+    assert_eq!(git(&["status", "--porcelain"]), "");
+    fx.assert_ledgers_intact(&sid);
+}
