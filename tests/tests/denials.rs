@@ -793,3 +793,36 @@ fn issue_29_the_observer_is_shared_and_survives_a_killed_holder() {
         assert_eq!(e["violations"][0]["count"], 1, "{}", e["violations"]);
     }
 }
+
+/// Real-software audit #8: a workspace beneath `/tmp` (as `mktemp -d`
+/// makes them, and as this fixture's is) keeps the turn's `/tmp`
+/// read-only (a writable one would cover the workspace's view), so
+/// `tmpfile(3)` and `sort` fail there. The refusal's hint said "the system
+/// view is read-only"; it says why and what to do instead.
+#[test]
+fn a_write_to_tmp_above_the_workspace_says_why_in_its_hint() {
+    let test = "a_write_to_tmp_above_the_workspace_says_why_in_its_hint";
+    if !require_root(test) {
+        return;
+    }
+    let fx = fixture();
+    assert!(fx.root.starts_with("/tmp"), "{}", fx.root.display());
+    let (_, e) = turn(
+        &fx,
+        "import os\ntry: open('/tmp/x', 'w')\nexcept OSError as e: print(e)\n",
+    );
+    if !observer_here(&e, test) {
+        return;
+    }
+    let v = of_layer(&e, "mount")
+        .into_iter()
+        .find(|v| v["target"] == "/tmp/x")
+        .unwrap_or_else(|| panic!("no mount violation on /tmp/x: {}", e["violations"]))
+        .clone();
+    let hint = v["hint"].as_str().unwrap();
+    assert!(
+        hint.starts_with("`/tmp` is read-only in this turn because the workspace")
+            && hint.contains("use $TMPDIR"),
+        "{v}"
+    );
+}

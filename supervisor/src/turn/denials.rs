@@ -337,11 +337,22 @@ pub fn path_violations(
                 format!("forbidden beats every grant (`{p}`); no entry can allow it"),
             ),
             None => {
-                let hint = match (need, inside) {
-                    ("write", false) => "writes outside the workspace are never granted: the system view is read-only".to_owned(),
-                    ("write", true) if d.errno == nix::libc::EROFS => format!("add `{target}` (or a pattern covering it) to `capabilities.write`: that part of the workspace is read-only in the view"),
-                    ("execute", _) => format!("add `{target}` to `capabilities.execute` (and to `read`)"),
-                    (cap, _) => format!("add `{target}` (or a pattern covering it) to `capabilities.{cap}`"),
+                // `/tmp` and `/var/tmp` are a turn's own writable tmpfs —
+                // unless the workspace lies beneath one: then it stays
+                // read-only (a write grant on it would cover the
+                // workspace's view), and only moving the workspace helps.
+                let tmp_over_root = ["/tmp", "/var/tmp"].into_iter().find(|t| {
+                    (path == *t || path.starts_with(&format!("{t}/")))
+                        && root.starts_with(&format!("{t}/"))
+                });
+                let hint = match (need, inside, tmp_over_root) {
+                    ("write", false, Some(t)) => format!(
+                        "`{t}` is read-only in this turn because the workspace ({root}) lies beneath it: use $TMPDIR (the session's scratch), or put the workspace outside `{t}`"
+                    ),
+                    ("write", false, None) => "writes outside the workspace are never granted: the system view is read-only".to_owned(),
+                    ("write", true, _) if d.errno == nix::libc::EROFS => format!("add `{target}` (or a pattern covering it) to `capabilities.write`: that part of the workspace is read-only in the view"),
+                    ("execute", _, _) => format!("add `{target}` to `capabilities.execute` (and to `read`)"),
+                    (cap, _, _) => format!("add `{target}` (or a pattern covering it) to `capabilities.{cap}`"),
                 };
                 (
                     ViolatedCapability::NotGranted {
