@@ -75,3 +75,31 @@ fn plan_shows_masks_scopes_and_landlock_without_running() {
         text.stdout
     );
 }
+
+/// `plan` without a command plans the first execute entry that names one
+/// program; a glob (`/usr/bin/*`) names none: it was E2041 "executable
+/// `/usr/bin/*` does not exist" (real-software audit). With only globs the
+/// error asks for the command (exit 2, the flag named); nothing changes.
+#[test]
+fn plan_without_a_command_skips_glob_entries_and_asks_when_only_globs_are_left() {
+    let fx = Fixture::new();
+    fx.install(
+        "g",
+        r#"{"capabilities": {"execute": ["/usr/bin/*", "/bin/true"]}}"#,
+    );
+    fx.install("only", r#"{"capabilities": {"execute": ["/usr/bin/*"]}}"#);
+    let before = fx.snapshot();
+    let r = fx.supervise(&["plan"], &["--package", "g", "--json"]);
+    assert_eq!(r.status, 0, "{}", r.stderr);
+    assert_eq!(r.json()["argv"][0], "/bin/true");
+    let r = fx.supervise(&["plan"], &["--package", "only"]);
+    assert_eq!(r.status, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("TS1006")
+            && r.stderr
+                .contains("every execute entry of the manifest is a glob"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(fx.snapshot(), before, "plan must not touch the disk");
+}

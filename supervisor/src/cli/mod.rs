@@ -1768,12 +1768,25 @@ fn plan_request(a: &PlanArgs) -> Result<TurnRequest> {
     }
     let ws = Workspace::open(&a.common.root)?;
     let manifest = Manifest::load(ws.root(), &PackageId::parse(&a.package)?)?;
-    let entry = manifest.capabilities.execute.first().ok_or_else(|| {
-        SupervisorError::invalid(
+    if manifest.capabilities.execute.is_empty() {
+        return Err(SupervisorError::invalid(
             "--package",
             "the manifest has no execute entries: no turn can run",
-        )
-    })?;
+        ));
+    }
+    // A glob (`/usr/bin/*`) names no one program to plan for.
+    let is_glob = |p: &str| p.contains(['*', '?', '[', '{']);
+    let entry = manifest
+        .capabilities
+        .execute
+        .iter()
+        .find(|e| !is_glob(e.program.as_str()))
+        .ok_or_else(|| {
+            SupervisorError::invalid(
+                "--package",
+                "every execute entry of the manifest is a glob: name the command (`supervise plan … -- CMD`)",
+            )
+        })?;
     let mut command = vec![entry.program.to_string()];
     command.extend(entry.args.iter().cloned());
     Ok(TurnRequest::from_doc(RequestDoc {
