@@ -1805,6 +1805,95 @@ fn serve_a_warm_sandbox_with_a_dead_or_stopped_stage_or_pid1_is_discarded_for_a_
     assert_nothing_left(&fx, &sid);
 }
 
+/// A warm sandbox whose PID 1 or stage is stopped while it is being built
+/// left the pool's builder waiting on its pipe for ever, and the session's
+/// next turn, which waits for that build, with it (kill-point audit, stop
+/// 54). The turn waits a bounded time, then the build's processes are
+/// killed (a stopped one too) and the turn builds its own sandbox. Each
+/// round stops every process of the build as soon as one is seen in its
+/// cgroup; at least one round must catch the build before it parked.
+#[test]
+fn serve_a_warm_build_stopped_midway_does_not_hang_the_next_turn() {
+    if !require_root("serve_a_warm_build_stopped_midway_does_not_hang_the_next_turn") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("s", MANIFEST);
+    let sid = fx.new_session();
+    let daemon = Daemon::start(&fx, &[]);
+    let mut caught_midway = 0;
+    for round in 0..5 {
+        // The reply comes before the next warm sandbox's build starts.
+        let v = served_json(&fx, &daemon.socket, &sid, &["/bin/true"]);
+        assert_eq!(v["status"], "committed", "{v}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut stopped: Vec<i32> = Vec::new();
+        while stopped.is_empty() && Instant::now() < deadline {
+            for cg in warm_cgroups(&sid) {
+                for pid in std::fs::read_to_string(cg.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.parse::<i32>().ok())
+                {
+                    signal(pid, nix::libc::SIGSTOP);
+                    stopped.push(pid);
+                }
+            }
+        }
+        assert!(!stopped.is_empty(), "round {round}: no warm build was seen");
+        if !warm_built(&fx, &sid) {
+            caught_midway += 1;
+        }
+        // The next turn ends, whatever the build was doing.
+        let mut client = Command::new(supervise_bin())
+            .arg("run")
+            .arg("--root")
+            .arg(&fx.root)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .arg("--server")
+            .arg(&daemon.socket)
+            .args([
+                "--package",
+                "s",
+                "--session",
+                &sid,
+                "--no-outputs",
+                "--json",
+            ])
+            .args(["--", "/bin/echo", "next"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while client.try_wait().unwrap().is_none() {
+            if Instant::now() > until {
+                let _ = client.kill();
+                panic!("round {round}: the turn after a stopped warm build hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = client.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "round {round}: {stdout}");
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["status"], "committed", "{v}");
+        for pid in stopped {
+            assert!(
+                !matches!(proc_state(pid), Some('T' | 't')),
+                "round {round}: pid {pid} of the stopped build is still there, stopped"
+            );
+        }
+    }
+    assert!(
+        caught_midway > 0,
+        "no round stopped a build before it parked"
+    );
+    fx.assert_ledgers_intact(&sid);
+}
+
 /// A daemon serves one turn of `sid`, builds its warm sandbox and is
 /// SIGKILLed; returns once its worker and the parked sandbox died with it,
 /// with the warm sandbox's cgroup directories (still there).

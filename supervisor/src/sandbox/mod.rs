@@ -785,8 +785,14 @@ impl Created {
         // (see `Deferred`); on the error below it runs as it drops.
         let cg = Arc::clone(&self.cg);
         let teardown = Deferred::new(move || {
-            // An exiting PID 1 leaves the cgroup once reaped.
+            // An exiting PID 1 leaves the cgroup once reaped. It is
+            // killed first: stopped (SIGSTOP, a ptrace stop) on its way
+            // out, it would never exit, and this wait — the turn's
+            // teardown, a daemon worker's next turn behind it — would
+            // never end (kill-point audit, stop 54). It runs nothing by
+            // now: the kill only ends what was ending.
             if let Some(mut init) = exiting {
+                let _ = init.kill();
                 let _ = init.wait();
             }
             cg.remove()

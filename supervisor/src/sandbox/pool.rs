@@ -86,7 +86,16 @@ struct Pool {
     /// The last turn committed: its successor's sandbox is due once the
     /// reply is delivered ([`WarmPool::build_armed`]).
     armed: bool,
+    /// The cgroup of the sandbox being built (with `Slot::Building`): what
+    /// [`Shared::settled`] kills when a build does not end in time.
+    building: Option<(Place, String)>,
 }
+
+/// How long a turn waits for its warm sandbox's build (a few milliseconds,
+/// normally): a build whose PID 1 or stage was stopped (SIGSTOP, a ptrace
+/// stop) waits on its pipe for ever. Past this, the build's processes are
+/// killed, which ends it, and the turn builds its own.
+const BUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the pool's owner and its builder thread share.
 #[derive(Debug)]
@@ -104,14 +113,62 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Waits while the builder builds; returns the guard.
+    /// Waits while the builder builds; returns the guard. A build still
+    /// going after [`BUILD_WAIT`] is ended: its cgroup's processes are
+    /// killed (a stopped one too), so the builder's reads see them gone
+    /// and it gives up (its sandbox is torn down as it drops).
     fn settled(&self) -> MutexGuard<'_, Pool> {
+        let deadline = std::time::Instant::now() + BUILD_WAIT;
+        let mut killed = false;
         let mut p = self.pool();
         while matches!(p.slot, Slot::Building) {
-            p = self
-                .built
-                .wait(p)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = std::time::Instant::now();
+            if now < deadline || killed {
+                // After the kill the builder ends promptly (its pipes
+                // close); it is waited for as before.
+                let wait = deadline.saturating_duration_since(now);
+                p = if killed {
+                    self.built
+                        .wait(p)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                } else {
+                    self.built
+                        .wait_timeout(p, wait)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0
+                };
+                continue;
+            }
+            killed = true;
+            let building = p.building.clone();
+            drop(p);
+            if let Some((place, name)) = building {
+                tracing::warn!(cgroup = %name, "a warm sandbox's build did not end in {BUILD_WAIT:?} (a process of it stopped?): killing it; the turn builds its own");
+                for cg in super::cgroup::TurnCgroup::leftovers(&place, &name)
+                    .into_iter()
+                    .filter(|cg| cg.name() == Some(name.as_str()))
+                {
+                    // Every hierarchy's members: a child stopped before its
+                    // exec (its parent, the builder, waits in the vfork of
+                    // its clone) is in the unified one alone, where
+                    // `CLONE_INTO_CGROUP` put it; the v1 ones are joined
+                    // after the clone returns.
+                    for dir in cg.dirs() {
+                        for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+                            .unwrap_or_default()
+                            .lines()
+                            .filter_map(|l| l.trim().parse::<i32>().ok())
+                        {
+                            let _ = nix::sys::signal::kill(
+                                nix::unistd::Pid::from_raw(pid),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                        }
+                    }
+                    cg.kill_all();
+                }
+            }
+            p = self.pool();
         }
         p
     }
@@ -137,6 +194,7 @@ impl WarmPool {
                 slot: Slot::Empty,
                 made: 0,
                 armed: false,
+                building: None,
             }),
             built: Condvar::new(),
             cleanups: Mutex::new(Vec::new()),
@@ -149,6 +207,7 @@ impl WarmPool {
                 for last in rx {
                     let built = build(&theirs, &last);
                     let mut p = theirs.pool();
+                    p.building = None;
                     p.slot = match built {
                         Ok(w) => Slot::Ready(Box::new(w)),
                         Err(e) => {
@@ -288,7 +347,12 @@ fn build(shared: &Shared, last: &Last) -> Result<Warm> {
     let id = {
         let mut p = shared.pool();
         p.made += 1;
-        format!("{}-{}", std::process::id(), p.made)
+        let id = format!("{}-{}", std::process::id(), p.made);
+        p.building = Some((
+            last.cgroup_place.clone(),
+            cgroup_name(&last.plan.session_id, &id),
+        ));
+        id
     };
     let lock_file = lock_path(&last.session_dir, &id);
     let io = |op: &'static str, path: &Path| {
