@@ -390,3 +390,50 @@ fn issue_9_a_script_made_in_tmpdir_runs_in_its_turn_and_as_the_next_turns_comman
     assert_eq!(t.status(), 0, "{}", t.describe());
     assert!(t.output.contains("made-here two"), "{}", t.describe());
 }
+
+/// `unshare(CLONE_FS)` and `unshare(CLONE_FILES)` create no namespace and
+/// are allowed (real-software audit: they were refused EPERM with the rest
+/// of unshare); with a namespace flag unshare is still refused EPERM and
+/// recorded as a seccomp denial.
+#[test]
+fn unshare_without_a_namespace_flag_runs_and_with_one_is_refused_and_recorded() {
+    if !require_root("unshare_fs") {
+        return;
+    }
+    let (ws, sid) = workspace();
+    let py = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def unshare(flags):
+    r = libc.unshare(flags)
+    return 'ok' if r == 0 else os.strerror(ctypes.get_errno())
+for name, flags in (('CLONE_FS', 0x200), ('CLONE_FILES', 0x400), ('CLONE_NEWUSER', 0x10000000), ('CLONE_NEWNS', 0x20000)):
+    print(name, unshare(flags))
+"#;
+    let t = ws
+        .run(
+            &Req::new(PKG).session(Some(&sid)),
+            &["/usr/bin/python3", "-c", py],
+        )
+        .unwrap();
+    assert_eq!(t.status(), 0, "{}", t.describe());
+    for want in [
+        "CLONE_FS ok",
+        "CLONE_FILES ok",
+        "CLONE_NEWUSER Operation not permitted",
+        "CLONE_NEWNS Operation not permitted",
+    ] {
+        assert!(t.output.contains(want), "{want}: {}", t.describe());
+    }
+    let json = t.json.as_ref().expect("--json");
+    let unshare: Vec<&serde_json::Value> = json["violations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["layer"] == "seccomp" && v["target"] == "unshare")
+        .collect();
+    assert_eq!(unshare.len(), 1, "{json}");
+    assert_eq!(unshare[0]["count"], 2, "only the namespace flags: {json}");
+    let hint = unshare[0]["hint"].as_str().unwrap_or("");
+    assert!(hint.contains("CLONE_NEWUSER"), "{hint}");
+}
