@@ -54,8 +54,9 @@ pub enum Mount {
     /// `/etc/hostname`).
     Generated { path: String, contents: String },
     /// A minimal `/dev`: null, zero, full, random, urandom, tty, the standard
-    /// symlinks, a private devpts instance (`/dev/pts`, `/dev/ptmx`) and a
-    /// private size-limited `/dev/shm`.
+    /// symlinks, a private devpts instance (`/dev/pts`, `/dev/ptmx`), a
+    /// private size-limited `/dev/shm` and the turn's IPC namespace's
+    /// mqueue at [`DEV_MQUEUE`].
     Dev { shm_bytes: u64 },
     /// A private writable tmpfs (mode 1777, `bytes` large) for programs that
     /// ignore TMPDIR (`tmpfile(3)` uses `/tmp`): what a turn leaves there is
@@ -333,6 +334,10 @@ const DEVICES: &[&str] = &[
     "/proc/self/comm",
     "/proc/self/oom_score_adj",
 ];
+
+/// Where every backend mounts the turn's IPC namespace's mqueue
+/// filesystem (its POSIX message queues), read-write under Landlock.
+pub const DEV_MQUEUE: &str = "/dev/mqueue";
 
 /// Host environment variables passed through when set.
 const ENV_PASSTHROUGH: &[&str] = &["LANG", "LC_ALL", "TZ", "TERM"];
@@ -839,9 +844,9 @@ impl<'a> Compiler<'a> {
     }
 
     /// The Landlock rules: read (the baseline, /proc, the read grants minus
-    /// what is forbidden or masked), read-write (the scopes, /dev/shm, the
-    /// ephemeral mounts), execute (the executables and the static prefix of
-    /// each execute glob), devices.
+    /// what is forbidden or masked), read-write (the scopes, /dev/shm,
+    /// /dev/mqueue, the ephemeral mounts), execute (the executables and the
+    /// static prefix of each execute glob), devices.
     fn landlock(
         &self,
         view: &View,
@@ -928,6 +933,12 @@ impl<'a> Compiler<'a> {
         execute.dedup();
         let mut read_write: Vec<String> = scope_dirs.to_vec();
         read_write.push("/dev/shm".into());
+        // The turn's own POSIX message queues (its IPC namespace's mqueue
+        // instance): mq_open opens on the namespace's internal mount,
+        // whose root inode is this mount's, so this rule is what lets it
+        // (real-software audit: EACCES without). Where a backend has no
+        // /dev/mqueue the rule is skipped, recorded in the outcome.
+        read_write.push(DEV_MQUEUE.into());
         read_write.extend(ephemeral);
         Ok(LandlockRules {
             abi: LANDLOCK_ABI,
@@ -1265,7 +1276,7 @@ impl Plan {
                 }
                 Mount::Generated { path, .. } => format!("generated {path}"),
                 Mount::Dev { shm_bytes } => format!(
-                    "dev       minimal /dev, private /dev/pts, /dev/shm {} MiB",
+                    "dev       minimal /dev, private /dev/pts, /dev/shm {} MiB, own /dev/mqueue",
                     shm_bytes >> 20
                 ),
                 Mount::Proc { masked, read_only } => format!(
