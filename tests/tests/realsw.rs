@@ -457,6 +457,44 @@ else:
     assert!(host.contains("reopen: No such file or directory"), "{host}");
 }
 
+/// The turn's PATH names only directories it may execute from (real-software
+/// audit): `/usr/local/bin` was first on it, visible (`read: /usr/**`) but
+/// without an execute rule, so `git` resolved to `/usr/local/bin/git` where
+/// one exists and failed "Permission denied" (126), and `shutil.which`
+/// returned the unusable path. With execute only `/usr/bin/*`, PATH keeps
+/// `/usr/bin`, and `/bin` only where it is `/usr/bin` (merged /usr).
+#[test]
+fn path_names_only_directories_the_turn_may_execute_from() {
+    if !require_root("path_exec") || !have("path_exec", "/usr/bin/git") {
+        return;
+    }
+    let manifest =
+        r#"{"capabilities": {"read": ["/usr/**", "/etc/**"], "execute": ["/usr/bin/*"]}}"#;
+    let ws = Workspace::new(PKG, manifest).unwrap();
+    let sid = ws.new_session().unwrap();
+    let script = "echo \"PATH=$PATH\"; command -v true; true && echo true-ran; \
+         /usr/bin/bash -c 'git --version >/dev/null && echo bash-git-ran'; \
+         python3 -c 'import shutil; print(\"which:\", shutil.which(\"git\"))'";
+    // `/usr/bin/sh`: argv[0] must match the execute entry as written.
+    let t = ws
+        .run(
+            &Req::new(PKG).session(Some(&sid)),
+            &["/usr/bin/sh", "-c", script],
+        )
+        .unwrap();
+    assert_eq!(t.status(), 0, "{}", t.describe());
+    let merged = std::fs::canonicalize("/bin").ok() == Some(PathBuf::from("/usr/bin"));
+    let want = if merged { "/usr/bin:/bin" } else { "/usr/bin" };
+    let out = &t.output;
+    assert!(out.contains(&format!("PATH={want}\n")), "{}", t.describe());
+    assert!(
+        out.contains("true-ran") && out.contains("bash-git-ran"),
+        "{out}"
+    );
+    assert!(out.contains("which: /usr/bin/git"), "{out}");
+    assert!(!out.contains("/usr/local/bin"), "{out}");
+}
+
 /// `unshare(CLONE_FS)` and `unshare(CLONE_FILES)` create no namespace and
 /// are allowed (real-software audit: they were refused EPERM with the rest
 /// of unshare); with a namespace flag unshare is still refused EPERM and
