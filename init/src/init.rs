@@ -640,7 +640,7 @@ const DEVICES: [(&str, u64, u64); 6] = [
 ];
 
 /// The minimal `/dev`: the usual character devices, the standard symlinks, a private
-/// devpts instance and `/dev/shm`; read-only once built.
+/// devpts instance, `/dev/shm` and the turn's `/dev/mqueue`; read-only once built.
 fn build_dev(dev: &Path, shm_bytes: u64, report: &mut Report) {
     ensure_dir(dev, report);
     mount(
@@ -706,6 +706,24 @@ fn build_dev(dev: &Path, shm_bytes: u64, report: &mut Report) {
         Some(format!("mode=1777,size={shm_bytes}").as_str()),
     )
     .or_fail(report, "mount /dev/shm");
+    // The turn's POSIX message queues: an mqueue instance belongs to the
+    // IPC namespace of the process that mounts it, and this init runs in
+    // the turn's own (the supervisor unshared it), so this is that
+    // namespace's — its queues die with the turn. mq_open(3) never walks
+    // this path (the kernel opens on the namespace's internal mount), but
+    // Landlock refused that open (EACCES) for want of a rule: the Plan's
+    // read-write rule on this mount's root inode, the superblock's only
+    // root, covers the internal mount too (real-software audit).
+    let mqueue = dev.join("mqueue");
+    ensure_dir(&mqueue, report);
+    mount(
+        Some("mqueue"),
+        &mqueue,
+        Some("mqueue"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .or_fail(report, "mount /dev/mqueue");
     // /dev itself read-only: nobody creates nodes there.
     mount(
         None::<&str>,

@@ -8,9 +8,10 @@
 //!   its grants): the rootfs skeleton, which is read-only;
 //! - generated files (`/etc/hosts`, `/etc/hostname`): files in the bundle,
 //!   bound read-only;
-//! - `/dev`: tmpfs with the runtime's default devices, a private devpts and
-//!   `/dev/shm`; `/tmp`, `/var/tmp` ephemeral tmpfs; `/proc` with the Plan's
-//!   masked and read-only paths as `linux.maskedPaths`/`readonlyPaths`;
+//! - `/dev`: tmpfs with the runtime's default devices, a private devpts,
+//!   `/dev/shm` and the IPC namespace's `/dev/mqueue`; `/tmp`, `/var/tmp`
+//!   ephemeral tmpfs; `/proc` with the Plan's masked and read-only paths as
+//!   `linux.maskedPaths`/`readonlyPaths`;
 //! - writable scopes: read-write binds of the overlay merged directories the
 //!   backend prepares (`scope_source`), so writes are captured from an
 //!   overlay upper exactly as natively;
@@ -204,6 +205,13 @@ pub fn build(plan: &Plan, o: &BundleOptions) -> Result<Bundle, OciError> {
                     "/dev/shm",
                     &["nosuid", "noexec", "nodev", "mode=1777", &size],
                 ));
+                // The container's IPC namespace's message queues, as
+                // natively (and as runc's default spec has them): the
+                // Plan's Landlock rule on it lets mq_open work.
+                mounts.push(
+                    json!({"destination": turnstile_policy::plan::DEV_MQUEUE, "type": "mqueue", "source": "mqueue",
+                    "options": ["nosuid", "noexec", "nodev"]}),
+                );
             }
             Mount::Ephemeral { path, bytes } => {
                 let size = format!("size={bytes}");

@@ -54,8 +54,9 @@ pub enum Mount {
     /// `/etc/hostname`).
     Generated { path: String, contents: String },
     /// A minimal `/dev`: null, zero, full, random, urandom, tty, the standard
-    /// symlinks, a private devpts instance (`/dev/pts`, `/dev/ptmx`) and a
-    /// private size-limited `/dev/shm`.
+    /// symlinks, a private devpts instance (`/dev/pts`, `/dev/ptmx`), a
+    /// private size-limited `/dev/shm` and the turn's IPC namespace's
+    /// mqueue at [`DEV_MQUEUE`].
     Dev { shm_bytes: u64 },
     /// A private writable tmpfs (mode 1777, `bytes` large) for programs that
     /// ignore TMPDIR (`tmpfile(3)` uses `/tmp`): what a turn leaves there is
@@ -334,6 +335,10 @@ const DEVICES: &[&str] = &[
     "/proc/self/oom_score_adj",
 ];
 
+/// Where every backend mounts the turn's IPC namespace's mqueue
+/// filesystem (its POSIX message queues), read-write under Landlock.
+pub const DEV_MQUEUE: &str = "/dev/mqueue";
+
 /// Host environment variables passed through when set.
 const ENV_PASSTHROUGH: &[&str] = &["LANG", "LC_ALL", "TZ", "TERM"];
 
@@ -391,7 +396,7 @@ pub fn compile(
         argv,
         execute_entry: allowed.execute_entry.clone(),
         cwd: c.root.to_owned(),
-        env: c.environment(),
+        env: c.environment(&landlock.execute),
         uid: NOBODY,
         gid: NOBODY,
         workspace_owner: ctx.workspace_owner,
@@ -839,9 +844,9 @@ impl<'a> Compiler<'a> {
     }
 
     /// The Landlock rules: read (the baseline, /proc, the read grants minus
-    /// what is forbidden or masked), read-write (the scopes, /dev/shm, the
-    /// ephemeral mounts), execute (the executables and the static prefix of
-    /// each execute glob), devices.
+    /// what is forbidden or masked), read-write (the scopes, /dev/shm,
+    /// /dev/mqueue, the ephemeral mounts), execute (the executables and the
+    /// static prefix of each execute glob), devices.
     fn landlock(
         &self,
         view: &View,
@@ -928,6 +933,12 @@ impl<'a> Compiler<'a> {
         execute.dedup();
         let mut read_write: Vec<String> = scope_dirs.to_vec();
         read_write.push("/dev/shm".into());
+        // The turn's own POSIX message queues (its IPC namespace's mqueue
+        // instance): mq_open opens on the namespace's internal mount,
+        // whose root inode is this mount's, so this rule is what lets it
+        // (real-software audit: EACCES without). Where a backend has no
+        // /dev/mqueue the rule is skipped, recorded in the outcome.
+        read_write.push(DEV_MQUEUE.into());
         read_write.extend(ephemeral);
         Ok(LandlockRules {
             abi: LANDLOCK_ABI,
@@ -939,13 +950,14 @@ impl<'a> Compiler<'a> {
         })
     }
 
-    /// The environment (FR-RT-012, FR-RT-014): fixed variables, the
-    /// session's scratch as HOME and TMPDIR, the passthrough set.
-    fn environment(&self) -> Vec<(String, String)> {
+    /// The environment (FR-RT-012, FR-RT-014): PATH (see [`Self::path`]),
+    /// the session's scratch as HOME and TMPDIR, fixed variables, the
+    /// passthrough set.
+    fn environment(&self, execute: &[String]) -> Vec<(String, String)> {
         let (root, sid, ctx) = (self.root, self.sid, self.ctx);
         let scratch = join(root, &format!("tmp/{sid}"));
         let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("PATH".into(), self.path(execute)),
             ("HOME".into(), scratch.clone()),
             ("TMPDIR".into(), scratch.clone()),
             ("TEMP".into(), scratch.clone()),
@@ -966,7 +978,82 @@ impl<'a> Compiler<'a> {
         }
         env
     }
+
+    /// PATH: the directories of [`DEFAULT_PATH`], in its order, from which
+    /// the turn may execute something — a Landlock execute rule on the
+    /// directory or an ancestor of it, or on a file directly in it (an
+    /// executable named by a literal execute entry or argv[0] counts in the
+    /// directory it is named in, if it is reached through a link), compared
+    /// as resolved paths, as Landlock resolves them. A directory the turn
+    /// sees (`read: /usr/**`) but cannot execute from was first on PATH:
+    /// `git` resolved to `/usr/local/bin/git` and failed EACCES (126) where
+    /// `/usr/bin/git` would run, and `shutil.which` returned the unusable
+    /// path (real-software audit).
+    ///
+    /// Where no directory qualifies, PATH stays [`DEFAULT_PATH`] whole: an
+    /// empty PATH means the working directory (the workspace root) to
+    /// shells and `execvp`, and an unset one each program's own built-in
+    /// list; a name looked up then fails EACCES, recorded as an execute
+    /// denial naming the file to grant, rather than "not found". Neither a
+    /// request nor a manifest sets the environment; a command that sets its
+    /// own PATH (`env PATH=… cmd`, `PATH=… sh -c …`) has it.
+    fn path(&self, execute: &[String]) -> String {
+        let fs = self.fs;
+        let parent = |p: &str| match p.rsplit_once('/') {
+            Some(("", _)) => Some("/".to_owned()),
+            Some((d, _)) => Some(d.to_owned()),
+            None => None,
+        };
+        let is_dir = |p: &String| fs.kind(p) == Some(FileKind::Dir);
+        let (mut beneath, mut direct) = (Vec::new(), Vec::new());
+        for rule in execute {
+            let Some(c) = fs.canonical(rule) else {
+                continue;
+            };
+            match fs.kind(&c) {
+                Some(FileKind::Dir) => beneath.push(c),
+                Some(FileKind::File) => direct.extend(parent(&c)),
+                _ => {}
+            }
+        }
+        let named = self
+            .caps
+            .execute
+            .iter()
+            .map(|e| e.program.expand(self.session))
+            .chain(self.request.command.first().cloned());
+        for raw in named {
+            let abs = if raw.starts_with('/') {
+                raw
+            } else {
+                join(self.root, &raw)
+            };
+            let file = fs
+                .canonical(&abs)
+                .is_some_and(|c| fs.kind(&c) == Some(FileKind::File));
+            if let Some(d) = parent(&abs).filter(|_| file) {
+                direct.extend(fs.canonical(&d));
+            }
+        }
+        let kept: Vec<&str> = DEFAULT_PATH
+            .iter()
+            .copied()
+            .filter(|d| {
+                fs.canonical(d)
+                    .filter(is_dir)
+                    .is_some_and(|c| direct.contains(&c) || beneath.iter().any(|b| within(&c, b)))
+            })
+            .collect();
+        if kept.is_empty() {
+            DEFAULT_PATH.join(":")
+        } else {
+            kept.join(":")
+        }
+    }
 }
+
+/// The turn's PATH before it is narrowed ([`Compiler::path`]), in order.
+pub const DEFAULT_PATH: [&str; 3] = ["/usr/local/bin", "/usr/bin", "/bin"];
 
 /// git's stat checks, relaxed to what a turn sees of the workspace as the
 /// host wrote it (real-software audit #2): through the idmapped mount a
@@ -1265,7 +1352,7 @@ impl Plan {
                 }
                 Mount::Generated { path, .. } => format!("generated {path}"),
                 Mount::Dev { shm_bytes } => format!(
-                    "dev       minimal /dev, private /dev/pts, /dev/shm {} MiB",
+                    "dev       minimal /dev, private /dev/pts, /dev/shm {} MiB, own /dev/mqueue",
                     shm_bytes >> 20
                 ),
                 Mount::Proc { masked, read_only } => format!(
@@ -1320,6 +1407,7 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fsview::Memo;
     use crate::manifest::PackageId;
     use crate::request::TurnRequest;
     use crate::session::SessionId;
@@ -1372,7 +1460,7 @@ mod tests {
 
     const SID: &str = "SES-20261121T093700123456Z-00000000deadbeef";
 
-    fn compile_for(manifest: &str, command: &[&str], fs: &FakeFs) -> Result<Plan, PlanError> {
+    fn compile_for(manifest: &str, command: &[&str], fs: &dyn FsView) -> Result<Plan, PlanError> {
         let m = Manifest::from_slice(
             manifest.as_bytes(),
             &PackageId::parse("p").unwrap(),
@@ -1716,6 +1804,114 @@ mod tests {
         assert!(
             plan.render_text()
                 .contains("mask      /ws/installed/p/secrets (forbidden)")
+        );
+    }
+
+    /// A host with merged /usr (`/bin` -> `usr/bin`) or without, git in
+    /// both `/usr/local/bin` and `/usr/bin`, and a tool reached through a
+    /// link in `/usr/local/bin`.
+    fn path_tree(merged: bool) -> FakeFs {
+        use FileKind::*;
+        let mut fs = FakeFs::with(&[
+            ("/usr", Dir),
+            ("/usr/bin", Dir),
+            ("/usr/bin/dash", File),
+            ("/usr/bin/sh", Symlink),
+            ("/usr/bin/git", File),
+            ("/usr/local", Dir),
+            ("/usr/local/bin", Dir),
+            ("/usr/local/bin/git", File),
+            ("/usr/local/bin/tool", Symlink),
+            ("/opt", Dir),
+            ("/opt/tool", Dir),
+            ("/opt/tool/bin", Dir),
+            ("/opt/tool/bin/tool", File),
+            ("/lib64/ld-linux-x86-64.so.2", File),
+            ("/ws", Dir),
+        ]);
+        fs.links.insert("/usr/bin/sh".into(), "dash".into());
+        fs.links
+            .insert("/usr/local/bin/tool".into(), "/opt/tool/bin/tool".into());
+        if merged {
+            fs.kinds.insert("/bin".into(), Symlink);
+            fs.links.insert("/bin".into(), "usr/bin".into());
+        } else {
+            fs.kinds.insert("/bin".into(), Dir);
+            fs.kinds.insert("/bin/sh".into(), File);
+        }
+        fs
+    }
+
+    fn path_of(merged: bool, execute: &str, argv0: &str) -> String {
+        let fs = path_tree(merged);
+        let m = format!(r#"{{"capabilities":{{"read":["/usr/**"],"execute":{execute}}}}}"#);
+        let plan = compile_for(&m, &[argv0, "-c", "git --version"], &Memo::new(&fs)).unwrap();
+        let env: BTreeMap<_, _> = plan.env.iter().cloned().collect();
+        env["PATH"].clone()
+    }
+
+    /// Real-software audit: PATH names only the directories the turn may
+    /// execute from, in the default order, so a name resolves where it can
+    /// run (`/usr/bin/git`, not the visible but unexecutable
+    /// `/usr/local/bin/git`).
+    #[test]
+    fn path_keeps_only_directories_with_an_execute_rule() {
+        // `/bin` is `/usr/bin` on a merged-/usr host: it stays.
+        assert_eq!(
+            path_of(true, r#"["/usr/bin/*"]"#, "/usr/bin/sh"),
+            "/usr/bin:/bin"
+        );
+        // A real `/bin` without a grant does not.
+        assert_eq!(
+            path_of(false, r#"["/usr/bin/*"]"#, "/usr/bin/sh"),
+            "/usr/bin"
+        );
+        assert_eq!(
+            path_of(false, r#"["/usr/bin/*", "/bin/*"]"#, "/bin/sh"),
+            "/usr/bin:/bin"
+        );
+        // Every directory granted: the default, in its order.
+        assert_eq!(
+            path_of(true, r#"["/usr/local/bin/*", "/usr/bin/*"]"#, "/usr/bin/sh"),
+            DEFAULT_PATH.join(":")
+        );
+        // An ancestor's rule covers the directories below it.
+        assert_eq!(
+            path_of(false, r#"["/usr/**"]"#, "/usr/bin/sh"),
+            "/usr/local/bin:/usr/bin"
+        );
+    }
+
+    /// A rule on one file in a directory keeps the directory (argv[0] and
+    /// literal execute entries included), also where the file is reached
+    /// through a link whose target lies elsewhere.
+    #[test]
+    fn path_keeps_the_directory_of_a_granted_file_and_of_the_link_naming_it() {
+        assert_eq!(
+            path_of(
+                true,
+                r#"["/usr/local/bin/git", "/usr/bin/sh"]"#,
+                "/usr/bin/sh"
+            ),
+            DEFAULT_PATH.join(":")
+        );
+        assert_eq!(
+            path_of(false, r#"["/usr/bin/sh"]"#, "/usr/bin/sh"),
+            "/usr/bin"
+        );
+        assert_eq!(
+            path_of(false, r#"["/usr/local/bin/tool"]"#, "/usr/local/bin/tool"),
+            "/usr/local/bin"
+        );
+    }
+
+    /// With no directory of the default to execute from, PATH stays the
+    /// default: never empty (the working directory to a shell) nor unset.
+    #[test]
+    fn path_without_any_executable_directory_stays_the_default() {
+        assert_eq!(
+            path_of(false, r#"["/opt/tool/bin/tool"]"#, "/opt/tool/bin/tool"),
+            DEFAULT_PATH.join(":")
         );
     }
 

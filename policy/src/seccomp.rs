@@ -161,6 +161,11 @@ const XATTR_SETTERS: &[(&str, u32)] = &[
 /// - `io_setup`/`io_submit`…: legacy AIO only reads and writes descriptors
 ///   the turn already opened through the filter, unlike io_uring, which
 ///   opens, connects and more on its own.
+/// - `unshare`: only without a namespace flag (argument rules,
+///   [`unshare_ns_flags`]): `CLONE_FS`, `CLONE_FILES` and `CLONE_SYSVSEM`
+///   give the caller its own copy of state it shared (cwd and umask, the
+///   descriptor table, semaphore undo) and create nothing; libraries do
+///   it before exec or in worker threads (real-software audit).
 const ALLOW: &[&str] = &[
     "accept",
     "accept4",
@@ -446,6 +451,7 @@ const ALLOW: &[&str] = &[
     "uname",
     "unlink",
     "unlinkat",
+    "unshare",
     "utime",
     "utimensat",
     "utimes",
@@ -635,10 +641,6 @@ const DENY: &[(&str, &str)] = &[
         "it changes the mount table, the view the sandbox is built from",
     ),
     (
-        "unshare",
-        "it creates namespaces (a user namespace grants new capabilities over new kernel attack surface)",
-    ),
-    (
         "uselib",
         "an a.out-era loader call; no modern program uses it",
     ),
@@ -677,6 +679,21 @@ const CLONE_NS_FLAGS: &[(u32, &str)] = &[
     (0x2000_0000, "CLONE_NEWPID"),
     (0x4000_0000, "CLONE_NEWNET"),
 ];
+
+/// `CLONE_NEWTIME`: a namespace flag for `unshare` (and `clone3`) only.
+/// In `clone(2)` the bit is part of the exit-signal byte (CSIGNAL), so it
+/// is no rule there.
+const CLONE_NEWTIME: (u32, &str) = (0x0000_0080, "CLONE_NEWTIME");
+
+/// The `unshare` flags refused: every namespace flag. What stays allowed
+/// creates nothing (`CLONE_FS`, `CLONE_FILES`, `CLONE_SYSVSEM`, and the
+/// no-ops `CLONE_THREAD`, `CLONE_SIGHAND`, `CLONE_VM` of a single thread).
+/// The kernel takes the flags as an `unsigned long` and refuses a bit it
+/// does not know (EINVAL), so a compare on the low 32 bits, where every
+/// namespace flag lies, misses nothing.
+fn unshare_ns_flags() -> impl Iterator<Item = &'static (u32, &'static str)> {
+    CLONE_NS_FLAGS.iter().chain(std::iter::once(&CLONE_NEWTIME))
+}
 
 /// A masked compare on the low 32 bits of one argument:
 /// `(arg & mask) == value`.
@@ -779,6 +796,16 @@ impl SeccompProfile {
                 why: format!("clone with {name} creates a namespace"),
             })
             .collect();
+        arg_rules.extend(unshare_ns_flags().map(|(flag, name)| ArgRule {
+            syscall: "unshare".into(),
+            arg: 0,
+            mask: *flag,
+            value: *flag,
+            errno: EPERM,
+            why: format!(
+                "unshare with {name} creates a namespace, and a turn's namespaces are its plan's (a user namespace grants new capabilities over new kernel attack surface); unshare without a namespace flag (CLONE_FS, CLONE_FILES, CLONE_SYSVSEM) is allowed"
+            ),
+        }));
         for (cmd, name) in [(0x5412u32, "TIOCSTI"), (0x541C, "TIOCLINUX")] {
             arg_rules.push(ArgRule {
                 syscall: "ioctl".into(),
@@ -858,7 +885,7 @@ mod tests {
     #[test]
     fn allow_conditions_partition_the_argument_space() {
         let p = SeccompProfile::default_profile();
-        for name in ["clone", "ioctl"] {
+        for name in ["clone", "unshare", "ioctl"] {
             let rules = rules_for(&p, name);
             let refs: Vec<&ArgRule> = rules.iter().collect();
             let allow = allow_conditions(&refs).unwrap();
@@ -1010,6 +1037,7 @@ mod tests {
             "remap_file_pages",
             "membarrier",
             "clone",
+            "unshare",
             "socket",
             "socketpair",
         ] {
@@ -1028,21 +1056,35 @@ mod tests {
     }
 
     /// Nothing can create a namespace: clone3 answers ENOSYS (its flags
-    /// are out of reach), clone is refused with each CLONE_NEW* flag, and
-    /// unshare/setns are denied.
+    /// are out of reach), clone and unshare are refused with each CLONE_NEW*
+    /// flag (unshare with CLONE_NEWTIME too), and setns is denied. unshare
+    /// without one (CLONE_FS, CLONE_FILES, CLONE_SYSVSEM) is allowed.
     #[test]
     fn namespaces_stay_closed() {
         let p = SeccompProfile::default_profile();
         assert!(p.enosys.iter().any(|n| n == "clone3"));
         assert!(!p.allow.iter().any(|n| n == "clone3"));
-        for n in ["unshare", "setns"] {
-            assert!(p.deny.iter().any(|d| d == n), "{n}");
-        }
-        let clone = rules_for(&p, "clone");
+        assert!(p.deny.iter().any(|d| d == "setns"));
         let all_new = 0x0002_0000 | 0x7e00_0000;
+        let clone = rules_for(&p, "clone");
         let refused = clone.iter().fold(0u32, |m, r| m | r.value);
         assert_eq!(refused, all_new);
         assert!(clone.iter().all(|r| r.arg == 0 && r.errno == EPERM));
+        let unshare = rules_for(&p, "unshare");
+        let refused = unshare.iter().fold(0u32, |m, r| m | r.value);
+        assert_eq!(refused, all_new | 0x80, "CLONE_NEWTIME included");
+        assert!(unshare.iter().all(|r| r.arg == 0 && r.errno == EPERM));
+        assert!(!p.deny.iter().any(|d| d == "unshare"));
+        let refs: Vec<&ArgRule> = unshare.iter().collect();
+        let allow = allow_conditions(&refs).unwrap();
+        let allowed = |flags: u32| allow.iter().any(|c| c.matches(flags));
+        // CLONE_FS, CLONE_FILES, CLONE_SYSVSEM, the three, and nothing.
+        for flags in [0x200, 0x400, 0x4_0000, 0x4_0600, 0] {
+            assert!(allowed(flags), "{flags:#x}");
+        }
+        for flags in [0x1000_0000, 0x2_0000, 0x80, 0x1000_0200, 0x4000_0400] {
+            assert!(!allowed(flags), "{flags:#x}");
+        }
     }
 
     /// The socket allowlist: families and the netlink protocol decided on
@@ -1113,7 +1155,6 @@ mod tests {
         for must in [
             "ptrace",
             "mount",
-            "unshare",
             "setns",
             "bpf",
             "keyctl",

@@ -268,7 +268,7 @@ const DENIED_SYSCALLS: &str = r#"calls = {
     'request_key': (249, 0, 0, 0, 0), 'setdomainname': (171, 0, 0),
     'sethostname': (170, 0, 0), 'setns': (308, 0xffffffff, 0), 'settimeofday': (164, 0, 0),
     'swapoff': (168, 0), 'swapon': (167, 0, 0), 'syslog': (103, 10, 0, 0),
-    'umount2': (166, 0, 0), 'unshare': (272, 0), 'uselib': (134, 0),
+    'umount2': (166, 0, 0), 'uselib': (134, 0),
     'userfaultfd': (323, 0xffff), 'ustat': (136, 0, 0), 'vhangup': (153,),
 }
 res(' '.join(f'{n}={sysc(*a)}' for n, a in calls.items()))"#;
@@ -559,6 +559,20 @@ pub fn probes() -> Vec<Probe> {
             py("res(sysc(272, 0x00020000))"),
             EPERM,
             "seccomp"
+        ),
+        probe!(
+            "unshare_newtime_denied",
+            "mounts-namespaces",
+            py("res(sysc(272, 0x80))"),
+            EPERM,
+            "seccomp argument rule on unshare flags: CLONE_NEWTIME is unshare's (in clone it is the exit signal)"
+        ),
+        probe!(
+            "unshare_fs_and_files_allowed",
+            "mounts-namespaces",
+            py("res(sysc(272, 0x200) + ' ' + sysc(272, 0x400) + ' ' + sysc(272, 0x40600))"),
+            ok(&["OK OK OK"]),
+            "over-blocking: unshare without a namespace flag (CLONE_FS, CLONE_FILES, CLONE_SYSVSEM) creates nothing and is allowed"
         ),
         probe!(
             "setns_denied",

@@ -390,3 +390,154 @@ fn issue_9_a_script_made_in_tmpdir_runs_in_its_turn_and_as_the_next_turns_comman
     assert_eq!(t.status(), 0, "{}", t.describe());
     assert!(t.output.contains("made-here two"), "{}", t.describe());
 }
+
+/// POSIX message queues (real-software audit): `mq_open` opens a file on
+/// the IPC namespace's internal mqueue mount, which Landlock refused
+/// (EACCES) where no rule covered it. Each turn's own `/dev/mqueue` (its
+/// IPC namespace's instance) carries the rule, and covers that internal
+/// mount too (one superblock, one root inode). A queue one turn leaves is
+/// not in the next turn (a fresh IPC namespace), nor on the host.
+#[test]
+fn posix_message_queue_round_trip_in_a_turn_and_gone_in_the_next() {
+    if !require_root("posix_mq") {
+        return;
+    }
+    let (ws, sid) = workspace();
+    let name = format!("/ts-mq-{}", std::process::id());
+    let py = r#"
+import ctypes, os, sys
+rt = ctypes.CDLL('librt.so.1', use_errno=True)
+rt.mq_open.restype = ctypes.c_int
+rt.mq_receive.restype = ctypes.c_ssize_t
+name = sys.argv[1].encode()
+def fail(what):
+    print(what, 'failed:', os.strerror(ctypes.get_errno())); sys.exit(3)
+if sys.argv[2] == 'make':
+    q = rt.mq_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600, None)
+    if q < 0: fail('mq_open')
+    msg = b'hello over mqueue'
+    if rt.mq_send(q, msg, len(msg), 1) != 0: fail('mq_send')
+    buf = ctypes.create_string_buffer(1 << 16)
+    prio = ctypes.c_uint(0)
+    n = rt.mq_receive(q, buf, len(buf), ctypes.byref(prio))
+    if n < 0: fail('mq_receive')
+    print('received', buf.raw[:n].decode(), 'prio', prio.value)
+    print('in /dev/mqueue:', os.path.exists('/dev/mqueue' + sys.argv[1]))
+    # Left behind on purpose: the next turn must not see it.
+else:
+    q = rt.mq_open(name, os.O_RDWR, 0, None)
+    print('reopen:', 'found' if q >= 0 else os.strerror(ctypes.get_errno()))
+"#;
+    let req = Req::new(PKG).session(Some(&sid));
+    let t = ws
+        .run(&req, &["/usr/bin/python3", "-c", py, &name, "make"])
+        .unwrap();
+    assert_eq!(t.status(), 0, "{}", t.describe());
+    assert!(
+        t.output
+            .contains("received hello over mqueue prio 1\nin /dev/mqueue: True"),
+        "{}",
+        t.describe()
+    );
+    let t = ws
+        .run(&req, &["/usr/bin/python3", "-c", py, &name, "reopen"])
+        .unwrap();
+    assert_eq!(t.status(), 0, "{}", t.describe());
+    assert!(
+        t.output.contains("reopen: No such file or directory"),
+        "a queue outlived its turn:\n{}",
+        t.describe()
+    );
+    // Nor did it reach the host's IPC namespace.
+    let host = Command::new("/usr/bin/python3")
+        .args(["-c", py, &name, "reopen"])
+        .output()
+        .unwrap();
+    let host = String::from_utf8_lossy(&host.stdout);
+    assert!(host.contains("reopen: No such file or directory"), "{host}");
+}
+
+/// The turn's PATH names only directories it may execute from (real-software
+/// audit): `/usr/local/bin` was first on it, visible (`read: /usr/**`) but
+/// without an execute rule, so `git` resolved to `/usr/local/bin/git` where
+/// one exists and failed "Permission denied" (126), and `shutil.which`
+/// returned the unusable path. With execute only `/usr/bin/*`, PATH keeps
+/// `/usr/bin`, and `/bin` only where it is `/usr/bin` (merged /usr).
+#[test]
+fn path_names_only_directories_the_turn_may_execute_from() {
+    if !require_root("path_exec") || !have("path_exec", "/usr/bin/git") {
+        return;
+    }
+    let manifest =
+        r#"{"capabilities": {"read": ["/usr/**", "/etc/**"], "execute": ["/usr/bin/*"]}}"#;
+    let ws = Workspace::new(PKG, manifest).unwrap();
+    let sid = ws.new_session().unwrap();
+    let script = "echo \"PATH=$PATH\"; command -v true; true && echo true-ran; \
+         /usr/bin/bash -c 'git --version >/dev/null && echo bash-git-ran'; \
+         python3 -c 'import shutil; print(\"which:\", shutil.which(\"git\"))'";
+    // `/usr/bin/sh`: argv[0] must match the execute entry as written.
+    let t = ws
+        .run(
+            &Req::new(PKG).session(Some(&sid)),
+            &["/usr/bin/sh", "-c", script],
+        )
+        .unwrap();
+    assert_eq!(t.status(), 0, "{}", t.describe());
+    let merged = std::fs::canonicalize("/bin").ok() == Some(PathBuf::from("/usr/bin"));
+    let want = if merged { "/usr/bin:/bin" } else { "/usr/bin" };
+    let out = &t.output;
+    assert!(out.contains(&format!("PATH={want}\n")), "{}", t.describe());
+    assert!(
+        out.contains("true-ran") && out.contains("bash-git-ran"),
+        "{out}"
+    );
+    assert!(out.contains("which: /usr/bin/git"), "{out}");
+    assert!(!out.contains("/usr/local/bin"), "{out}");
+}
+
+/// `unshare(CLONE_FS)` and `unshare(CLONE_FILES)` create no namespace and
+/// are allowed (real-software audit: they were refused EPERM with the rest
+/// of unshare); with a namespace flag unshare is still refused EPERM and
+/// recorded as a seccomp denial.
+#[test]
+fn unshare_without_a_namespace_flag_runs_and_with_one_is_refused_and_recorded() {
+    if !require_root("unshare_fs") {
+        return;
+    }
+    let (ws, sid) = workspace();
+    let py = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def unshare(flags):
+    r = libc.unshare(flags)
+    return 'ok' if r == 0 else os.strerror(ctypes.get_errno())
+for name, flags in (('CLONE_FS', 0x200), ('CLONE_FILES', 0x400), ('CLONE_NEWUSER', 0x10000000), ('CLONE_NEWNS', 0x20000)):
+    print(name, unshare(flags))
+"#;
+    let t = ws
+        .run(
+            &Req::new(PKG).session(Some(&sid)),
+            &["/usr/bin/python3", "-c", py],
+        )
+        .unwrap();
+    assert_eq!(t.status(), 0, "{}", t.describe());
+    for want in [
+        "CLONE_FS ok",
+        "CLONE_FILES ok",
+        "CLONE_NEWUSER Operation not permitted",
+        "CLONE_NEWNS Operation not permitted",
+    ] {
+        assert!(t.output.contains(want), "{want}: {}", t.describe());
+    }
+    let json = t.json.as_ref().expect("--json");
+    let unshare: Vec<&serde_json::Value> = json["violations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["layer"] == "seccomp" && v["target"] == "unshare")
+        .collect();
+    assert_eq!(unshare.len(), 1, "{json}");
+    assert_eq!(unshare[0]["count"], 2, "only the namespace flags: {json}");
+    let hint = unshare[0]["hint"].as_str().unwrap_or("");
+    assert!(hint.contains("CLONE_NEWUSER"), "{hint}");
+}

@@ -46,8 +46,11 @@ use crate::store::status::TurnStatus;
 pub const RULES_FILE: &str = "rules.v0.1.yaml";
 const MAX_MESSAGE_BYTES: u64 = 256 * 1024;
 const MAX_LOG_BYTES: u64 = 64 * 1024;
-/// The turn environment's PATH (the Plan's), through which a rendered
-/// command's first word is resolved.
+/// The turn environment's default PATH, through which a rendered
+/// command's first word is resolved. (A Plan narrows it to the directories
+/// its manifest may execute from, `plan::DEFAULT_PATH`; this resolution
+/// does not yet: a name in `/usr/local/bin` and `/usr/bin` resolves to the
+/// first even where only the second is granted.)
 const TURN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -47,8 +47,11 @@ fn audit_arch(a: libseccomp::ScmpArch) -> u32 {
     }
 }
 
-/// The hint for a syscall the turn's `profile` refused: why.
-fn syscall_hint(profile: &SeccompProfile, name: &str) -> String {
+/// The hint for a syscall the turn's `profile` refused: why. For a call
+/// refused by an argument rule, the rule its first refused call's
+/// arguments (`args`) match (each of clone's and unshare's namespace
+/// flags has its own), else the syscall's first.
+fn syscall_hint(profile: &SeccompProfile, name: &str, args: &[u64]) -> String {
     let why = turnstile_policy::seccomp::deny_reason(name)
         .map(str::to_owned)
         .or_else(|| {
@@ -63,8 +66,16 @@ fn syscall_hint(profile: &SeccompProfile, name: &str) -> String {
                 .then(|| turnstile_policy::seccomp::OVERLAY_XATTR_WHY.to_owned())
         })
         .or_else(|| {
-            let r = profile.arg_rules.iter().find(|r| r.syscall == name)?;
-            Some(format!("these arguments are refused ({})", r.why))
+            let mut rules = profile.arg_rules.iter().filter(|r| r.syscall == name);
+            let first = rules.clone().next()?;
+            let matched = rules.find(|r| {
+                args.get(r.arg as usize)
+                    .is_some_and(|a| (*a as u32) & r.mask == r.value)
+            });
+            Some(format!(
+                "these arguments are refused ({})",
+                matched.unwrap_or(first).why
+            ))
         })
         .unwrap_or_else(|| {
             "it can change the kernel's or another process's state beyond the turn".into()
@@ -127,7 +138,7 @@ pub fn syscall_violations(
                     s.count
                 ),
                 layer: Layer::Seccomp,
-                hint: Some(syscall_hint(profile, &name)),
+                hint: Some(syscall_hint(profile, &name, &s.first_args)),
                 count: s.count,
                 session_id: session.to_owned(),
                 turn_number: turn,
@@ -565,4 +576,29 @@ pub fn network_records(
         });
     }
     (calls, violations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal by an argument rule is explained by the rule the call's
+    /// arguments matched: unshare(CLONE_NEWUSER) names CLONE_NEWUSER, not
+    /// the syscall's first rule.
+    #[test]
+    fn an_argument_refusal_names_the_flag_the_call_used() {
+        let p = SeccompProfile::default_profile();
+        let hint = syscall_hint(&p, "unshare", &[0x1000_0000, 0, 0, 0, 0, 0]);
+        assert!(hint.contains("unshare with CLONE_NEWUSER"), "{hint}");
+        assert!(hint.contains("namespaces"), "{hint}");
+        let hint = syscall_hint(&p, "unshare", &[0x80, 0, 0, 0, 0, 0]);
+        assert!(hint.contains("CLONE_NEWTIME"), "{hint}");
+        let hint = syscall_hint(&p, "clone", &[0x4000_0011, 0, 0, 0, 0, 0]);
+        assert!(hint.contains("clone with CLONE_NEWNET"), "{hint}");
+        // High bits do not count (the filter compares the low 32).
+        let hint = syscall_hint(&p, "unshare", &[(1 << 40) | 0x2000_0000, 0, 0, 0, 0, 0]);
+        assert!(hint.contains("CLONE_NEWPID"), "{hint}");
+        let hint = syscall_hint(&p, "setns", &[0; 6]);
+        assert!(hint.contains("enters namespaces"), "{hint}");
+    }
 }

@@ -44,10 +44,12 @@ pub const PYTHON: &str = "/usr/bin/python3";
 
 /// Environment of the outside baseline: what `supervise run` gives a turn
 /// (PATH, HOME/TMPDIR/TEMP/TMP = the scratch dir, no .pyc writes, LANG).
+/// PATH is what the modules' manifest gets: the default's directories it
+/// may execute from (`/usr/bin/*`, `/bin/*`; not `/usr/local/bin`).
 fn baseline_env(scratch: &Path) -> Vec<(String, String)> {
     let s = scratch.display().to_string();
     vec![
-        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("PATH".into(), "/usr/bin:/bin".into()),
         ("HOME".into(), s.clone()),
         ("TMPDIR".into(), s.clone()),
         ("TEMP".into(), s.clone()),
