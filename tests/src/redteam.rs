@@ -898,10 +898,10 @@ pub fn probes() -> Vec<Probe> {
             "stacked_seccomp_filter_cannot_loosen",
             "seccomp-bypass",
             py(
-                "import struct\nallow = struct.pack('HBBI', 0x06, 0, 0, 0x7fff0000)\nbuf = ctypes.create_string_buffer(allow)\nprog = struct.pack('HxxxxxxQ', 1, ctypes.addressof(buf))\npb = ctypes.create_string_buffer(prog)\nr = [sysc(317, 1, 0, ctypes.addressof(pb)), sysc(272, 0), sysc(317, 1, 8, ctypes.addressof(pb))]\nres(','.join(r))"
+                "import struct\nallow = struct.pack('HBBI', 0x06, 0, 0, 0x7fff0000)\nbuf = ctypes.create_string_buffer(allow)\nprog = struct.pack('HxxxxxxQ', 1, ctypes.addressof(buf))\npb = ctypes.create_string_buffer(prog)\nr = [sysc(317, 1, 0, ctypes.addressof(pb)), sysc(272, 0x10000000), sysc(317, 1, 8, ctypes.addressof(pb))]\nres(','.join(r))"
             ),
             ok(&["OK,EPERM,EBUSY"]),
-            "seccomp(2) is allowed (browsers and nested sandboxes stack filters): an allow-all filter stacked on ours leaves unshare refused, and a second listener is refused"
+            "seccomp(2) is allowed (browsers and nested sandboxes stack filters): an allow-all filter stacked on ours leaves unshare(CLONE_NEWUSER) refused, and a second listener is refused"
         ),
         probe!(
             "newer_real_program_syscalls_reach_the_kernel",
