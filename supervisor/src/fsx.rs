@@ -98,6 +98,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().ok_or_else(|| {
         SupervisorError::invalid("path", format!("{} has no parent", path.display()))
     })?;
+    // Only a regular file is replaced: the rename would put a file in the
+    // place of a FIFO, a device (`report --html /dev/full` replaced the
+    // host's node) or a symlink.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(state_io("write", path)(not_regular()));
+    }
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
@@ -122,13 +128,25 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// The error for a path that is there but no regular file.
+pub fn not_regular() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")
+}
+
 /// Reads a whole small file (at most `limit` bytes) without following a
 /// symlink in its last component.
 pub fn read_small(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    // O_NONBLOCK: a FIFO put in a file's place must not hang the open (or
+    // the read: it is refused below); a regular file ignores the flag.
     let f = OpenOptions::new()
         .read(true)
-        .custom_flags(libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+        .custom_flags(libc_flags(
+            OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        ))
         .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(not_regular());
+    }
     // Sized from the file's length (`take` hides it from `read_to_end`,
     // which would otherwise probe with 32 bytes and double: eight reads
     // for a 2 KB anchor instead of two).

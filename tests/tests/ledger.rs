@@ -747,3 +747,82 @@ fn issue_29_a_large_ledger_verified_in_parallel_names_its_first_problem() {
     write_lines(&path, &original);
     assert_intact(&fx, &sid);
 }
+
+/// Red-team (stop 54): a FIFO put in a ledger's place made `run`, `ledger
+/// verify`, `report` and `health` hang for ever in open(2) or read(2) (a
+/// SIGTERM did not end `run`: it held the session's lock, a mount and a
+/// cgroup). Ledgers are opened O_NONBLOCK and must be regular files: each
+/// command fails at once, exit 3, TS1010 naming the file. And `report
+/// --html` over something that is not a regular file refuses to replace it
+/// (it turned a FIFO, or `/dev/full`, into a regular file).
+#[test]
+fn a_fifo_in_place_of_a_ledger_fails_closed_at_once() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let fx = Fixture::new();
+    let sid = session_with_turns(&fx, 1, None);
+    let ledger = fx.ledger(&sid, "exec");
+    std::fs::remove_file(&ledger).unwrap();
+    nix::unistd::mkfifo(&ledger, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let bounded = |words: &[&str], args: &[&str]| {
+        let mut child = fx
+            .command(&turnstile_tests::supervise_bin(), words, args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > until {
+                let _ = child.kill();
+                panic!("`supervise {words:?}` hung on a FIFO ledger");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, err) = bounded(&["ledger", "verify"], &["--session", &sid]);
+    assert_eq!(status, 3, "{err}");
+    assert!(
+        err.contains("TS1010") && err.contains("not a regular file"),
+        "{err}"
+    );
+    let html = fx.root.join("page.fifo");
+    nix::unistd::mkfifo(&html, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let (status, err) = bounded(
+        &["report"],
+        &["--session", &sid, "--html", html.to_str().unwrap()],
+    );
+    assert_ne!(status, 0, "{err}");
+    assert!(
+        std::fs::symlink_metadata(&html)
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "report replaced a FIFO with a file"
+    );
+    if nix::unistd::geteuid().is_root() {
+        fx.install("t", r#"{"capabilities": {"execute": ["/usr/bin/true"]}}"#);
+        let (status, err) = bounded(
+            &["run"],
+            &[
+                "--package",
+                "t",
+                "--session",
+                &sid,
+                "--no-outputs",
+                "--",
+                "/usr/bin/true",
+            ],
+        );
+        assert_eq!(status, 3, "{err}");
+        assert!(
+            err.contains("TS1010") && err.contains("not a regular file"),
+            "{err}"
+        );
+    }
+}

@@ -432,7 +432,9 @@ impl LedgerFiles {
     fn open_anchor(&self) -> Result<std::fs::File> {
         OpenOptions::new()
             .write(true)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .custom_flags(fsx::libc_flags(
+                OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            ))
             .open(&self.anchor)
             .map_err(fsx::state_io("open anchor", &self.anchor))
     }
@@ -457,7 +459,9 @@ impl LedgerFiles {
         }
         let file = OpenOptions::new()
             .write(true)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .custom_flags(fsx::libc_flags(
+                OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            ))
             .open(&self.anchor)
             .map_err(state_io("open anchor"))?;
         file.write_all_at(&slot, (index * SLOT_BYTES) as u64)
@@ -477,7 +481,9 @@ impl LedgerFiles {
             .write(true)
             .create_new(true)
             .mode(0o644)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .custom_flags(fsx::libc_flags(
+                OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            ))
             .open(&self.path)
             .map_err(self.io("create"))?;
         let genesis = self.genesis_anchor();
@@ -520,9 +526,16 @@ impl LedgerFiles {
         }
         let file = match OpenOptions::new()
             .append(true)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .custom_flags(fsx::libc_flags(
+                OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            ))
             .open(&self.path)
         {
+            // A FIFO or device in its place is no ledger (opened
+            // O_NONBLOCK, so it cannot hang the open either).
+            Ok(f) if !f.metadata().is_ok_and(|m| m.is_file()) => {
+                return Err(self.integrity(None, None, Problem::NotRegularFile));
+            }
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(self.integrity(
@@ -533,7 +546,9 @@ impl LedgerFiles {
                     },
                 ));
             }
-            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            // ENXIO: a FIFO without a reader (or a socket), opened
+            // O_NONBLOCK for writing.
+            Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ELOOP | nix::libc::ENXIO)) => {
                 return Err(self.integrity(None, None, Problem::NotRegularFile));
             }
             Err(e) => return Err(self.io("open for append")(e)),
@@ -616,7 +631,9 @@ impl LedgerFiles {
             .map_err(|_| SupervisorError::invalid("ledger", "tail too large"))?;
         let file = OpenOptions::new()
             .read(true)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .custom_flags(fsx::libc_flags(
+                OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            ))
             .open(&self.path)
             .map_err(self.io("open for reading"))?;
         let mut buf = vec![0u8; len];
@@ -634,7 +651,9 @@ impl LedgerFiles {
         } else {
             let f = OpenOptions::new()
                 .write(true)
-                .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+                .custom_flags(fsx::libc_flags(
+                    OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+                ))
                 .open(&self.path)
                 .map_err(self.io("open to discard an unfinished append"))?;
             f.set_len(anchor.len)
@@ -668,7 +687,9 @@ impl LedgerFiles {
         // a second, read-only descriptor.
         let reader = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(fsx::libc_flags(OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC))
+            .custom_flags(fsx::libc_flags(
+                OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            ))
             .open(&self.path)
             .map_err(self.io("open for reading"))?;
         let mut buf = vec![0u8; len];
@@ -714,7 +735,7 @@ impl LedgerFiles {
     /// verified first: an IntegrityError rather than unproven entries).
     pub fn verified_entries(&self) -> Result<Vec<Value>> {
         let report = self.verify()?;
-        let bytes = std::fs::read(&report.path).map_err(self.io("read"))?;
+        let bytes = fsx::read_small(&report.path, u64::MAX / 2).map_err(self.io("read"))?;
         let prefix = bytes.get(..report.bytes as usize).unwrap_or(&bytes);
         Ok(prefix
             .split(|b| *b == b'\n')
@@ -824,7 +845,10 @@ impl LedgerFiles {
                     },
                 ));
             }
-            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            Err(e)
+                if e.raw_os_error() == Some(nix::libc::ELOOP)
+                    || e.kind() == std::io::ErrorKind::InvalidInput =>
+            {
                 return Err(self.integrity(None, None, Problem::NotRegularFile));
             }
             Err(e) => return Err(self.io("read")(e)),
