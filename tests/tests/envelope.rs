@@ -109,3 +109,52 @@ fn issue_13_envelopes_are_emitted_canonical_valid_and_received_exactly_once() {
     assert!(wrong.stderr.contains("envelope.type"), "{}", wrong.stderr);
     assert_eq!(before, fx.snapshot());
 }
+
+/// Red-team M2 (stop 54): a bad `--events` path (a directory, a missing
+/// directory, a device) was found only after the turn had committed — exit
+/// 1, the outputs landed, and a client retrying the error would run the
+/// turn twice. It is refused first: exit 2 naming `--events`, no session
+/// made, nothing committed, nothing created.
+#[test]
+fn a_bad_events_path_is_refused_before_the_turn() {
+    if !require_root("a_bad_events_path_is_refused_before_the_turn") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "e",
+        r#"{"capabilities":{"write":["output/<session_id>/**"],"execute":["/bin/sh"]}}"#,
+    );
+    let missing = fx.state.parent().unwrap().join("no/such/dir/ev.jsonl");
+    for bad in [
+        std::path::PathBuf::from("/tmp"),
+        missing.clone(),
+        std::path::PathBuf::from("/dev/full"),
+    ] {
+        let before = fx.snapshot();
+        let r = fx.run(
+            "e",
+            &[
+                "--json",
+                "--events",
+                bad.to_str().unwrap(),
+                "--output",
+                "output/<session_id>/a.txt:a",
+                "--",
+                "/bin/sh",
+                "-c",
+                "echo hi > output/$TURNSTILE_SESSION_ID/a.txt",
+            ],
+        );
+        assert_eq!(r.status, 2, "{}: {}{}", bad.display(), r.stdout, r.stderr);
+        let v = r.json();
+        assert_eq!(v["error"]["field"], "--events", "{v}");
+        assert_eq!(
+            fx.snapshot(),
+            before,
+            "{}: something changed",
+            bad.display()
+        );
+        assert!(!missing.parent().unwrap().exists());
+    }
+}

@@ -933,6 +933,18 @@ fn validate(d: &Daemon, r: &mut RunRequest) -> Result<()> {
     if !r.root.is_absolute() {
         return Err(SupervisorError::invalid("root", "must be an absolute path"));
     }
+    // The daemon's working directory is no client's: every path of a
+    // request is absolute (`supervise run --server` sends them so).
+    for (field, path) in [
+        ("state_dir", r.state_dir.as_deref()),
+        ("config", r.config.as_deref()),
+        ("rootfs", r.rootfs.as_deref()),
+        ("events", r.events.as_deref()),
+    ] {
+        if path.is_some_and(|p| !p.is_absolute()) {
+            return Err(SupervisorError::invalid(field, "must be an absolute path"));
+        }
+    }
     same_state_dir(d, r.state_dir.as_deref())?;
     r.state_dir = Some(d.state_dir.clone());
     worker::to_options(r)?;

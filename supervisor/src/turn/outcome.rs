@@ -154,6 +154,11 @@ fn run_turn_inner(
             source,
         }
     })?;
+    // Checked before the turn, not found bad after it committed (a client
+    // retrying that error would run the turn twice: red-team M2).
+    if let Some(path) = events {
+        check_events_path(path)?;
+    }
     let r = crate::turn::run_turn(opts)?;
     if let Some(path) = events {
         emit_events(path, &opts.package, &opts.request, &r.value)?;
@@ -171,6 +176,39 @@ pub fn rendered(r: &crate::turn::TurnResult, json: bool) -> Outcome {
             String::new()
         },
         stderr: format!("supervise: {}\n", r.summary),
+    }
+}
+
+/// Whether the turn's events can be appended to `path`: an existing
+/// regular file (not through a symlink) open for appending, or a new name
+/// in an existing directory; nothing is created here. An error names
+/// `--events` (exit 2), before anything of the turn exists.
+fn check_events_path(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let bad =
+        |why: String| SupervisorError::invalid("--events", format!("{}: {why}", path.display()));
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(bad("is a symbolic link".into())),
+        Ok(m) if !m.is_file() => Err(bad("is not a regular file".into())),
+        Ok(_) => std::fs::OpenOptions::new()
+            .append(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
+            .open(path)
+            .map(drop)
+            .map_err(|e| bad(format!("cannot be opened for appending: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK)
+                    .map_err(|e| bad(format!("its directory is not writable: {e}"))),
+                Ok(_) => Err(bad("its parent is not a directory".into())),
+                Err(e) => Err(bad(format!("its directory: {e}"))),
+            }
+        }
+        Err(e) => Err(bad(e.to_string())),
     }
 }
 
