@@ -1158,6 +1158,24 @@ fn bad_input_creates_no_state_dir_and_no_session() {
     assert!(r.stderr.contains("--state-dir"), "{}", r.stderr);
     assert!(!inside.exists());
     assert_eq!(std::fs::read_dir(&fx.root).unwrap().count(), 0);
+    // A state dir whose path holds `,`, `:` or `\` (its turn directories
+    // are overlay layers by path on the OCI backends) was accepted, and
+    // every turn then failed E2041 (red-team, stop 54).
+    for name in ["st,a", "st:b", "st\\c"] {
+        let odd = fx.state.parent().unwrap().join(name);
+        let r = Fixture::raw(&[
+            "session",
+            "new",
+            "--root",
+            fx.root.to_str().unwrap(),
+            "--state-dir",
+            odd.to_str().unwrap(),
+        ]);
+        assert_eq!(r.status, 2, "{name}: {}", r.stderr);
+        assert!(r.stderr.contains("--state-dir"), "{}", r.stderr);
+        assert!(!odd.exists(), "{name}");
+    }
+    assert_eq!(std::fs::read_dir(&fx.root).unwrap().count(), 0);
 }
 
 /// Issue 8: `--request` naming a FIFO, a device, a directory or a symlink is

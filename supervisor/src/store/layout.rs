@@ -116,6 +116,22 @@ impl StateDir {
             ));
         }
         let resolved = resolve_existing_prefix(path);
+        // The turn directories live here, and the OCI backends name their
+        // overlay layers by path, where these separate options: refused now
+        // (exit 2) rather than failing every turn (E2041) after a session
+        // was made (red-team, stop 54).
+        if resolved
+            .to_str()
+            .is_none_or(|s| s.contains([',', ':', '\\']))
+        {
+            return Err(SupervisorError::invalid(
+                "--state-dir",
+                format!(
+                    "{}: a state directory's path must be UTF-8 without `,`, `:` or `\\` (turn directories under it are overlay layers)",
+                    path.display()
+                ),
+            ));
+        }
         let root = workspace.root();
         if resolved.starts_with(root) || root.starts_with(&resolved) {
             return Err(SupervisorError::invalid(
