@@ -81,6 +81,9 @@ impl EventEnvelope {
     /// mandatory field, an unknown type or version are errors naming the
     /// field).
     pub fn from_json(bytes: &[u8]) -> Result<Self, PolicyError> {
+        // Duplicate keys (and floats, which no canonical envelope holds)
+        // are errors, not "the last one wins".
+        canonical::parse_strict(bytes).map_err(|e| invalid("(document)", e.to_string()))?;
         let v: Self =
             serde_json::from_slice(bytes).map_err(|e| invalid("(document)", e.to_string()))?;
         v.validate()?;
@@ -249,6 +252,18 @@ mod tests {
     }
 
     /// Issue 28: any dotted name is a type; `turn.*` stays the runtime's.
+    /// Red-team, stop 54: a duplicated key was accepted (the last won).
+    #[test]
+    fn an_envelope_with_a_duplicate_key_is_refused() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["payload"] = json!({"n": 1});
+        let text = v.to_string().replacen("{\"n\":1}", "{\"n\":1,\"n\":2}", 1);
+        assert!(text.contains("\"n\":2"), "{text}");
+        let err = EventEnvelope::from_json(text.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("duplicate key `n`"), "{err}");
+        assert!(EventEnvelope::from_json(v.to_string().as_bytes()).is_ok());
+    }
+
     #[test]
     fn issue_28_types_are_dotted_names() {
         for ok in [

@@ -100,6 +100,10 @@ pub fn check_config_bytes(bytes: &[u8]) -> std::result::Result<(), String> {
 
 /// The config document, or the field that is wrong and why.
 fn parse_doc(bytes: &[u8]) -> std::result::Result<ConfigDoc, (String, String)> {
+    // A duplicate key is an error, not "the last one wins": a reviewer
+    // reading the first `standard` would see another backend than runs.
+    turnstile_policy::canonical::parse_strict(bytes)
+        .map_err(|e| ("(document)".to_owned(), e.to_string()))?;
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize::<_, ConfigDoc>(de).map_err(|e| {
         let path = e.path().to_string();
@@ -310,6 +314,11 @@ mod tests {
                 "preimage_retention_bytes",
             ),
             ("not json", "(document)"),
+            // Red-team, stop 54: the last of two keys won.
+            (
+                r#"{"backends":{"standard":"runsc","standard":"native"}}"#,
+                "(document)",
+            ),
         ] {
             std::fs::write(&file, doc).unwrap();
             let err = choose(None, TrustLevel::Standard, &file).unwrap_err();

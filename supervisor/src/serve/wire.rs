@@ -131,8 +131,10 @@ pub struct HealthRequest {
 impl Request {
     /// Parses one request line; a bad one is an error naming the field.
     pub fn parse(line: &[u8]) -> Result<Self> {
-        let mut v: Value = serde_json::from_slice(line)
-            .map_err(|e| SupervisorError::invalid("request", format!("not JSON: {e}")))?;
+        // Strictly: a duplicate key is an error, not "the last one wins"
+        // (`"tenant":"b","tenant":"a"` ran as tenant a: red-team, stop 54).
+        let mut v: Value = turnstile_policy::canonical::parse_strict(line)
+            .map_err(|e| SupervisorError::invalid("request", format!("not strict JSON: {e}")))?;
         let Some(obj) = v.as_object_mut() else {
             return Err(SupervisorError::invalid("request", "must be a JSON object"));
         };
@@ -357,6 +359,26 @@ pub fn read_line(r: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
         }
         if out.len() > max {
             return Err(std::io::Error::other("line too long"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Red-team, stop 54: a request line with a key twice ran with the
+    /// last one (`"tenant":"b","tenant":"a"` as tenant a, `"op"` twice as
+    /// the second op). Refused, naming the request.
+    #[test]
+    fn a_request_line_with_a_duplicate_key_is_refused() {
+        for line in [
+            r#"{"op":"health","op":"run"}"#,
+            r#"{"op":"run","protocol":1,"run":{"tenant":"b","tenant":"a"}}"#,
+        ] {
+            let err = Request::parse(line.as_bytes()).unwrap_err();
+            assert!(err.to_string().contains("duplicate key"), "{line}: {err}");
+            assert_eq!(err.field(), Some("request"), "{line}");
         }
     }
 }
