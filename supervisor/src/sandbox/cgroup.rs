@@ -525,6 +525,27 @@ impl TurnCgroup {
         self.pids().is_empty()
     }
 
+    /// [`TurnCgroup::kill_all`], after a SIGKILL to the members of every
+    /// hierarchy: a child stopped before its exec (its parent waiting in
+    /// the vfork of its clone) is in the unified hierarchy alone, where
+    /// `CLONE_INTO_CGROUP` put it — the v1 ones are joined after the clone
+    /// returns — and `kill_all` reads the `pids` hierarchy.
+    pub fn kill_in_every_hierarchy(&self) -> bool {
+        for dir in &self.dirs {
+            for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        self.kill_all()
+    }
+
     pub fn usage(&self) -> Usage {
         match self.version {
             Version::V2 => Usage {

@@ -123,20 +123,21 @@ impl Shared {
         let mut p = self.pool();
         while matches!(p.slot, Slot::Building) {
             let now = std::time::Instant::now();
-            if now < deadline || killed {
+            if killed {
                 // After the kill the builder ends promptly (its pipes
                 // close); it is waited for as before.
-                let wait = deadline.saturating_duration_since(now);
-                p = if killed {
-                    self.built
-                        .wait(p)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                } else {
-                    self.built
-                        .wait_timeout(p, wait)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .0
-                };
+                p = self
+                    .built
+                    .wait(p)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            if now < deadline {
+                p = self
+                    .built
+                    .wait_timeout(p, deadline - now)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
                 continue;
             }
             killed = true;
@@ -148,24 +149,7 @@ impl Shared {
                     .into_iter()
                     .filter(|cg| cg.name() == Some(name.as_str()))
                 {
-                    // Every hierarchy's members: a child stopped before its
-                    // exec (its parent, the builder, waits in the vfork of
-                    // its clone) is in the unified one alone, where
-                    // `CLONE_INTO_CGROUP` put it; the v1 ones are joined
-                    // after the clone returns.
-                    for dir in cg.dirs() {
-                        for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
-                            .unwrap_or_default()
-                            .lines()
-                            .filter_map(|l| l.trim().parse::<i32>().ok())
-                        {
-                            let _ = nix::sys::signal::kill(
-                                nix::unistd::Pid::from_raw(pid),
-                                nix::sys::signal::Signal::SIGKILL,
-                            );
-                        }
-                    }
-                    cg.kill_all();
+                    cg.kill_in_every_hierarchy();
                 }
             }
             p = self.pool();

@@ -88,20 +88,22 @@ pub fn parked_chain_broken(proc_root: &Path, init_pid: i32) -> Option<String> {
     None
 }
 
-/// The state letter of `pid` from `<proc>/<pid>/stat` (the field after
-/// the command name).
-fn state_of(proc: &Path, pid: i32) -> Option<char> {
+/// Field `n` after the command name (which may itself contain `)`) of
+/// `<proc>/<pid>/stat`: 0 is the state, 1 the parent pid.
+fn stat_field(proc: &Path, pid: i32, n: usize) -> Option<String> {
     let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().next()?.chars().next()
+    rest.split_whitespace().nth(n).map(str::to_owned)
 }
 
-/// The parent pid of `pid` from `<proc>/<pid>/stat` (the field after the
-/// command name, which may itself contain `)`).
+/// The state letter of `pid`.
+fn state_of(proc: &Path, pid: i32) -> Option<char> {
+    stat_field(proc, pid, 0)?.chars().next()
+}
+
+/// The parent pid of `pid`.
 pub fn parent_of(proc: &Path, pid: i32) -> Option<u32> {
-    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    stat_field(proc, pid, 1)?.parse().ok()
 }
 
 fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
