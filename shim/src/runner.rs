@@ -618,7 +618,11 @@ impl TurnRunner for SuperviseRunner {
                 .arg("--state-dir")
                 .arg(&options.state_dir)
                 .arg("--session")
-                .arg(&session),
+                .arg(&session)
+                // The pod's own session: as its turn's owner, not the
+                // host's operator.
+                .arg("--tenant")
+                .arg(&turn.tenant),
             "run",
             &supervise,
         )?;

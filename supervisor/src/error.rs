@@ -124,9 +124,14 @@ pub enum SupervisorError {
     /// nothing of who holds the session); the owner's evidence records
     /// both.
     #[error(
-        "session `{session}` is not {requester}'s: nothing was run (the refusal is recorded in the owner's evidence)"
+        "session `{session}` is not {requester}'s: nothing was done ({})",
+        if *recorded { "the refusal is recorded in the owner's evidence" } else { "not recorded: a turn holds the session" }
     )]
-    SessionNotOwned { session: String, requester: String },
+    SessionNotOwned {
+        session: String,
+        requester: String,
+        recorded: bool,
+    },
 
     #[error("invalid `--cgroup-parent` {value}: {reason}; nothing was created")]
     CgroupParentInvalid { value: String, reason: String },

@@ -1166,8 +1166,17 @@ fn issue_28_suspend_resume_over_the_socket_timeout_waits_and_agent_events_reach_
     );
     assert_eq!(r.status, 2, "{}", r.stderr);
     assert!(r.stderr.contains("session"), "{}", r.stderr);
-
-    // 20 ticks of 0.1 s: ~2 s of a 3 s timeout, through the daemon.
+    // A tenant is refused a session it does not own, over the socket too
+    // (red-team H1, stop 54: `suspend`/`resume` checked no owner).
+    let sock = daemon.socket.display().to_string();
+    for op in ["suspend", "resume"] {
+        let r = fx.supervise(
+            &[op],
+            &["--session", &sid, "--server", &sock, "--tenant", "team-b"],
+        );
+        assert_eq!(r.status, 2, "{op}: {}", r.stderr);
+        assert!(r.stderr.contains("TS1041"), "{op}: {}", r.stderr);
+    }
     let mut child = std::process::Command::new(turnstile_tests::supervise_bin())
         .args(["run", "--server"])
         .arg(&daemon.socket)

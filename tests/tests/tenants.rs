@@ -199,3 +199,125 @@ fn a_grant_cannot_be_widened_to_the_whole_view() {
         );
     }
 }
+
+/// Red-team finding H1 (stop 54): only `run --session` and `revert`
+/// checked a session's owner. Every command that names a session now takes
+/// `--tenant`: another tenant is refused (exit 2, TS1041, recorded in the
+/// owner's evidence, nothing else changed, nothing written where it asked);
+/// the owner's tenant and the host's operator (no `--tenant`) are not.
+#[test]
+fn every_command_that_names_a_session_admits_only_its_tenant_or_the_operator() {
+    if !require_root("every_command_that_names_a_session_admits_only_its_tenant_or_the_operator") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("k", MANIFEST);
+    fx.write("data/x", b"x");
+    let (status, v) = turn(&fx, "k", None, Some("team-a"));
+    assert_eq!(status, 0, "{v}");
+    let sid = v["session_id"].as_str().unwrap().to_owned();
+    let out = tempfile::tempdir().unwrap();
+    let html = out.path().join("r.html");
+    let into = out.path().join("replay");
+    let attest = out.path().join("att");
+    let key = out.path().join("key");
+    let g = Fixture::raw(&["key", "generate", "--out", key.to_str().unwrap()]);
+    assert_eq!(g.status, 0, "{}", g.stderr);
+    let (html, into, attest, key) = (
+        html.to_str().unwrap(),
+        into.to_str().unwrap(),
+        attest.to_str().unwrap(),
+        key.to_str().unwrap(),
+    );
+    let commands: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["suspend"], vec![]),
+        (vec!["resume"], vec![]),
+        (vec!["report"], vec!["--html", html]),
+        (vec!["explain"], vec!["--turn", "1"]),
+        (vec!["context"], vec![]),
+        (vec!["prompt-header"], vec!["--turn", "2"]),
+        (vec!["checkpoint"], vec![]),
+        (vec!["ledger", "verify"], vec![]),
+        (vec!["ledger", "checkpoint"], vec!["--key", key]),
+        (vec!["ledger", "prove"], vec!["--inclusion", "0"]),
+        (
+            vec!["ledger", "export"],
+            vec!["--format", "in-toto", "--key", key, "--out", attest],
+        ),
+        (vec!["replay"], vec!["--into", into]),
+    ];
+    // What an admitted command wrote goes before the next one.
+    let clean = || {
+        for p in [html, into, attest] {
+            let p = std::path::Path::new(p);
+            if p.is_dir() {
+                std::fs::remove_dir_all(p).unwrap();
+            } else if p.symlink_metadata().is_ok() {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+    };
+    let unchanged = |fx: &Fixture| -> Vec<_> {
+        fx.snapshot()
+            .into_iter()
+            .filter(|(p, _)| {
+                !p.ends_with("evidence.jsonl") && !p.to_string_lossy().contains("/anchors/")
+            })
+            .collect()
+    };
+    for (words, extra) in &commands {
+        let what = words.join(" ");
+        let mut args = vec!["--json", "--session", sid.as_str()];
+        args.extend(extra);
+
+        clean();
+        // Another tenant: refused, recorded, nothing else.
+        let before = unchanged(&fx);
+        let evidence_before = read_entries(&fx.ledger(&sid, "evidence")).len();
+        let mut b = args.clone();
+        b.extend(["--tenant", "team-b"]);
+        let r = fx.supervise(words, &b);
+        assert_eq!(r.status, 2, "{what} as team-b: {} {}", r.stdout, r.stderr);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "TS1041", "{what}: {v}");
+        assert_eq!(v["error"]["field"], "session", "{what}: {v}");
+        assert_eq!(before, unchanged(&fx), "{what}: something changed");
+        for p in [html, into, attest] {
+            assert!(
+                std::path::Path::new(p).symlink_metadata().is_err(),
+                "{what}: {p} written"
+            );
+        }
+        let ev = read_entries(&fx.ledger(&sid, "evidence"));
+        assert_eq!(ev.len(), evidence_before + 1, "{what}: not recorded");
+        assert_eq!(ev.last().unwrap()["event"], "session.access_refused");
+        assert_eq!(ev.last().unwrap()["requester"]["tenant"], "team-b");
+        fx.assert_ledgers_intact(&sid);
+
+        // A malformed tenant is bad input naming the flag.
+        let mut m = args.clone();
+        m.extend(["--tenant", "../team-a"]);
+        let r = fx.supervise(words, &m);
+        assert_eq!(r.status, 2, "{what}: {}", r.stdout);
+        assert_eq!(r.json()["error"]["field"], "--tenant", "{what}");
+
+        // The owner's tenant, and the operator: never TS1041.
+        for who in [Some("team-a"), None] {
+            clean();
+            let mut a = args.clone();
+            if let Some(t) = who {
+                a.extend(["--tenant", t]);
+            }
+            let r = fx.supervise(words, &a);
+            if matches!(words[0], "suspend" | "resume") {
+                // Admitted, and told there is no running turn.
+                assert_eq!(r.status, 2, "{what} as {who:?}: {}", r.stdout);
+                assert_eq!(r.json()["error"]["code"], "TS1052", "{what} as {who:?}");
+            } else {
+                assert_eq!(r.status, 0, "{what} as {who:?}: {} {}", r.stdout, r.stderr);
+            }
+        }
+    }
+    // The refusals are each in the owner's evidence; the chain holds.
+    fx.assert_ledgers_intact(&sid);
+}

@@ -53,6 +53,8 @@ pub struct SessionSel {
     pub session: String,
     #[arg(long)]
     pub tier: Option<String>,
+    #[command(flatten)]
+    pub who: super::TenantArg,
 }
 
 #[derive(Debug, Args)]
@@ -134,7 +136,7 @@ pub struct CheckpointTrustArgs {
 pub(super) fn open_session(sel: &SessionSel) -> Result<Session> {
     let id = SessionId::parse(&sel.session)?;
     let (ws, state) = open_workspace(&sel.common)?;
-    Session::open(&ws, &state, &id, sel.tier.as_deref())
+    sel.who.open(&ws, &state, &id, sel.tier.as_deref())
 }
 
 fn ledger_dir(session: &Session) -> PathBuf {

@@ -367,6 +367,8 @@ pub struct ServeArgs {
 pub struct ReplayArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     /// The session to replay; repeat it to replay several (the sessions of
     /// a chain of agents) into the same fresh workspace, in this order.
     #[arg(long, value_name = "SID", required = true)]
@@ -380,6 +382,8 @@ pub struct ReplayArgs {
 pub struct SessionArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     #[arg(long, value_name = "SID")]
     pub session: String,
 }
@@ -388,6 +392,8 @@ pub struct SessionArgs {
 pub struct SuspendArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     #[arg(long, value_name = "SID")]
     pub session: String,
     /// Ask a running `supervise serve` daemon on this socket (its state
@@ -403,6 +409,8 @@ pub struct SuspendArgs {
 pub struct ContextArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     #[arg(long, value_name = "SID")]
     pub session: String,
     /// RFC 3339 UTC time (default: now).
@@ -414,6 +422,8 @@ pub struct ContextArgs {
 pub struct ExplainArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     #[arg(long, value_name = "SID")]
     pub session: String,
     /// Turn number (1-based).
@@ -486,6 +496,34 @@ pub enum LedgerCommand {
     Export(audit::LedgerExportArgs),
 }
 
+/// Who asks, for the commands that name a session.
+#[derive(Debug, Args, Clone, Default)]
+pub struct TenantArg {
+    /// Act for this tenant (a pod's namespace, as `run --tenant`): a
+    /// session another owner holds is refused (exit 2, TS1041, recorded in
+    /// its owner's evidence). Without it, the host's operator, admitted to
+    /// the sessions of its own uid (any uid for root).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub tenant: Option<String>,
+}
+
+impl TenantArg {
+    /// Opens session `id` for this requester ([`Session::open_as`]).
+    pub fn open(
+        &self,
+        ws: &Workspace,
+        state: &StateDir,
+        id: &SessionId,
+        tier: Option<&str>,
+    ) -> Result<Session> {
+        Session::open_as(ws, state, id, tier, &self.owner())
+    }
+
+    pub fn owner(&self) -> crate::store::session::Owner {
+        crate::store::session::Owner::for_access(self.tenant.as_deref())
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct Common {
     /// Workspace root (holds installed/, planes/, tmp/, output/).
@@ -555,6 +593,8 @@ impl DeterministicArgs {
 pub struct LedgerVerifyArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     #[arg(long, value_name = "SID")]
     pub session: String,
     /// Tier of the ledgers (default: as recorded when the session started).
@@ -801,17 +841,29 @@ fn usage_error(e: &clap::Error, args: &[std::ffi::OsString]) -> ! {
     if !json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         e.exit()
     }
+    let name = |a: &str| a.split([' ', '=']).next().unwrap_or(a).to_owned();
     let field = match e.get(ContextKind::InvalidArg) {
-        Some(ContextValue::String(a)) => a.split([' ', '=']).next().unwrap_or(a).to_owned(),
+        Some(ContextValue::String(a)) => name(a),
+        // Several missing: the first names the field, the reason all.
+        Some(ContextValue::Strings(v)) if !v.is_empty() => name(&v[0]),
         _ => "arguments".to_owned(),
     };
+    // The first line, with the indented lines under it (the arguments a
+    // "not provided" error lists), up to the usage.
     let text = e.render().to_string();
-    let reason = text
-        .lines()
+    let mut lines = text.lines();
+    let mut reason = lines
         .next()
         .unwrap_or_default()
         .trim_start_matches("error: ")
         .to_owned();
+    let listed: Vec<&str> = lines
+        .take_while(|l| l.starts_with("  "))
+        .map(str::trim)
+        .collect();
+    if !listed.is_empty() {
+        reason = format!("{} {}", reason, listed.join(", "));
+    }
     let out = error_outcome(&SupervisorError::invalid(&field, reason), true);
     use std::io::Write as _;
     let _ = std::io::stdout().write_all(out.stdout.as_bytes());
@@ -830,6 +882,8 @@ pub struct DoctorArgs {
 pub struct PromptHeaderArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub who: TenantArg,
     #[arg(long, value_name = "SID")]
     pub session: String,
     /// Turn number (1-based).
@@ -1053,6 +1107,7 @@ fn replay_cmd(a: &ReplayArgs) -> Result<Outcome> {
         &ids,
         &a.into,
         &crate::sandbox::cgroup::Place::host(),
+        &a.who.owner(),
     )?;
     if all.len() > 1 {
         let first = all.iter().find_map(|r| {
@@ -1146,6 +1201,7 @@ fn suspend_cmd(a: &SuspendArgs, freeze: bool) -> Result<Outcome> {
         let request = crate::serve::wire::LifecycleRequest {
             root: crate::serve::client::absolute(&a.common.root)?,
             session: id.to_string(),
+            tenant: a.who.tenant.clone(),
             json: a.common.json,
             state_dir: if a.state_dir_named {
                 Some(crate::serve::client::absolute(&a.common.state_dir)?)
@@ -1156,7 +1212,7 @@ fn suspend_cmd(a: &SuspendArgs, freeze: bool) -> Result<Outcome> {
         return crate::serve::client::lifecycle(socket, &request, freeze);
     }
     let (ws, state) = open_workspace(&a.common)?;
-    let _session = Session::open(&ws, &state, &id, None)?;
+    let _session = a.who.open(&ws, &state, &id, None)?;
     let report =
         crate::serve::lifecycle::apply(id.as_str(), &state.session_dir(&id), freeze, None, |_| {})?;
     Ok(Outcome::ok(report.text(a.common.json)))
@@ -1165,7 +1221,7 @@ fn suspend_cmd(a: &SuspendArgs, freeze: bool) -> Result<Outcome> {
 fn checkpoint_cmd(a: &SessionArgs) -> Result<Outcome> {
     let id = SessionId::parse(&a.session)?;
     let (ws, state) = open_workspace(&a.common)?;
-    let session = Session::open(&ws, &state, &id, None)?;
+    let session = a.who.open(&ws, &state, &id, None)?;
     let (lock, _) = crate::recover::lock_for_write(
         &session,
         &crate::sandbox::cgroup::Place::host(),
@@ -1204,7 +1260,7 @@ fn context_cmd(a: &ContextArgs) -> Result<Outcome> {
         }
     }
     let (ws, state) = open_workspace(&a.common)?;
-    let session = Session::open(&ws, &state, &id, None)?;
+    let session = a.who.open(&ws, &state, &id, None)?;
     let r = crate::turn::context::context(&session, a.as_of.as_deref())?;
     if a.common.json {
         return Ok(Outcome::ok(format!("{}\n", to_json(&r))));
@@ -1245,7 +1301,7 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
         });
     }
     let (ws, state) = open_workspace(&a.common)?;
-    let session = Session::open(&ws, &state, &id, None)?;
+    let session = a.who.open(&ws, &state, &id, None)?;
     let raw = session.ledger(LedgerKind::Evidence).verified_entries()?;
     let entry = read_all::<EvidenceEntry>(&raw)
         .map_err(|e| {
@@ -1344,7 +1400,7 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
 fn ledger_verify(a: &LedgerVerifyArgs) -> Result<Outcome> {
     let id = SessionId::parse(&a.session)?;
     let (ws, state) = open_workspace(&a.common)?;
-    let session = Session::open(&ws, &state, &id, a.tier.as_deref())?;
+    let session = a.who.open(&ws, &state, &id, a.tier.as_deref())?;
     let mut ledgers = Vec::new();
     let mut reports = Vec::new();
     let mut text = String::new();
@@ -1591,7 +1647,7 @@ fn prompt_header(a: &PromptHeaderArgs) -> Result<Outcome> {
         request::validate_work_order(w)?;
     }
     let (ws, state) = open_workspace(&a.common)?;
-    let session = Session::open(&ws, &state, &id, None)?;
+    let session = a.who.open(&ws, &state, &id, None)?;
     // Reads of a session verify its ledgers first (FR-RT-008).
     session.verify()?;
     let declared_inputs = a

@@ -437,7 +437,13 @@ impl super::Daemon {
         let id = turnstile_policy::SessionId::parse(&req.session)?;
         let ws = crate::store::layout::Workspace::open(&req.root)?;
         let state = crate::store::layout::StateDir::open(&self.state_dir, &ws, false)?;
-        crate::store::session::Session::open(&ws, &state, &id, None)?;
+        crate::store::session::Session::open_as(
+            &ws,
+            &state,
+            &id,
+            None,
+            &crate::store::session::Owner::for_access(req.tenant.as_deref()),
+        )?;
         let dir = state.session_dir(&id);
         // Holding the waiting workers: none is handed a turn meanwhile.
         let mut idle = self

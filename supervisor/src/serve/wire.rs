@@ -110,6 +110,10 @@ pub struct LifecycleRequest {
     /// The workspace root (absolute) the session belongs to.
     pub root: PathBuf,
     pub session: String,
+    /// The tenant the client acts for (`--tenant`): a session another
+    /// owner holds is refused (TS1041). None: the host's operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     #[serde(default)]
     pub json: bool,
     /// The client's `--state-dir` when it named one; must be the daemon's.

@@ -54,12 +54,49 @@ impl Owner {
         }
     }
 
+    /// A command about a session (not a turn) by this process's caller,
+    /// for `tenant` when it names one.
+    pub fn for_access(tenant: Option<&str>) -> Self {
+        Self {
+            tenant: tenant.map(str::to_owned),
+            package: None,
+            ..Self::caller()
+        }
+    }
+
     /// Whether `other` may use a session this owner owns: the same uid and
     /// tenant, and the same package when one is recorded.
     pub fn admits(&self, other: &Self) -> bool {
         self.uid == other.uid
             && self.tenant == other.tenant
             && (self.package.is_none() || self.package == other.package)
+    }
+
+    /// Whether `other` may inspect or manage (not add turns to) a session
+    /// this owner owns: `suspend`, `resume`, `report`, `replay`, `ledger
+    /// verify` and the other commands that name a session. The same uid
+    /// (or root); a requester naming a tenant must name the owner's, and
+    /// one naming none is the host's operator (of any package).
+    pub fn admits_access(&self, other: &Self) -> bool {
+        (other.uid == self.uid || other.uid == 0)
+            && (other.tenant.is_none() || other.tenant == self.tenant)
+    }
+}
+
+/// Checks a tenant name (`--tenant`, a daemon request's `tenant`): what
+/// Kubernetes allows a namespace to be called, so it cannot name a path.
+pub fn check_tenant(field: &str, t: &str) -> Result<()> {
+    let ok = !t.is_empty()
+        && t.len() <= 253
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(SupervisorError::invalid(
+            field,
+            format!("`{t}` is not a namespace name (1-253 of [A-Za-z0-9._-])"),
+        ))
     }
 }
 
@@ -391,6 +428,24 @@ impl Session {
         })
     }
 
+    /// Opens a session for `requester`, a command that inspects or manages
+    /// it: refused (TS1041) unless its owner admits the requester
+    /// ([`Owner::admits_access`]).
+    pub fn open_as(
+        workspace: &Workspace,
+        state: &StateDir,
+        id: &SessionId,
+        tier: Option<&str>,
+        requester: &Owner,
+    ) -> Result<Self> {
+        if let Some(t) = &requester.tenant {
+            check_tenant("--tenant", t)?;
+        }
+        let session = Self::open(workspace, state, id, tier)?;
+        session.check_access(requester, time::OffsetDateTime::now_utc())?;
+        Ok(session)
+    }
+
     /// Takes the session's exclusive lock, waiting for a concurrent turn.
     pub fn lock(&self) -> Result<SessionLock> {
         lock_path(&self.state.session_lock(&self.id), &self.id)
@@ -444,31 +499,61 @@ impl Session {
         Ok(last + 1)
     }
 
-    /// Refuses `requester` unless this session's owner admits it; the
-    /// refusal is recorded in the owner's evidence ledger
+    /// Refuses `requester` unless this session's owner admits it to add a
+    /// turn; the refusal is recorded in the owner's evidence ledger
     /// (`session.access_refused`) before it is returned.
     pub fn check_owner(&self, requester: &Owner, at: time::OffsetDateTime) -> Result<()> {
-        let Some(owner) = &self.owner else {
-            return Ok(());
-        };
-        if owner.admits(requester) {
-            return Ok(());
+        match &self.owner {
+            Some(owner) if !owner.admits(requester) => self.refuse(owner, requester, at, true),
+            _ => Ok(()),
         }
-        let lock = self.lock()?;
-        let evidence = self.ledger(LedgerKind::Evidence);
-        let entry = crate::store::record::to_object(&crate::store::record::AccessRefusedEntry {
-            event: crate::store::record::Event::SessionAccessRefused,
-            schema_version: crate::store::record::SCHEMA_VERSION,
-            ledger: LedgerKind::Evidence.as_str().to_owned(),
-            session_id: self.id.to_string(),
-            owner: owner.clone(),
-            requester: requester.clone(),
-            ts: rfc3339_micros(at),
-        });
-        crate::store::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
+    }
+
+    /// Refuses `requester` unless this session's owner admits it to
+    /// inspect or manage the session ([`Owner::admits_access`]). Recorded
+    /// as [`Session::check_owner`]'s refusals, but without waiting: while
+    /// a turn holds the session the refusal is returned unrecorded (and
+    /// says so) rather than block behind the turn.
+    pub fn check_access(&self, requester: &Owner, at: time::OffsetDateTime) -> Result<()> {
+        match &self.owner {
+            Some(owner) if !owner.admits_access(requester) => {
+                self.refuse(owner, requester, at, false)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn refuse(
+        &self,
+        owner: &Owner,
+        requester: &Owner,
+        at: time::OffsetDateTime,
+        wait: bool,
+    ) -> Result<()> {
+        let lock = if wait {
+            Some(self.lock()?)
+        } else {
+            self.try_lock()?
+        };
+        let recorded = lock.is_some();
+        if let Some(lock) = lock {
+            let evidence = self.ledger(LedgerKind::Evidence);
+            let entry =
+                crate::store::record::to_object(&crate::store::record::AccessRefusedEntry {
+                    event: crate::store::record::Event::SessionAccessRefused,
+                    schema_version: crate::store::record::SCHEMA_VERSION,
+                    ledger: LedgerKind::Evidence.as_str().to_owned(),
+                    session_id: self.id.to_string(),
+                    owner: owner.clone(),
+                    requester: requester.clone(),
+                    ts: rfc3339_micros(at),
+                });
+            crate::store::ledger::append_group(&lock, vec![(&evidence, vec![entry])])?;
+        }
         Err(SupervisorError::SessionNotOwned {
             session: self.id.to_string(),
             requester: requester.to_string(),
+            recorded,
         })
     }
 

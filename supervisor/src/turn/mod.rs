@@ -176,16 +176,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         admission.manifest.egress.clear();
     }
     if let Some(t) = &opts.tenant {
-        let ok = !t.is_empty()
-            && t.len() <= 253
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-        if !ok {
-            return Err(crate::error::SupervisorError::invalid(
-                "--tenant",
-                format!("`{t}` is not a namespace name (1-253 of [A-Za-z0-9._-])"),
-            ));
-        }
+        crate::store::session::check_tenant("--tenant", t)?;
     }
     let owner = crate::store::session::Owner::for_turn(
         opts.tenant.as_deref(),

@@ -27,7 +27,7 @@ use crate::sandbox::cgroup::Place;
 use crate::store::layout::{StateDir, TURN_TIER, Workspace};
 use crate::store::ledger::LedgerKind;
 use crate::store::record::{DeclaredWrite, Event, EvidenceEntry, Read, read_all};
-use crate::store::session::Session;
+use crate::store::session::{Owner, Session};
 use crate::store::status::TurnStatus;
 
 /// What `replay` found.
@@ -278,6 +278,7 @@ pub fn replay(
     session: &SessionId,
     into: &Path,
     cgroup_place: &Place,
+    requester: &Owner,
 ) -> Result<ReplayReport> {
     let mut all = replay_all(
         root,
@@ -285,25 +286,29 @@ pub fn replay(
         std::slice::from_ref(session),
         into,
         cgroup_place,
+        requester,
     )?;
     Ok(all.remove(0))
 }
 
 /// Replays several sessions of `root` — the sessions of a chain of agents,
 /// say, each fed its recorded input envelopes — into one fresh workspace
-/// `into`, in the order given; one report per session.
+/// `into`, in the order given; one report per session. Each session must
+/// admit `requester` ([`Session::open_as`]).
 pub fn replay_all(
     root: &Path,
     state_dir: &Path,
     sessions: &[SessionId],
     into: &Path,
     cgroup_place: &Place,
+    requester: &Owner,
 ) -> Result<Vec<ReplayReport>> {
     let ws = Workspace::open(root)?;
     let state = StateDir::open(state_dir, &ws, false)?;
-    // Every session is readable and replayable before anything is made.
+    // Every session is readable, the requester's and replayable before
+    // anything is made.
     for session in sessions {
-        let original = Session::open(&ws, &state, session, None)?;
+        let original = Session::open_as(&ws, &state, session, None, requester)?;
         let (_, typed) = evidence_of(&original)?;
         if let Some(e) = finished(&typed).iter().find(|e| e.command.is_none()) {
             return Err(SupervisorError::invalid(
