@@ -826,3 +826,79 @@ fn a_fifo_in_place_of_a_ledger_fails_closed_at_once() {
         );
     }
 }
+
+/// Red-team finding H2 (stop 54): an append checked the head entry and the
+/// length, so a turn extended a chain edited further back (same length,
+/// head untouched). Unless the ledger file is exactly as the supervisor's
+/// last append left it (its change stamp, kept in the anchor), the whole
+/// chain is verified first: the turn is refused (exit 3, TS1010 naming the
+/// entry) and neither ledger changes.
+#[test]
+fn fr_rt_008_a_turn_refuses_to_extend_a_chain_edited_further_back() {
+    let fx = Fixture::new();
+    let sid = session_with_turns(&fx, 3, None);
+    // Untouched, a turn appends (the stamp matches: no full verify needed).
+    let r = fx.run(
+        "hello-agent",
+        &[
+            "--session",
+            &sid,
+            "--json",
+            "--no-outputs",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+    assert_intact(&fx, &sid);
+    for kind in ["exec", "evidence"] {
+        let path = fx.ledger(&sid, kind);
+        let before = std::fs::read(&path).unwrap();
+        // `echo 1` of the second turn becomes `echo 7`: same length, an
+        // interior entry, the head untouched.
+        let needle = b"echo 1";
+        let at = before
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap_or_else(|| panic!("{kind}: no `echo 1`"));
+        let head_starts = before[..before.len() - 1]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .unwrap();
+        assert!(at < head_starts, "{kind}: the edit must not be the head");
+        let mut edited = before.clone();
+        edited[at + needle.len() - 1] = b'7';
+        std::fs::write(&path, &edited).unwrap();
+        let others: Vec<_> = ["exec", "evidence"]
+            .iter()
+            .map(|k| std::fs::read(fx.ledger(&sid, k)).unwrap())
+            .collect();
+        let r = fx.run(
+            "hello-agent",
+            &[
+                "--session",
+                &sid,
+                "--json",
+                "--no-outputs",
+                "--",
+                "/bin/true",
+            ],
+        );
+        assert_eq!(r.status, 3, "{kind}: {} {}", r.stdout, r.stderr);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "TS1010", "{kind}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("{kind}.jsonl")),
+            "{kind}: {v}"
+        );
+        let after: Vec<_> = ["exec", "evidence"]
+            .iter()
+            .map(|k| std::fs::read(fx.ledger(&sid, k)).unwrap())
+            .collect();
+        assert_eq!(others, after, "{kind}: a ledger changed");
+        std::fs::write(&path, &before).unwrap();
+    }
+}

@@ -126,6 +126,34 @@ pub struct Anchor {
     pub generation: u64,
     /// An append in progress, announced before its bytes were written.
     pub pending: Option<Pending>,
+    /// The ledger file as this supervisor left it after its last
+    /// acknowledged append ([`LedgerStamp`]): when the file's stamp is
+    /// still this one, nobody changed the file since and an append checks
+    /// only the head entry; otherwise it verifies the whole chain first.
+    pub ledger_stamp: Option<String>,
+}
+
+/// What identifies a ledger file and its last change: device, inode and
+/// change time (ns). The change time cannot be set from user space
+/// (utimensat sets only atime and mtime), any write, truncation, chmod,
+/// link or rename moves it, and since Linux 6.13 (multigrain timestamps)
+/// a change right after a stat gets a fine-grained, later stamp — so an
+/// edit of earlier entries that keeps the length and the head entry still
+/// changes it. On older kernels two changes within one clock tick can
+/// share a stamp.
+struct LedgerStamp;
+
+impl LedgerStamp {
+    fn of(meta: &std::fs::Metadata) -> String {
+        use std::os::unix::fs::MetadataExt;
+        format!(
+            "{}:{}:{}.{:09}",
+            meta.dev(),
+            meta.ino(),
+            meta.ctime(),
+            meta.ctime_nsec()
+        )
+    }
 }
 
 /// The anchor file holds two fixed-size slots, written in place in turn
@@ -207,6 +235,8 @@ struct AnchorDoc {
     generation: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pending: Option<Pending>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ledger_stamp: Option<String>,
 }
 
 impl Anchor {
@@ -222,6 +252,7 @@ impl Anchor {
             open_turn: self.open_turn,
             generation: self.generation,
             pending: self.pending.clone(),
+            ledger_stamp: self.ledger_stamp.clone(),
         })
         .unwrap_or_default()
     }
@@ -261,6 +292,7 @@ impl Anchor {
             open_turn: d.open_turn,
             generation: d.generation,
             pending: d.pending,
+            ledger_stamp: d.ledger_stamp,
         })
     }
 
@@ -326,6 +358,9 @@ impl Anchor {
                 open_turn: p.open_turn,
                 generation: self.generation,
                 pending: None,
+                // The file changed by the append: whoever acknowledges it
+                // stamps it anew, or the next append verifies the chain.
+                ledger_stamp: None,
             },
             None => self.clone(),
         }
@@ -505,6 +540,7 @@ impl LedgerFiles {
             open_turn: None,
             generation: 1,
             pending: None,
+            ledger_stamp: None,
         }
     }
 
@@ -573,6 +609,13 @@ impl LedgerFiles {
         // (O(1); full verification stays on every read).
         if anchor.seq > 0 {
             self.check_head(&anchor.clone())?;
+        }
+        // Earlier entries: unless the file is exactly as this supervisor
+        // left it, the whole chain is verified before anything is added to
+        // it — an append must not extend a chain broken further back
+        // (red-team H2, stop 54: `run` checked the head and the length).
+        if anchor.ledger_stamp.as_deref() != Some(LedgerStamp::of(&meta).as_str()) {
+            self.verify()?;
         }
         Ok(file)
     }
@@ -718,6 +761,24 @@ impl LedgerFiles {
                 },
             )),
         }
+    }
+
+    /// Checks, before a turn adds to either ledger, that this one is as
+    /// the supervisor's last append left it (its stamp; O(1)), or else
+    /// that its whole chain verifies: a turn must not start on one ledger
+    /// and find the other edited only when it finishes.
+    pub fn check_unchanged(&self) -> Result<()> {
+        let anchor = self
+            .read_anchor()?
+            .ok_or_else(|| self.integrity(None, None, Problem::AnchorMissing))?;
+        let stamp = std::fs::symlink_metadata(&self.path)
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .map(|m| LedgerStamp::of(&m));
+        if anchor.pending.is_some() || stamp.is_none() || stamp != anchor.ledger_stamp {
+            self.verify()?;
+        }
+        Ok(())
     }
 
     /// The highest turn number appended, from the anchor (O(1)); `None`
@@ -1401,6 +1462,9 @@ fn append_group_protocol(
                 }
                 .completed();
                 head.generation = p.anchor.generation + 1;
+                // The file as this append left it (stat after the write:
+                // a later change gets a later stamp).
+                head.ledger_stamp = p.file.metadata().ok().map(|m| LedgerStamp::of(&m));
                 p.files.write_anchor_as(&head, Durability::Deferred)
             })
             .collect(),

@@ -483,9 +483,15 @@ impl Session {
     /// The number the next turn gets: one more than the highest turn either
     /// ledger has recorded, from the anchors (O(1)). Each append re-checks
     /// the head entry and the length against its anchor; full verification
-    /// happens on every read (`ledger verify`, prompt headers). Anchors that
+    /// happens on every read (`ledger verify`, prompt headers) and before a
+    /// turn on a ledger changed since the last append. Anchors that
     /// predate the turn record fall back to a full verification.
     pub fn next_turn_number(&self, _lock: &SessionLock) -> Result<u64> {
+        // Both ledgers are as this supervisor left them, or verify whole,
+        // before a turn adds to either (red-team H2, stop 54).
+        for kind in LedgerKind::ALL {
+            self.ledger(kind).check_unchanged()?;
+        }
         let mut last = 0;
         for kind in LedgerKind::ALL {
             match self.ledger(kind).last_turn()? {
