@@ -66,6 +66,11 @@ pub struct TurnCgroup {
     /// v1 only: the turn's directory in the freezer hierarchy, when the
     /// host has one (v2 freezes through `cgroup.freeze` in `memory`'s).
     freezer: Option<PathBuf>,
+    /// v1 hybrid only: the turn's directory in the unified hierarchy. A
+    /// process starts there (`CLONE_INTO_CGROUP`) and joins the v1
+    /// hierarchies only after its clone returns: one stopped in between
+    /// (its parent waiting in the vfork) is a member of this one alone.
+    unified: Option<PathBuf>,
 }
 
 /// Where turn cgroups are made: the cgroup mount (`root`) and, under each
@@ -304,6 +309,7 @@ impl TurnCgroup {
                     cpu: dir.clone(),
                     cpuacct: dir,
                     freezer: None,
+                    unified: None,
                 }
             }
             Version::V1 => {
@@ -351,9 +357,12 @@ impl TurnCgroup {
         // The hybrid layout's unified hierarchy: joined too, only so
         // the turn has a cgroup v2 id (the denial observer
         // attributes by it); no controller is used there.
-        if root.join("unified/cgroup.procs").exists() && is_cgroup_fs(&root.join("unified")) {
-            dir_for("unified")?;
-        }
+        let unified =
+            if root.join("unified/cgroup.procs").exists() && is_cgroup_fs(&root.join("unified")) {
+                Some(dir_for("unified")?)
+            } else {
+                None
+            };
         let cpu = dir_for("cpu")?;
         let cpuacct = if root.join("cpuacct").is_dir()
             && !root.join("cpuacct").join("cpu.cfs_quota_us").exists()
@@ -377,6 +386,7 @@ impl TurnCgroup {
             cpu,
             cpuacct,
             freezer,
+            unified,
         })
     }
 
@@ -450,13 +460,27 @@ impl TurnCgroup {
         Ok(joins)
     }
 
-    /// Pids currently in the cgroup.
+    /// Pids currently in the cgroup: the `pids` hierarchy's members, and
+    /// on a hybrid host the unified one's, where a process is before it
+    /// joins the v1 hierarchies (a child stopped in its clone's vfork was
+    /// missed: a SIGTERM'd cold `run` then waited for ever).
     pub fn pids(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.pids.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        let read = |dir: &Path| -> Vec<i32> {
+            std::fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        };
+        let mut pids = read(&self.pids);
+        if let Some(u) = &self.unified {
+            for p in read(u) {
+                if !pids.contains(&p) {
+                    pids.push(p);
+                }
+            }
+        }
+        pids
     }
 
     /// Whether `pid` is the only process in the cgroup, if any is.
@@ -635,6 +659,13 @@ impl TurnCgroup {
                             .cloned()
                     })
                     .flatten();
+                let unified = (version == Version::V1)
+                    .then(|| {
+                        dirs.iter()
+                            .find(|d| d.starts_with(root.join("unified")))
+                            .cloned()
+                    })
+                    .flatten();
                 Self {
                     version,
                     memory: pick("memory"),
@@ -642,6 +673,7 @@ impl TurnCgroup {
                     cpu: pick("cpu"),
                     cpuacct: pick("cpuacct"),
                     freezer,
+                    unified,
                     dirs,
                 }
             })
@@ -768,6 +800,9 @@ impl TurnCgroup {
             cpu: PathBuf::from(cpu),
             cpuacct: PathBuf::from(cpuacct),
             freezer,
+            // Not published: what reads the file (suspend, resume) acts on
+            // the v1 hierarchies.
+            unified: None,
             dirs,
         })
     }
