@@ -321,3 +321,54 @@ fn every_command_that_names_a_session_admits_only_its_tenant_or_the_operator() {
     // The refusals are each in the owner's evidence; the chain holds.
     fx.assert_ledgers_intact(&sid);
 }
+
+/// Red-team finding M3 (stop 54): a workspace whose `output/` or `tmp/` is
+/// a symbolic link had a new session's directories made where it points,
+/// outside the workspace; a session's own `tmp/<sid>` replaced by a link
+/// was found only at commit, after the command ran. Both are refused
+/// before anything is made or run (exit 2, naming the flag).
+#[test]
+fn a_session_tree_replaced_by_a_symbolic_link_is_refused_before_anything() {
+    if !require_root("a_session_tree_replaced_by_a_symbolic_link_is_refused_before_anything") {
+        return;
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    for tree in ["output", "tmp"] {
+        let fx = Fixture::new();
+        fx.install("k", MANIFEST);
+        std::os::unix::fs::symlink(elsewhere.path(), fx.root.join(tree)).unwrap();
+        let (status, v) = turn(&fx, "k", None, None);
+        assert_eq!(status, 2, "{tree}: {v}");
+        assert_eq!(v["error"]["field"], "--root", "{tree}: {v}");
+        assert_eq!(
+            std::fs::read_dir(elsewhere.path()).unwrap().count(),
+            0,
+            "{tree}: something was made through the link"
+        );
+        assert!(
+            !fx.root.join("planes").exists(),
+            "{tree}: a session was started"
+        );
+    }
+    // An existing session whose scratch or output directory became a link.
+    for tree in ["tmp", "output"] {
+        let fx = Fixture::new();
+        fx.install("k", MANIFEST);
+        let (status, v) = turn(&fx, "k", None, None);
+        assert_eq!(status, 0, "{v}");
+        let sid = v["session_id"].as_str().unwrap().to_owned();
+        let own = fx.root.join(tree).join(&sid);
+        std::fs::remove_dir(&own).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &own).unwrap();
+        let exec_before = read_entries(&fx.ledger(&sid, "exec")).len();
+        let (status, v) = turn(&fx, "k", Some(&sid), None);
+        assert_eq!(status, 2, "{tree}: {v}");
+        assert_eq!(v["error"]["field"], "--session", "{tree}: {v}");
+        assert_eq!(
+            read_entries(&fx.ledger(&sid, "exec")).len(),
+            exec_before,
+            "{tree}: the turn started"
+        );
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
+}

@@ -97,6 +97,51 @@ impl Workspace {
     pub fn output_dir(&self, session: &SessionId) -> PathBuf {
         self.root.join("output").join(session.as_str())
     }
+
+    /// Refuses a workspace whose session trees (`tmp`, `output`, `planes`)
+    /// are anything but real directories, or absent: through a symbolic
+    /// link there a session's directories were made outside the workspace
+    /// (red-team M3, stop 54).
+    pub fn check_session_trees(&self) -> Result<()> {
+        for tree in ["tmp", "output", "planes"] {
+            self.check_real_dir(tree, "--root", true)?;
+        }
+        Ok(())
+    }
+
+    /// A session's own `tmp/<sid>` and `output/<sid>` are real
+    /// directories, checked before a turn runs: one replaced by a symbolic
+    /// link (or a file) was found only at commit, after the command ran.
+    pub fn check_session_dirs(&self, session: &SessionId) -> Result<()> {
+        self.check_session_trees()?;
+        for tree in ["tmp", "output"] {
+            self.check_real_dir(&format!("{tree}/{}", session.as_str()), "--session", false)?;
+        }
+        Ok(())
+    }
+
+    fn check_real_dir(&self, rel: &str, field: &str, may_be_absent: bool) -> Result<()> {
+        let path = self.root.join(rel);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && may_be_absent => Ok(()),
+            Ok(m) => Err(SupervisorError::invalid(
+                field,
+                format!(
+                    "`{rel}` in the workspace is {}, not a directory: a session's directories must lie in the workspace; nothing was run",
+                    if m.file_type().is_symlink() {
+                        "a symbolic link"
+                    } else {
+                        "not a directory"
+                    }
+                ),
+            )),
+            Err(e) => Err(SupervisorError::invalid(
+                field,
+                format!("`{rel}` in the workspace: {e}; nothing was run"),
+            )),
+        }
+    }
 }
 
 /// The supervisor's private state directory.

@@ -196,6 +196,7 @@ impl Session {
         owner: Owner,
     ) -> Result<(Self, SessionLock)> {
         check_tier(tier)?;
+        workspace.check_session_trees()?;
         let id = ids.generate()?;
         let session = Self {
             id,

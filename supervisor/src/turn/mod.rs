@@ -226,6 +226,7 @@ pub fn run_turn(opts: &RunOptions) -> Result<TurnResult> {
         tracing::warn!(session_id = %session.id, recovery = %recovery.to_value(), "recovered what a stopped supervisor left");
     }
     admission.rebind(&opts.request, session.id.clone())?;
+    admission.workspace.check_session_dirs(&session.id)?;
     let request = &admission.request;
     // A deterministic session's turn takes its clock and ids from the seed.
     let sources = match &session.deterministic {
