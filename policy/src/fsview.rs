@@ -38,6 +38,11 @@ pub trait FsView {
     fn read_link(&self, path: &str) -> Option<String>;
     /// The first bytes of a file (to find a `#!` interpreter).
     fn head(&self, path: &str, len: usize) -> Vec<u8>;
+    /// The permission bits of a path's target (`stat`), `None` when not
+    /// known (the default: a view that cannot tell refuses nothing by it).
+    fn mode(&self, _path: &str) -> Option<u32> {
+        None
+    }
 }
 
 /// An [`FsView`] that asks its inner view each question once: one plan's
@@ -190,6 +195,10 @@ impl FsView for Memo<'_> {
 
     fn head(&self, path: &str, len: usize) -> Vec<u8> {
         self.inner.head(path, len)
+    }
+
+    fn mode(&self, path: &str) -> Option<u32> {
+        self.inner.mode(path)
     }
 }
 

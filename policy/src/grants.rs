@@ -28,7 +28,9 @@
 //! 6. **A literal executable that does not exist** — `/usr/bin/pythno3`, or a
 //!    relative `bin/run.sh` that no turn could create (not under a writable
 //!    scope) and that is not in the workspace: refused with a suggestion of
-//!    the nearest existing name in the same directory.
+//!    the nearest existing name in the same directory; and one that exists
+//!    without any execute bit (`/etc/shadow`, a script never made
+//!    executable), which `execve` refuses whoever calls it.
 //!
 //! Not refused: read patterns of `planes/` (a turn may read its ledgers, by
 //! design), globs that match nothing *yet* (the workspace changes), entries
@@ -386,6 +388,18 @@ pub fn check_on_host(
                 format!("capabilities.execute[{i}]"),
                 e.as_str(),
                 format!("`{absolute}` {what}{hint}"),
+            ));
+        }
+        // execve needs an execute bit, for root too: a file with none can
+        // never run (`/etc/shadow`, a script never made executable).
+        if let Some(mode) = fs.mode(&absolute).filter(|m| m & 0o111 == 0) {
+            return Err(grants_nothing(
+                source,
+                format!("capabilities.execute[{i}]"),
+                e.as_str(),
+                format!(
+                    "`{absolute}` is not executable (mode {mode:04o}): make it executable, or grant the interpreter that runs it, with it as the interpreter's argument"
+                ),
             ));
         }
     }

@@ -199,6 +199,28 @@ impl Egress {
     }
 }
 
+impl Egress {
+    /// Why this entry can grant nothing, if it cannot: it names only
+    /// loopback addresses. A turn's loopback is its own network
+    /// namespace's, always reachable, and the host's is never opened to a
+    /// turn, not even by a CIDR entry (the supervisor's egress ruleset).
+    pub fn inert_reason(&self) -> Option<&'static str> {
+        const WHY: &str = "it names only loopback addresses: the turn's own loopback needs no entry, and the host's is never reachable from a turn";
+        let loopback_net = match &self.host {
+            EgressHost::Cidr(std::net::IpAddr::V4(a), len) => a.is_loopback() && *len >= 8,
+            EgressHost::Cidr(std::net::IpAddr::V6(a), len) => match a.to_ipv4_mapped() {
+                Some(v4) => v4.is_loopback() && *len >= 104,
+                None => a.is_loopback() && *len == 128,
+            },
+            // RFC 6761: `localhost` and every name under it are loopback.
+            EgressHost::Name(n) | EgressHost::Wildcard(n) => {
+                n == "localhost" || n.ends_with(".localhost")
+            }
+        };
+        loopback_net.then_some(WHY)
+    }
+}
+
 fn port(p: &str) -> Result<u16, String> {
     match p.parse::<u16>() {
         Ok(0) => Err("port 0 is not a port".into()),
@@ -582,6 +604,22 @@ impl Manifest {
                     .map_err(|r| invalid(&format!("egress[{i}]"), format!("`{e}`: {r}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // An entry that can grant nothing is an error, not a no-op.
+        for (i, e) in egress.iter().enumerate() {
+            let reason = egress[..i]
+                .iter()
+                .position(|d| d.host == e.host && d.ports == e.ports && d.transport == e.transport)
+                .map(|j| format!("it repeats egress[{j}]; remove the duplicate"))
+                .or_else(|| e.inert_reason().map(str::to_owned));
+            if let Some(reason) = reason {
+                return Err(PolicyError::EntryGrantsNothing {
+                    path: source.clone(),
+                    field: format!("egress[{i}]"),
+                    entry: e.raw.clone(),
+                    reason,
+                });
+            }
+        }
         // `/udp` entries are relayed one port at a time: bounded.
         let mut udp_ports = std::collections::BTreeSet::new();
         for (i, e) in egress.iter().enumerate() {
@@ -754,6 +792,47 @@ mod egress_tests {
     /// Issue 26's manifest contract: names (exact or `*.` wildcard) and
     /// CIDRs, always with a port or range, TCP unless `/udp`; bad entries
     /// refused with what is wrong.
+    #[test]
+    fn egress_entries_that_grant_nothing_are_refused_naming_the_entry() {
+        let load = |egress: &str| {
+            Manifest::from_slice(
+                format!(
+                    r#"{{"capabilities":{{"read":["a/**"]}},"network":"restricted","egress":{egress}}}"#
+                )
+                .as_bytes(),
+                &PackageId::parse("p").unwrap(),
+                std::path::PathBuf::from("installed/p/manifest.json"),
+            )
+        };
+        for (egress, field) in [
+            (r#"["a.test:443","a.test:443"]"#, "egress[1]"),
+            (r#"["a.test:443","A.test:443/tcp"]"#, "egress[1]"),
+            (r#"["127.0.0.1:80"]"#, "egress[0]"),
+            (r#"["a.test:443","127.0.0.0/8:1-65535"]"#, "egress[1]"),
+            (r#"["[::1]:80"]"#, "egress[0]"),
+            (r#"["[::ffff:127.0.0.1]:80"]"#, "egress[0]"),
+            (r#"["localhost:8080"]"#, "egress[0]"),
+            (r#"["*.localhost:8080"]"#, "egress[0]"),
+        ] {
+            match load(egress) {
+                Err(e @ PolicyError::EntryGrantsNothing { .. }) => {
+                    assert_eq!(e.field(), Some(field), "{egress}: {e}");
+                }
+                other => panic!("{egress}: {other:?}"),
+            }
+        }
+        // Not inert: another port or transport, a wider network that holds
+        // more than loopback, a name merely containing `localhost`.
+        for egress in [
+            r#"["a.test:443","a.test:80"]"#,
+            r#"["a.test:53","a.test:53/udp"]"#,
+            r#"["0.0.0.0/0:443"]"#,
+            r#"["localhost.example:443"]"#,
+        ] {
+            assert!(load(egress).is_ok(), "{egress}");
+        }
+    }
+
     #[test]
     fn issue_26_egress_entries_parse_and_bad_ones_are_refused() {
         let e = Egress::parse("pypi.org:443").unwrap();

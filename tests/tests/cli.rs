@@ -1472,3 +1472,72 @@ fn one_damaged_session_does_not_stop_the_recovery_of_the_others() {
     );
     fx.assert_ledgers_intact(&good);
 }
+
+/// A manifest entry that grants nothing is an error, not a no-op (red-team
+/// lows, stop 54): an execute entry naming a file without any execute bit
+/// (`/etc/shadow`, a script never made executable), and an egress entry
+/// that repeats another or names only loopback. Refused when the turn is
+/// checked (exit 2, TS1007 ENTRY_GRANTS_NOTHING naming the field),
+/// nothing created.
+#[test]
+fn entries_that_grant_nothing_are_refused_naming_the_field() {
+    let fx = Fixture::new();
+    fx.write("installed/p/run.sh", b"#!/bin/sh\necho hi\n");
+    for (caps, extra, field) in [
+        (
+            r#"{"execute":["/etc/shadow"]}"#,
+            "",
+            "capabilities.execute[0]",
+        ),
+        (
+            r#"{"execute":["/bin/true","installed/p/run.sh"]}"#,
+            "",
+            "capabilities.execute[1]",
+        ),
+        (
+            r#"{"execute":["/bin/true"]}"#,
+            r#","network":"restricted","egress":["a.test:443","a.test:443"]"#,
+            "egress[1]",
+        ),
+        (
+            r#"{"execute":["/bin/true"]}"#,
+            r#","network":"restricted","egress":["127.0.0.1:8080"]"#,
+            "egress[0]",
+        ),
+    ] {
+        fx.install_exact("p", &format!(r#"{{"capabilities":{caps}{extra}}}"#));
+        let before = fx.snapshot();
+        let r = fx.supervise(
+            &["run"],
+            &[
+                "--package",
+                "p",
+                "--json",
+                "--no-outputs",
+                "--",
+                "/bin/true",
+            ],
+        );
+        assert_eq!(r.status, 2, "{caps}{extra}: {}", r.stdout);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "TS1007", "{caps}{extra}: {v}");
+        assert_eq!(v["error"]["field"], field, "{caps}{extra}: {v}");
+        assert_eq!(before, fx.snapshot(), "{caps}{extra}: something was made");
+    }
+    // Made executable, the script is granted.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        fx.root.join("installed/p/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    fx.install_exact(
+        "p",
+        r#"{"capabilities":{"execute":["installed/p/run.sh"]}}"#,
+    );
+    let r = fx.supervise(
+        &["check"],
+        &["--package", "p", "--no-outputs", "--", "installed/p/run.sh"],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+}

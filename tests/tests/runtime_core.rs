@@ -95,7 +95,7 @@ fn issue_28_seed_001_pure_receive_function_emits_canonical_envelopes_in_order() 
         &fx,
         "a",
         COUNTER,
-        r#","network":"restricted","egress":["127.0.0.1:1-65535"]"#,
+        r#","network":"restricted","egress":["192.0.2.1:1-65535"]"#,
     );
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

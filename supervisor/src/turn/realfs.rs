@@ -49,6 +49,11 @@ impl FsView for HostFs {
         }
         buf
     }
+
+    fn mode(&self, path: &str) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt;
+        Some(std::fs::metadata(path).ok()?.permissions().mode() & 0o7777)
+    }
 }
 
 /// An image rootfs as the system view (`run --rootfs DIR`), the workspace
