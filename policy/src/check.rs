@@ -202,6 +202,18 @@ impl CompiledCapabilities {
         Target::new(&self.root, p)
     }
 
+    /// `output/<sid>` or `tmp/<sid>` when `p` lies in such a directory of
+    /// another session than this check's.
+    fn other_session_dir(&self, p: &str) -> Option<String> {
+        let rel = self.target(p).relative?;
+        let own = self.session_output.strip_prefix("output/")?;
+        let mut parts = rel.split('/');
+        let tree = parts.next()?;
+        let dir = parts.next()?;
+        (crate::pattern::SESSION_TREES.contains(&tree) && dir != own)
+            .then(|| format!("{tree}/{dir}"))
+    }
+
     fn forbidden(
         &self,
         op: Operation,
@@ -305,6 +317,21 @@ impl CompiledCapabilities {
                         path: r.to_string(),
                     },
                     details: format!("`{p}` lies in reserved path `{r}`; no turn may write there"),
+                });
+                continue;
+            }
+            // Another session's directory (another tenant's, in a shared
+            // workspace): never, whatever a pattern says.
+            if let Some(other) = self.other_session_dir(p) {
+                v.push(CapabilityViolation {
+                    operation: Operation::Write,
+                    target: p.clone(),
+                    capability: ViolatedCapability::Reserved {
+                        path: other.clone(),
+                    },
+                    details: format!(
+                        "`{p}` lies in another session's directory `{other}/`; a turn writes only its own session's"
+                    ),
                 });
                 continue;
             }
@@ -441,12 +468,14 @@ mod tests {
         let v = only(
             r#"{"command":["/bin/true"],"declared_outputs":[{"path":"output/SES-20261121T093700123456Z-0000000000000001/x","role":"r"}]}"#,
         );
+        // Another session's directory: reserved, whatever a pattern says.
         assert_eq!(
             v.capability,
-            ViolatedCapability::NotGranted {
-                capability: "write"
+            ViolatedCapability::Reserved {
+                path: "output/SES-20261121T093700123456Z-0000000000000001".into()
             }
         );
+        assert!(v.details.contains("another session"), "{}", v.details);
         // `output/<sid>` itself (not below it) is a directory, never an output file.
         assert!(run(r#"{"command":["/bin/true"],"declared_outputs":[{"path":"output/<session_id>","role":"r"}]}"#).is_err());
     }

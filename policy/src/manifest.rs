@@ -584,6 +584,17 @@ impl Manifest {
                     reserved: (*reserved).to_owned(),
                 });
             }
+            // Its scope would hold every session's directory: readable and
+            // writable in the turn, and a declared output there committed
+            // into another session's (another tenant's) outputs.
+            if let Some(tree) = pattern.reaches_other_sessions() {
+                return Err(invalid(
+                    &field,
+                    format!(
+                        "`{pattern}` reaches other sessions' directories under `{tree}/` (other tenants' in a shared workspace); a turn's own `{tree}/<session_id>/` is always writable: write `{tree}/<session_id>/**`, or leave it out"
+                    ),
+                ));
+            }
         }
 
         for (i, layer) in doc.allow_degraded.iter().enumerate() {

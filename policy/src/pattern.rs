@@ -129,6 +129,23 @@ impl Pattern {
     }
 }
 
+/// The workspace trees that hold one directory per session.
+pub const SESSION_TREES: [&str; 2] = ["output", "tmp"];
+
+impl Pattern {
+    /// The session tree (`output`, `tmp`) in which this pattern could name
+    /// another session's directory — `output/**`, `tmp/*/x`, `*/SES-*/**`
+    /// — rather than only its own `<session_id>`'s: a grant there would
+    /// reach every session in the workspace (other tenants' in a shared
+    /// one). Errs on the side of "yes", as [`Pattern::may_cover`].
+    pub fn reaches_other_sessions(&self) -> Option<&'static str> {
+        let other = SessionId::from_parts(OffsetDateTime::UNIX_EPOCH, 1);
+        SESSION_TREES
+            .into_iter()
+            .find(|tree| self.may_cover(&format!("{tree}/{}", other.as_str())))
+    }
+}
+
 fn overlaps(pattern: &[&str], reserved: &[&str]) -> bool {
     match (pattern.split_first(), reserved.split_first()) {
         // The pattern ends at or above the reserved path: a hierarchical grant
@@ -499,6 +516,26 @@ mod tests {
 
     #[test]
     fn reserved_overlap_is_conservative() {
+        let others = |p: &str| Pattern::parse(p).unwrap().reaches_other_sessions();
+        for p in [
+            "output/**",
+            "output",
+            "tmp/*/x",
+            "*/SES-*/**",
+            "**/x",
+            "tmp/**/y",
+        ] {
+            assert!(others(p).is_some(), "{p}");
+        }
+        for p in [
+            "output/<session_id>/**",
+            "tmp/<session_id>/a/*",
+            "reports/**",
+            "out/**",
+            "build/<session_id>/app",
+        ] {
+            assert_eq!(others(p), None, "{p}");
+        }
         let covers = |p: &str, r: &str| Pattern::parse(p).unwrap().may_cover(r);
         assert!(covers("planes/**", "planes"));
         assert!(covers(

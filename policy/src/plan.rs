@@ -437,6 +437,12 @@ fn within(path: &str, dir: &str) -> bool {
     path == dir || path.starts_with(&format!("{dir}/"))
 }
 
+/// Whether an absolute pattern's static prefix (`/`, `/srv/ws`) is `path`
+/// or above it.
+fn covers_dir(prefix: &str, path: &str) -> bool {
+    prefix == "/" || within(path, prefix)
+}
+
 /// What one compilation reads: the inputs, and the forbidden patterns.
 struct Compiler<'a> {
     ctx: &'a PlanContext<'a>,
@@ -866,6 +872,17 @@ impl<'a> Compiler<'a> {
             .collect();
         read.push("/proc".into());
         read.extend(["/etc/hosts".to_owned(), "/etc/hostname".to_owned()]);
+        // Other sessions' directories are never granted, whatever a read
+        // pattern covers (`**`, `output/**`, `planes/**`): the grant goes
+        // around them, and one made after this compile is not granted
+        // either, since only what exists now is (red-team M5, stop 54).
+        let hidden = self.other_sessions();
+        let masked: Vec<String> = if hidden.is_empty() {
+            masked.to_vec()
+        } else {
+            masked.iter().cloned().chain(hidden).collect()
+        };
+        let masked = masked.as_slice();
         if self.manifest.network != Network::Isolated {
             read.push("/etc/resolv.conf".to_owned());
         }
@@ -893,7 +910,9 @@ impl<'a> Compiler<'a> {
                         target,
                     });
                 }
-                grant_excluding(fs, root, &hit, forbidden, masked, &mut read);
+                // `named`: a `**` at the root hits `<root>/`, whose masks
+                // would otherwise not be seen as beneath it.
+                grant_excluding(fs, root, named, forbidden, masked, &mut read);
             }
         }
         read.sort();
@@ -948,6 +967,46 @@ impl<'a> Compiler<'a> {
             execute,
             devices: DEVICES.iter().map(|d| (*d).to_owned()).collect(),
         })
+    }
+
+    /// Every other session's directory a read pattern could reach:
+    /// `output/<sid>`, `tmp/<sid>` (and commit staging there) and
+    /// `planes/<tier>/sessions/<sid>`, for the session trees some read
+    /// pattern covers beyond this session's own (none, for the usual
+    /// `output/<session_id>/**`: nothing is listed then).
+    fn other_sessions(&self) -> Vec<String> {
+        let (root, fs, sid, caps) = (self.root, self.fs, self.sid, self.caps);
+        let other = crate::session::SessionId::from_parts(time::OffsetDateTime::UNIX_EPOCH, 1);
+        let mut trees: Vec<String> = Vec::new();
+        for tree in crate::pattern::SESSION_TREES {
+            if caps.read.iter().any(|p| {
+                !p.is_absolute() && p.may_cover(&format!("{tree}/{}", other.as_str()))
+                    || p.is_absolute()
+                        && covers_dir(&p.static_prefix(self.session), &join(root, tree))
+            }) {
+                trees.push(join(root, tree));
+            }
+        }
+        let planes = join(root, "planes");
+        for tier in fs.list(&planes) {
+            let sessions = format!("planes/{tier}/sessions");
+            if caps.read.iter().any(|p| {
+                !p.is_absolute() && p.may_cover(&format!("{sessions}/{}", other.as_str()))
+                    || p.is_absolute()
+                        && covers_dir(&p.static_prefix(self.session), &join(root, &sessions))
+            }) {
+                trees.push(join(root, &sessions));
+            }
+        }
+        let mut out = Vec::new();
+        for tree in trees {
+            for name in fs.list(&tree) {
+                if name != sid {
+                    out.push(format!("{tree}/{name}"));
+                }
+            }
+        }
+        out
     }
 
     /// The environment (FR-RT-012, FR-RT-014): PATH (see [`Self::path`]),
@@ -1181,7 +1240,9 @@ fn grant_excluding(
     masked: &[String],
     out: &mut Vec<String>,
 ) {
-    if forbidden.matching(&Target::new(root, path)).is_some() || masked.iter().any(|m| m == path) {
+    if forbidden.matching(&Target::new(root, path)).is_some()
+        || masked.iter().any(|m| within(path, m))
+    {
         return;
     }
     let contains_forbidden = masked.iter().any(|m| m.starts_with(&format!("{path}/")));

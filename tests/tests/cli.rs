@@ -345,7 +345,7 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
         manifest_case(
             &fx,
             "ledger write",
-            &m(r#"{"write":["output/**","planes/ho1/sessions/<session_id>/ledger/exec.jsonl"]}"#),
+            &m(r#"{"write":["reports/**","planes/ho1/sessions/<session_id>/ledger/exec.jsonl"]}"#),
             "E2042",
             "capabilities.write[1]",
         ),
@@ -360,7 +360,7 @@ fn bad_input_table_exits_2_names_the_field_and_changes_nothing() {
         manifest_case(
             &fx,
             "another package code",
-            &m(r#"{"write":["output/**","installed/demo/*.py"]}"#),
+            &m(r#"{"write":["reports/**","installed/demo/*.py"]}"#),
             "E2042",
             "capabilities.write[1]",
         ),

@@ -800,9 +800,12 @@ fn fr_rt_007_a_failed_exec_is_reported_with_its_errno_and_landlock_outcome() {
     }
     let fx = fixture();
     fx.write("installed/t/not-executable.sh", b"#!/bin/sh\necho hi\n");
+    // A glob entry: a literal one naming a file without an execute bit is
+    // refused at load (it grants nothing), a glob matches what exists at
+    // run time.
     let manifest = MANIFEST.replace(
         r#""execute": ["/usr/bin/python3","#,
-        r#""execute": ["installed/t/not-executable.sh", "/usr/bin/python3","#,
+        r#""execute": ["installed/t/*.sh", "/usr/bin/python3","#,
     );
     assert_ne!(manifest, MANIFEST, "the manifest fixture changed");
     fx.install("t", &manifest);

@@ -372,3 +372,123 @@ fn a_session_tree_replaced_by_a_symbolic_link_is_refused_before_anything() {
         assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 }
+
+/// Red-team finding M5 (stop 54), and what it led to: a read grant that
+/// covers the session trees (`**`, `output/**`, `planes/**`) read every
+/// session's outputs, scratch and ledgers in the workspace — other tenants'
+/// in a shared one — and a write pattern `output/**` let a turn commit a
+/// declared output into another session's directory. Now another
+/// session's directories are never granted (the read goes around them),
+/// a write pattern reaching them is refused at load, and a declared output
+/// in one is a violation. The session's own outputs stay readable.
+#[test]
+fn other_sessions_directories_are_never_granted() {
+    if !require_root("other_sessions_directories_are_never_granted") {
+        return;
+    }
+    let fx = Fixture::new();
+    let reader = |read: &str| {
+        format!(r#"{{"capabilities":{{"read":{read},"execute":["/bin/sh","/bin/cat"]}}}}"#)
+    };
+    fx.install("all", &reader(r#"["**"]"#));
+    fx.install("outs", &reader(r#"["output/**","tmp/**","planes/**"]"#));
+    // Session A (tenant a) leaves an output, scratch and its ledgers.
+    let r = fx.run(
+        "all",
+        &[
+            "--json",
+            "--tenant",
+            "team-a",
+            "--output",
+            "output/<session_id>/a.txt:r",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo SECRET-OUT > output/$TURNSTILE_SESSION_ID/a.txt; echo SECRET-TMP > tmp/$TURNSTILE_SESSION_ID/s.txt",
+        ],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+    let a = r.json()["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        std::fs::read_to_string(fx.root.join(format!("output/{a}/a.txt"))).unwrap(),
+        "SECRET-OUT\n"
+    );
+    // Tenant b, with each manifest: nothing of A's is read.
+    let probe = format!(
+        "for f in output/{a}/a.txt tmp/{a}/s.txt planes/ho1/sessions/{a}/ledger/exec.jsonl; do cat $f 2>/dev/null && echo LEAK $f; done; echo done"
+    );
+    for pkg in ["all", "outs"] {
+        let r = fx.run(
+            pkg,
+            &[
+                "--tenant",
+                "team-b",
+                "--no-outputs",
+                "--",
+                "/bin/sh",
+                "-c",
+                &probe,
+            ],
+        );
+        let out = r.stdout.clone();
+        assert!(out.contains("done"), "{pkg}: {out} {}", r.stderr);
+        assert!(
+            !out.contains("SECRET") && !out.contains("LEAK"),
+            "{pkg}: {out}"
+        );
+    }
+    // A's own later turn still reads what A wrote.
+    let r = fx.run(
+        "all",
+        &[
+            "--tenant",
+            "team-a",
+            "--session",
+            &a,
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat output/$TURNSTILE_SESSION_ID/a.txt",
+        ],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("SECRET-OUT"), "{}", r.stdout);
+
+    // A write pattern that reaches other sessions: refused at load.
+    for write in ["output/**", "tmp/*/x", "output/SES-*/**"] {
+        fx.install(
+            "w",
+            &format!(r#"{{"capabilities":{{"write":["{write}"],"execute":["/bin/sh"]}}}}"#),
+        );
+        let before = fx.snapshot();
+        let r = fx.run(
+            "w",
+            &["--json", "--no-outputs", "--", "/bin/sh", "-c", "true"],
+        );
+        assert_eq!(r.status, 2, "{write}: {}", r.stdout);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "TS1002", "{write}: {v}");
+        assert_eq!(v["error"]["field"], "capabilities.write[0]", "{write}: {v}");
+        assert_eq!(before, fx.snapshot(), "{write}");
+    }
+    // A declared output in another session's directory: a violation,
+    // nothing written there.
+    let r = fx.run(
+        "all",
+        &[
+            "--json",
+            "--tenant",
+            "team-b",
+            "--output",
+            &format!("output/{a}/evil.txt:r"),
+            "--",
+            "/bin/sh",
+            "-c",
+            "true",
+        ],
+    );
+    assert_eq!(r.status, 11, "{} {}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("another session"), "{}", r.stdout);
+    assert!(!fx.root.join(format!("output/{a}/evil.txt")).exists());
+}

@@ -157,11 +157,14 @@ fn wide_manifest(
             .map(|d| format!("{d}/**")),
     );
     // Writable: every top-level directory of the workspace but the
-    // reserved ones (writes are captured; nothing is committed).
+    // reserved ones (writes are captured; nothing is committed) and the
+    // session trees (the turn's own `tmp/<sid>` and `output/<sid>` are
+    // always writable; the rest are other sessions').
     let mut write = Vec::new();
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if ["planes", "installed"].contains(&name.as_str())
+            || turnstile_policy::pattern::SESSION_TREES.contains(&name.as_str())
             || name.starts_with('.') && name.len() == 1
         {
             continue;

@@ -356,7 +356,13 @@ pub fn path_violations(
                     (path == *t || path.starts_with(&format!("{t}/")))
                         && root.starts_with(&format!("{t}/"))
                 });
+                // Another session's directory: never granted, so the usual
+                // "add it to the manifest" would mislead.
+                let other_session = inside && other_session_dir(&target, session).is_some();
                 let hint = match (need, inside, tmp_over_root) {
+                    _ if other_session => format!(
+                        "`{target}` lies in another session's directory, which no turn may read or write whatever its manifest grants; pass what it needs as a declared input or through the file bus"
+                    ),
                     ("write", false, Some(t)) => format!(
                         "`{t}` is read-only in this turn because the workspace ({root}) lies beneath it: use $TMPDIR (the session's scratch), or put the workspace outside `{t}`"
                     ),
@@ -576,6 +582,19 @@ pub fn network_records(
         });
     }
     (calls, violations)
+}
+
+/// `tmp/<sid>`, `output/<sid>` or `planes/<tier>/sessions/<sid>` when the
+/// workspace-relative `target` lies in such a directory of a session
+/// other than `own`.
+fn other_session_dir(target: &str, own: &str) -> Option<String> {
+    let parts: Vec<&str> = target.split('/').collect();
+    let (tree, sid) = match parts.as_slice() {
+        [t @ ("tmp" | "output"), sid, ..] => ((*t).to_owned(), *sid),
+        ["planes", tier, "sessions", sid, ..] => (format!("planes/{tier}/sessions"), *sid),
+        _ => return None,
+    };
+    (sid != own).then(|| format!("{tree}/{sid}"))
 }
 
 #[cfg(test)]
