@@ -227,3 +227,28 @@ fn issue_13_a_key_whose_turn_never_began_runs_it() {
     assert_eq!(started(&fx, &sid), 2);
     fx.assert_ledgers_intact(&sid);
 }
+
+/// A key without `--session` was accepted, and each retry started a new
+/// session and ran the command again (red-team, stop 54): refused before
+/// anything exists (exit 2, naming the flag).
+#[test]
+fn a_key_without_a_session_is_refused_before_anything() {
+    let fx = Fixture::new();
+    fx.install("i", MANIFEST);
+    let before = fx.snapshot();
+    let r = fx.run(
+        "i",
+        &[
+            "--json",
+            "--idempotency-key",
+            "k",
+            "--no-outputs",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert_eq!(r.status, 2, "{}", r.stdout);
+    assert_eq!(r.json()["error"]["field"], "--idempotency-key");
+    assert_eq!(before, fx.snapshot(), "something was made");
+    assert!(!fx.state.exists(), "a state directory was made");
+}

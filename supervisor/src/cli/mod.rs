@@ -1700,6 +1700,15 @@ fn health_server(a: &HealthArgs) -> Result<Outcome> {
 }
 
 fn run_cmd(a: &RunArgs) -> Result<Outcome> {
+    // A key is recorded in its session: without --session each retry
+    // starts a new session and runs again, which is what the key is for
+    // preventing (red-team, stop 54: it was accepted and ran twice).
+    if a.request.idempotency_key.is_some() && a.session.is_none() {
+        return Err(SupervisorError::invalid(
+            "--idempotency-key",
+            "needs --session: a key is recorded in its session, and a retry without one would start a new session and run again",
+        ));
+    }
     let request = request_from_args(&a.request)?;
     let deterministic = a.deterministic.parse()?;
     if deterministic.is_some() && a.session.is_some() {
