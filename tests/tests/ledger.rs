@@ -902,3 +902,44 @@ fn fr_rt_008_a_turn_refuses_to_extend_a_chain_edited_further_back() {
         std::fs::write(&path, &before).unwrap();
     }
 }
+
+/// `explain`, `context` and `checkpoint` read the evidence ledger and
+/// verified only it (red-team low, stop 54): an edited exec ledger went
+/// unnoticed. A read of a session verifies both: exit 3, TS1010 naming
+/// `exec.jsonl`, and the checkpoint is not written.
+#[test]
+fn fr_rt_008_reads_of_the_evidence_verify_the_exec_ledger_too() {
+    let fx = Fixture::new();
+    let sid = session_with_turns(&fx, 2, None);
+    let path = fx.ledger(&sid, "exec");
+    let mut ls = lines(&path);
+    let mut v: Value = serde_json::from_str(&ls[1]).unwrap();
+    v["status"] = json!("committed");
+    ls[1] = canonical_line(v, false);
+    write_lines(&path, &ls);
+    for (words, extra) in [
+        (vec!["explain"], vec!["--turn", "1"]),
+        (vec!["context"], vec![]),
+        (vec!["checkpoint"], vec![]),
+    ] {
+        let mut args = vec!["--json", "--session", sid.as_str()];
+        args.extend(extra);
+        let r = fx.supervise(&words, &args);
+        assert_eq!(r.status, 3, "{words:?}: {}", r.stdout);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "TS1010", "{words:?}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("exec.jsonl"),
+            "{words:?}: {v}"
+        );
+    }
+    assert!(
+        !fx.root
+            .join(format!("planes/ho2/sessions/{sid}/checkpoints"))
+            .exists(),
+        "a checkpoint was written"
+    );
+}

@@ -1302,6 +1302,8 @@ fn explain(a: &ExplainArgs) -> Result<Outcome> {
     }
     let (ws, state) = open_workspace(&a.common)?;
     let session = a.who.open(&ws, &state, &id, None)?;
+    // Both ledgers verify (FR-RT-008), not only the one read.
+    session.ledger(LedgerKind::Exec).verify()?;
     let raw = session.ledger(LedgerKind::Evidence).verified_entries()?;
     let entry = read_all::<EvidenceEntry>(&raw)
         .map_err(|e| {

@@ -163,8 +163,11 @@ fn body_hash(c: &Value) -> String {
     canonical::hash_value(&body).unwrap_or_default()
 }
 
-/// The session's evidence entries, verified and typed.
+/// The session's evidence entries, verified and typed. The exec ledger is
+/// verified too: a read of a session verifies both (FR-RT-008), not only
+/// the one it reads from.
 fn evidence(session: &Session) -> Result<Vec<Read<EvidenceEntry>>> {
+    session.ledger(LedgerKind::Exec).verify()?;
     let raw = session.ledger(LedgerKind::Evidence).verified_entries()?;
     read_all(&raw).map_err(|e| {
         tampered(
