@@ -222,7 +222,7 @@ impl PolicyError {
             | Self::EgressUdpTooWide { field, .. }
             | Self::InvalidRequest { field, .. } => Some(field),
             Self::InvalidSessionId { .. } => Some("session_id"),
-            Self::InvalidPackageId { .. } => Some("package"),
+            Self::InvalidPackageId { .. } | Self::PackageNotFound { .. } => Some("package"),
             _ => None,
         }
     }

@@ -338,7 +338,7 @@ impl SupervisorError {
             Self::ProtocolMismatch { .. } => Some("protocol"),
             Self::BusRules { field, .. } => Some(field),
             Self::ReceiveNoEntry { .. } => Some("entry.receive"),
-            Self::ReceiveBackend { .. } => Some("--backend"),
+            Self::ReceiveBackend { .. } | Self::RuntimeUnavailable { .. } => Some("--backend"),
             _ => None,
         }
     }

@@ -168,6 +168,7 @@ fn issue_10_a_runtime_not_installed_is_e2040_never_a_fallback() {
     let (status, v, stderr) = turn(&fx, "kata", &[], "print(1)");
     assert_eq!(status, 20, "{stderr}");
     assert_eq!(v["error"]["code"], "E2040", "{v}");
+    assert_eq!(v["error"]["field"], "--backend", "{v}");
     assert_eq!(before, fx.snapshot(), "something was created");
     assert!(!fx.state.exists(), "the state dir was created");
 }

@@ -53,6 +53,7 @@ fn fr_rt_001_missing_package_is_package_not_found_naming_the_path() {
     let e = &r.json()["error"];
     assert_eq!(e["code"], "TS1001");
     assert_eq!(e["name"], "PACKAGE_NOT_FOUND");
+    assert_eq!(e["field"], "package", "{e}");
     let expected = fx.root.join("installed/ghost/manifest.json");
     assert!(
         e["message"]
