@@ -129,20 +129,64 @@ impl Pattern {
     }
 }
 
-/// The workspace trees that hold one directory per session.
+/// The workspace trees that hold one directory per session (besides
+/// `planes/<tier>/sessions`).
 pub const SESSION_TREES: [&str; 2] = ["output", "tmp"];
 
 impl Pattern {
-    /// The session tree (`output`, `tmp`) in which this pattern could name
-    /// another session's directory — `output/**`, `tmp/*/x`, `*/SES-*/**`
-    /// — rather than only its own `<session_id>`'s: a grant there would
-    /// reach every session in the workspace (other tenants' in a shared
-    /// one). Errs on the side of "yes", as [`Pattern::may_cover`].
+    /// Whether this pattern could name, in the session tree `tree`
+    /// (workspace-relative; a `*` segment stands for any one, as in
+    /// `planes/*/sessions`), anything but the turn's own `<session_id>`
+    /// directory: the tree itself, or another session's directory — a
+    /// literal id, a glob, `**` — or what lies below one. `root` is the
+    /// workspace root, to judge absolute patterns (`None`: they never
+    /// reach, as for write patterns, which must be relative). Decided on
+    /// the pattern's segments, not by probing one id: `output/SES-2026*/**`
+    /// and a literal other id reach as much as `output/**` does.
+    pub fn reaches_in_tree(&self, tree: &str, root: Option<&str>) -> bool {
+        let raw = self.as_str();
+        let rel = if self.is_absolute() {
+            let Some(root) = root.map(|r| r.trim_end_matches('/')) else {
+                return false;
+            };
+            let prefix = self.static_prefix(&probe_session());
+            // At or above the root (`/**`, `/srv/**`): every tree.
+            if prefix == "/" || root == prefix || root.starts_with(&format!("{prefix}/")) {
+                return true;
+            }
+            match raw.strip_prefix(&format!("{root}/")) {
+                Some(r) => r,
+                None => return false,
+            }
+        } else {
+            raw
+        };
+        let segs: Vec<&str> = rel.split('/').collect();
+        let mut i = 0;
+        for t in tree.split('/') {
+            match segs.get(i) {
+                // The pattern ends at an ancestor of the tree it matched
+                // so far: a grant there covers the tree.
+                None => return true,
+                Some(&"**") => return true,
+                Some(p) if t == "*" || glob(p).is_ok_and(|g| g.compile_matcher().is_match(t)) => {
+                    i += 1;
+                }
+                Some(_) => return false,
+            }
+        }
+        // Matched the tree; what follows names a directory in it.
+        !matches!(segs.get(i), Some(&path::SESSION_PLACEHOLDER))
+    }
+
+    /// The session tree (`output`, `tmp`) in which this (relative) pattern
+    /// could name another session's directory ([`Pattern::reaches_in_tree`]):
+    /// a write grant there would reach every session in the workspace
+    /// (other tenants' in a shared one).
     pub fn reaches_other_sessions(&self) -> Option<&'static str> {
-        let other = SessionId::from_parts(OffsetDateTime::UNIX_EPOCH, 1);
         SESSION_TREES
             .into_iter()
-            .find(|tree| self.may_cover(&format!("{tree}/{}", other.as_str())))
+            .find(|tree| self.reaches_in_tree(tree, None))
     }
 }
 
@@ -524,8 +568,33 @@ mod tests {
             "*/SES-*/**",
             "**/x",
             "tmp/**/y",
+            "output/SES-2026*/**",
+            "tmp/SES-20261129T030815684030Z-f0311854d3971558/**",
+            "o*/*[a-f]*/x",
         ] {
             assert!(others(p).is_some(), "{p}");
+        }
+        let abs = |p: &str| {
+            let p = Pattern::parse(p).unwrap();
+            ["output", "tmp", "planes/*/sessions"]
+                .iter()
+                .any(|t| p.reaches_in_tree(t, Some("/ws")))
+        };
+        for p in [
+            "/**",
+            "/ws/**",
+            "/ws/tmp/SES-x/**",
+            "/ws/planes/ho1/sessions/S/l",
+        ] {
+            assert!(abs(p), "{p}");
+        }
+        for p in [
+            "/usr/**",
+            "/ws/data/**",
+            "/ws/output/<session_id>/**",
+            "/wsx/**",
+        ] {
+            assert!(!abs(p), "{p}");
         }
         for p in [
             "output/<session_id>/**",

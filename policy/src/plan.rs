@@ -234,6 +234,14 @@ pub enum PlanError {
         path: String,
         target: String,
     },
+    #[error(
+        "the read grants cover {count} directories of sessions another owner holds (`{example}`…), which only Landlock leaves out of a turn and backend `{backend}` applies none: narrow the read grants (not `**`, `output/**`, `tmp/**` or `planes/**`) or use native, runc or crun"
+    )]
+    OtherSessionsExposed {
+        backend: String,
+        count: usize,
+        example: String,
+    },
 }
 
 /// Host paths shown read-only in every sandbox, when they exist. Symlinks
@@ -359,6 +367,12 @@ pub struct PlanContext<'a> {
     /// [`Plan::system_root`]); `fs` must then answer for paths outside the
     /// workspace from that rootfs.
     pub system_root: Option<&'a str>,
+    /// Sessions of this workspace whose owner is not this turn's (another
+    /// tenant's, another uid's): their directories are left out of the read
+    /// grants ([`foreign_session_dirs`]). The supervisor lists them only
+    /// when the read patterns reach the session trees
+    /// ([`session_trees_read`]).
+    pub foreign_sessions: &'a [String],
 }
 
 /// Compiles the Plan of one allowed turn: the writable scopes, the
@@ -435,12 +449,6 @@ pub fn compile(
 /// `path` is `dir` or below it.
 fn within(path: &str, dir: &str) -> bool {
     path == dir || path.starts_with(&format!("{dir}/"))
-}
-
-/// Whether an absolute pattern's static prefix (`/`, `/srv/ws`) is `path`
-/// or above it.
-fn covers_dir(prefix: &str, path: &str) -> bool {
-    prefix == "/" || within(path, prefix)
 }
 
 /// What one compilation reads: the inputs, and the forbidden patterns.
@@ -872,16 +880,14 @@ impl<'a> Compiler<'a> {
             .collect();
         read.push("/proc".into());
         read.extend(["/etc/hosts".to_owned(), "/etc/hostname".to_owned()]);
-        // Other sessions' directories are never granted, whatever a read
+        // Another owner's sessions are never granted, whatever a read
         // pattern covers (`**`, `output/**`, `planes/**`): the grant goes
-        // around them, and one made after this compile is not granted
-        // either, since only what exists now is (red-team M5, stop 54).
-        let hidden = self.other_sessions();
-        let masked: Vec<String> = if hidden.is_empty() {
-            masked.to_vec()
-        } else {
-            masked.iter().cloned().chain(hidden).collect()
-        };
+        // around their directories. A session tree a pattern reaches is
+        // granted child by child, never whole, so a session made after
+        // this compile is not granted either (red-team M5, stop 54).
+        let descend = session_trees_read(root, fs, caps);
+        let foreign = foreign_session_dirs(root, fs, caps, self.ctx.foreign_sessions);
+        let masked: Vec<String> = masked.iter().cloned().chain(foreign).collect();
         let masked = masked.as_slice();
         if self.manifest.network != Network::Isolated {
             read.push("/etc/resolv.conf".to_owned());
@@ -900,10 +906,17 @@ impl<'a> Compiler<'a> {
                     "" => "/",
                     h => h,
                 };
-                if let Some(target) = fs
-                    .canonical(&hit)
-                    .filter(|c| c != named && (c == "/" || within(root, c)))
-                {
+                // Nor may a link lead to a session tree (or above one) or
+                // into another owner's session: the rule would cover what
+                // the grants go around (red-team, stop 55: a link in the
+                // turn's own scratch to `output/`).
+                if let Some(target) = fs.canonical(&hit).filter(|c| {
+                    c != named
+                        && (c == "/"
+                            || within(root, c)
+                            || descend.iter().any(|t| within(t, c))
+                            || masked.iter().any(|m| within(c, m)))
+                }) {
                     return Err(PlanError::LinkWidens {
                         pattern: p.to_string(),
                         path: hit,
@@ -912,7 +925,7 @@ impl<'a> Compiler<'a> {
                 }
                 // `named`: a `**` at the root hits `<root>/`, whose masks
                 // would otherwise not be seen as beneath it.
-                grant_excluding(fs, root, named, forbidden, masked, &mut read);
+                grant_excluding(fs, root, named, forbidden, masked, &descend, &mut read);
             }
         }
         read.sort();
@@ -950,6 +963,19 @@ impl<'a> Compiler<'a> {
         }
         execute.sort();
         execute.dedup();
+        // An execute rule grants reading too: it goes around another
+        // owner's sessions, and a session tree is granted child by child,
+        // as the read grants are (red-team, stop 55: `output/*/a.txt`
+        // and `**` as execute entries read other tenants' outputs).
+        let execute: Vec<String> = {
+            let mut out = Vec::new();
+            for e in &execute {
+                grant_excluding(fs, root, e, forbidden, masked, &descend, &mut out);
+            }
+            out.sort();
+            out.dedup();
+            out
+        };
         let mut read_write: Vec<String> = scope_dirs.to_vec();
         read_write.push("/dev/shm".into());
         // The turn's own POSIX message queues (its IPC namespace's mqueue
@@ -967,46 +993,6 @@ impl<'a> Compiler<'a> {
             execute,
             devices: DEVICES.iter().map(|d| (*d).to_owned()).collect(),
         })
-    }
-
-    /// Every other session's directory a read pattern could reach:
-    /// `output/<sid>`, `tmp/<sid>` (and commit staging there) and
-    /// `planes/<tier>/sessions/<sid>`, for the session trees some read
-    /// pattern covers beyond this session's own (none, for the usual
-    /// `output/<session_id>/**`: nothing is listed then).
-    fn other_sessions(&self) -> Vec<String> {
-        let (root, fs, sid, caps) = (self.root, self.fs, self.sid, self.caps);
-        let other = crate::session::SessionId::from_parts(time::OffsetDateTime::UNIX_EPOCH, 1);
-        let mut trees: Vec<String> = Vec::new();
-        for tree in crate::pattern::SESSION_TREES {
-            if caps.read.iter().any(|p| {
-                !p.is_absolute() && p.may_cover(&format!("{tree}/{}", other.as_str()))
-                    || p.is_absolute()
-                        && covers_dir(&p.static_prefix(self.session), &join(root, tree))
-            }) {
-                trees.push(join(root, tree));
-            }
-        }
-        let planes = join(root, "planes");
-        for tier in fs.list(&planes) {
-            let sessions = format!("planes/{tier}/sessions");
-            if caps.read.iter().any(|p| {
-                !p.is_absolute() && p.may_cover(&format!("{sessions}/{}", other.as_str()))
-                    || p.is_absolute()
-                        && covers_dir(&p.static_prefix(self.session), &join(root, &sessions))
-            }) {
-                trees.push(join(root, &sessions));
-            }
-        }
-        let mut out = Vec::new();
-        for tree in trees {
-            for name in fs.list(&tree) {
-                if name != sid {
-                    out.push(format!("{tree}/{name}"));
-                }
-            }
-        }
-        out
     }
 
     /// The environment (FR-RT-012, FR-RT-014): PATH (see [`Self::path`]),
@@ -1229,6 +1215,70 @@ fn preimage_stores(fs: &dyn FsView, planes: &str) -> Vec<String> {
     out
 }
 
+/// The session trees a read or execute pattern of `caps` reaches beyond
+/// the turn's own `<session_id>` directory (absolute): `output`, `tmp`,
+/// `planes/<tier>/sessions` — by `**`, `output/**`, `planes/**`, a
+/// literal other id, `output/*/bin/x` and the like; none for the usual
+/// `output/<session_id>/**`.
+pub fn session_trees_read(
+    root: &str,
+    fs: &dyn FsView,
+    caps: &crate::capabilities::Capabilities,
+) -> Vec<String> {
+    let root = root.trim_end_matches('/');
+    // Execute entries too: an execute rule grants reading.
+    let reaches = |tree: &str| {
+        caps.read
+            .iter()
+            .chain(caps.execute.iter().map(|e| &e.program))
+            .any(|p| p.reaches_in_tree(tree, Some(root)))
+    };
+    let mut trees: Vec<String> = crate::pattern::SESSION_TREES
+        .into_iter()
+        .filter(|t| reaches(t))
+        .map(|t| join(root, t))
+        .collect();
+    for tier in fs.list(&join(root, "planes")) {
+        let sessions = format!("planes/{tier}/sessions");
+        if reaches(&sessions) {
+            trees.push(join(root, &sessions));
+        }
+    }
+    trees
+}
+
+/// The session a directory of a session tree belongs to: `<sid>`, or for
+/// a commit's staging directory in `tmp/`, `.<sid>.t<n>.commit`.
+pub fn session_of_entry(name: &str) -> &str {
+    name.strip_prefix('.')
+        .and_then(|n| n.split_once(".t"))
+        .map_or(name, |(sid, _)| sid)
+}
+
+/// The directories of `foreign` sessions in the session trees the read
+/// patterns reach ([`session_trees_read`]): what the plan's Landlock read
+/// grants go around. A backend without Landlock cannot keep them from the
+/// turn ([`PlanError::OtherSessionsExposed`]).
+pub fn foreign_session_dirs(
+    root: &str,
+    fs: &dyn FsView,
+    caps: &crate::capabilities::Capabilities,
+    foreign: &[String],
+) -> Vec<String> {
+    if foreign.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for tree in session_trees_read(root, fs, caps) {
+        for name in fs.list(&tree) {
+            if foreign.iter().any(|f| f == session_of_entry(&name)) {
+                out.push(format!("{tree}/{name}"));
+            }
+        }
+    }
+    out
+}
+
 /// Grants `path` — unless a forbidden or masked path lies beneath it, in
 /// which case its children are granted instead, around the forbidden ones
 /// (Landlock is hierarchical: a grant on a parent would cover them).
@@ -1238,20 +1288,39 @@ fn grant_excluding(
     path: &str,
     forbidden: &PatternSet,
     masked: &[String],
+    descend: &[String],
     out: &mut Vec<String>,
 ) {
+    // `<root>/` (a `**` at the root) is `<root>`: with the slash nothing
+    // beneath it would be seen as masked.
+    let path = match path.trim_end_matches('/') {
+        "" => "/",
+        p => p,
+    };
     if forbidden.matching(&Target::new(root, path)).is_some()
         || masked.iter().any(|m| within(path, m))
     {
         return;
     }
-    let contains_forbidden = masked.iter().any(|m| m.starts_with(&format!("{path}/")));
+    // `descend`: directories granted child by child, never whole (a
+    // session tree: a session made later must not be granted with it).
+    let beneath = format!("{path}/");
+    let contains_forbidden = masked.iter().any(|m| m.starts_with(&beneath))
+        || descend.iter().any(|d| d == path || d.starts_with(&beneath));
     if !contains_forbidden {
         out.push(path.to_owned());
         return;
     }
     for name in fs.list(path) {
-        grant_excluding(fs, root, &format!("{path}/{name}"), forbidden, masked, out);
+        grant_excluding(
+            fs,
+            root,
+            &format!("{path}/{name}"),
+            forbidden,
+            masked,
+            descend,
+            out,
+        );
     }
 }
 
@@ -1546,6 +1615,7 @@ mod tests {
                 ("SECRET".into(), "x".into()),
             ],
             system_root: None,
+            foreign_sessions: &[],
         };
         compile(&ctx, &m, &req, &allowed, fs)
     }
@@ -1809,6 +1879,7 @@ mod tests {
             turn_number: 1,
             host_env: Vec::new(),
             system_root: Some("/images/busybox"),
+            foreign_sessions: &[],
         };
         let plan = compile(&ctx, &m, &req, &allowed, &fs).unwrap();
         assert_eq!(plan.system_root.as_deref(), Some("/images/busybox"));

@@ -377,10 +377,11 @@ fn a_session_tree_replaced_by_a_symbolic_link_is_refused_before_anything() {
 /// covers the session trees (`**`, `output/**`, `planes/**`) read every
 /// session's outputs, scratch and ledgers in the workspace — other tenants'
 /// in a shared one — and a write pattern `output/**` let a turn commit a
-/// declared output into another session's directory. Now another
-/// session's directories are never granted (the read goes around them),
-/// a write pattern reaching them is refused at load, and a declared output
-/// in one is a violation. The session's own outputs stay readable.
+/// declared output into another session's directory. Now another owner's
+/// session directories are never granted (the read goes around them), a
+/// write pattern reaching other sessions is refused at load, and a
+/// declared output in one is a violation. The owner's sessions stay
+/// readable to each other.
 #[test]
 fn other_sessions_directories_are_never_granted() {
     if !require_root("other_sessions_directories_are_never_granted") {
@@ -437,6 +438,22 @@ fn other_sessions_directories_are_never_granted() {
             "{pkg}: {out}"
         );
     }
+    // Another session of the same owner (tenant a) reads it: sessions of
+    // one owner are not kept from each other.
+    let r = fx.run(
+        "outs",
+        &[
+            "--tenant",
+            "team-a",
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!("cat output/{a}/a.txt"),
+        ],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("SECRET-OUT"), "{}", r.stdout);
     // A's own later turn still reads what A wrote.
     let r = fx.run(
         "all",
@@ -491,4 +508,175 @@ fn other_sessions_directories_are_never_granted() {
     assert_eq!(r.status, 11, "{} {}", r.stdout, r.stderr);
     assert!(r.stdout.contains("another session"), "{}", r.stdout);
     assert!(!fx.root.join(format!("output/{a}/evil.txt")).exists());
+}
+
+/// The red team's second pass (stop 55) over the rule above, every shape a
+/// grant can take: an execute entry (which grants reading too) under
+/// `output/`, `**` as an execute entry, a literal other session id, a
+/// glob that matches real ids but not a probe, an absolute pattern deeper
+/// than the tree, a symbolic link in the turn's own scratch leading to
+/// `output/`, and a session another tenant makes while the turn runs.
+/// None of them reads tenant a's files; a write glob reaching other
+/// sessions is refused at load.
+#[test]
+fn another_owners_sessions_stay_out_of_reach_of_every_grant_shape() {
+    if !require_root("another_owners_sessions_stay_out_of_reach_of_every_grant_shape") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("a", r#"{"capabilities":{"execute":["/bin/sh"]}}"#);
+    // A session of tenant a, made while a turn of tenant b (which reads
+    // `**`) is already running: b waits until a's directory is listed
+    // (listing is granted everywhere), then tries to read what a wrote.
+    fx.install(
+        "all",
+        r#"{"capabilities":{"read":["**"],"execute":["/bin/sh","/bin/cat","/bin/ls","/bin/sleep"]}}"#,
+    );
+    let waiter = fx
+        .command(
+            &turnstile_tests::supervise_bin(),
+            &["run"],
+            &[
+                "--package",
+                "all",
+                "--tenant",
+                "team-b",
+                "--no-outputs",
+                "--",
+                "/bin/sh",
+                "-c",
+                "i=0; while [ $i -lt 200 ]; do set -- output/*; [ $# -ge 2 ] && break; sleep 0.05; i=$((i+1)); done; [ $# -ge 2 ] && echo SEEN; sleep 1; cat output/*/a.txt tmp/*/s.txt 2>/dev/null; echo done",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let r = fx.run(
+        "a",
+        &[
+            "--json",
+            "--tenant",
+            "team-a",
+            "--output",
+            "output/<session_id>/a.txt:r",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo SECRET-OUT > output/$TURNSTILE_SESSION_ID/a.txt; echo SECRET-TMP > tmp/$TURNSTILE_SESSION_ID/s.txt",
+        ],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+    let a = r.json()["session_id"].as_str().unwrap().to_owned();
+    let out = waiter.wait_with_output().unwrap();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        seen.contains("SEEN") && seen.contains("done"),
+        "{seen} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !seen.contains("SECRET"),
+        "a session made during the turn: {seen}"
+    );
+
+    let probe = format!(
+        "for f in output/{a}/a.txt tmp/{a}/s.txt planes/ho1/sessions/{a}/ledger/exec.jsonl {root}/tmp/{a}/s.txt; do cat $f 2>/dev/null && echo LEAK $f; done; echo done",
+        root = fx.root.display()
+    );
+    let root = fx.root.display().to_string();
+    for (name, manifest) in [
+        (
+            "execute under output",
+            r#"{"capabilities":{"execute":["/bin/sh","/bin/cat","output/*/a.txt"]}}"#.to_owned(),
+        ),
+        (
+            "execute **",
+            r#"{"capabilities":{"execute":["/bin/sh","/bin/cat","**"]}}"#.to_owned(),
+        ),
+        (
+            "literal ids",
+            format!(
+                r#"{{"capabilities":{{"read":["output/{a}/a.txt","tmp/{a}/**","planes/ho1/sessions/{a}/ledger/exec.jsonl"],"execute":["/bin/sh","/bin/cat"]}}}}"#
+            ),
+        ),
+        (
+            "globs matching real ids",
+            r#"{"capabilities":{"read":["output/SES-2*/**","tmp/*[a-f]*/**","planes/ho1/sessions/SES-2*/**"],"execute":["/bin/sh","/bin/cat"]}}"#.to_owned(),
+        ),
+        (
+            "absolute, deeper than the tree",
+            format!(
+                r#"{{"capabilities":{{"read":["{root}/tmp/{a}/**"],"execute":["/bin/sh","/bin/cat"]}}}}"#
+            ),
+        ),
+    ] {
+        fx.install("b", &manifest);
+        let r = fx.run(
+            "b",
+            &["--tenant", "team-b", "--no-outputs", "--", "/bin/sh", "-c", &probe],
+        );
+        assert!(
+            !r.stdout.contains("SECRET") && !r.stdout.contains("LEAK"),
+            "{name}: {}",
+            r.stdout
+        );
+        // Refused whole, or run and refused the reads: either way no byte.
+        assert!(
+            r.stdout.contains("done") || r.status == 20 || r.status == 2,
+            "{name}: {} {} {}",
+            r.status,
+            r.stdout,
+            r.stderr
+        );
+    }
+
+    // A link in b's own scratch to `output/`, named by a read pattern.
+    fx.install(
+        "l",
+        r#"{"capabilities":{"read":["data/**","tmp/<session_id>/l/**"],"execute":["/bin/sh","/bin/cat","/bin/ln"]}}"#,
+    );
+    let r = fx.run(
+        "l",
+        &[
+            "--json",
+            "--tenant",
+            "team-b",
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!("ln -s {root}/output $TMPDIR/l"),
+        ],
+    );
+    assert_eq!(r.status, 0, "{} {}", r.stdout, r.stderr);
+    let b = r.json()["session_id"].as_str().unwrap().to_owned();
+    let r = fx.run(
+        "l",
+        &[
+            "--tenant",
+            "team-b",
+            "--session",
+            &b,
+            "--no-outputs",
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!("cat $TMPDIR/l/{a}/a.txt; echo done"),
+        ],
+    );
+    assert!(!r.stdout.contains("SECRET"), "link: {}", r.stdout);
+
+    // A write glob that matches real ids: refused at load.
+    fx.install(
+        "g",
+        r#"{"capabilities":{"write":["output/SES-2*/**"],"execute":["/bin/sh"]}}"#,
+    );
+    let r = fx.run(
+        "g",
+        &["--json", "--no-outputs", "--", "/bin/sh", "-c", "true"],
+    );
+    assert_eq!(r.status, 2, "{}", r.stdout);
+    assert_eq!(r.json()["error"]["field"], "capabilities.write[0]");
 }

@@ -336,6 +336,15 @@ pub fn propose(ops: &[RawDenial], root: &str, report: Option<&TurnReport>) -> Le
             {
                 continue;
             }
+            // Another session's directory is never granted: proposing it
+            // would teach a manifest another session's (tenant's) paths.
+            if inside
+                && rel(&path).is_some_and(|r| {
+                    r.starts_with("output/") || r.starts_with("planes/") && r.contains("/sessions/")
+                })
+            {
+                continue;
+            }
             // A refusal counts only where something real was refused.
             let host = Path::new(&path);
             let real = op.errno == 0

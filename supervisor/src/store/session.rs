@@ -140,6 +140,22 @@ fn read_record(bytes: &[u8]) -> std::result::Result<SessionRecord, String> {
     serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
+/// Whether a turn of `me` is kept out of session `sid`'s directories:
+/// another owner's (another uid or tenant; the package does not count), or
+/// one whose record cannot be read (fail closed). A session created before
+/// owners were recorded is open, as it was.
+pub fn foreign_to(state: &StateDir, sid: &SessionId, me: &Owner) -> bool {
+    match fsx::read_small(&state.session_dir(sid).join("session.json"), 64 * 1024)
+        .ok()
+        .and_then(|b| read_record(&b).ok())
+    {
+        None => true,
+        Some(r) => r
+            .owner
+            .is_some_and(|o| o.uid != me.uid || o.tenant != me.tenant),
+    }
+}
+
 /// A session of one workspace.
 #[derive(Debug, Clone)]
 pub struct Session {

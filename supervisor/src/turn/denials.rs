@@ -361,7 +361,7 @@ pub fn path_violations(
                 let other_session = inside && other_session_dir(&target, session).is_some();
                 let hint = match (need, inside, tmp_over_root) {
                     _ if other_session => format!(
-                        "`{target}` lies in another session's directory, which no turn may read or write whatever its manifest grants; pass what it needs as a declared input or through the file bus"
+                        "`{target}` lies in another session's directory: a turn writes only its own session's, and reads none of another owner's (tenant or uid) whatever its manifest grants; pass what it needs as a declared input or through the file bus"
                     ),
                     ("write", false, Some(t)) => format!(
                         "`{t}` is read-only in this turn because the workspace ({root}) lies beneath it: use $TMPDIR (the session's scratch), or put the workspace outside `{t}`"

@@ -542,19 +542,70 @@ impl Turn<'_> {
         result
     }
 
+    /// The sessions in the session trees the read grants reach whose
+    /// owner is not this turn's ([`crate::store::session::foreign_to`]):
+    /// none looked up for the usual grants, which reach no other session.
+    fn foreign_sessions(&self, view: &dyn plan::FsView) -> Vec<String> {
+        let trees =
+            plan::session_trees_read(self.workspace.root_str(), view, &self.manifest.capabilities);
+        let me = crate::store::session::Owner::for_turn(
+            self.opts.tenant.as_deref(),
+            self.manifest.package_id.as_str(),
+        );
+        let mut ids: Vec<SessionId> = trees
+            .iter()
+            .flat_map(|t| view.list(t))
+            .filter_map(|name| SessionId::parse(plan::session_of_entry(&name)).ok())
+            .filter(|id| *id != self.session.id)
+            .collect();
+        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        ids.dedup();
+        ids.into_iter()
+            .filter(|id| crate::store::session::foreign_to(self.session.state(), id, &me))
+            .map(|id| id.to_string())
+            .collect()
+    }
+
+    /// `plan`, unless its read grants go around another owner's session
+    /// directories (which only Landlock does) and this turn's backend
+    /// applies no Landlock: then another tenant's files would be in its
+    /// view, and the turn is refused.
+    fn keeps_other_sessions_out(
+        &self,
+        plan: plan::Plan,
+        view: &dyn plan::FsView,
+        foreign: &[String],
+    ) -> std::result::Result<plan::Plan, plan::PlanError> {
+        if !self
+            .backend
+            .cannot_enforce()
+            .iter()
+            .any(|(layer, _)| *layer == "landlock")
+        {
+            return Ok(plan);
+        }
+        let others = plan::foreign_session_dirs(
+            self.workspace.root_str(),
+            view,
+            &self.manifest.capabilities,
+            foreign,
+        );
+        match others.first() {
+            None => Ok(plan),
+            Some(example) => Err(plan::PlanError::OtherSessionsExposed {
+                backend: self.backend.name().to_owned(),
+                count: others.len(),
+                example: example
+                    .strip_prefix(&format!("{}/", self.workspace.root_str()))
+                    .unwrap_or(example)
+                    .to_owned(),
+            }),
+        }
+    }
+
     fn run_in_span(self, allowed: &turnstile_policy::check::Allowed) -> Result<TurnResult> {
         let sid = self.session.id.as_str().to_owned();
         let query_hash = canonical::hash_value(&self.request.to_value()).unwrap_or_default();
-        let ctx = PlanContext {
-            root: self.workspace.root_str(),
-            workspace_owner: workspace_owner(self.workspace.root()),
-            turn_number: self.turn_number,
-            host_env: ["LANG", "LC_ALL", "TZ", "TERM"]
-                .iter()
-                .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
-                .collect(),
-            system_root: self.system_root,
-        };
         let mut clock = Instant::now();
         let rooted = self
             .system_root
@@ -565,21 +616,36 @@ impl Turn<'_> {
         };
         // Each question about the host asked once per compile.
         let view = turnstile_policy::fsview::Memo::new(view);
+        let foreign = self.foreign_sessions(&view);
+        let ctx = PlanContext {
+            root: self.workspace.root_str(),
+            workspace_owner: workspace_owner(self.workspace.root()),
+            turn_number: self.turn_number,
+            host_env: ["LANG", "LC_ALL", "TZ", "TERM"]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+                .collect(),
+            system_root: self.system_root,
+            foreign_sessions: &foreign,
+        };
         let plan = {
             let _phase =
                 tracing::info_span!("phase", phase = "plan", "otel.name" = otel_phase("plan"))
                     .entered();
-            plan::compile(&ctx, self.manifest, self.request, allowed, &view).map(|mut p| {
-                p.forward_all_output = self.opts.forward_all_output;
-                if let Some(r) = &self.opts.receive {
-                    // Its stdout is held in memory: bounded whatever the
-                    // manifest's budget.
-                    p.stdin = Some(r.stdin_text());
-                    p.limits.output_bytes = p.limits.output_bytes.min(receive::MAX_OUTPUT_BYTES);
-                }
-                // Shared from here (intent, pool, outcome), never copied.
-                Arc::new(p)
-            })
+            plan::compile(&ctx, self.manifest, self.request, allowed, &view)
+                .and_then(|p| self.keeps_other_sessions_out(p, &view, &foreign))
+                .map(|mut p| {
+                    p.forward_all_output = self.opts.forward_all_output;
+                    if let Some(r) = &self.opts.receive {
+                        // Its stdout is held in memory: bounded whatever the
+                        // manifest's budget.
+                        p.stdin = Some(r.stdin_text());
+                        p.limits.output_bytes =
+                            p.limits.output_bytes.min(receive::MAX_OUTPUT_BYTES);
+                    }
+                    // Shared from here (intent, pool, outcome), never copied.
+                    Arc::new(p)
+                })
         };
         let plan_us = lap(&mut clock);
         // Intent, before anything runs: a crash from here on is visible.
@@ -1156,6 +1222,7 @@ pub fn plan_only(input: admit::Input<'_>, session: Option<&str>) -> Result<Plan>
         turn_number: 0,
         host_env: Vec::new(),
         system_root,
+        foreign_sessions: &[],
     };
     let rooted =
         system_root.map(|image| RootedFs::new(Path::new(image), admission.workspace.root_str()));
