@@ -206,6 +206,15 @@ impl Egress {
     /// turn, not even by a CIDR entry (the supervisor's egress ruleset).
     pub fn inert_reason(&self) -> Option<&'static str> {
         const WHY: &str = "it names only loopback addresses: the turn's own loopback needs no entry, and the host's is never reachable from a turn";
+        if let EgressHost::Cidr(std::net::IpAddr::V6(a), len) = &self.host {
+            if let Some(v4) = a.to_ipv4_mapped().filter(|_| *len >= 96) {
+                if !v4.is_loopback() {
+                    return Some(
+                        "it names IPv4-mapped IPv6 addresses (`::ffff:…`), which no connection carries: a turn's IPv4 connections are matched by their IPv4 address; write the entry in IPv4 (`A.B.C.D/N:PORT`)",
+                    );
+                }
+            }
+        }
         let loopback_net = match &self.host {
             EgressHost::Cidr(std::net::IpAddr::V4(a), len) => a.is_loopback() && *len >= 8,
             EgressHost::Cidr(std::net::IpAddr::V6(a), len) => match a.to_ipv4_mapped() {
@@ -824,6 +833,8 @@ mod egress_tests {
             (r#"["[::ffff:127.0.0.1]:80"]"#, "egress[0]"),
             (r#"["localhost:8080"]"#, "egress[0]"),
             (r#"["*.localhost:8080"]"#, "egress[0]"),
+            (r#"["[::ffff:203.0.113.10/128]:443"]"#, "egress[0]"),
+            (r#"["[::ffff:0:0/96]:443"]"#, "egress[0]"),
         ] {
             match load(egress) {
                 Err(e @ PolicyError::EntryGrantsNothing { .. }) => {

@@ -576,12 +576,23 @@ impl Policy {
 /// when one can: none for loopback — the ruleset returns loopback before
 /// any CIDR redirect (the turn's loopback is its own), so such an entry
 /// would never take effect.
+///
+/// Nor for what a listed name may never resolve into — "this network",
+/// link-local (the cloud metadata address), the broadcast address: a CIDR
+/// entry could open those, but a refusal's hint must not advise it
+/// (red-team, stop 55: "add `169.254.169.254/32:80`").
 fn cidr_hint(ip: IpAddr, port: u16, suffix: &str) -> Option<String> {
+    let v4 = match ip {
+        IpAddr::V4(a) => Some(a),
+        IpAddr::V6(a) => a.to_ipv4_mapped(),
+    };
     let loopback = match ip {
         IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
+        IpAddr::V6(a) => a.is_loopback() || v4.is_some_and(|v| v.is_loopback()),
     };
-    (!loopback).then(|| format!("{}:{port}{suffix}", host_entry(ip)))
+    let never_advised = v4.is_some_and(|a| a.is_broadcast())
+        || non_public(ip).is_some_and(|(_, _, _, names_may)| !names_may);
+    (!loopback && !never_advised).then(|| format!("{}:{port}{suffix}", host_entry(ip)))
 }
 
 fn host_entry(ip: IpAddr) -> String {
@@ -2277,9 +2288,20 @@ mod tests {
             );
         }
         assert_eq!(cidr_hint("127.0.0.1".parse().unwrap(), 8098, ""), None);
+        // Never advised: link-local (cloud metadata), this network,
+        // broadcast, IPv6 link-local.
+        for ip in [
+            "169.254.1.1",
+            "169.254.169.254",
+            "0.0.0.1",
+            "255.255.255.255",
+            "fe80::1",
+        ] {
+            assert_eq!(cidr_hint(ip.parse().unwrap(), 80, "/udp"), None, "{ip}");
+        }
         assert_eq!(
-            cidr_hint("169.254.1.1".parse().unwrap(), 80, "/udp").as_deref(),
-            Some("169.254.1.1/32:80/udp")
+            cidr_hint("10.1.1.1".parse().unwrap(), 80, "/udp").as_deref(),
+            Some("10.1.1.1/32:80/udp")
         );
         assert!(matches!(
             e.decide_ip("fec0::99".parse().unwrap(), 80),
