@@ -411,7 +411,7 @@ impl Request {
         };
         let mut argv = self.process.args;
         if let Some(first) = argv.first_mut() {
-            *first = resolve_program(first, &self.process.env, &rootfs);
+            *first = resolve_program(first, &self.process.env, &rootfs, &workspace);
         }
         Turn {
             workspace_name: self.workspace,
@@ -433,7 +433,13 @@ impl Request {
 /// the first directory of the image holding that name wins. Anything else
 /// is left to `supervise` (absolute: a path in the image; relative with a
 /// `/`: relative to the workspace root).
-fn resolve_program(program: &str, env: &[String], rootfs: &Path) -> String {
+/// A bare `program` found on the container's `PATH` as the turn will see
+/// it: inside the image, every link resolved there (never on the host, as
+/// `rootfs.join(..)` did: a pod's `PATH=/../../etc` then learnt which host
+/// files exist — red-team, stop 55), the workspace at its own path. A
+/// `PATH` entry that is not absolute or holds `.`/`..` is skipped.
+fn resolve_program(program: &str, env: &[String], rootfs: &Path, workspace: &Path) -> String {
+    use turnstile_policy::plan::FsView as _;
     if program.contains('/') {
         return program.to_owned();
     }
@@ -441,15 +447,12 @@ fn resolve_program(program: &str, env: &[String], rootfs: &Path) -> String {
         .iter()
         .find_map(|e| e.strip_prefix("PATH="))
         .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let view =
+        turnstile_supervisor::turn::realfs::RootedFs::new(rootfs, &workspace.to_string_lossy());
     path.split(':')
-        .filter(|d| d.starts_with('/'))
+        .filter(|d| d.starts_with('/') && !d.split('/').any(|s| s == "." || s == ".."))
         .map(|d| format!("{}/{program}", d.trim_end_matches('/')))
-        .find(|p| {
-            rootfs
-                .join(p.trim_start_matches('/'))
-                .symlink_metadata()
-                .is_ok()
-        })
+        .find(|p| view.kind(p).is_some())
         .unwrap_or_else(|| program.to_owned())
 }
 
@@ -895,9 +898,17 @@ mod tests {
         std::fs::write(image.path().join("bin/busybox"), b"").unwrap();
         std::os::unix::fs::symlink("busybox", image.path().join("bin/sh")).unwrap();
         let env = vec!["PATH=/usr/bin:/bin".to_owned()];
-        assert_eq!(resolve_program("sh", &env, image.path()), "/bin/sh");
-        assert_eq!(resolve_program("nope", &env, image.path()), "nope");
-        assert_eq!(resolve_program("/x/y", &env, image.path()), "/x/y");
+        let ws = Path::new("/srv/ws");
+        assert_eq!(resolve_program("sh", &env, image.path(), ws), "/bin/sh");
+        assert_eq!(resolve_program("nope", &env, image.path(), ws), "nope");
+        assert_eq!(resolve_program("/x/y", &env, image.path(), ws), "/x/y");
+        // Never looked up on the host: not through `..`, not through an
+        // absolute link of the image (red-team, stop 55).
+        let up = vec!["PATH=/../../../../etc:/bin/../../etc".to_owned()];
+        assert_eq!(resolve_program("passwd", &up, image.path(), ws), "passwd");
+        std::os::unix::fs::symlink("/etc", image.path().join("hostetc")).unwrap();
+        let link = vec!["PATH=/hostetc".to_owned()];
+        assert_eq!(resolve_program("passwd", &link, image.path(), ws), "passwd");
     }
 
     #[test]

@@ -176,6 +176,24 @@ impl Workspaces {
             };
             map.insert(name, Workspace { root, namespaces });
         }
+        // One root inside another: the outer workspace's turns would see
+        // the inner one whole — its packages, ledgers and every session —
+        // whichever namespaces each admits (red-team, stop 55).
+        for (inner, w) in &map {
+            if let Some((outer, o)) = map
+                .iter()
+                .find(|(_, o)| o.root != w.root && w.root.starts_with(&o.root))
+            {
+                return Err(field_error(
+                    format!("workspaces.{inner}.root"),
+                    format!(
+                        "`{}` lies inside workspace `{outer}`'s root `{}`: its turns would see this one whole; give each workspace its own directory",
+                        w.root.display(),
+                        o.root.display()
+                    ),
+                ));
+            }
+        }
         Ok(Self(map))
     }
 
@@ -309,6 +327,12 @@ mod tests {
             (
                 serde_json::json!({"ws": {"root": "rel"}}),
                 "workspaces.ws.root",
+            ),
+            // Nested roots (red-team, stop 55): the inner one is named.
+            (
+                serde_json::json!({"parent": {"root": "/x", "namespaces": ["team-b"]},
+                                   "wa": {"root": "/x/a", "namespaces": ["team-a"]}}),
+                "workspaces.wa.root",
             ),
             (
                 serde_json::json!({"ws": {"root": "/srv/../etc"}}),
