@@ -459,7 +459,7 @@ impl Session {
             check_tenant("--tenant", t)?;
         }
         let session = Self::open(workspace, state, id, tier)?;
-        session.check_access(requester, time::OffsetDateTime::now_utc())?;
+        session.check_access(requester, crate::ids::SystemClock.now())?;
         Ok(session)
     }
 
