@@ -474,7 +474,7 @@ impl Policy {
             return Decision::Allowed(e.raw.clone());
         }
         let hint = cidr_hint(ip, port, "");
-        if hint.is_none() {
+        if is_loopback(ip) {
             // Only the proxy's own port on the turn's loopback gets here.
             return Decision::Denied {
                 rule: format!(
@@ -586,13 +586,17 @@ fn cidr_hint(ip: IpAddr, port: u16, suffix: &str) -> Option<String> {
         IpAddr::V4(a) => Some(a),
         IpAddr::V6(a) => a.to_ipv4_mapped(),
     };
-    let loopback = match ip {
-        IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.is_loopback() || v4.is_some_and(|v| v.is_loopback()),
-    };
     let never_advised = v4.is_some_and(|a| a.is_broadcast())
         || non_public(ip).is_some_and(|(_, _, _, names_may)| !names_may);
-    (!loopback && !never_advised).then(|| format!("{}:{port}{suffix}", host_entry(ip)))
+    (!is_loopback(ip) && !never_advised).then(|| format!("{}:{port}{suffix}", host_entry(ip)))
+}
+
+/// A loopback address, IPv4-mapped ones included.
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
+    }
 }
 
 fn host_entry(ip: IpAddr) -> String {
