@@ -616,6 +616,9 @@ pub fn recover_all(
     let mut failed = Vec::new();
     for (id, ws) in known {
         let one = || -> Result<Option<SessionRecovery>> {
+            if crate::store::session::roll_forward_creation(state, &ws, &id)? {
+                tracing::warn!(session_id = %id.as_str(), "completed a creation a power cut interrupted");
+            }
             let session = Session::open(&ws, state, &id, None)?;
             let lock = match busy {
                 Busy::Wait => session.lock()?,

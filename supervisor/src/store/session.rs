@@ -216,11 +216,13 @@ impl Session {
     /// `state/sessions/.new-<sid>/`, the ledgers in
     /// `planes/<tier>/sessions/.new-<sid>/`, the scratch and output
     /// directories as `tmp/.new-<sid>` and `output/.new-<sid>` — and renames
-    /// them into place, the state directory last: that rename is the commit
-    /// point. A crash before it leaves only `.new-*` debris, which is not a
-    /// session ([`Session::open`] refuses it) and which [`sweep_unfinished`]
-    /// removes (or, after a power cut that kept none of the state side,
-    /// [`sweep_orphans`]); a crash after it leaves a complete session.
+    /// them into place, the state directory last. A killed process leaves
+    /// the renames in the order it made them: before the state directory's,
+    /// only `.new-*` debris, which is not a session ([`Session::open`]
+    /// refuses it) and which [`sweep_unfinished`] removes; after it, a
+    /// complete session. A power cut may keep any subset of the unsynced
+    /// steps of a round: see `build` for how each is settled
+    /// ([`sweep_unfinished`], [`sweep_orphans`], [`roll_forward_creation`]).
     fn initialize(&self, clock: &dyn Clock) -> Result<SessionLock> {
         let sessions = self.state.path().join("sessions");
         fsx::create_private_dir_all(&sessions)?;
@@ -335,16 +337,25 @@ impl Session {
         durable.extend(scratch_and_output.iter().map(|(new, _)| new.as_path()));
         // One round for the whole new tree, the record included.
         fsx::sync_all_at_once(&durable)?;
-        // The workspace side into place, every rename's directory synced
-        // at once; all of it durable before the state directory's rename
-        // (the commit point), so a session never lacks its ledgers or its
-        // directories.
+        // Everything into place, the state directory last, and every
+        // rename's directory synced at once (one round: the state
+        // directory's rename is no longer made durable after the others').
+        // A killed process leaves the renames as it issued them: all but
+        // the state directory's are debris `sweep_unfinished` removes. A
+        // power cut may keep any of them: without the state directory's,
+        // the same; with it and not all the others, the session is not
+        // one yet — `Session::open` refuses it while its ledger directory
+        // has its temporary name — and `recover` completes the renames
+        // (`roll_forward_creation`), every byte having been durable before
+        // the first of them. It is reported only once all are durable.
+        let final_state = self.state.session_dir(&self.id);
         let mut renamed: Vec<(&Path, &Path)> = vec![(&new_ws, &session_dir)];
         renamed.extend(
             scratch_and_output
                 .iter()
                 .map(|(n, f)| (n.as_path(), f.as_path())),
         );
+        renamed.push((new_state, &final_state));
         for (from, to) in &renamed {
             rename_into_place(from, to)?;
         }
@@ -353,7 +364,6 @@ impl Session {
             .map(|(_, to)| to.parent().unwrap_or(to))
             .collect();
         fsx::sync_all_at_once(&parents)?;
-        rename_durably(new_state, &self.state.session_dir(&self.id))?;
         Ok(lock)
     }
 
@@ -397,6 +407,19 @@ impl Session {
                         session: id.to_string(),
                         path: workspace.root().to_path_buf(),
                     });
+                }
+                // A creation a power cut interrupted between its renames
+                // (see `build`): not a session until `recover` completes
+                // it. (A ledger directory simply missing is still one,
+                // whose verification reports it.)
+                let ledgers = workspace.ledger_dir(&meta.tier, id);
+                if let Some(new) = ledgers.parent().map(new_ledger_dir) {
+                    if ledgers.symlink_metadata().is_err() && new.symlink_metadata().is_ok() {
+                        return Err(SupervisorError::SessionNotFound {
+                            session: id.to_string(),
+                            path: new,
+                        });
+                    }
                 }
                 let recorded_tier = meta.tier.as_str();
                 if let Some(t) = tier.filter(|t| *t != recorded_tier) {
@@ -609,6 +632,50 @@ impl Session {
     }
 }
 
+/// `planes/<tier>/sessions/.new-<sid>` for `planes/<tier>/sessions/<sid>`.
+fn new_ledger_dir(session_dir: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".new-");
+    name.push(session_dir.file_name().unwrap_or_default());
+    session_dir.with_file_name(name)
+}
+
+/// Completes a creation a power cut interrupted after its state directory's
+/// rename (see `Session::build`): each workspace part still under its
+/// `.new-` name whose final name is free is renamed into place, and the
+/// renames made durable. Every byte of the session was durable before the
+/// first rename, so this only finishes what the creation began. Returns
+/// whether anything was renamed. For `recover`, before it opens the
+/// session.
+pub fn roll_forward_creation(
+    state: &StateDir,
+    workspace: &Workspace,
+    id: &SessionId,
+) -> Result<bool> {
+    let Some(meta) = fsx::read_small(&state.session_meta(id), 64 * 1024)
+        .ok()
+        .and_then(|b| read_record(&b).ok())
+    else {
+        return Ok(false);
+    };
+    if meta.root != workspace.root_str() || check_tier(&meta.tier).is_err() {
+        return Ok(false);
+    }
+    let ledgers = workspace.ledger_dir(&meta.tier, id);
+    let session_dir = ledgers.parent().unwrap_or(&ledgers).to_path_buf();
+    let mut parts = vec![(new_ledger_dir(&session_dir), session_dir)];
+    parts.extend(session_trees(workspace, id));
+    let mut parents = Vec::new();
+    for (new, done) in &parts {
+        if done.symlink_metadata().is_err() && new.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            rename_into_place(new, done)?;
+            parents.extend(done.parent().map(Path::to_path_buf));
+        }
+    }
+    let parents: Vec<&Path> = parents.iter().map(PathBuf::as_path).collect();
+    fsx::sync_all_at_once(&parents)?;
+    Ok(!parents.is_empty())
+}
+
 /// Renames `from` to `to` (not synced).
 fn rename_into_place(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|source| SupervisorError::StateIo {
@@ -616,12 +683,6 @@ fn rename_into_place(from: &Path, to: &Path) -> Result<()> {
         path: to.to_path_buf(),
         source,
     })
-}
-
-/// Renames `from` to `to` and syncs the parent directory.
-fn rename_durably(from: &Path, to: &Path) -> Result<()> {
-    rename_into_place(from, to)?;
-    fsx::sync_dir(to.parent().unwrap_or(to))
 }
 
 /// `(temporary, final)` names of a session's scratch and output
@@ -890,6 +951,42 @@ mod tests {
         assert_eq!(session.verify().unwrap().len(), 2);
         drop(lock);
         assert!(try_lock(), "the lock is still held");
+    }
+
+    /// Issue 29: a new session's renames are made durable in one round, so
+    /// a power cut may keep the state directory's and lose the others'. Such
+    /// a session is not one until `recover` completes its renames; then it
+    /// is whole.
+    #[test]
+    fn issue_29_a_creation_cut_off_between_its_renames_is_rolled_forward() {
+        let ws_dir = tempfile::tempdir().unwrap();
+        let state_dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(ws_dir.path()).unwrap();
+        let state = StateDir::open(&state_dir.path().join("s"), &ws, true).unwrap();
+        let ids = SessionIdGenerator::new(SystemClock, OsRandom);
+        let id = Session::create(&ws, &state, "ho1", &ids, None).unwrap().id;
+        assert!(
+            !roll_forward_creation(&state, &ws, &id).unwrap(),
+            "nothing to do"
+        );
+        // What the power cut kept: the state directory's rename alone.
+        let session_dir = ws.ledger_dir("ho1", &id).parent().unwrap().to_path_buf();
+        let mut parts = vec![(new_ledger_dir(&session_dir), session_dir)];
+        parts.extend(session_trees(&ws, &id));
+        for (new, done) in &parts {
+            std::fs::rename(done, new).unwrap();
+        }
+        let err = Session::open(&ws, &state, &id, None).unwrap_err();
+        assert!(
+            matches!(err, SupervisorError::SessionNotFound { .. }),
+            "{err}"
+        );
+        assert!(roll_forward_creation(&state, &ws, &id).unwrap());
+        for (new, done) in &parts {
+            assert!(!new.exists() && done.is_dir(), "{}", done.display());
+        }
+        let session = Session::open(&ws, &state, &id, None).unwrap();
+        assert_eq!(session.verify().unwrap().len(), 2);
     }
 
     /// Issue 29: a new session's record is synced with the rest of its tree,
