@@ -1247,9 +1247,14 @@ pub fn session_trees_read(
     trees
 }
 
-/// The session a directory of a session tree belongs to: `<sid>`, or for
-/// a commit's staging directory in `tmp/`, `.<sid>.t<n>.commit`.
+/// The session a directory of a session tree belongs to: `<sid>`; a
+/// session being created, `.new-<sid>` (renamed into place later: a rule
+/// made on it would follow its inode to `<sid>`); a commit's staging
+/// directory in `tmp/`, `.<sid>.t<n>.commit`.
 pub fn session_of_entry(name: &str) -> &str {
+    if let Some(sid) = name.strip_prefix(".new-") {
+        return sid;
+    }
     name.strip_prefix('.')
         .and_then(|n| n.split_once(".t"))
         .map_or(name, |(sid, _)| sid)
@@ -2107,6 +2112,19 @@ mod tests {
     /// Issue 29: `same_shape` answers what comparing shapes answers, for a
     /// change to any one field of the Plan (each field of the JSON form,
     /// and of its nested objects, changed in turn).
+    #[test]
+    fn entries_of_a_session_tree_are_attributed_to_their_session() {
+        let sid = "SES-20261129T030815684030Z-f0311854d3971558";
+        for name in [
+            sid.to_owned(),
+            format!(".new-{sid}"),
+            format!(".{sid}.t3.commit"),
+        ] {
+            assert_eq!(session_of_entry(&name), sid, "{name}");
+        }
+        assert_eq!(session_of_entry("notes"), "notes");
+    }
+
     #[test]
     fn issue_29_same_shape_is_comparing_shapes_for_every_field() {
         fn changed(v: &serde_json::Value) -> Option<serde_json::Value> {

@@ -595,11 +595,30 @@ pub fn recover_all(
     cgroup_place: &Place,
     clock: &dyn Clock,
 ) -> Result<AllRecovery> {
-    let swept = crate::store::session::sweep_unfinished(state, workspace)?;
+    let mut swept = crate::store::session::sweep_unfinished(state, workspace)?;
+    let known = known_sessions(state, workspace);
+    // Every workspace this state directory knows of, for the debris of
+    // creations a power cut cut off from their state side.
+    let mut roots: Vec<&Workspace> = workspace.into_iter().collect();
+    for (_, ws) in &known {
+        if !roots.iter().any(|r| r.root() == ws.root()) {
+            roots.push(ws);
+        }
+    }
+    for ws in roots {
+        for id in crate::store::session::sweep_orphans(state, ws) {
+            if !swept.contains(&id) {
+                swept.push(id);
+            }
+        }
+    }
     let mut sessions = Vec::new();
     let mut failed = Vec::new();
-    for (id, ws) in known_sessions(state, workspace) {
+    for (id, ws) in known {
         let one = || -> Result<Option<SessionRecovery>> {
+            if crate::store::session::roll_forward_creation(state, &ws, &id)? {
+                tracing::warn!(session_id = %id.as_str(), "completed a creation a power cut interrupted");
+            }
             let session = Session::open(&ws, state, &id, None)?;
             let lock = match busy {
                 Busy::Wait => session.lock()?,

@@ -7,9 +7,11 @@
 //! build's `supervise` and `turnstile-init` (`--save DIR` copies the
 //! current release build there), each gets its own workspace, state
 //! directory and `supervise serve` daemon, and every round runs bare
-//! `/bin/true` and, for each build, a cold turn (`supervise run`) and a
-//! served warm one (`supervise run --server`), in an order drawn anew
-//! each round ([`crate::order::round_order`]). Prints medians, p90s, ratios to
+//! `/bin/true` and, for each build, a cold turn (`supervise run`), a
+//! served warm one (`supervise run --server`) and a cold turn of a new
+//! session (`supervise run` without `--session`: the session's creation
+//! included), in an order drawn anew each round
+//! ([`crate::order::round_order`]). Prints medians, p90s, ratios to
 //! bare and to the first build. Root (the native sandbox); nothing is written to the repository.
 
 use std::path::{Path, PathBuf};
@@ -22,6 +24,23 @@ use crate::{BenchDaemon, is_root, new_session, percentile, timed, workspace_root
 
 /// The package every build's turns run (the bench manifest's limits).
 const MANIFEST: &str = r#"{"capabilities":{"execute":["/bin/true"]},"limits":{"memory":"3Gi","disk":"2Gi","files":20000,"timeout_seconds":300}}"#;
+
+/// The turns each build runs every round, in their slots' order.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// `supervise run --session S`: a cold sandbox, an existing session.
+    Cold,
+    /// The same through the build's daemon: a warm sandbox.
+    Served,
+    /// `supervise run` without `--session`: the session is made first.
+    NewSession,
+}
+
+const KINDS: [(Kind, &str); 3] = [
+    (Kind::Cold, "cold"),
+    (Kind::Served, "served warm"),
+    (Kind::NewSession, "cold, new session"),
+];
 
 /// One build under comparison: its binaries, workspace, daemon, sessions.
 struct Build {
@@ -76,20 +95,24 @@ impl Build {
         })
     }
 
-    fn turn(&self, served: bool) -> Command {
+    fn turn(&self, kind: Kind) -> Command {
         let mut c = Command::new(&self.sup);
         c.args(["run", "--root"])
             .arg(&self.ws)
             .arg("--state-dir")
             .arg(&self.state)
-            .args(["--package", "ab", "--no-outputs", "--session"])
-            .arg(if served {
-                &self.served_session
-            } else {
-                &self.cold_session
-            });
-        if served {
-            c.arg("--server").arg(&self.socket);
+            .args(["--package", "ab", "--no-outputs"]);
+        match kind {
+            Kind::Cold => {
+                c.arg("--session").arg(&self.cold_session);
+            }
+            Kind::Served => {
+                c.arg("--session")
+                    .arg(&self.served_session)
+                    .arg("--server")
+                    .arg(&self.socket);
+            }
+            Kind::NewSession => {}
         }
         c.args(["--", "/bin/true"])
             .stdout(Stdio::null())
@@ -135,20 +158,22 @@ pub fn bench_ab(args: &[String]) -> Result<()> {
     // Warm-up: page cache, each session's first (cold) served turn.
     for _ in 0..5 {
         for b in &builds {
-            timed(&mut b.turn(false))?;
-            timed(&mut b.turn(true))?;
+            for (kind, _) in KINDS {
+                timed(&mut b.turn(kind))?;
+            }
         }
     }
-    // Slot 0 is bare; then cold and served of each build.
-    let slots = 1 + 2 * builds.len();
+    // Slot 0 is bare; then each build's kinds of turn.
+    let per = KINDS.len();
+    let slots = 1 + per * builds.len();
     let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); slots];
     for round in 0..rounds {
         for slot in round_order(round, slots) {
             let ms = match slot {
                 0 => timed(&mut Command::new("/bin/true"))?,
                 s => {
-                    let b = &builds[(s - 1) / 2];
-                    timed(&mut b.turn((s - 1) % 2 == 1))?
+                    let b = &builds[(s - 1) / per];
+                    timed(&mut b.turn(KINDS[(s - 1) % per].0))?
                 }
             };
             times[slot].push(ms);
@@ -173,8 +198,8 @@ pub fn bench_ab(args: &[String]) -> Result<()> {
         med[0], p90[0]
     );
     for (i, b) in builds.iter().enumerate() {
-        for (j, kind) in ["cold", "served warm"].iter().enumerate() {
-            let s = 1 + 2 * i + j;
+        for (j, (_, kind)) in KINDS.iter().enumerate() {
+            let s = 1 + per * i + j;
             println!(
                 "| {} | {kind} | {:.3} | {:.3} | {:.2} | {:.3} |",
                 b.label,

@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use turnstile_policy::SessionId;
@@ -230,11 +230,15 @@ impl Session {
 
     /// Builds the session under temporary names — the state side in
     /// `state/sessions/.new-<sid>/`, the ledgers in
-    /// `planes/<tier>/sessions/.new-<sid>/` — and renames both into place,
-    /// the state directory last: that rename is the commit point. A crash
-    /// before it leaves only `.new-*` debris, which is not a session
-    /// ([`Session::open`] refuses it) and which [`sweep_unfinished`] removes;
-    /// a crash after it leaves a complete session.
+    /// `planes/<tier>/sessions/.new-<sid>/`, the scratch and output
+    /// directories as `tmp/.new-<sid>` and `output/.new-<sid>` — and renames
+    /// them into place, the state directory last. A killed process leaves
+    /// the renames in the order it made them: before the state directory's,
+    /// only `.new-*` debris, which is not a session ([`Session::open`]
+    /// refuses it) and which [`sweep_unfinished`] removes; after it, a
+    /// complete session. A power cut may keep any subset of the unsynced
+    /// steps of a round: see `build` for how each is settled
+    /// ([`sweep_unfinished`], [`sweep_orphans`], [`roll_forward_creation`]).
     fn initialize(&self, clock: &dyn Clock) -> Result<SessionLock> {
         let sessions = self.state.path().join("sessions");
         fsx::create_private_dir_all(&sessions)?;
@@ -286,11 +290,14 @@ impl Session {
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
         let bytes = canonical::to_vec(&value)
             .map_err(|e| SupervisorError::invalid("session", e.to_string()))?;
-        // Durable before anything else is made: a sweep after a power cut
-        // needs it. The file and its directory entry are synced together.
+        // Not synced on its own (issue 29: that round was ~0.5-1.2 ms of
+        // every new session): everything of the workspace side is made
+        // under a `.new-` name until the record is durable with the rest,
+        // so a power cut that keeps workspace debris and loses the record
+        // leaves only `.new-` names, which `sweep_orphans` removes; from
+        // the sync below on, the record is there for `sweep_unfinished`.
         let record = new_state.join("session.json");
         fsx::write_new_unsynced(&record, &bytes)?;
-        fsx::sync_all_at_once(&[&record, new_state])?;
 
         let ledger_dir = self.workspace.ledger_dir(&self.tier, &self.id);
         let session_dir = ledger_dir.parent().unwrap_or(&ledger_dir).to_path_buf();
@@ -329,31 +336,50 @@ impl Session {
                 })
                 .collect(),
         )?;
-        let scratch_and_output = [
-            self.workspace.scratch_dir(&self.id),
-            self.workspace.output_dir(&self.id),
-        ];
-        for dir in &scratch_and_output {
-            fsx::create_dir_all(dir.parent().unwrap_or(dir))?;
-            fsx::create_dir_new(dir, 0o755)?;
+        // The session's scratch and output directories, under temporary
+        // names beside their final ones (same directory, so the rename
+        // cannot cross a file system).
+        let scratch_and_output = session_trees(&self.workspace, &self.id);
+        for (new, _) in &scratch_and_output {
+            fsx::create_dir_all(new.parent().unwrap_or(new))?;
+            fsx::create_dir_new(new, 0o755)?;
         }
         let anchors = new_state.join("anchors");
         let ledgers = new_ws.join("ledger");
-        let mut durable: Vec<&Path> = vec![&anchors, new_state, &ledgers, &new_ws];
+        let mut durable: Vec<&Path> = vec![&record, &anchors, new_state, &ledgers, &new_ws];
         for f in &files {
             durable.extend([f.path.as_path(), f.anchor.as_path()]);
         }
-        // The session's scratch and output directories are made under
-        // their final names: each and its entry in its parent are durable
-        // before the session is (a power cut must not leave a session
-        // whose directories are gone).
-        for dir in &scratch_and_output {
-            durable.push(dir);
-            durable.extend(dir.parent());
-        }
+        durable.extend(scratch_and_output.iter().map(|(new, _)| new.as_path()));
+        // One round for the whole new tree, the record included.
         fsx::sync_all_at_once(&durable)?;
-        rename_durably(&new_ws, &session_dir)?;
-        rename_durably(new_state, &self.state.session_dir(&self.id))?;
+        // Everything into place, the state directory last, and every
+        // rename's directory synced at once (one round: the state
+        // directory's rename is no longer made durable after the others').
+        // A killed process leaves the renames as it issued them: all but
+        // the state directory's are debris `sweep_unfinished` removes. A
+        // power cut may keep any of them: without the state directory's,
+        // the same; with it and not all the others, the session is not
+        // one yet — `Session::open` refuses it while its ledger directory
+        // has its temporary name — and `recover` completes the renames
+        // (`roll_forward_creation`), every byte having been durable before
+        // the first of them. It is reported only once all are durable.
+        let final_state = self.state.session_dir(&self.id);
+        let mut renamed: Vec<(&Path, &Path)> = vec![(&new_ws, &session_dir)];
+        renamed.extend(
+            scratch_and_output
+                .iter()
+                .map(|(n, f)| (n.as_path(), f.as_path())),
+        );
+        renamed.push((new_state, &final_state));
+        for (from, to) in &renamed {
+            rename_into_place(from, to)?;
+        }
+        let parents: Vec<&Path> = renamed
+            .iter()
+            .map(|(_, to)| to.parent().unwrap_or(to))
+            .collect();
+        fsx::sync_all_at_once(&parents)?;
         Ok(lock)
     }
 
@@ -397,6 +423,19 @@ impl Session {
                         session: id.to_string(),
                         path: workspace.root().to_path_buf(),
                     });
+                }
+                // A creation a power cut interrupted between its renames
+                // (see `build`): not a session until `recover` completes
+                // it. (A ledger directory simply missing is still one,
+                // whose verification reports it.)
+                let ledgers = workspace.ledger_dir(&meta.tier, id);
+                if let Some(new) = ledgers.parent().map(new_ledger_dir) {
+                    if ledgers.symlink_metadata().is_err() && new.symlink_metadata().is_ok() {
+                        return Err(SupervisorError::SessionNotFound {
+                            session: id.to_string(),
+                            path: new,
+                        });
+                    }
                 }
                 let recorded_tier = meta.tier.as_str();
                 if let Some(t) = tier.filter(|t| *t != recorded_tier) {
@@ -609,19 +648,72 @@ impl Session {
     }
 }
 
-/// Renames `from` to `to` and syncs the parent directory.
-fn rename_durably(from: &Path, to: &Path) -> Result<()> {
+/// `planes/<tier>/sessions/.new-<sid>` for `planes/<tier>/sessions/<sid>`.
+fn new_ledger_dir(session_dir: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".new-");
+    name.push(session_dir.file_name().unwrap_or_default());
+    session_dir.with_file_name(name)
+}
+
+/// Completes a creation a power cut interrupted after its state directory's
+/// rename (see `Session::build`): each workspace part still under its
+/// `.new-` name whose final name is free is renamed into place, and the
+/// renames made durable. Every byte of the session was durable before the
+/// first rename, so this only finishes what the creation began. Returns
+/// whether anything was renamed. For `recover`, before it opens the
+/// session.
+pub fn roll_forward_creation(
+    state: &StateDir,
+    workspace: &Workspace,
+    id: &SessionId,
+) -> Result<bool> {
+    let Some(meta) = fsx::read_small(&state.session_meta(id), 64 * 1024)
+        .ok()
+        .and_then(|b| read_record(&b).ok())
+    else {
+        return Ok(false);
+    };
+    if meta.root != workspace.root_str() || check_tier(&meta.tier).is_err() {
+        return Ok(false);
+    }
+    let ledgers = workspace.ledger_dir(&meta.tier, id);
+    let session_dir = ledgers.parent().unwrap_or(&ledgers).to_path_buf();
+    let mut parts = vec![(new_ledger_dir(&session_dir), session_dir)];
+    parts.extend(session_trees(workspace, id));
+    let mut parents = Vec::new();
+    for (new, done) in &parts {
+        if done.symlink_metadata().is_err() && new.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            rename_into_place(new, done)?;
+            parents.extend(done.parent().map(Path::to_path_buf));
+        }
+    }
+    let parents: Vec<&Path> = parents.iter().map(PathBuf::as_path).collect();
+    fsx::sync_all_at_once(&parents)?;
+    Ok(!parents.is_empty())
+}
+
+/// Renames `from` to `to` (not synced).
+fn rename_into_place(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|source| SupervisorError::StateIo {
         op: "rename into place",
         path: to.to_path_buf(),
         source,
-    })?;
-    fsx::sync_dir(to.parent().unwrap_or(to))
+    })
+}
+
+/// `(temporary, final)` names of a session's scratch and output
+/// directories: `tmp/.new-<sid>` becomes `tmp/<sid>`, `output/.new-<sid>`
+/// becomes `output/<sid>`.
+fn session_trees(workspace: &Workspace, id: &SessionId) -> [(PathBuf, PathBuf); 2] {
+    [workspace.scratch_dir(id), workspace.output_dir(id)].map(|dir| {
+        let new = dir.with_file_name(format!(".new-{id}"));
+        (new, dir)
+    })
 }
 
 /// Removes the workspace side of a session whose creation did not finish:
 /// its ledgers (under either name) and its scratch and output directories
-/// when they are still empty.
+/// (under either name) when they are still empty.
 fn remove_partial_session(workspace: &Workspace, tier: &str, id: &SessionId) {
     let ledger_dir = workspace.ledger_dir(tier, id);
     if let Some(session_dir) = ledger_dir.parent() {
@@ -630,9 +722,47 @@ fn remove_partial_session(workspace: &Workspace, tier: &str, id: &SessionId) {
             let _ = std::fs::remove_dir_all(parent.join(format!(".new-{id}")));
         }
     }
-    for dir in [workspace.scratch_dir(id), workspace.output_dir(id)] {
+    remove_new_trees(workspace, id);
+}
+
+/// Removes `tmp/.new-<sid>` and `output/.new-<sid>` when empty, and the
+/// final names when empty too.
+fn remove_new_trees(workspace: &Workspace, id: &SessionId) {
+    for (new, dir) in session_trees(workspace, id) {
+        let _ = std::fs::remove_dir(new);
         let _ = std::fs::remove_dir(dir);
     }
+}
+
+/// Removes, in `workspace`, the `.new-` debris of a creation whose state
+/// side kept no record (a power cut before the creation's one sync): its
+/// ledger directory under the temporary name in every tier, and its
+/// scratch and output directories under theirs. Never a final name: a
+/// creation renames its workspace side into place only once its record
+/// is durable.
+fn remove_recordless_debris(workspace: &Workspace, id: &SessionId) {
+    for sessions in tier_session_dirs(workspace) {
+        let _ = std::fs::remove_dir_all(sessions.join(format!(".new-{id}")));
+    }
+    for (new, _) in session_trees(workspace, id) {
+        let _ = std::fs::remove_dir(new);
+    }
+}
+
+/// `planes/<tier>/sessions` of every tier the workspace has.
+fn tier_session_dirs(workspace: &Workspace) -> Vec<PathBuf> {
+    let planes = workspace.root().join("planes");
+    std::fs::read_dir(&planes)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            check_tier(&name)
+                .is_ok()
+                .then(|| planes.join(name).join("sessions"))
+        })
+        .collect()
 }
 
 /// Removes sessions whose creation a crash interrupted (`.new-*` in the
@@ -689,12 +819,90 @@ pub fn sweep_unfinished(state: &StateDir, workspace: Option<&Workspace>) -> Resu
             if let Some(ws) = ws {
                 remove_partial_session(&ws, tier, &id);
             }
+        } else if let Some(ws) = workspace {
+            // No record: a power cut kept less of the state side than of
+            // the workspace's (another workspace's debris, if it was
+            // another's, is left to `sweep_orphans`).
+            remove_recordless_debris(ws, &id);
         }
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_file(&creating);
         removed.push(id.to_string());
     }
     Ok(removed)
+}
+
+/// Removes, in `workspace`, `.new-<sid>` debris no state side accounts
+/// for: a creation's workspace side is made under `.new-` names and synced
+/// in the same round as its record, so a power cut (never a killed
+/// process: its record is written first) can keep the former and lose the
+/// latter, when the state directory lies on another file system or the
+/// file system does not order the two. Such debris is never a session
+/// ([`Session::open`] looks only at final names). Only entries last
+/// changed before this boot are removed — no creation survives a reboot,
+/// so a live one (of this or of another state directory) is never taken
+/// for debris — and only when this state directory has no creation of that
+/// id in progress. Returns the ids whose debris went.
+pub fn sweep_orphans(state: &StateDir, workspace: &Workspace) -> Vec<String> {
+    boot_time().map_or_else(Vec::new, |boot| {
+        sweep_orphans_made_before(state, workspace, boot)
+    })
+}
+
+/// [`sweep_orphans`] for debris last changed before `boot` (seconds since
+/// the epoch).
+fn sweep_orphans_made_before(state: &StateDir, workspace: &Workspace, boot: i64) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut removed = Vec::new();
+    let mut dirs = tier_session_dirs(workspace);
+    dirs.extend([
+        workspace.root().join("tmp"),
+        workspace.root().join("output"),
+    ]);
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_prefix(".new-")
+                .and_then(|raw| SessionId::parse(raw).ok())
+            else {
+                continue;
+            };
+            let before_boot = entry
+                .metadata()
+                .is_ok_and(|m| m.is_dir() && m.ctime() < boot);
+            let new_state = state.session_dir_new(&id);
+            if !before_boot
+                || new_state.symlink_metadata().is_ok()
+                || state.session_dir(&id).symlink_metadata().is_ok()
+            {
+                continue;
+            }
+            let creating = creation_lock_path(&new_state);
+            let Ok(Some(_held)) = lock_file_stable(&creating, FlockArg::LockExclusiveNonblock)
+            else {
+                continue;
+            };
+            let _ = std::fs::remove_dir_all(entry.path());
+            let _ = std::fs::remove_file(&creating);
+            if !removed.contains(&id.to_string()) {
+                removed.push(id.to_string());
+            }
+        }
+    }
+    removed
+}
+
+/// When this boot began, in seconds since the epoch (`btime` in
+/// `/proc/stat`).
+fn boot_time() -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Opens (creating) and flocks `path`, making sure the lock is on the file
@@ -759,5 +967,100 @@ mod tests {
         assert_eq!(session.verify().unwrap().len(), 2);
         drop(lock);
         assert!(try_lock(), "the lock is still held");
+    }
+
+    /// Issue 29: a new session's renames are made durable in one round, so
+    /// a power cut may keep the state directory's and lose the others'. Such
+    /// a session is not one until `recover` completes its renames; then it
+    /// is whole.
+    #[test]
+    fn issue_29_a_creation_cut_off_between_its_renames_is_rolled_forward() {
+        let ws_dir = tempfile::tempdir().unwrap();
+        let state_dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(ws_dir.path()).unwrap();
+        let state = StateDir::open(&state_dir.path().join("s"), &ws, true).unwrap();
+        let ids = SessionIdGenerator::new(SystemClock, OsRandom);
+        let id = Session::create(&ws, &state, "ho1", &ids, None).unwrap().id;
+        assert!(
+            !roll_forward_creation(&state, &ws, &id).unwrap(),
+            "nothing to do"
+        );
+        // What the power cut kept: the state directory's rename alone.
+        let session_dir = ws.ledger_dir("ho1", &id).parent().unwrap().to_path_buf();
+        let mut parts = vec![(new_ledger_dir(&session_dir), session_dir)];
+        parts.extend(session_trees(&ws, &id));
+        for (new, done) in &parts {
+            std::fs::rename(done, new).unwrap();
+        }
+        let err = Session::open(&ws, &state, &id, None).unwrap_err();
+        assert!(
+            matches!(err, SupervisorError::SessionNotFound { .. }),
+            "{err}"
+        );
+        assert!(roll_forward_creation(&state, &ws, &id).unwrap());
+        for (new, done) in &parts {
+            assert!(!new.exists() && done.is_dir(), "{}", done.display());
+        }
+        let session = Session::open(&ws, &state, &id, None).unwrap();
+        assert_eq!(session.verify().unwrap().len(), 2);
+    }
+
+    /// Issue 29: a new session's record is synced with the rest of its tree,
+    /// not before the workspace side is made, so a power cut may keep the
+    /// workspace's `.new-` debris and lose the record (or the whole state
+    /// side). Both are swept; a complete session and a final name never are.
+    #[test]
+    fn issue_29_debris_without_its_record_is_swept_and_sessions_are_not() {
+        let ws_dir = tempfile::tempdir().unwrap();
+        let state_dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(ws_dir.path()).unwrap();
+        let state = StateDir::open(&state_dir.path().join("s"), &ws, true).unwrap();
+        let ids = SessionIdGenerator::new(SystemClock, OsRandom);
+        let kept = Session::create(&ws, &state, "ho1", &ids, None).unwrap();
+        // The creation's workspace side is under `.new-` names only.
+        let root = ws.root();
+        for (new, done) in session_trees(&ws, &kept.id) {
+            assert!(!new.exists() && done.is_dir(), "{}", done.display());
+        }
+        let debris = |id: &SessionId| -> Vec<PathBuf> {
+            vec![
+                root.join("planes/ho1/sessions").join(format!(".new-{id}")),
+                root.join("tmp").join(format!(".new-{id}")),
+                root.join("output").join(format!(".new-{id}")),
+            ]
+        };
+        let make = |id: &SessionId| {
+            for d in debris(id) {
+                std::fs::create_dir_all(&d).unwrap();
+            }
+        };
+        // A state side kept without its record.
+        let recordless = ids.generate().unwrap();
+        make(&recordless);
+        std::fs::create_dir_all(state.session_dir_new(&recordless).join("anchors")).unwrap();
+        let swept = sweep_unfinished(&state, Some(&ws)).unwrap();
+        assert_eq!(swept, vec![recordless.to_string()]);
+        assert!(debris(&recordless).iter().all(|d| !d.exists()));
+        assert!(!state.session_dir_new(&recordless).exists());
+        // No state side at all: this boot's debris may be a live creation
+        // (of another state directory), so it stays...
+        let orphan = ids.generate().unwrap();
+        make(&orphan);
+        assert!(sweep_orphans(&state, &ws).is_empty());
+        assert!(debris(&orphan).iter().all(|d| d.is_dir()));
+        // ...and from before this boot it goes (a boot after it is
+        // supposed: a ctime cannot be set back).
+        let later = time::OffsetDateTime::now_utc().unix_timestamp() + 60;
+        assert_eq!(
+            sweep_orphans_made_before(&state, &ws, later),
+            vec![orphan.to_string()]
+        );
+        assert!(debris(&orphan).iter().all(|d| !d.exists()));
+        assert!(boot_time().is_some_and(|b| b < later));
+        // The complete session was never touched.
+        assert_eq!(kept.verify().unwrap().len(), 2);
+        for (_, done) in session_trees(&ws, &kept.id) {
+            assert!(done.is_dir());
+        }
     }
 }
