@@ -235,13 +235,9 @@ pub enum PlanError {
         target: String,
     },
     #[error(
-        "the read grants cover {count} directories of sessions another owner holds (`{example}`…), which only Landlock leaves out of a turn and backend `{backend}` applies none: narrow the read grants (not `**`, `output/**`, `tmp/**` or `planes/**`) or use native, runc or crun"
+        "the grants reach the session tree `{tree}`, where only Landlock keeps another owner's sessions (those there now and those made while the turn runs) out of a turn, and backend `{backend}` applies none: narrow the read and execute grants (not `**`, `output/**`, `tmp/**` or `planes/**`) or use native, runc or crun"
     )]
-    OtherSessionsExposed {
-        backend: String,
-        count: usize,
-        example: String,
-    },
+    OtherSessionsExposed { backend: String, tree: String },
 }
 
 /// Host paths shown read-only in every sandbox, when they exist. Symlinks
@@ -885,10 +881,23 @@ impl<'a> Compiler<'a> {
         // around their directories. A session tree a pattern reaches is
         // granted child by child, never whole, so a session made after
         // this compile is not granted either (red-team M5, stop 54).
-        let descend = session_trees_read(root, fs, caps);
+        let trees = session_trees_read(root, fs, caps);
         let foreign = foreign_session_dirs(root, fs, caps, self.ctx.foreign_sessions);
-        let masked: Vec<String> = masked.iter().cloned().chain(foreign).collect();
-        let masked = masked.as_slice();
+        // A session's directory under `planes/` is granted child by child
+        // too: its pre-image store, made by a commit while this turn runs,
+        // must not come with a grant made before it (red-team, stop 55:
+        // a forbidden file's old content read through a same-owner
+        // session's new `preimages/`).
+        let session_dirs: Vec<String> = trees
+            .iter()
+            .filter(|t| t.ends_with("/sessions"))
+            .flat_map(|t| fs.list(t).into_iter().map(move |n| format!("{t}/{n}")))
+            .collect();
+        let around = Around::new(
+            masked.iter().cloned().chain(foreign),
+            trees.into_iter().chain(session_dirs),
+        );
+        let around = &around;
         if self.manifest.network != Network::Isolated {
             read.push("/etc/resolv.conf".to_owned());
         }
@@ -912,10 +921,7 @@ impl<'a> Compiler<'a> {
                 // turn's own scratch to `output/`).
                 if let Some(target) = fs.canonical(&hit).filter(|c| {
                     c != named
-                        && (c == "/"
-                            || within(root, c)
-                            || descend.iter().any(|t| within(t, c))
-                            || masked.iter().any(|m| within(c, m)))
+                        && (c == "/" || within(root, c) || around.reaches(c) || around.hides(c))
                 }) {
                     return Err(PlanError::LinkWidens {
                         pattern: p.to_string(),
@@ -925,7 +931,7 @@ impl<'a> Compiler<'a> {
                 }
                 // `named`: a `**` at the root hits `<root>/`, whose masks
                 // would otherwise not be seen as beneath it.
-                grant_excluding(fs, root, named, forbidden, masked, &descend, &mut read);
+                grant_excluding(fs, root, named, forbidden, around, &mut read);
             }
         }
         read.sort();
@@ -970,7 +976,7 @@ impl<'a> Compiler<'a> {
         let execute: Vec<String> = {
             let mut out = Vec::new();
             for e in &execute {
-                grant_excluding(fs, root, e, forbidden, masked, &descend, &mut out);
+                grant_excluding(fs, root, e, forbidden, around, &mut out);
             }
             out.sort();
             out.dedup();
@@ -1292,8 +1298,7 @@ fn grant_excluding(
     root: &str,
     path: &str,
     forbidden: &PatternSet,
-    masked: &[String],
-    descend: &[String],
+    around: &Around,
     out: &mut Vec<String>,
 ) {
     // `<root>/` (a `**` at the root) is `<root>`: with the slash nothing
@@ -1302,30 +1307,66 @@ fn grant_excluding(
         "" => "/",
         p => p,
     };
-    if forbidden.matching(&Target::new(root, path)).is_some()
-        || masked.iter().any(|m| within(path, m))
-    {
+    if forbidden.matching(&Target::new(root, path)).is_some() || around.hides(path) {
         return;
     }
-    // `descend`: directories granted child by child, never whole (a
-    // session tree: a session made later must not be granted with it).
-    let beneath = format!("{path}/");
-    let contains_forbidden = masked.iter().any(|m| m.starts_with(&beneath))
-        || descend.iter().any(|d| d == path || d.starts_with(&beneath));
-    if !contains_forbidden {
+    if !around.reaches(path) {
         out.push(path.to_owned());
         return;
     }
     for name in fs.list(path) {
-        grant_excluding(
-            fs,
-            root,
-            &format!("{path}/{name}"),
-            forbidden,
-            masked,
-            descend,
-            out,
-        );
+        grant_excluding(fs, root, &format!("{path}/{name}"), forbidden, around, out);
+    }
+}
+
+/// What grants go around: masked paths (never granted, nor anything in
+/// them) and directories granted child by child, never whole (the session
+/// trees and the sessions' `planes/` directories). Sorted sets: a
+/// workspace may hold thousands of sessions, and each grant asks both.
+struct Around {
+    masked: std::collections::BTreeSet<String>,
+    descend: std::collections::BTreeSet<String>,
+}
+
+impl Around {
+    fn new(
+        masked: impl IntoIterator<Item = String>,
+        descend: impl IntoIterator<Item = String>,
+    ) -> Self {
+        Self {
+            masked: masked.into_iter().collect(),
+            descend: descend.into_iter().collect(),
+        }
+    }
+
+    /// `path` is masked or lies in a masked path.
+    fn hides(&self, path: &str) -> bool {
+        let mut p = path;
+        loop {
+            if self.masked.contains(p) {
+                return true;
+            }
+            match p.rsplit_once('/') {
+                Some(("", _)) | None => return self.masked.contains("/"),
+                Some((parent, _)) => p = parent,
+            }
+        }
+    }
+
+    /// A grant on `path` must go child by child: it is to be descended, or
+    /// something masked or to be descended lies beneath it.
+    fn reaches(&self, path: &str) -> bool {
+        let beneath = if path == "/" {
+            "/".to_owned()
+        } else {
+            format!("{path}/")
+        };
+        let under = |set: &std::collections::BTreeSet<String>| {
+            set.range(beneath.clone()..)
+                .next()
+                .is_some_and(|m| m.starts_with(&beneath))
+        };
+        self.descend.contains(path) || under(&self.masked) || under(&self.descend)
     }
 }
 
@@ -1712,6 +1753,39 @@ mod tests {
             plan.render_text()
         );
         assert!(!plan.landlock.read.iter().any(|p| p.contains("preimages")));
+    }
+
+    /// Red-team, stop 55: a session directory under `planes/` granted
+    /// whole let a pre-image store made later (a commit of that session
+    /// while this turn ran) be read — a forbidden file's old content. The
+    /// session directories are granted child by child: `ledger/` is, a
+    /// `preimages/` made after the plan is not.
+    #[test]
+    fn a_session_directory_under_planes_is_granted_child_by_child() {
+        let mut fs = tree();
+        for (p, k) in [
+            ("/ws/planes/ho1", FileKind::Dir),
+            ("/ws/planes/ho1/sessions", FileKind::Dir),
+            ("/ws/planes/ho1/sessions/S2", FileKind::Dir),
+            ("/ws/planes/ho1/sessions/S2/ledger", FileKind::Dir),
+        ] {
+            fs.kinds.insert(p.into(), k);
+        }
+        let m = r#"{"capabilities":{"read":["installed/p/**","planes/**"],
+            "execute":["installed/p/run.sh"]}}"#;
+        let plan = compile_for(m, &["installed/p/run.sh"], &fs).unwrap();
+        let read = &plan.landlock.read;
+        assert!(
+            read.contains(&"/ws/planes/ho1/sessions/S2/ledger".to_owned()),
+            "{read:?}"
+        );
+        for whole in [
+            "/ws/planes",
+            "/ws/planes/ho1/sessions",
+            "/ws/planes/ho1/sessions/S2",
+        ] {
+            assert!(!read.contains(&whole.to_owned()), "{whole}: {read:?}");
+        }
     }
 
     fn shown(plan: &Plan) -> Vec<String> {

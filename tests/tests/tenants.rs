@@ -680,3 +680,47 @@ fn another_owners_sessions_stay_out_of_reach_of_every_grant_shape() {
     assert_eq!(r.status, 2, "{}", r.stdout);
     assert_eq!(r.json()["error"]["field"], "capabilities.write[0]");
 }
+
+/// Red-team, stop 55: under runsc, which applies no Landlock, a session
+/// tenant a made while b's turn ran (reading `**`) was read whole — the
+/// refusal looked only at the sessions there when the plan was made. A
+/// grant reaching a session tree is refused under runsc whatever exists
+/// now (E2041, exit 20, saying why); a narrow grant runs.
+#[test]
+fn under_runsc_a_grant_reaching_the_session_trees_is_refused() {
+    if !require_root("under_runsc_a_grant_reaching_the_session_trees_is_refused") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.write("data/x", b"x\n");
+    for (read, refused) in [
+        (r#"["**"]"#, true),
+        (r#"["output/**"]"#, true),
+        (r#"["data/**"]"#, false),
+    ] {
+        fx.install_exact(
+            "u",
+            &format!(
+                r#"{{"capabilities":{{"read":{read},"execute":["/bin/cat"]}},"allow_degraded":["landlock"]}}"#
+            ),
+        );
+        let r = fx.run(
+            "u",
+            &[
+                "--json",
+                "--backend",
+                "runsc",
+                "--no-outputs",
+                "--",
+                "/bin/cat",
+                "data/x",
+            ],
+        );
+        if refused {
+            assert_eq!(r.status, 20, "{read}: {} {}", r.stdout, r.stderr);
+            assert!(r.stdout.contains("session tree"), "{read}: {}", r.stdout);
+        } else {
+            assert_eq!(r.status, 0, "{read}: {} {}", r.stdout, r.stderr);
+        }
+    }
+}

@@ -566,15 +566,16 @@ impl Turn<'_> {
             .collect()
     }
 
-    /// `plan`, unless its read grants go around another owner's session
-    /// directories (which only Landlock does) and this turn's backend
-    /// applies no Landlock: then another tenant's files would be in its
-    /// view, and the turn is refused.
+    /// `plan`, unless its grants reach a session tree and this turn's
+    /// backend applies no Landlock: only Landlock's rules keep another
+    /// owner's sessions — those there now, and those made while the turn
+    /// runs, which no list made now can name — out of the view, so the
+    /// turn is refused (red-team, stop 55: under runsc a session tenant a
+    /// made during b's turn was read whole).
     fn keeps_other_sessions_out(
         &self,
         plan: plan::Plan,
         view: &dyn plan::FsView,
-        foreign: &[String],
     ) -> std::result::Result<plan::Plan, plan::PlanError> {
         if !self
             .backend
@@ -584,20 +585,14 @@ impl Turn<'_> {
         {
             return Ok(plan);
         }
-        let others = plan::foreign_session_dirs(
-            self.workspace.root_str(),
-            view,
-            &self.manifest.capabilities,
-            foreign,
-        );
-        match others.first() {
+        let root = self.workspace.root_str();
+        match plan::session_trees_read(root, view, &self.manifest.capabilities).first() {
             None => Ok(plan),
-            Some(example) => Err(plan::PlanError::OtherSessionsExposed {
+            Some(tree) => Err(plan::PlanError::OtherSessionsExposed {
                 backend: self.backend.name().to_owned(),
-                count: others.len(),
-                example: example
-                    .strip_prefix(&format!("{}/", self.workspace.root_str()))
-                    .unwrap_or(example)
+                tree: tree
+                    .strip_prefix(&format!("{root}/"))
+                    .unwrap_or(tree)
                     .to_owned(),
             }),
         }
@@ -633,7 +628,7 @@ impl Turn<'_> {
                 tracing::info_span!("phase", phase = "plan", "otel.name" = otel_phase("plan"))
                     .entered();
             plan::compile(&ctx, self.manifest, self.request, allowed, &view)
-                .and_then(|p| self.keeps_other_sessions_out(p, &view, &foreign))
+                .and_then(|p| self.keeps_other_sessions_out(p, &view))
                 .map(|mut p| {
                     p.forward_all_output = self.opts.forward_all_output;
                     if let Some(r) = &self.opts.receive {
