@@ -1279,10 +1279,11 @@ pub fn foreign_session_dirs(
     if foreign.is_empty() {
         return Vec::new();
     }
+    let foreign: std::collections::HashSet<&str> = foreign.iter().map(String::as_str).collect();
     let mut out = Vec::new();
     for tree in session_trees_read(root, fs, caps) {
         for name in fs.list(&tree) {
-            if foreign.iter().any(|f| f == session_of_entry(&name)) {
+            if foreign.contains(session_of_entry(&name)) {
                 out.push(format!("{tree}/{name}"));
             }
         }
