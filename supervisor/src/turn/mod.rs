@@ -577,9 +577,12 @@ impl Turn<'_> {
         plan: plan::Plan,
         view: &dyn plan::FsView,
     ) -> std::result::Result<plan::Plan, plan::PlanError> {
+        // A backend that applies no Landlock at all (runsc), not one on a
+        // kernel whose Landlock lacks newer rights (6.1: read and execute,
+        // which this rests on, are Landlock's first ABI).
         if !self
             .backend
-            .cannot_enforce()
+            .not_applied()
             .iter()
             .any(|(layer, _)| *layer == "landlock")
         {
