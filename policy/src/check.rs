@@ -202,16 +202,11 @@ impl CompiledCapabilities {
         Target::new(&self.root, p)
     }
 
-    /// `output/<sid>` or `tmp/<sid>` when `p` lies in such a directory of
-    /// another session than this check's.
+    /// The directory of another session than this check's that `p` lies
+    /// in, if any ([`crate::pattern::other_session_dir`]).
     fn other_session_dir(&self, p: &str) -> Option<String> {
-        let rel = self.target(p).relative?;
         let own = self.session_output.strip_prefix("output/")?;
-        let mut parts = rel.split('/');
-        let tree = parts.next()?;
-        let dir = parts.next()?;
-        (crate::pattern::SESSION_TREES.contains(&tree) && dir != own)
-            .then(|| format!("{tree}/{dir}"))
+        crate::pattern::other_session_dir(&self.target(p).relative?, own)
     }
 
     fn forbidden(

@@ -133,6 +133,19 @@ impl Pattern {
 /// `planes/<tier>/sessions`).
 pub const SESSION_TREES: [&str; 2] = ["output", "tmp"];
 
+/// `tmp/<sid>`, `output/<sid>` or `planes/<tier>/sessions/<sid>` when the
+/// workspace-relative path `rel` lies in such a directory of a session
+/// other than `own` (what no turn reads, writes or commits into).
+pub fn other_session_dir(rel: &str, own: &str) -> Option<String> {
+    let parts: Vec<&str> = rel.split('/').collect();
+    let (tree, sid) = match parts.as_slice() {
+        [t, sid, ..] if SESSION_TREES.contains(t) => ((*t).to_owned(), *sid),
+        ["planes", tier, "sessions", sid, ..] => (format!("planes/{tier}/sessions"), *sid),
+        _ => return None,
+    };
+    (sid != own).then(|| format!("{tree}/{sid}"))
+}
+
 impl Pattern {
     /// Whether this pattern could name, in the session tree `tree`
     /// (workspace-relative; a `*` segment stands for any one, as in

@@ -882,7 +882,7 @@ impl<'a> Compiler<'a> {
         // granted child by child, never whole, so a session made after
         // this compile is not granted either (red-team M5, stop 54).
         let trees = session_trees_read(root, fs, caps);
-        let foreign = foreign_session_dirs(root, fs, caps, self.ctx.foreign_sessions);
+        let foreign = foreign_session_dirs(fs, &trees, self.ctx.foreign_sessions);
         // A session's directory under `planes/` is granted child by child
         // too: its pre-image store, made by a commit while this turn runs,
         // must not come with a grant made before it (red-team, stop 55:
@@ -1266,23 +1266,17 @@ pub fn session_of_entry(name: &str) -> &str {
         .map_or(name, |(sid, _)| sid)
 }
 
-/// The directories of `foreign` sessions in the session trees the read
-/// patterns reach ([`session_trees_read`]): what the plan's Landlock read
-/// grants go around. A backend without Landlock cannot keep them from the
-/// turn ([`PlanError::OtherSessionsExposed`]).
-pub fn foreign_session_dirs(
-    root: &str,
-    fs: &dyn FsView,
-    caps: &crate::capabilities::Capabilities,
-    foreign: &[String],
-) -> Vec<String> {
+/// The directories of `foreign` sessions in `trees` (the session trees
+/// the grants reach, [`session_trees_read`]): what the plan's Landlock
+/// read and execute rules go around.
+pub fn foreign_session_dirs(fs: &dyn FsView, trees: &[String], foreign: &[String]) -> Vec<String> {
     if foreign.is_empty() {
         return Vec::new();
     }
     let foreign: std::collections::HashSet<&str> = foreign.iter().map(String::as_str).collect();
     let mut out = Vec::new();
-    for tree in session_trees_read(root, fs, caps) {
-        for name in fs.list(&tree) {
+    for tree in trees {
+        for name in fs.list(tree) {
             if foreign.contains(session_of_entry(&name)) {
                 out.push(format!("{tree}/{name}"));
             }

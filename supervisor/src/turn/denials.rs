@@ -358,7 +358,8 @@ pub fn path_violations(
                 });
                 // Another session's directory: never granted, so the usual
                 // "add it to the manifest" would mislead.
-                let other_session = inside && other_session_dir(&target, session).is_some();
+                let other_session = inside
+                    && turnstile_policy::pattern::other_session_dir(&target, session).is_some();
                 let hint = match (need, inside, tmp_over_root) {
                     _ if other_session => format!(
                         "`{target}` lies in another session's directory: a turn writes only its own session's, and reads none of another owner's (tenant or uid) whatever its manifest grants; pass what it needs as a declared input or through the file bus"
@@ -582,19 +583,6 @@ pub fn network_records(
         });
     }
     (calls, violations)
-}
-
-/// `tmp/<sid>`, `output/<sid>` or `planes/<tier>/sessions/<sid>` when the
-/// workspace-relative `target` lies in such a directory of a session
-/// other than `own`.
-fn other_session_dir(target: &str, own: &str) -> Option<String> {
-    let parts: Vec<&str> = target.split('/').collect();
-    let (tree, sid) = match parts.as_slice() {
-        [t @ ("tmp" | "output"), sid, ..] => ((*t).to_owned(), *sid),
-        ["planes", tier, "sessions", sid, ..] => (format!("planes/{tier}/sessions"), *sid),
-        _ => return None,
-    };
-    (sid != own).then(|| format!("{tree}/{sid}"))
 }
 
 #[cfg(test)]
