@@ -128,6 +128,10 @@ struct turn {
 	__u32 learn;
 	__u32 slot; /* its supervisor's ring, in `rings` */
 	__u64 dropped;
+	/* Refusals whose path could not be read from the process's memory at
+	 * the syscall's exit (a page not resident then: being migrated,
+	 * reclaimed): counted, never recorded under a wrong path. */
+	__u64 unreadable;
 };
 
 struct key {
@@ -365,9 +369,24 @@ int observe_exit(struct bpf_raw_tracepoint_args *ctx)
 	e->path[0] = 0;
 	e->path2[0] = 0;
 	__u32 pa = spec & 7, da = (spec >> 3) & 7, p2 = (spec >> 6) & 7, fa = (spec >> 9) & 7;
-	bpf_probe_read_user_str(e->path, PATH_MAX_B, (void *)arg_of(regs, pa));
-	if (p2 != NONE)
-		bpf_probe_read_user_str(e->path2, PATH_MAX_B, (void *)arg_of(regs, p2));
+	/* A failed read leaves the buffer empty, which would resolve to the
+	 * directory the path was relative to: such a refusal is counted apart
+	 * instead (a learning turn's successful operation is just lost). */
+	if (bpf_probe_read_user_str(e->path, PATH_MAX_B, (void *)arg_of(regs, pa)) < 0) {
+		if (err)
+			__sync_fetch_and_add(&t->unreadable, 1);
+		return 0;
+	}
+	/* An empty path names nothing (ENOENT, or an fd's AT_EMPTY_PATH
+	 * operation): no path refusal. */
+	if (!e->path[0])
+		return 0;
+	if (p2 != NONE &&
+	    bpf_probe_read_user_str(e->path2, PATH_MAX_B, (void *)arg_of(regs, p2)) < 0) {
+		if (err)
+			__sync_fetch_and_add(&t->unreadable, 1);
+		return 0;
+	}
 	e->dirfd = da == NONE ? AT_FDCWD : (int)arg_of(regs, da);
 	if (fa != NONE) {
 		if (spec & (1 << 12)) {

@@ -293,9 +293,21 @@ fn issue_27_fr_rt_011_100000_denied_opens_are_one_counted_record_and_bounded() {
         return;
     }
     let v = e["violations"].as_array().unwrap();
-    assert_eq!(v.len(), 1, "{v:?}");
-    assert_eq!(v[0]["target"], "hidden.txt");
-    assert_eq!(v[0]["count"], 100_000);
+    assert_eq!(v[0]["target"], "hidden.txt", "{v:?}");
+    // A refusal whose path the observer could not read back from the
+    // process (a page being migrated at the call's exit: seen once in
+    // 100,000 on the 6.1 guest) is counted apart, never recorded under a
+    // wrong path; every one of the 100,000 is counted exactly once.
+    let unreadable = match v.len() {
+        1 => 0,
+        2 => {
+            assert_eq!(v[1]["target"], "(unreadable paths)", "{v:?}");
+            v[1]["count"].as_u64().unwrap()
+        }
+        _ => panic!("{v:?}"),
+    };
+    assert!(unreadable < 100, "{v:?}");
+    assert_eq!(v[0]["count"].as_u64().unwrap() + unreadable, 100_000);
     let bytes = serde_json::to_vec(&e).unwrap().len();
     assert!(bytes < 16 * 1024, "evidence entry of {bytes} bytes");
     // 300 distinct hidden paths: the first 256 itemized, the rest one
@@ -825,4 +837,53 @@ fn a_write_to_tmp_above_the_workspace_says_why_in_its_hint() {
             && hint.contains("use $TMPDIR"),
         "{v}"
     );
+}
+
+/// A refused open whose path's page is unmapped (another thread's
+/// `MADV_DONTNEED` on a shared file mapping: the bytes stay in the page
+/// cache, the mapping goes) between the kernel's copy of it and the call's
+/// return:
+/// the observer cannot read the path back, and counts the refusal apart
+/// instead of recording it under the directory it was relative to (the
+/// build before recorded such a refusal as `.`).
+#[test]
+fn issue_27_fr_rt_011_a_refusal_whose_path_cannot_be_read_back_is_counted_not_misattributed() {
+    let test =
+        "issue_27_fr_rt_011_a_refusal_whose_path_cannot_be_read_back_is_counted_not_misattributed";
+    if !require_root(test) {
+        return;
+    }
+    let fx = fixture();
+    let code = format!(
+        "{SYSCALLS}import threading\n\
+libc.mmap.restype = ctypes.c_void_p\n\
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]\n\
+libc.open.argtypes = [ctypes.c_void_p, ctypes.c_int]\n\
+import os\n\
+fd = os.memfd_create('p')\nos.ftruncate(fd, 4096)\n\
+page = libc.mmap(None, 4096, 3, 0x01, fd, 0)\n\
+ctypes.memmove(page, b'hidden.txt\\0', 11)\n\
+done = False\n\
+def drop():\n    while not done:\n        libc.madvise(page, 4096, 4)\n\
+t = threading.Thread(target=drop)\nt.start()\n\
+n = 0\n\
+while n < 20000:\n    libc.open(page, 0)\n    n += 1\n\
+done = True\nt.join()\n"
+    );
+    let (_, e) = turn(&fx, &code);
+    if !observer_here(&e, test) {
+        return;
+    }
+    let v = e["violations"].as_array().unwrap();
+    let mut total = 0;
+    for r in v {
+        let target = r["target"].as_str().unwrap();
+        assert!(
+            target == "hidden.txt" || target == "(unreadable paths)",
+            "a refusal recorded under a path that was not refused: {v:?}"
+        );
+        total += r["count"].as_u64().unwrap();
+    }
+    assert_eq!(total, 20_000, "{v:?}");
 }

@@ -58,6 +58,10 @@ pub struct Observed {
     /// Refusals beyond [`MAX_DISTINCT`] distinct ones, or lost because the
     /// ring buffer was full (counted, not itemized).
     pub overflow: u64,
+    /// Refusals whose path the kernel side could not read from the
+    /// process's memory at the syscall's exit (counted, not itemized:
+    /// never recorded under a path that was not the one refused).
+    pub unreadable: u64,
 }
 
 #[derive(Debug, Default)]
@@ -884,6 +888,7 @@ struct TurnValue {
     learn: u32,
     slot: u32,
     dropped: u64,
+    unreadable: u64,
 }
 
 /// Bytes of each turn's ring buffer (the program's inner map template).
@@ -912,11 +917,13 @@ impl Observer {
             learn: learn.into(),
             slot: self.slot,
             dropped: 0,
+            unreadable: 0,
         };
-        let mut value = Vec::with_capacity(16);
+        let mut value = Vec::with_capacity(24);
         value.extend_from_slice(&v.learn.to_ne_bytes());
         value.extend_from_slice(&v.slot.to_ne_bytes());
         value.extend_from_slice(&v.dropped.to_ne_bytes());
+        value.extend_from_slice(&v.unreadable.to_ne_bytes());
         self.turns
             .update(&cgid.to_ne_bytes(), &value, MapFlags::ANY)
             .map_err(|e| format!("registering the turn's cgroup: {e}"))?;
@@ -935,14 +942,14 @@ impl Registration {
         self.done = true;
         let o = self.observer;
         let key = self.cgid.to_ne_bytes();
-        let dropped = o
+        let (dropped, unreadable) = o
             .turns
             .lookup(&key, MapFlags::ANY)
             .ok()
             .flatten()
-            .filter(|v| v.len() >= 16)
-            .map(|v| u64_at(&v, 8))
-            .unwrap_or(0);
+            .filter(|v| v.len() >= 24)
+            .map(|v| (u64_at(&v, 8), u64_at(&v, 16)))
+            .unwrap_or((0, 0));
         let _ = o.turns.delete(&key);
         if self.learn {
             o.learners.add(-1);
@@ -981,6 +988,7 @@ impl Registration {
         Observed {
             denials,
             overflow: table.overflow + dropped,
+            unreadable,
         }
     }
 }

@@ -437,6 +437,25 @@ pub fn path_violations(
             v
         })
         .collect();
+    if o.unreadable > 0 {
+        out.push(Violation {
+            attempted_operation: "file".into(),
+            target: "(unreadable paths)".into(),
+            violated_capability: ViolatedCapability::NotGranted {
+                capability: "file access".into(),
+            },
+            details: format!(
+                "{} refused path operations whose path could not be read from the process's memory when the call returned (counted, not itemized)",
+                o.unreadable
+            ),
+            layer: Layer::Landlock,
+            hint: None,
+            count: o.unreadable,
+            session_id: session.to_owned(),
+            turn_number: turn,
+            timestamp: None,
+        });
+    }
     let more = o.overflow + skipped_distinct;
     if more > 0 {
         out.push(Violation {
