@@ -17,9 +17,11 @@ const MANIFEST: &str = r#"{
     "execute": ["/usr/bin/python3"],
     "forbidden": ["data/secret/**"]
   },
-  "limits": {"timeout_seconds": 60},
+  "limits": {"timeout_seconds": 300},
   "allow_degraded": ["landlock"]
 }"#;
+// 300 s: gVisor's Python under the QEMU guest's TCG (vm-test) took over
+// 60 s on a loaded 2-core host. What is asserted is the outcome, not time.
 
 /// The same package without `allow_degraded`, at a trust level.
 fn strict(trust: &str) -> String {
