@@ -2400,6 +2400,44 @@ fn issue_26_bare_lf_http_on_443_is_checked_as_on_80() {
     }
 }
 
+/// Red-team stop 60: an HTTP/0.9 request line (a method and a target, no
+/// version) on 443 was passed as "another protocol", and nginx serves the
+/// virtual host of its absolute-form target: refused and recorded, as on
+/// port 80; a line of another protocol still passes.
+#[test]
+fn issue_26_an_http09_request_line_on_443_is_refused() {
+    if !root_and_tools("issue_26_an_http09_request_line_on_443_is_refused") {
+        return;
+    }
+    let _net = Internet::up();
+    let fx = Fixture::new();
+    fx.install("l", &manifest("restricted", &["good.test:443"]));
+    let probes = serde_json::json!([
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": hex("GET http://secret.test/\r\n")}, // 0
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": hex("\r\nget http://secret.test/ \r\n")}, // 1
+        {"kind": "tcp", "host": "good.test", "port": 443, "send": hex("EHLO client.example\r\n")}, // 2
+    ]);
+    let (r, ev) = probe(&fx, "l", &probes);
+    eprintln!("{r:#?}");
+    for i in [0, 1] {
+        let got = result(&r, i).0;
+        assert!(
+            matches!(got, "err:ECONNRESET" | "ok:"),
+            "probe {i} must be refused: {got}"
+        );
+    }
+    assert!(
+        result(&r, 2).0.starts_with("ok:OK 203.0.113.10 443 EHLO"),
+        "{:?}",
+        r[2]
+    );
+    assert!(
+        denied_and_recorded(&ev, "good.test", "HTTP/0.9"),
+        "{:#}",
+        ev["external_calls"]
+    );
+}
+
 /// Red-team wave 4, W1 (FR-RT-007 evidence): the name the policy matches
 /// is the name the supervisor resolves. A DNS label may hold any byte on
 /// the wire, a dot included: a query whose first label is `.` read as

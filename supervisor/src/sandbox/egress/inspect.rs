@@ -13,7 +13,7 @@
 //! none of these are not inspected (another protocol).
 
 use super::http;
-use super::syntax::{H2_PREFACE, host_only, may_be_request, versioned};
+use super::syntax::{H2_PREFACE, host_only, may_be_request, unversioned_request, versioned};
 
 /// The most bytes of a connection peeked at before its first message is
 /// complete: a [`MAX_HELLO`] ClientHello with room for the record headers
@@ -70,6 +70,9 @@ pub fn first_bytes_at_end(b: &[u8]) -> Seen {
         return Seen::Names(Vec::new());
     };
     let line = b.split(|c| *c == b'\n').next().unwrap_or_default();
+    if !tls_record(b) && !versioned(line) && unversioned_request(line) {
+        return http09();
+    }
     if tls_record(b) || !versioned(line) {
         return Seen::Names(Vec::new());
     }
@@ -257,6 +260,15 @@ pub fn cleartext_http(b: &[u8]) -> bool {
     versioned(b.split(|c| *c == b'\n').next().unwrap_or_default())
 }
 
+/// An HTTP/0.9 request line (see [`unversioned_request`]): refused, as the
+/// port-80 guard refuses it.
+fn http09() -> Seen {
+    Seen::Unreadable(
+        "an HTTP/0.9 request line (a method and a target, no version): a server may take its target's host"
+            .into(),
+    )
+}
+
 /// An HTTP/1 request's names, read by the port-80 guard's own parser
 /// ([`http::parse_head`]): lines ending in CRLF or a bare LF, empty lines
 /// before the request skipped, and anything it cannot follow unreadable.
@@ -273,9 +285,12 @@ fn http1(b: &[u8]) -> Seen {
     let window = &b[..b.len().min(http::MAX_HEAD + 4)];
     let line = window.split(|c| *c == b'\n').next().unwrap_or_default();
     let complete = line.len() < window.len();
+    if complete && !versioned(line) && unversioned_request(line) {
+        return http09();
+    }
     if complete && !versioned(line) || !complete && !versioned(line) && !may_be_request(b) {
-        // A line of another protocol (or HTTP/0.9, which names no host),
-        // or the start of one that cannot become a request line.
+        // A line of another protocol, or the start of one that cannot
+        // become a request line.
         return Seen::Names(Vec::new());
     }
     match http::head_end(window) {
@@ -373,6 +388,7 @@ fn h2(mut b: &[u8]) -> Seen {
 mod tests {
     use super::*;
 
+    #[track_caller]
     fn names(s: Seen) -> Vec<String> {
         match s {
             Seen::Names(n) => n.into_iter().map(|(_, h)| h).collect(),
@@ -404,6 +420,41 @@ mod tests {
         );
         assert_eq!(names(first_bytes(b"\x00\x01binary")), Vec::<String>::new());
         assert_eq!(names(first_bytes(b"SSH-2.0-x\r\n")), Vec::<String>::new());
+    }
+
+    /// Red-team stop 60: an HTTP/0.9 request line on a checked port (443
+    /// too) names no `Host`, yet nginx serves the virtual host of its
+    /// absolute-form target: refused, whatever whitespace, complete or at
+    /// the end of the client's stream; a bare word is another protocol.
+    #[test]
+    fn an_http09_request_line_is_refused_not_passed_as_another_protocol() {
+        for b in [
+            &b"GET http://secret.test/\r\n"[..],
+            b"GET http://secret.test/ \r\n",
+            b"\r\nGET http://secret.test/\r\n",
+            b"GET /\n",
+            b" GET\t/x\r\n",
+        ] {
+            assert!(matches!(first_bytes(b), Seen::Unreadable(_)), "{b:?}");
+            assert!(
+                matches!(first_bytes_at_end(b), Seen::Unreadable(_)),
+                "{b:?}"
+            );
+        }
+        assert!(matches!(
+            first_bytes_at_end(b"GET http://secret.test/"),
+            Seen::Names(_) | Seen::Unreadable(_)
+        ));
+        assert_eq!(first_bytes(b"GET http://secret.test/"), Seen::More);
+        for b in [
+            &b"PING\r\n"[..],
+            b"GET \r\n",
+            b"SSH-2.0-x\r\n",
+            b"EHLO client.example\r\n",
+            b"USER anonymous\r\n",
+        ] {
+            assert_eq!(names(first_bytes(b)), Vec::<String>::new(), "{b:?}");
+        }
     }
 
     /// A ClientHello handshake message naming `names` (none: no
@@ -668,11 +719,11 @@ mod tests {
             first_bytes_at_end(b" GET / HTTP/1.1\nHost: other.rt\n"),
             Seen::Unreadable(_)
         ));
-        // Other protocols stay uninspected.
+        // Other protocols stay uninspected (HTTP/0.9 is refused: see
+        // `an_http09_request_line_is_refused_not_passed_as_another_protocol`).
         for other in [
             &b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"[..],
             b"EHLO client.example\r\n",
-            b"GET /\r\n",
         ] {
             assert_eq!(names(first_bytes(other)), Vec::<String>::new());
         }

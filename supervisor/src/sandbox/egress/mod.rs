@@ -308,6 +308,17 @@ const NOT_PUBLIC_V6: &[Range] = &[
     ("ff00::", 8, "a multicast address", true),
     ("100::", 64, "a discard-only address", true),
     ("2001::", 32, "a Teredo tunnelling address", true),
+    // Local-use NAT64 (RFC 8215): operators split it into /48../96
+    // prefixes, and where a translated address carries its IPv4 address
+    // depends on that length (RFC 6052), unknown here: the metadata
+    // address can hide in one that reads as public in its last 32 bits
+    // (red-team stop 60). Only a CIDR entry opens it.
+    (
+        "64:ff9b:1::",
+        48,
+        "a local-use NAT64 address (the IPv4 address it carries is not known)",
+        false,
+    ),
     ("2001:2::", 48, "a benchmarking address", true),
     ("2001:10::", 28, "an ORCHID address", true),
 ];
@@ -2123,6 +2134,10 @@ mod tests {
             "2002:0a00:0001::",
             "2001:0:4136:e378:8000:63bf:3fff:fdd2",
             "100::1",
+            // 169.254.169.254 in a /48 local-use NAT64 prefix's layout;
+            // its last 32 bits read 198.51.100.10.
+            "64:ff9b:1:a9fe:a9:fe00:c633:640a",
+            "64:ff9b:1::203.0.113.9",
         ] {
             assert!(
                 matches!(

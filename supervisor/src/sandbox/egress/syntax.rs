@@ -43,6 +43,23 @@ pub(super) fn may_be_request(b: &[u8]) -> bool {
     b.is_empty() || (token > 0 && (token == b.len() || lenient_space(b[token])))
 }
 
+/// Whether a complete first line without a version reads as an HTTP/0.9
+/// request to a lenient server: (after whitespace it may skip) an HTTP
+/// method, whitespace, then a target. It names no `Host`, but a server
+/// that still speaks HTTP/0.9 (nginx) takes the virtual host from an
+/// absolute-form target (red-team stop 60): never "another protocol".
+/// Another word first (`EHLO host`, `USER x`) is another protocol.
+pub(super) fn unversioned_request(line: &[u8]) -> bool {
+    const METHODS: &[&[u8]] = &[
+        b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH",
+    ];
+    let b = &line[line.iter().take_while(|c| lenient_space(**c)).count()..];
+    let token = b.iter().take_while(|c| is_tchar(**c)).count();
+    METHODS.iter().any(|m| m.eq_ignore_ascii_case(&b[..token]))
+        && b.get(token).is_some_and(|c| lenient_space(*c))
+        && b[token..].iter().any(|c| !lenient_space(*c))
+}
+
 pub(super) fn is_tchar(c: u8) -> bool {
     c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
