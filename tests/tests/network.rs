@@ -458,6 +458,9 @@ fn issue_26_allow_egress_refuses_private_link_local_and_rebinding() {
         {"kind": "tcp", "host": "meta.test", "port": 80},       // 5 name -> link-local
         {"kind": "resolve", "host": "missing.test"},            // 6 NXDOMAIN upstream
         {"kind": "tcp", "host": "2001:db8:77::10", "port": 443}, // 7 public IPv6 literal
+        {"kind": "resolve", "host": "private.test"},            // 8 exists, private only
+        {"kind": "resolve", "host": "meta.test"},               // 9 exists, link-local only
+        {"kind": "resolve", "host": "second.test"},             // 10 exists, public
     ]);
     let (r, ev) = probe(&fx, "e", &probes);
     eprintln!("{r:#?}");
@@ -476,6 +479,13 @@ fn issue_26_allow_egress_refuses_private_link_local_and_rebinding() {
         "ok:OK 2001:db8:77::10 443 GET / HTTP/1.1",
         "a public IPv6 literal is reached through the proxy"
     );
+    // A name that exists but only at addresses the turn may never reach
+    // looks like one that does not exist (red-team stop 60: the synthetic
+    // answer told the turn which internal names exist).
+    for i in [8, 9] {
+        assert_eq!(result(&r, i).0, result(&r, 6).0, "{:?}", r[i]);
+    }
+    assert!(result(&r, 10).0.starts_with("ok:"), "{:?}", r[10]);
     let rebind = calls(&ev, |c| c["name"] == "private.test");
     assert!(
         rebind.iter().any(|c| c["allowed"] == false

@@ -561,6 +561,17 @@ impl Policy {
         self.address_ok_on(Transport::Tcp, name_listed, ip, port)
     }
 
+    /// Whether a name `egress` does not list could reach `ip` at all, on
+    /// some port of some transport ([`Policy::address_ok_on`] for every
+    /// port): a public address not the host's own, or one a CIDR entry
+    /// lists.
+    fn reachable_unlisted(&self, ip: IpAddr) -> bool {
+        self.entries
+            .iter()
+            .any(|e| matches!(e.host, EgressHost::Cidr(net, len) if cidr_contains(net, len, ip)))
+            || (self.own(ip).is_none() && non_public(ip).is_none())
+    }
+
     /// [`Policy::address_ok`] for transport `t` (its CIDR entries).
     fn address_ok_on(
         &self,
@@ -1397,10 +1408,22 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
         && shared.policy.network == Network::AllowEgress
         && shared.policy.name_entry(&q.name, None).is_none())
     .then(|| shared.resolve(&q.name));
-    let rcode_addr = if !allowed {
+    // An unlisted name whose every address the turn could never reach (a
+    // private, link-local, the host's own…) is answered as a name that
+    // does not exist: a synthetic address would tell the turn that an
+    // internal name exists (split-horizon names mapped from inside;
+    // red-team stop 60), and no connection through it could be made.
+    let listed_for_udp = shared
+        .policy
+        .name_entry_on(Transport::Udp, &q.name, None)
+        .is_some();
+    let unreachable = !listed_for_udp
+        && matches!(&upstream, Some(Ok(addrs))
+            if addrs.iter().all(|ip| !shared.policy.reachable_unlisted(*ip)));
+    let rcode_addr = if !allowed || unreachable {
         (dns::RCODE_NXDOMAIN, None)
-    } else if let Some(Err(e)) = upstream {
-        if e == LookupError::Budget {
+    } else if let Some(Err(e)) = &upstream {
+        if *e == LookupError::Budget {
             (dns::RCODE_SERVFAIL, None)
         } else {
             (dns::RCODE_NXDOMAIN, None)
@@ -1416,7 +1439,22 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
             None => (dns::RCODE_SERVFAIL, None),
         }
     };
-    let decision = if allowed {
+    let decision = if unreachable {
+        let why = match &upstream {
+            Some(Ok(addrs)) => addrs
+                .first()
+                .and_then(|ip| shared.policy.address_ok(false, *ip, 0).err()),
+            _ => None,
+        };
+        Decision::Denied {
+            rule: format!(
+                "allow_egress: {} resolves only to addresses no unlisted name may reach (DNS rebinding: {}); answered as a name that does not exist",
+                q.name,
+                why.unwrap_or_default()
+            ),
+            hint: None,
+        }
+    } else if allowed {
         Decision::Allowed(
             shared
                 .policy
@@ -1431,7 +1469,7 @@ fn resolve_query(shared: &Shared, raw: &[u8]) -> Option<Vec<u8>> {
     };
     // Only the denied names are flows of their own (an allowed name's
     // connections are).
-    if !allowed {
+    if !allowed || unreachable {
         shared.record(shared.flow(
             Some(&q.name),
             crate::sandbox::egress::RESOLVER_ADDR.into(),
