@@ -1285,7 +1285,7 @@ pub(crate) fn append_group_unsynced(
         lock,
         parts,
         AppendStep::Acknowledged,
-        &mut || {},
+        &mut |_| {},
         Durability::Deferred,
     )
 }
@@ -1309,18 +1309,33 @@ pub fn append_group_until(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
 ) -> Result<Vec<Vec<Appended>>> {
-    append_group_steps(lock, parts, until, &mut || {}, Durability::Synced)
+    append_group_steps(lock, parts, until, &mut |_| {}, Durability::Synced)
 }
 
-/// [`append_group`], calling `written` as soon as every member's bytes are
-/// synced — the moment the append is durable: from then on a crash leaves
-/// it announced and whole, and recovery completes it — and before the
-/// anchors move. What waits only for durability (the command of a turn
-/// behind its intent entry) goes on from there, one `fdatasync` earlier.
+/// How far an append has come when [`append_group_then`] reports it (in
+/// order: `Written < Durable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reached {
+    /// Every member's bytes are written (in the page cache), after the
+    /// announcements were synced: from then on a crash of the process
+    /// (not of the machine) leaves the append announced and whole.
+    Written,
+    /// Every member's bytes are synced too: the append is durable, a
+    /// power cut included, and recovery completes it.
+    Durable,
+}
+
+/// [`append_group`], calling `reached` as soon as every member's bytes are
+/// written ([`Reached::Written`]) and again once they are synced
+/// ([`Reached::Durable`]) — both before the anchors move. What waits only
+/// for durability (a turn's reply behind its finish entries) goes on from
+/// the second, one `fdatasync` earlier; what needs the entry to survive
+/// only a crash of this process (an isolated command behind its intent
+/// entry, see `turn::Intent`) from the first, two earlier.
 pub fn append_group_then(
     lock: &SessionLock,
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
-    written: &mut dyn FnMut(),
+    written: &mut dyn FnMut(Reached),
 ) -> Result<Vec<Vec<Appended>>> {
     append_group_steps(
         lock,
@@ -1335,7 +1350,7 @@ fn append_group_steps(
     lock: &SessionLock,
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
-    written: &mut dyn FnMut(),
+    written: &mut dyn FnMut(Reached),
     durability: Durability,
 ) -> Result<Vec<Vec<Appended>>> {
     let appended = append_group_protocol(parts, until, written, durability);
@@ -1351,7 +1366,7 @@ fn append_group_steps(
 fn append_group_protocol(
     parts: Vec<(&LedgerFiles, Vec<Map<String, Value>>)>,
     until: AppendStep,
-    written: &mut dyn FnMut(),
+    written: &mut dyn FnMut(Reached),
     durability: Durability,
 ) -> Result<Vec<Vec<Appended>>> {
     // The group's tag ties its announcements together across ledgers. It
@@ -1413,6 +1428,9 @@ fn append_group_protocol(
             .collect(),
     )
     .err();
+    if failure.is_none() {
+        written(Reached::Written);
+    }
     if failure.is_none() && durability == Durability::Synced {
         failure = prepared
             .iter()
@@ -1446,7 +1464,7 @@ fn append_group_protocol(
     if until == AppendStep::Written {
         return Ok(Vec::new());
     }
-    written();
+    written(Reached::Durable);
     // (3) acknowledge: written, not synced (one `pwrite` per member, in
     // turn). The append is durable since (2); a power cut that loses this
     // write leaves it announced with every byte landed, which recovery

@@ -385,36 +385,45 @@ struct Turn<'a> {
 }
 
 /// The intent entry being written on its own thread while the sandbox is
-/// built. [`Intent::durable`] waits until its bytes are synced — the gate
-/// before the command starts: from then on a crash leaves the entry for
-/// recovery to complete, so the turn is visible — while the anchor's move
-/// (the append's last `fdatasync`) overlaps the command's start.
-/// [`Intent::acknowledged`] waits for the whole append (the gate before
-/// anything is committed), [`Intent::finish`] returns how long the turn
-/// waited for it (the `intent_entry` phase: the phases stay disjoint parts
-/// of the turn's wall time), or why it failed.
+/// built. [`Intent::durable`] waits until its bytes are synced — from then
+/// on a crash, a power cut included, leaves the entry for recovery to
+/// complete, so the turn is visible. [`Intent::written`] waits until they
+/// are written (in the page cache; their announcement synced): from then on
+/// a crash of this process leaves the entry likewise, and only a power cut
+/// in the next fdatasync's time could lose it — the gate of a command that
+/// can have no effect but through what the turn captures (see
+/// `Turn::run_sandbox`). The anchor's move (the append's last `fdatasync`)
+/// overlaps the command's start either way. [`Intent::acknowledged`] waits
+/// for the whole append (the gate before anything is committed),
+/// [`Intent::finish`] returns how long the turn waited for it (the
+/// `intent_entry` phase: the phases stay disjoint parts of the turn's wall
+/// time), or why it failed.
 struct Intent<'scope> {
     handle: Option<std::thread::ScopedJoinHandle<'scope, Result<()>>>,
-    written: Option<std::sync::mpsc::Receiver<()>>,
-    durable: bool,
+    /// Signalled at [`Reached::Written`], then at [`Reached::Durable`].
+    reached: std::sync::mpsc::Receiver<Reached>,
+    /// How far the append is known to have come.
+    seen: Option<Reached>,
     waited_us: u64,
     result: Option<Result<()>>,
 }
 
+use crate::store::ledger::Reached;
+
 impl<'scope> Intent<'scope> {
     fn spawn<'env>(
         scope: &'scope std::thread::Scope<'scope, 'env>,
-        append: impl FnOnce(&mut dyn FnMut()) -> Result<()> + Send + 'scope,
+        append: impl FnOnce(&mut dyn FnMut(Reached)) -> Result<()> + Send + 'scope,
     ) -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (tx, rx) = std::sync::mpsc::sync_channel(2);
         Self {
             handle: Some(scope.spawn(move || {
-                append(&mut || {
-                    let _ = tx.send(());
+                append(&mut |r| {
+                    let _ = tx.send(r);
                 })
             })),
-            written: Some(rx),
-            durable: false,
+            reached: rx,
+            seen: None,
             waited_us: 0,
             result: None,
         }
@@ -436,18 +445,32 @@ impl<'scope> Intent<'scope> {
         self.result.get_or_insert(Ok(()))
     }
 
-    /// Waits until the intent entry is durable; `false` if it failed.
-    fn durable(&mut self) -> bool {
-        if let Some(rx) = self.written.take() {
-            let waiting = Instant::now();
-            self.durable = rx.recv().is_ok();
-            self.waited_us += waiting.elapsed().as_micros() as u64;
+    /// Waits until the append has reached `point`; `false` if it failed
+    /// before.
+    fn reached(&mut self, point: Reached) -> bool {
+        let waiting = Instant::now();
+        while self.seen.is_none_or(|s| s < point) {
+            match self.reached.recv() {
+                Ok(r) => self.seen = Some(r),
+                // No more signals: the append ended short of `point`.
+                Err(_) => break,
+            }
         }
-        // No signal: the append ended before its bytes were synced.
-        self.durable || {
+        self.waited_us += waiting.elapsed().as_micros() as u64;
+        self.seen.is_some_and(|s| s >= point) || {
             self.join();
             false
         }
+    }
+
+    /// Waits until the intent entry is durable; `false` if it failed.
+    fn durable(&mut self) -> bool {
+        self.reached(Reached::Durable)
+    }
+
+    /// Waits until the intent entry is written; `false` if it failed.
+    fn written(&mut self) -> bool {
+        self.reached(Reached::Written)
     }
 
     /// Waits until the intent entry is appended whole (its anchor moved);
@@ -879,7 +902,18 @@ impl Turn<'_> {
         let executed = created.and_then(|mut sandbox| {
             // The gate: the command starts only once the intent entry is
             // durable; if it cannot be written, the sandbox goes unstarted.
-            if !intent.durable() {
+            // A command whose every effect is captured — an isolated
+            // network, writes to the turn's overlays, nothing committed
+            // before the entry is acknowledged — starts once the entry is
+            // written: a crash of this process from then on leaves it for
+            // recovery, and a power cut before its sync loses the turn
+            // whole, with every effect it could have had.
+            let gated = if plan.network == "isolated" {
+                intent.written()
+            } else {
+                intent.durable()
+            };
+            if !gated {
                 sandbox.delete();
                 return Err(SupervisorError::Sandbox {
                     step: "intent entry",
@@ -1297,5 +1331,51 @@ mod ended_tests {
                 "d": 1,
             })
         );
+    }
+}
+
+#[cfg(test)]
+mod intent_tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// The gates open in order: `written` once the bytes are written while
+    /// their sync is still under way, `durable` only after it, and an
+    /// append that fails before a point opens neither gate past it.
+    #[test]
+    fn the_written_gate_opens_before_the_durable_one_and_a_failure_opens_neither() {
+        let (sync_done, wait_sync) = mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let mut intent = Intent::spawn(scope, move |reached| {
+                reached(Reached::Written);
+                // The sync: until the test lets it finish.
+                wait_sync.recv().unwrap();
+                reached(Reached::Durable);
+                Ok(())
+            });
+            assert!(intent.written());
+            // Still syncing: the append has not ended.
+            assert!(intent.handle.as_ref().is_some_and(|h| !h.is_finished()));
+            assert_eq!(intent.seen, Some(Reached::Written));
+            sync_done.send(()).unwrap();
+            assert!(intent.durable());
+            assert!(intent.acknowledged());
+            assert!(intent.finish().is_ok());
+        });
+        std::thread::scope(|scope| {
+            let mut intent = Intent::spawn(scope, |reached| {
+                reached(Reached::Written);
+                Err(SupervisorError::invalid("x", "the sync failed"))
+            });
+            assert!(intent.written());
+            assert!(!intent.durable());
+            assert!(!intent.acknowledged());
+            assert!(intent.finish().is_err());
+        });
+        std::thread::scope(|scope| {
+            let mut intent = Intent::spawn(scope, |_| Err(SupervisorError::invalid("x", "no")));
+            assert!(!intent.written());
+            assert!(!intent.durable());
+        });
     }
 }

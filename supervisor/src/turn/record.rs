@@ -214,7 +214,10 @@ impl Turn<'_> {
                 (&exec, vec![to_object(&exec_entry)]),
                 (&evidence_ledger, vec![to_object(&evidence)]),
             ],
-            &mut || {
+            &mut |reached| {
+                if reached != crate::store::ledger::Reached::Durable {
+                    return;
+                }
                 if let Some(h) = early {
                     h.call(&result_now(&mut report));
                 }
