@@ -42,7 +42,7 @@ use crate::store::capture::{self, Scope};
 use crate::store::commit::{self};
 use crate::store::evidence::SCHEMA_VERSION;
 use crate::store::layout::{StateDir, TURN_TIER, Workspace};
-use crate::store::ledger::LedgerKind;
+use crate::store::ledger::{LedgerKind, Reached};
 use crate::store::record::Phases;
 use crate::store::session::{Session, SessionLock};
 use crate::store::status::{Ended, Observed, TurnStatus, classify};
@@ -407,8 +407,6 @@ struct Intent<'scope> {
     waited_us: u64,
     result: Option<Result<()>>,
 }
-
-use crate::store::ledger::Reached;
 
 impl<'scope> Intent<'scope> {
     fn spawn<'env>(
