@@ -314,11 +314,18 @@ pub fn recover_session(
     // the supervisor's death; see `backend::hostview::Guard`): `delete
     // --force` kills its container, and runsc's needs the sandbox's gofer
     // alive, which the cgroup's kill would take.
+    // A cgroup its dying supervisor froze (killed between the freeze and
+    // the thaw of `kill_all`) is thawed first: runsc's delete waits for
+    // ever on a frozen sandbox, and a frozen task never dies.
     let prefix = format!("{sid}-t");
+    let dead_cgroups = TurnCgroup::leftovers(cgroup_place, &prefix);
+    for cg in &dead_cgroups {
+        cg.thaw_if_frozen();
+    }
     for id in crate::backend::runtime::records(&prefix) {
         crate::backend::runtime::forget(&id);
     }
-    for cg in TurnCgroup::leftovers(cgroup_place, &prefix) {
+    for cg in dead_cgroups {
         r.processes_killed += cg.pids().len();
         if !cg.kill_all() {
             return Err(SupervisorError::Sandbox {

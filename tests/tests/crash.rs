@@ -1221,6 +1221,139 @@ fn issue_25_a_sigkilled_supervisor_leaves_nothing_of_a_runsc_turn() {
     );
 }
 
+/// The session's v1 freezer cgroups that are frozen (or freezing).
+fn frozen_cgroups(sid: &str) -> Vec<String> {
+    let base = Path::new("/sys/fs/cgroup/freezer/turnstile");
+    std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(sid))
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("freezer.state"))
+                .is_ok_and(|s| s.trim() != "THAWED")
+        })
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
+
+/// `supervise ARGS…` that must end within `within` (killed and failed if
+/// not): its exit status.
+fn bounded(fx: &Fixture, args: &[&str], within: Duration, what: &str) -> i32 {
+    let mut child = Command::new(supervise_bin())
+        .args(args)
+        .arg("--root")
+        .arg(&fx.root)
+        .arg("--state-dir")
+        .arg(&fx.state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: `supervise {}` did not end within {within:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Red-team stop 60: a supervisor SIGTERMed during a turn (which kills
+/// the turn's cgroup: on a v1 host freeze, SIGKILL, thaw) and SIGKILLed
+/// inside that freeze left the cgroup frozen for ever — a native turn's
+/// processes alive in D state, and a runsc sandbox on which `runsc delete
+/// --force` (the guard's, recovery's) never returned, holding the session
+/// lock: the next turn, `supervise recover` and `serve`'s start hung. Now
+/// a native turn is killed through the unified hierarchy's cgroup.kill (no
+/// freeze), recovery and the guard thaw a dead turn's cgroup first, and a
+/// runtime's delete is bounded: nothing stays frozen, recovery and the
+/// next turn end, the killed turn is `aborted`.
+fn killed_inside_the_freeze(test: &str, backend: &str) {
+    if !require_root(test)
+        || !require_runtime(test, if backend == "native" { "sh" } else { backend })
+    {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install("c", &oci_manifest(backend));
+    let sid = fx.new_session();
+    let marker = format!("freeze-{backend}-{}", std::process::id());
+    let mut child = start_sleeping_oci_turn(&fx, &sid, backend, 1, &marker, false);
+    let freezer = Path::new("/sys/fs/cgroup/freezer/turnstile").join(format!("{sid}-t1"));
+    signal_to(child.id() as i32, nix::libc::SIGTERM);
+    // SIGKILL as soon as the freeze begins (or after 300 ms: a kill that
+    // freezes nothing is the point of the native fix).
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        if std::fs::read_to_string(freezer.join("freezer.state"))
+            .is_ok_and(|s| s.trim() != "THAWED")
+        {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    kill(&mut child, false, nix::libc::SIGKILL);
+    // Before any later supervise: within 5 s no process of the turn is
+    // left (a native turn has no guard: its processes die of the kill or
+    // of their init's death signal, which a frozen task never handles),
+    // and nothing is frozen (the guard of an OCI turn thaws and ends it).
+    let killed = Instant::now();
+    loop {
+        let (alive, frozen) = (pgrep_full(&marker), frozen_cgroups(&sid));
+        if alive.is_empty() && frozen.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "{backend}: 5 s after the SIGKILL: processes {alive:?}, frozen {frozen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = bounded(
+        &fx,
+        &["recover", "--session", &sid],
+        Duration::from_secs(90),
+        backend,
+    );
+    assert_eq!(status, 0, "{backend}: recover");
+    let frozen = frozen_cgroups(&sid);
+    assert!(frozen.is_empty(), "{backend}: still frozen: {frozen:?}");
+    // `interrupted` when the SIGTERM's kill and record won the race with
+    // the SIGKILL (the native turn's cgroup.kill is that fast), `aborted`
+    // when recovery closed it.
+    let status = check_after_kill_on(&fx, &sid, 0, 0, false, backend, Some(backend));
+    assert!(
+        matches!(status.as_deref(), Some("aborted" | "interrupted")),
+        "{backend}: {status:?}"
+    );
+}
+
+#[test]
+fn audit_a_supervisor_killed_inside_the_freeze_of_a_native_turn_leaves_nothing_frozen() {
+    killed_inside_the_freeze(
+        "audit_a_supervisor_killed_inside_the_freeze_of_a_native_turn_leaves_nothing_frozen",
+        "native",
+    );
+}
+
+#[test]
+fn audit_a_supervisor_killed_inside_the_freeze_of_a_runsc_turn_leaves_nothing_frozen() {
+    killed_inside_the_freeze(
+        "audit_a_supervisor_killed_inside_the_freeze_of_a_runsc_turn_leaves_nothing_frozen",
+        "runsc",
+    );
+}
+
 /// The state letter of `pid` (`/proc/<pid>/stat`), `None` once it is gone.
 fn proc_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

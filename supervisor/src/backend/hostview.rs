@@ -452,11 +452,17 @@ pub fn end_dead_turn(runtime: &str, id: &str, turn_dir: &Path, cgroup_place: &Pl
     // turn's cgroup) writes its record after a delete that came first:
     // wait for it (bounded), and delete again once the cgroup is empty.
     let gone = wait_runtime_gone(runtime, id, Duration::from_secs(5));
-    super::runtime::forget(id);
-    for cg in TurnCgroup::leftovers(cgroup_place, id)
+    // A cgroup its dying supervisor froze stays frozen, and runsc's
+    // delete waits for ever on a frozen sandbox: thaw first.
+    let leftovers: Vec<TurnCgroup> = TurnCgroup::leftovers(cgroup_place, id)
         .into_iter()
         .filter(|cg| cg.name() == Some(id))
-    {
+        .collect();
+    for cg in &leftovers {
+        cg.thaw_if_frozen();
+    }
+    super::runtime::forget(id);
+    for cg in leftovers {
         cg.kill_all();
         cg.remove();
     }

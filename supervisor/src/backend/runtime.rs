@@ -111,6 +111,49 @@ impl Driver {
         Ok(c)
     }
 
+    /// Runs `cmd` (its output to the log only), killing it if it has not
+    /// ended within `within`: whether it ended successfully, or why not.
+    pub fn run_within(
+        &self,
+        cmd: &RuntimeCmd<'_>,
+        log: &Path,
+        within: std::time::Duration,
+    ) -> Result<()> {
+        let mut child = self
+            .command(cmd, log)?
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| err("run runtime", format!("{}: {e}", self.runtime.as_str())))?;
+        let until = std::time::Instant::now() + within;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(err(
+                        "run runtime",
+                        format!("{} {cmd:?}: {status}", self.runtime.as_str()),
+                    ));
+                }
+                Ok(None) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(err(
+                        "run runtime",
+                        format!(
+                            "{} {cmd:?} did not end within {} s: killed",
+                            self.runtime.as_str(),
+                            within.as_secs()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
     /// Runs `cmd` to its end: its stdout, or an error with its stderr and
     /// the last line of its log.
     pub fn run(&self, cmd: &RuntimeCmd<'_>, log: &Path) -> Result<Vec<u8>> {
@@ -134,6 +177,9 @@ impl Driver {
     }
 }
 
+/// How long [`forget`] lets a runtime's `delete --force` run.
+const FORGET_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Deletes every runtime's record of container `id`, if there is one
 /// (recovery of a turn whose supervisor died, its guard, and the runsc
 /// backend's own teardown of a `create` cut short).
@@ -145,7 +191,14 @@ pub fn forget(id: &str) {
         if let Ok(d) = Driver::locate(runtime) {
             let log = std::env::temp_dir()
                 .join(format!("turnstile-{}-forget-{id}.log", runtime.as_str()));
-            let _ = d.run(&RuntimeCmd::Delete { id }, &log);
+            // Bounded: a runtime that never returns (runsc's delete of a
+            // sandbox it cannot reach) must not hold the session's
+            // recovery, and every turn of it, for ever; what it leaves is
+            // killed through the cgroup after, and the next recovery
+            // deletes again.
+            if let Err(e) = d.run_within(&RuntimeCmd::Delete { id }, &log, FORGET_WITHIN) {
+                tracing::warn!(error = %e, container = id, "the runtime's delete did not end");
+            }
             let _ = std::fs::remove_file(log);
         }
         if runtime == Runtime::Runsc {

@@ -239,6 +239,15 @@ fn is_cgroup_fs(dir: &Path) -> bool {
         })
 }
 
+/// The processes of the cgroup directory `dir` (none if it is gone).
+fn read_procs(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
 /// Writes a cgroup control file, which must exist: a cgroup file system
 /// makes them, so one that is missing means the directory is not a cgroup
 /// (a tmpfs over a hierarchy, a removed cgroup), and writing a regular
@@ -465,16 +474,9 @@ impl TurnCgroup {
     /// joins the v1 hierarchies (a child stopped in its clone's vfork was
     /// missed: a SIGTERM'd cold `run` then waited for ever).
     pub fn pids(&self) -> Vec<i32> {
-        let read = |dir: &Path| -> Vec<i32> {
-            std::fs::read_to_string(dir.join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect()
-        };
-        let mut pids = read(&self.pids);
+        let mut pids = read_procs(&self.pids);
         if let Some(u) = &self.unified {
-            for p in read(u) {
+            for p in read_procs(u) {
                 if !pids.contains(&p) {
                     pids.push(p);
                 }
@@ -507,6 +509,24 @@ impl TurnCgroup {
         if self.version == Version::V2 {
             let _ = write_control(&self.pids.join("cgroup.kill"), "1");
         }
+        // A hybrid host's unified hierarchy has cgroup.kill (5.14+): every
+        // task of a turn that is in it — a native turn's all are, born
+        // there by CLONE_INTO_CGROUP — is killed at once, forks in flight
+        // included, with no freeze cycle: a killer that dies midway (a
+        // SIGKILL after the SIGTERM that began this) leaves nothing frozen
+        // (red-team stop 60). Tasks only in v1 (an OCI runtime's own)
+        // still go through the freezer below.
+        if let (Version::V1, Some(u)) = (&self.version, &self.unified) {
+            if write_control(&u.join("cgroup.kill"), "1").is_ok() {
+                let in_unified = read_procs(u);
+                if read_procs(&self.pids)
+                    .iter()
+                    .all(|p| in_unified.contains(p))
+                {
+                    return self.reap(std::time::Duration::from_secs(10));
+                }
+            }
+        }
         // v1 has no cgroup.kill: a fork bomb forks between our reads of
         // cgroup.procs and our signals. pids.max 0 refuses every fork from
         // here on; then freeze (as runc does), signal every task, thaw: a
@@ -532,9 +552,15 @@ impl TurnCgroup {
                 let _ = write_control(&state, "THAWED");
             }
         }
-        // Bounded by time, not by rounds: a loaded host (a VM beside the
-        // tests) can take seconds to reap thousands of tasks.
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        self.reap(std::time::Duration::from_secs(10))
+    }
+
+    /// Signals every process SIGKILL (thawing a v1 freezer) until the
+    /// cgroup is empty or `within` has passed; whether it is empty.
+    /// Bounded by time, not by rounds: a loaded host (a VM beside the
+    /// tests) can take seconds to reap thousands of tasks.
+    fn reap(&self, within: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + within;
         while std::time::Instant::now() < until {
             if self.pids().is_empty() {
                 return true;
@@ -678,6 +704,17 @@ impl TurnCgroup {
                 }
             })
             .collect()
+    }
+
+    /// Thaws the cgroup if it is frozen: a killer that died between the
+    /// freeze and the thaw of [`TurnCgroup::kill_all`] left it so, and a
+    /// frozen runsc sandbox makes `runsc delete --force` wait forever
+    /// (red-team stop 60). For a dead turn's leftovers, before anything
+    /// else is done to them.
+    pub fn thaw_if_frozen(&self) {
+        if self.frozen() {
+            let _ = self.set_frozen(false);
+        }
     }
 
     /// Whether the turn can be frozen here: v2, or v1 with a freezer.
