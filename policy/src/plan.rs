@@ -622,8 +622,14 @@ impl<'a> Compiler<'a> {
                 _ => {}
             }
         }
+        // /dev/shm is a tmpfs whose pages count against the turn's memory
+        // cgroup: the memory limit already bounds it, so its own size is
+        // that limit, not a fixed 64 MiB (Docker's default; red-team stop
+        // 61: a 200 MB multiprocessing.shared_memory block died of SIGBUS
+        // under a 2 GiB limit, unrecorded). Filling it past the limit is
+        // the memory limit's OOM, recorded as such.
         view.mounts.push(Mount::Dev {
-            shm_bytes: 64 << 20,
+            shm_bytes: manifest.limits.memory.0.max(64 << 20),
         });
         let ephemeral: Vec<String> = EPHEMERAL
             .iter()

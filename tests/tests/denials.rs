@@ -887,3 +887,49 @@ done = True\nt.join()\n"
     }
     assert_eq!(total, 20_000, "{v:?}");
 }
+
+/// Red-team stop 61: executing a file in what the turn may write — a
+/// script it made in its scratch, a binary it built — is refused by
+/// Landlock unless an execute rule covers it, whatever the file's mode;
+/// such refusals were taken for the file's own mode and went unrecorded.
+#[test]
+fn issue_27_fr_rt_011_an_execute_refused_in_the_turns_own_scratch_is_recorded() {
+    let test = "issue_27_fr_rt_011_an_execute_refused_in_the_turns_own_scratch_is_recorded";
+    if !require_root(test) {
+        return;
+    }
+    let fx = fixture();
+    let (_, e) = turn(
+        &fx,
+        "import os, subprocess\n\
+p = os.path.join(os.environ['TMPDIR'], 'built.sh')\n\
+open(p, 'w').write('#!/bin/sh\\necho hi\\n')\nos.chmod(p, 0o755)\n\
+try:\n    subprocess.run([p])\n    print('RAN')\nexcept PermissionError:\n    print('refused')\n",
+    );
+    if !observer_here(&e, test) {
+        return;
+    }
+    let v: Vec<&Value> = of_layer(&e, "landlock")
+        .into_iter()
+        .filter(|v| v["attempted_operation"] == "execute")
+        .collect();
+    assert_eq!(v.len(), 1, "{:#}", e["violations"]);
+    assert!(
+        v[0]["target"].as_str().unwrap().ends_with("/built.sh"),
+        "{}",
+        v[0]
+    );
+    assert_eq!(
+        v[0]["violated_capability"]["capability"], "execute",
+        "{}",
+        v[0]
+    );
+    assert!(
+        v[0]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("capabilities.execute"),
+        "{}",
+        v[0]
+    );
+}

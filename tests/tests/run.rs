@@ -1513,3 +1513,36 @@ fn output_cut_at_the_budget_is_said_in_the_summary_and_in_json() {
     let v = r.json();
     assert_eq!(v["output"]["truncated"], false, "{v}");
 }
+
+/// Red-team stop 61: `/dev/shm` was a fixed 64 MiB whatever the memory
+/// limit: a 100 MiB `multiprocessing.shared_memory` block (what PyTorch's
+/// DataLoader and Chromium lean on) died of SIGBUS, unrecorded. Its size
+/// is the memory limit now (its pages count against it anyway).
+#[test]
+fn dev_shm_holds_what_the_memory_limit_allows() {
+    if !require_root("dev_shm_holds_what_the_memory_limit_allows") {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.install(
+        "m",
+        r#"{"capabilities": {"execute": ["/usr/bin/python3"]}, "limits": {"memory": "1Gi", "timeout_seconds": 60}}"#,
+    );
+    let r = fx.run(
+        "m",
+        &[
+            "--json",
+            "--no-outputs",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "from multiprocessing import shared_memory\n\
+s = shared_memory.SharedMemory(create=True, size=100 << 20)\n\
+s.buf[:] = b'x' * (100 << 20)\nprint(s.buf[(100 << 20) - 1])\ns.close(); s.unlink()",
+        ],
+    );
+    assert_eq!(r.status, 0, "{}\n{}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["termination"]["exited"], 0, "{v}");
+    assert_eq!(v["output"]["stdout"]["bytes"], 4, "{v}");
+}

@@ -75,8 +75,24 @@ pub struct Caps {
 pub fn secret_looking(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     let dirs = [".ssh", ".gnupg", ".aws", ".kube", ".docker"];
-    path.split('/').any(|c| dirs.contains(&c))
-        || name.ends_with(".pem")
+    // Public trust anchors end in .pem too: the CA bundle (`cert.pem`),
+    // anything in a `certs` or `ca-certificates` directory.
+    let public_ca = name == "cert.pem"
+        || path
+            .split('/')
+            .any(|c| c == "certs" || c == "ca-certificates");
+    // The host's password and sudo databases (`su` reads them).
+    let system = [
+        "/etc/shadow",
+        "/etc/gshadow",
+        "/etc/shadow-",
+        "/etc/gshadow-",
+        "/etc/sudoers",
+    ];
+    system.contains(&path)
+        || path.starts_with("/etc/sudoers.d/")
+        || path.split('/').any(|c| dirs.contains(&c))
+        || name.ends_with(".pem") && !public_ca
         || name.ends_with(".key")
         || name == ".env"
         || name.starts_with(".env.")
@@ -367,10 +383,17 @@ pub fn propose(ops: &[RawDenial], root: &str, report: Option<&TurnReport>) -> Le
                     }
                 }
                 "read" | "stat" => {
-                    // System directories only stat-ed need nothing of their
-                    // own; a workspace directory does (its owner, as git
+                    // System directories need nothing of their own, stat-ed
+                    // or listed (every directory of the view lists: a grant
+                    // on `/` or `/etc` would show all beneath — red-team
+                    // stop 61: `ls /` proposed `/`, which no manifest may
+                    // name); a workspace directory does (its owner, as git
                     // checks it, is the view's only where it is granted).
-                    if kind == "stat" && host.is_dir() && !inside {
+                    if host.is_dir() && !inside {
+                        continue;
+                    }
+                    // The ledgers are never a turn's to read.
+                    if rel(&path).is_some_and(|r| r == "planes" || r.starts_with("planes/")) {
                         continue;
                     }
                     if baseline.iter().any(|b| under(&path, b)) {
@@ -504,8 +527,18 @@ mod tests {
         ] {
             assert!(secret_looking(p), "{p}");
         }
-        for p in ["src/main.rs", "/etc/hosts", "environment"] {
+        for p in [
+            "src/main.rs",
+            "/etc/hosts",
+            "environment",
+            "/usr/lib/ssl/cert.pem",
+            "/etc/ssl/certs/ISRG_Root_X1.pem",
+        ] {
             assert!(!secret_looking(p), "{p}");
+        }
+        // Red-team stop 61: `su` reads these; never proposed for a grant.
+        for p in ["/etc/shadow", "/etc/gshadow", "/etc/sudoers"] {
+            assert!(secret_looking(p), "{p}");
         }
     }
 }

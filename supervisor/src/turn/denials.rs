@@ -285,11 +285,24 @@ pub fn path_violations(
                 // the turn can write (its scopes, its tmp) it can also
                 // chmod: an EACCES there is the file's own mode (the host's
                 // copy, if any, says nothing about the turn's).
-                if op == "stat" || in_scope {
+                if op == "stat" {
+                    continue;
+                }
+                // Executing is the exception: Landlock refuses it wherever
+                // no execute rule reaches (a binary the turn built, a
+                // script in its scratch, a venv's entry points), whatever
+                // the file's mode (red-team stop 61: such refusals went
+                // unrecorded). Only under an execute rule can the mode be
+                // why.
+                let executable = plan.landlock.execute.iter().any(|r| {
+                    let r = r.trim_end_matches('/');
+                    d.path == r || d.path.starts_with(&format!("{r}/"))
+                });
+                if in_scope && !(op == "execute" && !executable) {
                     continue;
                 }
                 if let Ok(m) = &meta {
-                    if need != "write" && dac_refuses(m, need, inside) {
+                    if need != "write" && !in_scope && dac_refuses(m, need, inside) {
                         continue;
                     }
                 }
