@@ -298,7 +298,7 @@ pub fn path_violations(
                     let r = r.trim_end_matches('/');
                     d.path == r || d.path.starts_with(&format!("{r}/"))
                 });
-                if in_scope && !(op == "execute" && !executable) {
+                if in_scope && (op != "execute" || executable) {
                     continue;
                 }
                 if let Ok(m) = &meta {
