@@ -647,6 +647,30 @@ fn issue_27_learn_round_trips_a_python_script_and_flags_secrets() {
     assert!(diff.contains(&"- write: out/result.txt"), "{diff:?}");
 }
 
+/// Red-team stop 61: a program that builds or unpacks something in its
+/// scratch and runs it (a venv's entry points, npx) could not be learnt:
+/// the learning turn could not run it, and what it ran there was never
+/// proposed. Learn now runs it and proposes `tmp/<session_id>/**`, and
+/// the learnt manifest runs the command with no violation.
+#[test]
+fn issue_27_learn_round_trips_a_program_run_from_its_scratch() {
+    let Some(fx) = learner("issue_27_learn_round_trips_a_program_run_from_its_scratch") else {
+        return;
+    };
+    fx.write(
+        "app/build.py",
+        br"import os, subprocess
+p = os.path.join(os.environ['TMPDIR'], 'tool.sh')
+open(p, 'w').write('#!/bin/sh\necho built\n')
+os.chmod(p, 0o755)
+assert subprocess.run([p], capture_output=True).stdout == b'built\n'
+",
+    );
+    let learned = learn_round_trip(&fx, "sc", &[], &["/usr/bin/python3", "app/build.py"]);
+    let exec = learned["capabilities"]["execute"].to_string();
+    assert!(exec.contains("tmp/<session_id>/**"), "{learned}");
+}
+
 #[test]
 fn issue_27_fr_rt_011_runc_and_crun_turns_are_observed_too() {
     let test = "issue_27_fr_rt_011_runc_and_crun_turns_are_observed_too";

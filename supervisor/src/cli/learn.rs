@@ -41,6 +41,8 @@ pub struct LearnArgs {
 const WIDE_READ: &[&str] = &["/etc", "/opt", "/usr/local", "/var/lib", "/srv"];
 /// Where the learning turn may execute from.
 const WIDE_EXEC: &[&str] = &["/usr", "/bin", "/sbin", "/opt", "/lib", "/lib64"];
+/// The execute entry for what a turn runs from its own scratch.
+const SCRATCH_EXEC: &str = "tmp/<session_id>/**";
 /// The turn's own directories: never in a manifest.
 const OWN: &[&str] = &["/tmp", "/var/tmp", "/dev", "/proc", "/sys", "/run"];
 
@@ -164,7 +166,9 @@ fn wide_manifest(
     let exists = |p: &&&str| Path::new(p).exists();
     let mut read: Vec<String> = vec!["**".into()];
     read.extend(WIDE_READ.iter().filter(exists).map(|d| format!("{d}/**")));
-    let mut execute: Vec<String> = vec![argv0.to_owned()];
+    // Its own scratch too: what a program builds or unpacks there (a
+    // venv's entry points, npx's packages) runs, and is proposed.
+    let mut execute: Vec<String> = vec![argv0.to_owned(), SCRATCH_EXEC.to_owned()];
     execute.extend(
         WIDE_EXEC
             .iter()
@@ -346,6 +350,15 @@ pub fn propose(ops: &[RawDenial], root: &str, report: Option<&TurnReport>) -> Le
         }
         for path in paths {
             let inside = under(&path, root);
+            // A program run from the turn's own scratch needs that one
+            // entry, whatever it was called (red-team stop 61).
+            if kind == "execute"
+                && under(&path, &session_tmp)
+                && matches!(op.errno, 0 | nix::libc::EACCES)
+            {
+                execs.insert(SCRATCH_EXEC.to_owned());
+                continue;
+            }
             if path == root
                 || under(&path, &session_tmp)
                 || (!inside && OWN.iter().any(|o| under(&path, o)))
