@@ -67,6 +67,11 @@ pub fn first_bytes_at_end(b: &[u8]) -> Seen {
         .count();
     let b = &b[skip..];
     let Some(last) = b.iter().rposition(|c| *c == b'\n') else {
+        // An unended line at the end of the stream is a line to a server
+        // that reads to EOF (Python's http.server does).
+        if !tls_record(b) && !versioned(b) && unversioned_request(b) {
+            return http09();
+        }
         return Seen::Names(Vec::new());
     };
     let line = b.split(|c| *c == b'\n').next().unwrap_or_default();
@@ -443,8 +448,9 @@ mod tests {
         }
         assert!(matches!(
             first_bytes_at_end(b"GET http://secret.test/"),
-            Seen::Names(_) | Seen::Unreadable(_)
+            Seen::Unreadable(_)
         ));
+        assert_eq!(first_bytes_at_end(b"EHLO x"), Seen::Names(Vec::new()));
         assert_eq!(first_bytes(b"GET http://secret.test/"), Seen::More);
         for b in [
             &b"PING\r\n"[..],
