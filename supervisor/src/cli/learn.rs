@@ -396,13 +396,19 @@ pub fn propose(ops: &[RawDenial], root: &str, report: Option<&TurnReport>) -> Le
                     }
                 }
                 "read" | "stat" => {
-                    // System directories need nothing of their own, stat-ed
-                    // or listed (every directory of the view lists: a grant
-                    // on `/` or `/etc` would show all beneath — red-team
-                    // stop 61: `ls /` proposed `/`, which no manifest may
-                    // name); a workspace directory does (its owner, as git
-                    // checks it, is the view's only where it is granted).
-                    if host.is_dir() && !inside {
+                    // System directories only stat-ed need nothing of their
+                    // own, nor listed ones every view holds — `/` and the
+                    // directories above the baseline (`/etc`, `/usr`): a
+                    // grant there would show all beneath (red-team stop 61:
+                    // `ls /` proposed `/`, which no manifest may name). A
+                    // workspace directory does (its owner, as git checks it,
+                    // is the view's only where it is granted).
+                    if host.is_dir()
+                        && !inside
+                        && (kind == "stat"
+                            || path == "/"
+                            || baseline.iter().any(|b| under(b, &path)))
+                    {
                         continue;
                     }
                     // The ledgers are never a turn's to read.
