@@ -623,13 +623,12 @@ impl<'a> Compiler<'a> {
             }
         }
         // /dev/shm is a tmpfs whose pages count against the turn's memory
-        // cgroup: the memory limit already bounds it, so its own size is
-        // that limit, not a fixed 64 MiB (Docker's default; red-team stop
-        // 61: a 200 MB multiprocessing.shared_memory block died of SIGBUS
-        // under a 2 GiB limit, unrecorded). Filling it past the limit is
-        // the memory limit's OOM, recorded as such.
+        // cgroup. Half the memory limit (at least Docker's fixed 64 MiB;
+        // red-team stop 61: a 200 MB multiprocessing.shared_memory block
+        // died of SIGBUS under a 2 GiB limit, unrecorded): filling it is
+        // ENOSPC, a clear errno, before the cgroup's OOM kill.
         view.mounts.push(Mount::Dev {
-            shm_bytes: manifest.limits.memory.0.max(64 << 20),
+            shm_bytes: (manifest.limits.memory.0 / 2).max(64 << 20),
         });
         let ephemeral: Vec<String> = EPHEMERAL
             .iter()

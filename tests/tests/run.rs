@@ -1517,7 +1517,7 @@ fn output_cut_at_the_budget_is_said_in_the_summary_and_in_json() {
 /// Red-team stop 61: `/dev/shm` was a fixed 64 MiB whatever the memory
 /// limit: a 100 MiB `multiprocessing.shared_memory` block (what PyTorch's
 /// DataLoader and Chromium lean on) died of SIGBUS, unrecorded. Its size
-/// is the memory limit now (its pages count against it anyway).
+/// is half the memory limit now, at least 64 MiB (its pages count against it).
 #[test]
 fn dev_shm_holds_what_the_memory_limit_allows() {
     if !require_root("dev_shm_holds_what_the_memory_limit_allows") {
