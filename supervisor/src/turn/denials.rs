@@ -294,11 +294,13 @@ pub fn path_violations(
                 // the file's mode (red-team stop 61: such refusals went
                 // unrecorded). Only under an execute rule can the mode be
                 // why.
-                let executable = plan.landlock.execute.iter().any(|r| {
-                    let r = r.trim_end_matches('/');
-                    d.path == r || d.path.starts_with(&format!("{r}/"))
-                });
-                if in_scope && (op != "execute" || executable) {
+                let executable = || {
+                    plan.landlock.execute.iter().any(|r| {
+                        let r = r.trim_end_matches('/');
+                        d.path == r || d.path.starts_with(&format!("{r}/"))
+                    })
+                };
+                if in_scope && (op != "execute" || executable()) {
                     continue;
                 }
                 if let Ok(m) = &meta {
